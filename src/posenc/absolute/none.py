@@ -1,0 +1,17 @@
+"""NoPE: no positional encoding at all."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+
+class NoPE(nn.Module):
+    """The identity. Without a causal mask, attention over it is permutation-equivariant."""
+
+    family: ClassVar[str] = "none"
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        return x
