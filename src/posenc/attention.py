@@ -99,10 +99,14 @@ def build_mask(
             user = attn_mask[:, None, None, :]  # [b, 1, 1, t]
         elif attn_mask.dim() == 4:
             if attn_mask.shape[-2:] != (s, t):
-                raise ValueError(f"a 4-D attn_mask must end in [s, t]={[s, t]}, got {list(attn_mask.shape)}")
+                raise ValueError(
+                    f"a 4-D attn_mask must end in [s, t]={[s, t]}, got {list(attn_mask.shape)}"
+                )
             user = attn_mask
         else:
-            raise ValueError(f"attn_mask must be [b, t] or [b, 1|h, s, t], got shape {tuple(attn_mask.shape)}")
+            raise ValueError(
+                f"attn_mask must be [b, t] or [b, 1|h, s, t], got shape {tuple(attn_mask.shape)}"
+            )
         keep = user if keep is None else (keep & user)  # [b, 1|h, s, t]
         keep = keep | ~keep.any(dim=-1, keepdim=True)
     return keep
@@ -195,15 +199,21 @@ class Attention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be [batch, seq, {self.dim}], got shape {tuple(x.shape)}")
         if cache is not None and memory is not None:
-            raise ValueError("pass either cache (decoding) or memory (Transformer-XL segments), not both")
+            raise ValueError(
+                "pass either cache (decoding) or memory (Transformer-XL segments), not both"
+            )
         b, s, _ = x.shape
         past = cache.length if cache is not None else (memory.shape[1] if memory is not None else 0)
         if positions is None:
             positions = default_positions(s, x.device, offset=past)
         else:
             positions = check_positions(positions, ranks=(1, 2))
-            if positions.shape[-1] != s or (positions.dim() == 2 and positions.shape[0] not in (1, b)):
-                raise ValueError(f"positions must be [{s}] or [{b}, {s}], got {list(positions.shape)}")
+            if positions.shape[-1] != s or (
+                positions.dim() == 2 and positions.shape[0] not in (1, b)
+            ):
+                raise ValueError(
+                    f"positions must be [{s}] or [{b}, {s}], got {list(positions.shape)}"
+                )
 
         kv_input, k_positions = x, positions
         if memory is not None:

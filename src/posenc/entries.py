@@ -18,7 +18,11 @@ def _none(ctx: BuildContext) -> nn.Module:
 
 @register("sinusoidal", "absolute", description="Vaswani et al. sin/cos table added to embeddings")
 def _sinusoidal(
-    ctx: BuildContext, *, base: float = 10000.0, layout: str = "interleaved", scale_input: bool = False
+    ctx: BuildContext,
+    *,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    scale_input: bool = False,
 ) -> nn.Module:
     from .absolute import SinusoidalEncoding
 
@@ -26,7 +30,9 @@ def _sinusoidal(
 
 
 @register("learned", "absolute", description="learned table (GPT-2/BERT), max_len positions")
-def _learned(ctx: BuildContext, *, max_positions: int | None = None, init_std: float = 0.02) -> nn.Module:
+def _learned(
+    ctx: BuildContext, *, max_positions: int | None = None, init_std: float = 0.02
+) -> nn.Module:
     from .absolute import LearnedEncoding
 
     return LearnedEncoding(max_positions or ctx.max_len, ctx.dim, init_std=init_std)

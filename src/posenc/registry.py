@@ -114,11 +114,17 @@ def build(
         )
     if head_dim is None:
         if dim % num_heads:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim")
+            raise ValueError(
+                f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim"
+            )
         head_dim = dim // num_heads
-    ctx = BuildContext(dim=dim, num_heads=num_heads, head_dim=head_dim, max_len=max_len, causal=causal)
+    ctx = BuildContext(
+        dim=dim, num_heads=num_heads, head_dim=head_dim, max_len=max_len, causal=causal
+    )
     module = e.builder(ctx, **kwargs)
     family = getattr(module, "family", None)
     if family != e.family:
-        raise RuntimeError(f"builder for {name!r} returned family {family!r}, expected {e.family!r}")
+        raise RuntimeError(
+            f"builder for {name!r} returned family {family!r}, expected {e.family!r}"
+        )
     return module

@@ -110,9 +110,15 @@ class Learned2D(nn.Module):
             raise ValueError(
                 f"num_prefix_tokens={npt} does not match this table's {self.num_prefix_tokens}"
             )
-        table = resample_2d(self.weight.detach(), self.grid, tuple(new_grid), npt, mode, antialias)
+        grid = (int(new_grid[0]), int(new_grid[1]))
+        table = resample_2d(self.weight.detach(), self.grid, grid, npt, mode, antialias)
         new = Learned2D(
-            new_grid[0], new_grid[1], self.dim, npt, device=self.weight.device, dtype=self.weight.dtype
+            new_grid[0],
+            new_grid[1],
+            self.dim,
+            npt,
+            device=self.weight.device,
+            dtype=self.weight.dtype,
         )
         new.weight.copy_(table)
         return new

@@ -54,10 +54,11 @@ def resample_2d(
             f"table must be [num_prefix_tokens + h*w, dim] = [{num_prefix_tokens + old_grid[0] * old_grid[1]}, dim] "
             f"for old_grid={tuple(old_grid)}, got shape {tuple(table.shape)}"
         )
-    prefix, grid = table[:num_prefix_tokens], table[num_prefix_tokens:]
+    prefix, cells = table[:num_prefix_tokens], table[num_prefix_tokens:]
     dim = table.shape[-1]
-    img = grid.float().reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)  # [1, dim, gh, gw]
+    img = cells.float().reshape(1, old_grid[0], old_grid[1], dim)  # [1, gh, gw, dim]
+    img = img.permute(0, 3, 1, 2)  # [1, dim, gh, gw]
     kwargs = {"antialias": antialias} if mode in ("bicubic", "bilinear") else {}
-    img = F.interpolate(img, size=tuple(new_grid), mode=mode, **kwargs)  # [1, dim, nh, nw]
-    grid = img.permute(0, 2, 3, 1).reshape(-1, dim).to(table.dtype)  # [nh * nw, dim]
-    return torch.cat((prefix, grid), dim=0)
+    img = F.interpolate(img, size=(new_grid[0], new_grid[1]), mode=mode, **kwargs)  # [1, dim, nh, nw]
+    cells = img.permute(0, 2, 3, 1).reshape(-1, dim).to(table.dtype)  # [nh * nw, dim]
+    return torch.cat((prefix, cells), dim=0)

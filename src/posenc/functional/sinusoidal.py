@@ -17,7 +17,9 @@ SINUSOIDAL_LAYOUTS = ("interleaved", "concat", "fairseq")
 SINCOS_2D_LAYOUTS = ("mae", "timm")
 
 
-def sinusoidal_inv_freq(dim: int, base: float = 10000.0, layout: str = "interleaved") -> torch.Tensor:
+def sinusoidal_inv_freq(
+    dim: int, base: float = 10000.0, layout: str = "interleaved"
+) -> torch.Tensor:
     """The ``dim // 2`` angular frequencies of a sinusoidal table, float64.
 
     ``interleaved``/``concat``: ``base ** (-2i / dim)`` (the paper).
@@ -32,7 +34,9 @@ def sinusoidal_inv_freq(dim: int, base: float = 10000.0, layout: str = "interlea
     i = torch.arange(half, dtype=torch.float64)
     if layout == "fairseq":
         if half < 2:
-            raise ValueError(f"dim must be >= 4 for the fairseq layout (it divides by dim/2 - 1), got {dim}")
+            raise ValueError(
+                f"dim must be >= 4 for the fairseq layout (it divides by dim/2 - 1), got {dim}"
+            )
         return torch.exp(i * (-math.log(base) / (half - 1)))
     return torch.exp(i * 2.0 * (-math.log(base) / dim))
 

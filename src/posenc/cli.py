@@ -1,0 +1,40 @@
+"""The ``posenc`` command line. Each command group lives beside what it runs; heavy imports
+(matplotlib, the lab) happen inside the commands so ``posenc --help`` stays fast."""
+
+from __future__ import annotations
+
+import typer
+
+from .demo import demo_app
+
+app = typer.Typer(
+    name="posenc",
+    help="Transformer positional encodings: demos, the lab, plots and benchmarks.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(demo_app, name="demo")
+
+
+@app.command("list")
+def list_encodings() -> None:
+    """List the registered encodings with their family and options."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import registry
+
+    table = Table("name", "family", "shared", "options", "description")
+    for name in registry.names():
+        e = registry.entry(name)
+        opts = ", ".join(f"{k}={v!r}" for k, v in registry.options(name).items())
+        table.add_row(name, e.family, "yes" if e.shared else "per layer", opts, e.description)
+    Console().print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The Attention module without an encoding: a naive loop, GQA, masks, KV cache and memory."""
+
+import math
+
+import pytest
+import torch
+
+from posenc import Attention, KVCache
+
+
+def naive_attention(attn: Attention, x: torch.Tensor, causal: bool, keep=None) -> torch.Tensor:
+    """softmax(q.k / sqrt(d) + mask) v, one head and one query at a time, float64."""
+    b, s, _ = x.shape
+    h, hk, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q = attn.q_proj(x).view(b, s, h, d)
+    k = attn.k_proj(x).view(b, s, hk, d)
+    v = attn.v_proj(x).view(b, s, hk, d)
+    out = torch.zeros(b, s, h, d, dtype=x.dtype)
+    for bi in range(b):
+        for hi in range(h):
+            kv = hi // (h // hk)
+            for i in range(s):
+                scores = []
+                for j in range(s):
+                    allowed = (not causal or j <= i) and (keep is None or bool(keep[bi, j]))
+                    scores.append(
+                        q[bi, i, hi] @ k[bi, j, kv] / math.sqrt(d) if allowed else -math.inf
+                    )
+                p = torch.softmax(
+                    torch.stack([torch.as_tensor(sc, dtype=x.dtype) for sc in scores]), 0
+                )
+                out[bi, i, hi] = sum(p[j] * v[bi, j, kv] for j in range(s))
+    return attn.o_proj(out.reshape(b, s, h * d))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("h", "hk"), [(4, 4), (4, 2), (4, 1)])
+def test_attention_equals_naive_loop(causal: bool, h: int, hk: int) -> None:
+    attn = Attention(32, h, hk, causal=causal).double()
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), naive_attention(attn, x, causal))
+
+
+def test_key_padding_mask_and_fully_masked_rows_stay_finite() -> None:
+    attn = Attention(16, 2, causal=True).double()
+    x = torch.randn(2, 4, 16, dtype=torch.float64)
+    keep = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    out = attn(x, attn_mask=keep)
+    assert torch.isfinite(out).all()
+    want = naive_attention(attn, x, True, keep)
+    torch.testing.assert_close(out[0, 2:], want[0, 2:])
+    torch.testing.assert_close(out[1], want[1])
+
+
+def test_kv_cache_decode_equals_full_run() -> None:
+    attn = Attention(16, 4, 2, causal=True).double()
+    x = torch.randn(1, 7, 16, dtype=torch.float64)
+    full = attn(x)
+    cache = KVCache()
+    parts = [attn(x[:, :4], cache=cache)]
+    parts += [attn(x[:, i : i + 1], cache=cache) for i in range(4, 7)]
+    torch.testing.assert_close(torch.cat(parts, 1), full)
+    assert cache.length == 7 and torch.equal(cache.positions, torch.arange(7))
+
+
+def test_memory_is_prepended_and_detached() -> None:
+    attn = Attention(16, 2, causal=True).double()
+    x = torch.randn(1, 6, 16, dtype=torch.float64)
+    full = attn(x)
+    mem = x[:, :2].clone().requires_grad_(True)
+    out = attn(x[:, 2:], memory=mem)
+    torch.testing.assert_close(out, full[:, 2:])
+    out.sum().backward()
+    assert mem.grad is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"dim": 30, "num_heads": 4}, "divisible by num_heads"),
+        ({"dim": 32, "num_heads": 4, "num_kv_heads": 3}, "multiple of num_kv_heads"),
+        ({"dim": 32, "num_heads": 0}, "num_heads must be a positive integer"),
+    ],
+)
+def test_bad_construction(kwargs, words) -> None:
+    with pytest.raises(ValueError, match=words):
+        Attention(**kwargs)
+
+
+def test_bad_forward_input() -> None:
+    attn = Attention(16, 2)
+    with pytest.raises(ValueError, match=r"x must be \[batch, seq, 16\]"):
+        attn(torch.randn(1, 3, 8))
+    with pytest.raises(ValueError, match=r"positions must be \[3\] or \[1, 3\]"):
+        attn(torch.randn(1, 3, 16), torch.arange(4))
+    with pytest.raises(TypeError, match="integer dtype"):
+        attn(torch.randn(1, 3, 16), torch.arange(3.0))
+    with pytest.raises(TypeError, match="attn_mask must be bool"):
+        attn(torch.randn(1, 3, 16), attn_mask=torch.ones(1, 3))
