@@ -59,6 +59,7 @@ def resample_2d(
     img = cells.float().reshape(1, old_grid[0], old_grid[1], dim)  # [1, gh, gw, dim]
     img = img.permute(0, 3, 1, 2)  # [1, dim, gh, gw]
     kwargs = {"antialias": antialias} if mode in ("bicubic", "bilinear") else {}
-    img = F.interpolate(img, size=(new_grid[0], new_grid[1]), mode=mode, **kwargs)  # [1, dim, nh, nw]
+    size = (new_grid[0], new_grid[1])
+    img = F.interpolate(img, size=size, mode=mode, **kwargs)  # [1, dim, nh, nw]
     cells = img.permute(0, 2, 3, 1).reshape(-1, dim).to(table.dtype)  # [nh * nw, dim]
     return torch.cat((prefix, cells), dim=0)
