@@ -141,3 +141,22 @@ def test_scale_input_multiplies_by_sqrt_dim() -> None:
 def test_bad_input_is_a_clear_error(call, exc, words) -> None:
     with pytest.raises(exc, match=words):
         call()
+
+
+def test_every_dim_from_4_to_1024_in_every_layout() -> None:
+    # Vectorised statement of the same formulas (pow, not exp/log as the code under test uses).
+    pos = POSITIONS.double()[:, None]
+    for d in range(4, 1025):
+        half = d // 2
+        i = torch.arange(half, dtype=torch.float64)
+        if d % 2 == 0:
+            ang = pos / 10000.0 ** (2 * i / d)
+            inter = torch.stack((ang.sin(), ang.cos()), -1).flatten(1)
+            got = sinusoidal_table(POSITIONS, d).double()
+            assert (got - inter).abs().max() <= F32_VALUE_TOL, d
+            got = sinusoidal_table(POSITIONS, d, layout="concat").double()
+            assert (got - torch.cat((ang.sin(), ang.cos()), 1)).abs().max() <= F32_VALUE_TOL, d
+        ang = pos / 10000.0 ** (i / (half - 1))
+        fair = torch.nn.functional.pad(torch.cat((ang.sin(), ang.cos()), 1), (0, d % 2))
+        got = sinusoidal_table(POSITIONS, d, layout="fairseq").double()
+        assert (got - fair).abs().max() <= F32_VALUE_TOL, d
