@@ -1,0 +1,21 @@
+"""Rotary encodings: queries and keys are rotated by their positions, ``q' = R(pos) q``."""
+
+from .axial import Axial2DRoPE, axial_inv_freq, grid_coords
+from .embedding import RotaryEmbedding
+from .mla import DecoupledRoPE, expand_shared_key, mla_softmax_scale
+from .mrope import MRoPE, mrope_positions
+from .xpos import XPos, xpos_zeta
+
+__all__ = [
+    "Axial2DRoPE",
+    "DecoupledRoPE",
+    "MRoPE",
+    "RotaryEmbedding",
+    "XPos",
+    "axial_inv_freq",
+    "expand_shared_key",
+    "grid_coords",
+    "mla_softmax_scale",
+    "mrope_positions",
+    "xpos_zeta",
+]

@@ -1,0 +1,324 @@
+"""RoPE as a module: ``RotaryEmbedding(head_dim, base, scaling, layout, rotary_dim)``.
+
+Every scaling variant is a frequency transform (:func:`posenc.functional.rope_inv_freq`); this
+module picks the frequencies for the current length, turns positions into cos/sin, and hands
+them to the one rotation path, :func:`posenc.functional.apply_rotary_qk`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from .._checks import (
+    check_choice,
+    check_even,
+    check_positions,
+    check_positive_int,
+    default_positions,
+)
+from ..functional.rotary import (
+    ANGLE_DTYPES,
+    ROTARY_BACKENDS,
+    ROTARY_LAYOUTS,
+    apply_rotary_qk,
+    normalize_scaling,
+    rope_cos_sin,
+    rope_inv_freq,
+)
+
+
+def resolve_angle_dtype(angle_dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.float32``/``torch.float64`` or their names (registry and CLI options are strings)."""
+    names = {"float32": torch.float32, "float64": torch.float64}
+    dtype = names.get(angle_dtype) if isinstance(angle_dtype, str) else angle_dtype
+    if dtype not in ANGLE_DTYPES:
+        raise ValueError(
+            "angle_dtype must be torch.float32 or torch.float64 ('float32'/'float64'), "
+            f"got {angle_dtype!r}"
+        )
+    assert dtype is not None
+    return dtype
+
+
+def check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> None:
+    """``q [b, h, s, d]`` and ``k [b, hk, t, d]`` with ``d == head_dim``."""
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+        raise TypeError(f"q and k must be tensors, got {type(q).__name__} and {type(k).__name__}")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(
+            "q and k must be 4-D [b, h, s, d] and [b, hk, t, d], "
+            f"got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same head_dim, got {q.shape[-1]} and {k.shape[-1]}"
+        )
+    if q.shape[-1] != head_dim:
+        raise ValueError(
+            f"q and k must have head_dim {head_dim} (this encoding's), got {q.shape[-1]}"
+        )
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
+        )
+    if not (q.is_floating_point() and k.is_floating_point()):
+        raise TypeError(f"q and k must be floating point, got {q.dtype} and {k.dtype}")
+
+
+def resolve_qk_positions(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions of the ``s`` queries and ``t`` keys, ``[s]``/``[b, s]`` and ``[t]``/``[b, t]``.
+
+    Defaults: keys ``arange(t)`` and queries the last ``s`` of them (``arange(t - s, t)``), so
+    ``s == t`` gives ``arange(s)`` for both; ``k_positions`` defaults to ``positions`` when
+    ``s == t``.
+    """
+    b, s, t = q.shape[0], q.shape[2], k.shape[2]
+    if positions is None:
+        positions = default_positions(
+            s, q.device, offset=max(t - s, 0) if k_positions is None else 0
+        )
+        given = False
+    else:
+        given = True
+    positions = _check_pos(positions, "positions", b, s)
+    if k_positions is None:
+        if t == s:
+            k_positions = positions
+        elif not given:
+            k_positions = default_positions(t, k.device)
+        else:
+            raise ValueError(
+                f"k has {t} keys but q has {s} queries: pass k_positions ([{t}] or [{b}, {t}])"
+            )
+    else:
+        k_positions = _check_pos(k_positions, "k_positions", b, t)
+    return positions, k_positions
+
+
+def _check_pos(p: torch.Tensor, name: str, b: int, n: int) -> torch.Tensor:
+    p = check_positions(p, name, ranks=(1, 2))
+    if p.shape[-1] != n or (p.dim() == 2 and p.shape[0] not in (1, b)):
+        raise ValueError(f"{name} must be [{n}] or [{b}, {n}], got {list(p.shape)}")
+    return p
+
+
+def max_position(*positions: torch.Tensor) -> int:
+    """The largest position of the tensors (one host sync), -1 when all are empty."""
+    return max((int(p.max()) for p in positions if p.numel()), default=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding of queries and keys, with any Hugging Face scaling.
+
+    Args:
+        head_dim: ``d``, even.
+        base: ``theta`` of ``f_i = base ** (-2i / r)``.
+        scaling: None, or a dict with Hugging Face key names: ``{"rope_type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 4096, ...}`` (``type`` is accepted for
+            ``rope_type``); types ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``longrope``,
+            ``llama3``, ``proportional`` (see :func:`posenc.functional.rope_inv_freq`).
+        layout: ``"half"`` (NeoX/LLaMA) or ``"interleaved"`` (GPT-J/GLM).
+        rotary_dim: ``r``, the rotated channels (partial rotary; the rest pass through);
+            default ``head_dim``. For ``proportional`` it is the number of channels with a
+            non-zero frequency, spread over the whole head as Gemma-4 does.
+        angle_dtype: dtype of frequencies and angles. float64 (default) keeps angles exact at any
+            position (float32 angles drift by ``position * 6e-8`` rad: 0.06 at 1e6); float32
+            reproduces transformers bit for bit (:func:`posenc.hf.rope_from_hf` selects it).
+        cache_len: positions ``0 .. cache_len - 1`` are served from a cos/sin table (below).
+        backend: ``"auto"`` or ``"torch"``, passed to :func:`apply_rotary_qk`.
+
+    Cache: cos/sin tables (float32, ``[cache_len, n]``) are built lazily, one per device and per
+    frequency set (plain; LongRoPE short/long; dynamic NTK within the original length). They
+    depend only on those keys, so they are never stale. Dynamic NTK beyond the original length
+    and positions past ``cache_len`` are computed on the fly for the call.
+
+    Dynamic NTK follows transformers: the frequencies for a call are those of its length
+    ``max(position) + 1`` when it exceeds ``original_max_position_embeddings``, and the original
+    ones otherwise. Unlike transformers it keeps no history: a call after a longer one uses its
+    own length (transformers keeps the longer length's frequencies until the length drops below
+    the original). During decoding the length only grows, and both agree.
+    """
+
+    family: ClassVar[str] = "rotary"
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        scaling: Mapping[str, Any] | None = None,
+        layout: str = "half",
+        rotary_dim: int | None = None,
+        *,
+        angle_dtype: torch.dtype | str = torch.float64,
+        cache_len: int = 4096,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        check_even("head_dim", head_dim, "RoPE")
+        check_choice("layout", layout, ROTARY_LAYOUTS)
+        check_choice("backend", backend, ROTARY_BACKENDS)
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        check_even("rotary_dim", rotary_dim, "RoPE")
+        if rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim ({rotary_dim}) must be <= head_dim ({head_dim})")
+        self.head_dim, self.base, self.layout, self.rotary_dim = (
+            head_dim,
+            float(base),
+            layout,
+            rotary_dim,
+        )
+        self.scaling = normalize_scaling(scaling)
+        self.rope_type = "default" if self.scaling is None else self.scaling["rope_type"]
+        self.angle_dtype = resolve_angle_dtype(angle_dtype)
+        self.cache_len = check_positive_int("cache_len", cache_len)
+        self.backend = backend
+        # Channels the rotation touches: proportional spreads its r/2 frequencies over the head.
+        self.span = head_dim if self.rope_type == "proportional" else rotary_dim
+        # Frequencies live on the CPU as plain attributes, not buffers: ``module.to(bfloat16)``
+        # would round a floating buffer (the classic inv_freq bug). They move with each table.
+        self._inv_freq, self.attention_factor = self._compute(None)
+        self._long: tuple[torch.Tensor, float] | None = None
+        if self.rope_type == "longrope":
+            self._long = self._compute(self._original_len() + 1)
+        self._tables: dict[tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # --- frequencies ---------------------------------------------------------------------------
+
+    def _compute(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
+        return rope_inv_freq(
+            self.rotary_dim,
+            self.base,
+            self.scaling,
+            self.head_dim,
+            seq_len=seq_len,
+            dtype=self.angle_dtype,
+        )
+
+    def _original_len(self) -> int:
+        assert self.scaling is not None
+        return int(self.scaling["original_max_position_embeddings"])
+
+    def _freq_key(self, seq_len: int) -> str:
+        """Which frequency set serves a call of length ``seq_len`` (``"grown"``: not cacheable)."""
+        if self.rope_type == "dynamic" and seq_len > self._original_len():
+            return "grown"
+        if self.rope_type == "longrope" and seq_len > self._original_len():
+            return "long"
+        return "base"
+
+    def frequencies(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """``(inv_freq [n], attention_factor)`` in effect for a call of length ``seq_len``.
+
+        ``inv_freq`` is on the CPU, in ``angle_dtype``; ``n = span / 2``.
+        """
+        key = "base" if seq_len is None else self._freq_key(seq_len)
+        if key == "grown":
+            return self._compute(seq_len)
+        if key == "long":
+            assert self._long is not None
+            return self._long
+        return self._inv_freq, self.attention_factor
+
+    # --- cos/sin -------------------------------------------------------------------------------
+
+    def _table(self, device: torch.device, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached ``[cache_len, n]`` float32 cos/sin table of a frequency set on a device."""
+        entry = self._tables.get((device, key))
+        if entry is None:
+            inv_freq, factor = self._inv_freq, self.attention_factor
+            if key == "long":
+                assert self._long is not None
+                inv_freq, factor = self._long
+            positions = torch.arange(self.cache_len, device=device)
+            entry = rope_cos_sin(positions, inv_freq.to(device), factor)  # [cache_len, n] each
+            self._tables[(device, key)] = entry
+        return entry
+
+    def cos_sin(
+        self, positions: torch.Tensor, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 ``cos``, ``sin`` (attention factor included) of integer ``positions``.
+
+        Shapes: ``positions [*]`` -> ``[*, n]``. ``seq_len`` (default ``max(positions) + 1``)
+        selects the frequencies of the length-dependent types (dynamic NTK, LongRoPE).
+        """
+        positions = check_positions(positions)
+        top = max_position(positions)
+        seq_len = top + 1 if seq_len is None else seq_len
+        key = self._freq_key(seq_len)
+        if key != "grown" and top < self.cache_len:
+            cos, sin = self._table(positions.device, key)
+            return cos[positions], sin[positions]  # [*, n]
+        inv_freq, factor = self.frequencies(seq_len)
+        return rope_cos_sin(positions, inv_freq, factor)
+
+    # --- forward -------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate queries and keys by their positions.
+
+        Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]`` (``hk`` may differ from ``h``: GQA);
+        ``positions [s]`` or ``[b, s]`` and ``k_positions [t]`` or ``[b, t]``, integer. Defaults:
+        ``arange``, with the queries at the last ``s`` key positions; ``k_positions`` defaults to
+        ``positions`` when ``s == t``. Returns new ``(q', k')``, same shapes and dtypes.
+        """
+        check_qk(q, k, self.head_dim)
+        positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
+        top = max_position(positions, k_positions)
+        key = self._freq_key(top + 1)
+        if key != "grown" and top < self.cache_len:
+            # One cached table; the rotation gathers its rows (fused kernels do it in-kernel).
+            cos, sin = self._table(q.device, key)  # [cache_len, n]
+            return apply_rotary_qk(
+                q, k, cos, sin, cos, sin, self.layout, self.span,
+                positions_q=positions, positions_k=k_positions, backend=self.backend,
+            )  # fmt: skip
+        inv_freq, factor = self.frequencies(top + 1)
+        cos_q, sin_q = rope_cos_sin(positions, inv_freq, factor)  # [s, n] or [b, s, n]
+        cos_k, sin_k = (
+            (cos_q, sin_q)
+            if k_positions is positions
+            else rope_cos_sin(k_positions, inv_freq, factor)
+        )
+        return apply_rotary_qk(
+            q, k, cos_q, sin_q, cos_k, sin_k, self.layout, self.span, backend=self.backend
+        )
+
+    def with_scaling(self, scaling: Mapping[str, Any] | None) -> RotaryEmbedding:
+        """A copy with the same head_dim, base, layout, rotary_dim and options, but ``scaling``.
+
+        Rescales a trained model at inference, e.g. YaRN with ``factor = eval_len / train_len``
+        and ``original_max_position_embeddings = train_len``.
+        """
+        return RotaryEmbedding(
+            self.head_dim,
+            self.base,
+            scaling,
+            self.layout,
+            self.rotary_dim,
+            angle_dtype=self.angle_dtype,
+            cache_len=self.cache_len,
+            backend=self.backend,
+        )
+
+    def extra_repr(self) -> str:
+        scaling = "" if self.scaling is None else f", scaling={self.scaling}"
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+            f"layout={self.layout!r}{scaling}, angle_dtype={self.angle_dtype}"
+        )

@@ -1,0 +1,191 @@
+"""Multimodal RoPE (M-RoPE) of Qwen2-VL and Qwen3-VL, and the positions it reads.
+
+A token carries three positions (temporal, height, width). The ``head_dim / 2`` rotated pairs are
+split into three groups by ``mrope_section``; each group turns with its own axis's position::
+
+    Qwen2-VL  contiguous sections, e.g. [2, 1, 1] over 4 pairs:   [T T H W]
+    Qwen3-VL  interleaved sections, e.g. [2, 1, 1] over 4 pairs:  [T H W T]
+
+Text tokens have the same position on all three axes, so on text M-RoPE is plain RoPE. Pairs
+are laid out "half" (x[i] with x[i + d/2]), as in both models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .._checks import check_positions, check_positive_int
+from ..functional.rotary import apply_rotary_qk, mrope_axis_index, mrope_cos_sin
+from .embedding import RotaryEmbedding, check_qk, max_position, resolve_qk_positions
+
+Segment = tuple[str, Any] | tuple[str, Any, float]
+
+
+class MRoPE(RotaryEmbedding):
+    """Multimodal rotary embedding (Qwen2-VL ``mrope_section``; Qwen3-VL ``interleaved``).
+
+    Args:
+        head_dim: ``d``; ``sum(mrope_section)`` must equal ``d / 2``.
+        mrope_section: pairs per axis (temporal, height, width), e.g. ``[16, 24, 24]``.
+        base, scaling, angle_dtype, backend: as for :class:`RotaryEmbedding` (frequencies are
+            shared by the three axes).
+        interleaved: Qwen3-VL's interleaved section layout (``T H W T H W ... T T``).
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        mrope_section: Sequence[int],
+        base: float = 10000.0,
+        scaling: Mapping[str, Any] | None = None,
+        interleaved: bool = False,
+        *,
+        angle_dtype: torch.dtype | str = torch.float64,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(
+            head_dim, base, scaling, "half", None, angle_dtype=angle_dtype, backend=backend
+        )
+        self.mrope_section = tuple(mrope_section)
+        self.interleaved = bool(interleaved)
+        axis = mrope_axis_index(self.mrope_section, self.interleaved)  # validates the sections
+        if axis.shape[0] != self.span // 2:
+            raise ValueError(
+                f"sum(mrope_section) must equal head_dim / 2 = {self.span // 2}, got "
+                f"{sum(self.mrope_section)} for mrope_section={list(self.mrope_section)}"
+            )
+
+    @staticmethod
+    def _as_3d(p: torch.Tensor, name: str, b: int, n: int) -> torch.Tensor:
+        """``[n]``/``[b, n]`` text positions -> ``[3, n]``/``[3, b, n]``; ``[3, b, n]`` checked."""
+        p = check_positions(p, name, ranks=(1, 2, 3))
+        if p.dim() < 3:
+            if p.shape[-1] != n or (p.dim() == 2 and p.shape[0] not in (1, b)):
+                raise ValueError(
+                    f"{name} must be [{n}], [{b}, {n}] or [3, {b}, {n}], got {list(p.shape)}"
+                )
+            return p.unsqueeze(0).expand(3, *p.shape)  # [3, n] or [3, b, n]: same on every axis
+        if p.shape[0] != 3 or p.shape[1] not in (1, b) or p.shape[2] != n:
+            raise ValueError(
+                f"{name} must be [{n}], [{b}, {n}] or [3, {b}, {n}], got {list(p.shape)}"
+            )
+        return p
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate queries and keys by their (temporal, height, width) positions.
+
+        Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]``; ``positions [3, b, s]`` (Hugging Face
+        ``position_ids`` of Qwen2-VL), or text-only ``[s]``/``[b, s]``; ``k_positions`` likewise
+        with ``t`` (default ``positions`` when ``s == t``). Returns new ``(q', k')``.
+        """
+        check_qk(q, k, self.head_dim)
+        b, s, t = q.shape[0], q.shape[2], k.shape[2]
+        if (positions is None or positions.dim() < 3) and (
+            k_positions is None or k_positions.dim() < 3
+        ):
+            positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
+        elif positions is None or (k_positions is None and t != s):
+            raise ValueError(
+                "with [3, b, s] positions, pass both positions and k_positions (or s == t)"
+            )
+        pos3 = self._as_3d(positions, "positions", b, s)
+        kpos3 = (
+            pos3
+            if k_positions is None or k_positions is positions
+            else self._as_3d(k_positions, "k_positions", b, t)
+        )
+        inv_freq, factor = self.frequencies(max_position(pos3, kpos3) + 1)
+        cos_q, sin_q = mrope_cos_sin(
+            pos3, inv_freq, self.mrope_section, self.interleaved, factor
+        )  # [(b,) s, n]
+        if kpos3 is pos3:
+            cos_k, sin_k = cos_q, sin_q
+        else:
+            cos_k, sin_k = mrope_cos_sin(
+                kpos3, inv_freq, self.mrope_section, self.interleaved, factor
+            )
+        return apply_rotary_qk(
+            q, k, cos_q, sin_q, cos_k, sin_k, "half", self.span, backend=self.backend
+        )
+
+    def with_scaling(self, scaling: Mapping[str, Any] | None) -> MRoPE:
+        """A new :class:`MRoPE` with the same sections and options and another ``scaling``."""
+        return MRoPE(
+            self.head_dim,
+            self.mrope_section,
+            self.base,
+            scaling,
+            self.interleaved,
+            angle_dtype=self.angle_dtype,
+            backend=self.backend,
+        )
+
+    def extra_repr(self) -> str:
+        sections = list(self.mrope_section)
+        return f"{super().extra_repr()}, mrope_section={sections}, interleaved={self.interleaved}"
+
+
+def mrope_positions(
+    segments: Sequence[Segment],
+    spatial_merge_size: int = 1,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """M-RoPE positions ``[3, s]`` of a sequence of text, image and video segments.
+
+    ``segments``: ``("text", n)``, ``("image", (t, h, w))`` or ``("video", (t, h, w))`` with the
+    patch grid before spatial merging, optionally a third item ``time_interval`` (Qwen2.5-VL:
+    ``tokens_per_second * seconds_per_grid_t``) scaling the temporal index. Rules (transformers'
+    ``get_rope_index`` of Qwen2-VL/Qwen2.5-VL/Qwen3-VL)::
+
+        text    T = H = W = p, p + 1, ...            (continuing from the running position p)
+        vision  T = p + floor(i_t * time_interval), H = p + i_h, W = p + i_w over the merged
+                grid (t, h / m, w / m) in (t, h, w) order; then p += max(h, w) // m
+
+    Qwen3-VL separates video frames with timestamp text: pass each frame as its own ``(1, h, w)``
+    segment. (transformers 4.x continued text after the largest position of a vision block,
+    which differs from the rule above only for videos with more frames than rows and columns.)
+    """
+    m = check_positive_int("spatial_merge_size", spatial_merge_size)
+    parts: list[torch.Tensor] = []
+    current = 0
+    for seg in segments:
+        if not isinstance(seg, tuple) or len(seg) not in (2, 3):
+            raise ValueError(
+                f"each segment must be (kind, size) or (kind, size, time_interval), got {seg!r}"
+            )
+        kind, size = seg[0], seg[1]
+        if kind == "text":
+            n = check_positive_int("text segment length", size)
+            parts.append(torch.arange(current, current + n, device=device).expand(3, n))  # [3, n]
+            current += n
+        elif kind in ("image", "video"):
+            if not isinstance(size, (tuple, list)) or len(size) != 3:
+                raise ValueError(f"an {kind} segment needs a (t, h, w) grid, got {size!r}")
+            t, h, w = (
+                check_positive_int(f"{kind} grid {a}", v) for a, v in zip("thw", size, strict=True)
+            )
+            if h % m or w % m:
+                raise ValueError(
+                    f"{kind} grid h, w ({h}, {w}) must be divisible by spatial_merge_size {m}"
+                )
+            interval = float(seg[2]) if len(seg) == 3 else 1.0
+            temporal = (torch.arange(t, device=device) * interval).long() + current  # [t]
+            rows = torch.arange(h // m, device=device) + current  # [h/m]
+            cols = torch.arange(w // m, device=device) + current  # [w/m]
+            grid = torch.meshgrid(temporal, rows, cols, indexing="ij")  # 3 x [t, h/m, w/m]
+            parts.append(torch.stack(grid).reshape(3, -1))  # [3, t*h*w/m^2], (t, h, w) order
+            current += max(h, w) // m
+        else:
+            raise ValueError(f"segment kind must be 'text', 'image' or 'video', got {kind!r}")
+    if not parts:
+        return torch.zeros(3, 0, dtype=torch.long, device=device)
+    return torch.cat(parts, dim=1)  # [3, s]
