@@ -99,4 +99,107 @@ def _xpos(
 
 # --- bias --------------------------------------------------------------------------------------
 
+
+@register(
+    "alibi", "bias", description="ALiBi: -m_h * distance, paper slopes; symmetric when not causal"
+)
+def _alibi(ctx: BuildContext) -> nn.Module:
+    from .bias import ALiBi
+
+    return ALiBi(ctx.num_heads, causal=ctx.causal)
+
+
+@register("t5", "bias", description="T5 bucketed relative bias, one table shared by all layers")
+def _t5(
+    ctx: BuildContext,
+    *,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+    bidirectional: bool | None = None,
+) -> nn.Module:
+    from .bias import T5RelativeBias
+
+    # T5's encoder buckets both directions, its decoder only the past.
+    bidirectional = not ctx.causal if bidirectional is None else bidirectional
+    return T5RelativeBias(ctx.num_heads, num_buckets, max_distance, bidirectional=bidirectional)
+
+
+@register("kerple", "bias", shared=False, description="KERPLE log/power kernel bias, per layer")
+def _kerple(ctx: BuildContext, *, variant: str = "log", eps: float = 1e-2) -> nn.Module:
+    from .bias import KERPLE
+
+    return KERPLE(ctx.num_heads, variant=variant, eps=eps)
+
+
+@register("fire", "bias", description="FIRE: MLP over progressively interpolated distance, shared")
+def _fire(
+    ctx: BuildContext,
+    *,
+    mlp_width: int = 32,
+    init_c: float = 0.1,
+    init_threshold: float = 512.0,
+) -> nn.Module:
+    from .bias import FIRE
+
+    return FIRE(ctx.num_heads, mlp_width=mlp_width, init_c=init_c, init_threshold=init_threshold)
+
+
+@register("sandwich", "bias", description="Sandwich: sinusoidal dot-product bias, per-head ratios")
+def _sandwich(ctx: BuildContext, *, d_prime: int = 128, base: float = 10000.0) -> nn.Module:
+    from .bias import Sandwich
+
+    return Sandwich(ctx.num_heads, d_prime=d_prime, base=base)
+
+
 # --- relative ----------------------------------------------------------------------------------
+
+
+@register(
+    "shaw",
+    "relative",
+    shared=False,
+    description="Shaw et al.: clipped relative key/value embeddings",
+)
+def _shaw(ctx: BuildContext, *, max_distance: int = 16, values: bool = True) -> nn.Module:
+    from .relative import ShawRelative
+
+    return ShawRelative(ctx.head_dim, max_distance=max_distance, values=values)
+
+
+@register(
+    "transformer-xl",
+    "relative",
+    shared=False,
+    description="Transformer-XL: sinusoidal R, u/v biases, rel-shift, segment memory",
+)
+def _transformer_xl(ctx: BuildContext, *, base: float = 10000.0) -> nn.Module:
+    from .relative import TransformerXLRelative
+
+    return TransformerXLRelative(ctx.dim, ctx.num_heads, ctx.head_dim, base=base)
+
+
+@register(
+    "deberta", "relative", description="DeBERTa-v3 disentangled c2p/p2c, log buckets, shared table"
+)
+def _deberta(
+    ctx: BuildContext,
+    *,
+    position_buckets: int = 256,
+    max_relative_positions: int = 512,
+    pos_att_type: str = "c2p|p2c",
+    norm_rel_ebd: bool = True,
+) -> nn.Module:
+    from .relative import DeBERTaRelative
+
+    # One relative table for all layers with each layer's own q/k projections (share_att_key),
+    # as DeBERTa-v3; separate position projections would be shared by every layer here.
+    return DeBERTaRelative(
+        ctx.dim,
+        ctx.num_heads,
+        ctx.head_dim,
+        position_buckets=position_buckets,
+        max_relative_positions=max_relative_positions,
+        pos_att_type=pos_att_type,
+        share_att_key=True,
+        norm_rel_ebd=norm_rel_ebd,
+    )

@@ -1,5 +1,16 @@
 """Pure tensor functions: the parity points of posenc. Modules are thin layers over these."""
 
+from .bias import (
+    alibi_slopes,
+    deberta_log_bucket,
+    fire_normalized_distance,
+    kerple_log_bias,
+    kerple_power_bias,
+    relative_position_matrix,
+    sandwich_distance_table,
+    t5_relative_bucket,
+)
+from .relative import clipped_relative_index, rel_shift
 from .resample import resample_1d, resample_2d
 from .rotary import (
     ROPE_TYPES,
@@ -19,17 +30,27 @@ __all__ = [
     "ROPE_TYPES",
     "ROTARY_LAYOUTS",
     "SINUSOIDAL_LAYOUTS",
+    "alibi_slopes",
     "apply_rotary",
     "apply_rotary_qk",
+    "clipped_relative_index",
+    "deberta_log_bucket",
+    "fire_normalized_distance",
+    "kerple_log_bias",
+    "kerple_power_bias",
     "mrope_axis_index",
     "mrope_cos_sin",
     "normalize_scaling",
+    "rel_shift",
+    "relative_position_matrix",
     "resample_1d",
     "resample_2d",
     "rope_cos_sin",
     "rope_inv_freq",
+    "sandwich_distance_table",
     "sincos_2d",
     "sinusoidal_inv_freq",
     "sinusoidal_table",
+    "t5_relative_bucket",
     "yarn_mscale",
 ]

@@ -1,0 +1,96 @@
+"""FIRE: functional interpolation for relative positions (Li et al., 2024)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .._checks import check_positive_int
+from ..functional.bias import fire_normalized_distance, relative_position_matrix
+from .common import PositionBias, ScoreMod, check_pair, position_reader
+
+
+class FIRE(PositionBias):
+    """``B[h, i, j] = f_theta(psi(i - j) / psi(max(L, i)))[h]`` with ``psi(x) = log(|c x| + 1)``.
+
+    ``f_theta`` is an MLP ``1 -> mlp_width -> h`` with ReLU; ``c`` (init ``init_c``) and the
+    threshold ``L = |L_multiplier * init_threshold|`` (``L_multiplier`` init 1) are learned, as
+    in the paper's reference code. Dividing by ``psi`` of the query position maps every distance
+    into ``[0, 1]`` (progressive interpolation), which is what lets it run past the training
+    length; the threshold keeps short prefixes from being stretched. The absolute value makes
+    the non-causal form symmetric.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_threshold: float = 512.0,
+        eps: float = 1e-6,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(num_heads)
+        self.mlp_width = check_positive_int("mlp_width", mlp_width)
+        if not init_threshold > 0:
+            raise ValueError(f"init_threshold must be > 0, got {init_threshold}")
+        kw = {"device": device, "dtype": dtype}
+        self.mlp = nn.Sequential(
+            nn.Linear(1, mlp_width, **kw),  # type: ignore[arg-type]
+            nn.ReLU(),
+            nn.Linear(mlp_width, num_heads, **kw),  # type: ignore[arg-type]
+        )
+        self.c = nn.Parameter(torch.tensor(float(init_c), **kw))  # type: ignore[arg-type]
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0, **kw))  # type: ignore[arg-type]
+        self.init_threshold = float(init_threshold)  # a constant, not learned (the multiplier is)
+        self.eps = float(eps)
+
+    def threshold(self) -> torch.Tensor:
+        """The learned threshold ``L`` (a scalar tensor)."""
+        return torch.abs(self.L_multiplier * self.init_threshold)
+
+    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
+        q, k = check_pair(q_positions, k_positions)
+        dtype = torch.promote_types(self.c.dtype, torch.float32)
+        dist = -relative_position_matrix(q, k).to(dtype)  # [(b,) s, t]: i - j
+        qpos = q.to(dtype)[..., :, None]  # [(b,) s, 1]
+        x = fire_normalized_distance(qpos, dist, self.c, self.threshold(), self.eps)  # [(b,) s, t]
+        out = self.mlp(x.unsqueeze(-1).to(self.c.dtype))  # [(b,) s, t, h]
+        return out.movedim(-1, -3).to(dtype)  # [(b,) h, s, t]
+
+    def score_mod(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> ScoreMod:
+        q, k = check_pair(q_positions, k_positions)
+        read_q, read_k = position_reader(q), position_reader(k)
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        assert isinstance(lin1, nn.Linear) and isinstance(lin2, nn.Linear)
+        w1, b1 = lin1.weight[:, 0].float(), lin1.bias.float()  # [w], [w]
+        w2, b2 = lin2.weight.float(), lin2.bias.float()  # [h, w], [h]
+        c, threshold, eps = self.c.float(), self.threshold().float(), self.eps
+        width = self.mlp_width
+
+        def fire(
+            score: torch.Tensor,
+            b: torch.Tensor,
+            h: torch.Tensor,
+            qi: torch.Tensor,
+            ki: torch.Tensor,
+        ) -> torch.Tensor:
+            i = read_q(b, qi).to(torch.float32)
+            j = read_k(b, ki).to(torch.float32)
+            x = fire_normalized_distance(i, i - j, c, threshold, eps)
+            # The MLP unrolled over its hidden units: score_mod sees one scalar entry at a
+            # time, and a fused kernel can only load scalars (no [w]-vector intermediates).
+            acc = b2[h]
+            for u in range(width):
+                acc = acc + w2[h, u] * torch.relu(w1[u] * x + b1[u])
+            return score + acc.to(score.dtype)
+
+        return fire
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, mlp_width={self.mlp_width}, "
+            f"init_threshold={self.init_threshold}, eps={self.eps}"
+        )

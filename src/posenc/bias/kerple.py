@@ -1,0 +1,108 @@
+"""KERPLE: kernelized relative positional biases (Chi et al., 2022)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .._checks import check_choice
+from ..functional.bias import kerple_log_bias, kerple_power_bias, relative_position_matrix
+from .common import (
+    PositionBias,
+    ScoreMod,
+    at_least_float32,
+    check_pair,
+    per_head,
+    position_reader,
+)
+
+KERPLE_VARIANTS = ("log", "power")
+
+
+def _clamp_straight_through(p: torch.Tensor, lo: float, hi: float | None) -> torch.Tensor:
+    """``clamp(p, lo, hi)`` in value, identity in gradient.
+
+    The paper clamps the stored parameter in place on every forward (``p.data.clamp_``), so a
+    parameter pushed past a bound sits on it and the next gradient can pull it back. A plain
+    functional clamp would instead freeze it there (zero gradient outside the range). The
+    straight-through clamp keeps the forward value of the paper without writing to parameters
+    inside ``forward``; :meth:`KERPLE.clamp_parameters_` applies the paper's projection exactly,
+    to be called after ``optimizer.step()`` where that matters.
+    """
+    return p + (p.clamp(lo, hi) - p).detach()
+
+
+class KERPLE(PositionBias):
+    """Per-head learnable kernel biases on the distance ``|i - j|``, one instance per layer.
+
+    * ``variant="log"``: ``B = -r1 * log(1 + r2 * |i - j|)``, ``r1, r2 > 0``.
+    * ``variant="power"``: ``B = -r1 * |i - j| ** r2``, ``r1 > 0``, ``0 < r2 <= 2``.
+
+    Parameters ``r1, r2 [h]`` start as in the reference implementation: for ``log`` ``r1 ~ U(0,
+    2)``, ``r2 ~ U(0, 1)``; for ``power`` ``r1 ~ U(0, 1)``, ``r2 ~ U(0, 2)``. They are used
+    clamped to ``[eps, inf)`` (and ``r2 <= 2`` for power), ``eps = 1e-2`` as in the paper.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        variant: str = "log",
+        eps: float = 1e-2,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(num_heads)
+        self.variant = check_choice("variant", variant, KERPLE_VARIANTS)
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0 (the lower bound of r1 and r2), got {eps}")
+        self.eps = float(eps)
+        scale1, scale2 = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
+        kw = {"device": device, "dtype": dtype}
+        self.r1 = nn.Parameter(torch.rand(num_heads, **kw) * scale1)  # type: ignore[arg-type]
+        self.r2 = nn.Parameter(torch.rand(num_heads, **kw) * scale2)  # type: ignore[arg-type]
+
+    @property
+    def _r2_max(self) -> float | None:
+        return 2.0 if self.variant == "power" else None
+
+    def constrained(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(r1, r2)`` as used in the bias: clamped in value, straight-through in gradient."""
+        r1 = _clamp_straight_through(self.r1, self.eps, None)
+        r2 = _clamp_straight_through(self.r2, self.eps, self._r2_max)
+        return r1, r2
+
+    @torch.no_grad()
+    def clamp_parameters_(self) -> None:
+        """Project the stored parameters onto their ranges in place (the paper's update rule)."""
+        self.r1.clamp_(min=self.eps)
+        self.r2.clamp_(min=self.eps, max=self._r2_max)
+
+    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
+        q, k = check_pair(q_positions, k_positions)
+        rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]
+        r1, r2 = (at_least_float32(p) for p in self.constrained())  # [h] each
+        kernel = kerple_log_bias if self.variant == "log" else kerple_power_bias
+        return per_head(kernel(rel, r1, r2), rel)  # [h, (b,) s, t] -> [(b,) h, s, t]
+
+    def score_mod(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> ScoreMod:
+        q, k = check_pair(q_positions, k_positions)
+        read_q, read_k = position_reader(q), position_reader(k)
+        r1, r2 = (p.float() for p in self.constrained())  # [h] each
+        log = self.variant == "log"
+
+        def kerple(
+            score: torch.Tensor,
+            b: torch.Tensor,
+            h: torch.Tensor,
+            qi: torch.Tensor,
+            ki: torch.Tensor,
+        ) -> torch.Tensor:
+            dist = (read_k(b, ki) - read_q(b, qi)).abs().to(torch.float32)
+            bias = -r1[h] * (torch.log1p(r2[h] * dist) if log else dist.pow(r2[h]))
+            return score + bias.to(score.dtype)
+
+        return kerple
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, variant={self.variant!r}, eps={self.eps}"

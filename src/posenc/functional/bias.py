@@ -1,0 +1,256 @@
+"""Relative-position arithmetic for the bias and relative families: the parity points.
+
+Two sign conventions exist in the literature and both are kept, each where its model uses it:
+
+* T5 (and every bias here): ``relative_position = key - query`` (``memory - context``), so a key
+  in the past has a negative relative position.
+* DeBERTa: ``relative_position = query - key``.
+
+:func:`relative_position_matrix` gives T5's ``key - query``; negate it for DeBERTa.
+
+Bucketing reproduces the published float32 arithmetic operation for operation (float32 ``log``
+of a float32 ratio, truncation or ``ceil``): the bucket edges of a trained model are wherever
+those float32 operations put them, so a float64 re-derivation could move a distance across an
+edge.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._checks import check_positions, check_positive_int
+
+__all__ = [
+    "alibi_slopes",
+    "deberta_log_bucket",
+    "fire_normalized_distance",
+    "kerple_log_bias",
+    "kerple_power_bias",
+    "relative_position_matrix",
+    "sandwich_distance_table",
+    "t5_relative_bucket",
+]
+
+
+def relative_position_matrix(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """``key - query`` for every (query, key) pair, int64.
+
+    Shapes: ``q_positions [s]`` and ``k_positions [t]`` -> ``[s, t]``; if either is ``[b, *]``
+    (``[1, *]`` broadcasts) -> ``[b, s, t]``. Entry ``[.., i, j] = k_positions[j] - q_positions[i]``.
+    """
+    q = check_positions(q_positions, "q_positions", ranks=(1, 2))
+    k = check_positions(k_positions, "k_positions", ranks=(1, 2))
+    if (
+        q.dim() == 2
+        and k.dim() == 2
+        and q.shape[0] != k.shape[0]
+        and 1 not in (q.shape[0], k.shape[0])
+    ):
+        raise ValueError(
+            "q_positions and k_positions must have the same batch size (or 1), got "
+            f"{list(q.shape)} and {list(k.shape)}"
+        )
+    q, k = q.long(), k.long()
+    if q.dim() == k.dim() == 1:
+        return k[None, :] - q[:, None]  # [s, t]
+    q = q if q.dim() == 2 else q[None]  # [b|1, s]
+    k = k if k.dim() == 2 else k[None]  # [b|1, t]
+    return k[:, None, :] - q[:, :, None]  # [b, s, t]
+
+
+# --- ALiBi -------------------------------------------------------------------------------------
+
+
+def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """ALiBi head slopes (Press et al., 2022), ``[h]``.
+
+    For ``n`` a power of two the slopes are the geometric sequence ``2^(-8/n), 2^(-16/n), ...,
+    2^(-8)``. Otherwise take the ``2^floor(log2 n)`` slopes of the nearest lower power of two and
+    fill up with every other slope (the 1st, 3rd, 5th, ...) of the next power of two, which
+    interleaves the extra heads between the existing ones. Computed in float64, rounded once.
+    """
+    check_positive_int("num_heads", num_heads)
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = power_of_two(closest)
+    if closest != num_heads:
+        slopes += power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float64).to(dtype)
+
+
+# --- T5 ----------------------------------------------------------------------------------------
+
+
+def _check_int_tensor(name: str, x: object) -> torch.Tensor:
+    return check_positions(x, name, allow_negative=True)
+
+
+def t5_bucket_layout(bidirectional: bool, num_buckets: int, max_distance: int) -> tuple[int, int]:
+    """Validate T5 bucket options; return ``(buckets per direction, exact buckets)``."""
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 2:
+        raise ValueError(f"num_buckets must be an integer >= 2, got {num_buckets!r}")
+    per_side = num_buckets // 2 if bidirectional else num_buckets
+    if per_side < 2:
+        raise ValueError(
+            f"num_buckets must be >= 4 for bidirectional buckets (half of them per direction, "
+            f"half of those exact), got {num_buckets}"
+        )
+    max_exact = per_side // 2
+    if (
+        isinstance(max_distance, bool)
+        or not isinstance(max_distance, int)
+        or max_distance <= max_exact
+    ):
+        raise ValueError(
+            f"max_distance must be an integer above the exact-bucket range ({max_exact} for "
+            f"num_buckets={num_buckets}, bidirectional={bidirectional}), got {max_distance!r}"
+        )
+    return per_side, max_exact
+
+
+def t5_relative_bucket(
+    relative_position: torch.Tensor,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> torch.Tensor:
+    """T5's bucket of each relative position (``key - query``), int64, same shape.
+
+    Bidirectional: half the buckets for keys after the query (``relative_position > 0``), half
+    for the rest. Per direction (``n`` buckets), distances ``0 .. n/2 - 1`` get a bucket each;
+    larger ones share ``n/2`` log-spaced buckets up to ``max_distance``; everything at or beyond
+    ``max_distance`` lands in the last bucket. Causal (``bidirectional=False``): keys after the
+    query all map to bucket 0 (they are masked anyway).
+    """
+    rel = _check_int_tensor("relative_position", relative_position).long()
+    n, max_exact = t5_bucket_layout(bidirectional, num_buckets, max_distance)
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        buckets = buckets + (rel > 0).long() * n
+        dist = rel.abs()
+    else:
+        dist = (-rel).clamp(min=0)
+    # Same float32 operations as Mesh TensorFlow / transformers, so bucket edges match exactly.
+    large = max_exact + (
+        torch.log(dist.float() / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
+    ).to(torch.long)
+    large = large.clamp(max=n - 1)  # log(0) = -inf -> long is garbage, but masked by `where`
+    return buckets + torch.where(dist < max_exact, dist, large)
+
+
+# --- DeBERTa -----------------------------------------------------------------------------------
+
+
+def deberta_check_buckets(bucket_size: int, max_position: int) -> int:
+    """Validate DeBERTa log-bucket options; return ``mid = bucket_size // 2``."""
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 2:
+        raise ValueError(f"bucket_size must be an integer >= 2, got {bucket_size!r}")
+    mid = bucket_size // 2
+    if (
+        isinstance(max_position, bool)
+        or not isinstance(max_position, int)
+        or max_position - 1 <= mid
+    ):
+        raise ValueError(
+            f"max_position must be an integer above bucket_size // 2 + 1 = {mid + 1} (the "
+            f"log range starts there), got {max_position!r}"
+        )
+    return mid
+
+
+def deberta_log_bucket(
+    relative_position: torch.Tensor, bucket_size: int, max_position: int
+) -> torch.Tensor:
+    """DeBERTa-v2's log bucket of each relative position (``query - key``), int64, same shape.
+
+    ``|r| <= bucket_size // 2`` stays exact; larger distances are log-compressed so that
+    ``max_position - 1`` maps to ``±(bucket_size - 1)``. Odd in ``r``: ``bucket(-r) = -bucket(r)``.
+    """
+    rel = _check_int_tensor("relative_position", relative_position)
+    mid = deberta_check_buckets(bucket_size, max_position)
+    sign = torch.sign(rel)
+    # Inside the exact range the log branch is unused: feed it mid - 1 to keep log finite.
+    abs_pos = torch.where((rel < mid) & (rel > -mid), torch.full_like(rel, mid - 1), rel.abs())
+    # Same float32 operations as the reference implementation (ceil makes edges sensitive).
+    log_pos = (
+        torch.ceil(
+            torch.log(abs_pos / mid) / torch.log(torch.tensor((max_position - 1) / mid)) * (mid - 1)
+        )
+        + mid
+    )
+    bucket = torch.where(abs_pos <= mid, rel.to(log_pos.dtype), log_pos * sign)
+    return bucket.long()
+
+
+# --- KERPLE ------------------------------------------------------------------------------------
+
+
+def kerple_log_bias(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    """KERPLE log kernel ``-r1 * log(1 + r2 * |distance|)`` (Chi et al., 2022).
+
+    Shapes: ``distance [*]`` (any integer or float), ``r1, r2 [h]`` -> ``[h, *]``.
+    """
+    d = distance.abs().to(r1.dtype)
+    extra = (1,) * d.dim()
+    r1, r2 = r1.view(-1, *extra), r2.view(-1, *extra)  # [h, 1, ...]
+    return -r1 * torch.log1p(r2 * d)  # [h, *]
+
+
+def kerple_power_bias(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    """KERPLE power kernel ``-r1 * |distance| ** r2`` (Chi et al., 2022), ``0 < r2 <= 2``.
+
+    Shapes: ``distance [*]``, ``r1, r2 [h]`` -> ``[h, *]``.
+    """
+    d = distance.abs().to(r1.dtype)
+    extra = (1,) * d.dim()
+    r1, r2 = r1.view(-1, *extra), r2.view(-1, *extra)  # [h, 1, ...]
+    return -r1 * d.pow(r2)  # [h, *]
+
+
+# --- FIRE --------------------------------------------------------------------------------------
+
+
+def fire_normalized_distance(
+    q_pos: torch.Tensor,
+    distance: torch.Tensor,
+    c: torch.Tensor,
+    threshold: torch.Tensor,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """FIRE's input ``psi(i - j) / psi(max(L, i))`` with ``psi(x) = log(|c x| + 1)`` (Li et al., 2024).
+
+    ``q_pos`` is the query position ``i`` and ``distance`` is ``i - j`` (broadcastable float
+    tensors); ``c`` and the threshold ``L`` are scalars. ``eps`` keeps the denominator positive.
+    """
+    num = torch.log(torch.abs(c * distance) + 1)
+    den = torch.log(torch.abs(c * torch.maximum(q_pos, threshold)) + 1) + eps
+    return num / den
+
+
+# --- Sandwich ----------------------------------------------------------------------------------
+
+
+def sandwich_distance_table(max_distance: int, d_prime: int, base: float = 10000.0) -> torch.Tensor:
+    """Sandwich's head-independent bias for distances ``0 .. max_distance``, float64 ``[max_distance + 1]``.
+
+    ``B(r) = sum_{k=1}^{d'/2} cos(r / base^(2k/d')) - d'/2`` (Chi et al., 2023): the dot product
+    of two sinusoidal embeddings ``p_m . p_n`` depends on ``r = m - n`` only, and subtracting
+    ``d'/2`` makes it 0 at ``r = 0`` and negative elsewhere. Even in ``r``, so a table over
+    ``|r|`` serves both directions. Each head then divides it by its compression ratio.
+    """
+    check_positive_int("d_prime", d_prime)
+    if d_prime % 2:
+        raise ValueError(f"d_prime must be even for Sandwich (d'/2 frequencies), got {d_prime}")
+    if max_distance < 0:
+        raise ValueError(f"max_distance must be >= 0, got {max_distance}")
+    half = d_prime // 2
+    # k = 1 .. d'/2 (k = 0 would add the constant cos(0) = 1).
+    inv_freq = base ** (-2.0 * torch.arange(1, half + 1, dtype=torch.float64) / d_prime)  # [d'/2]
+    r = torch.arange(max_distance + 1, dtype=torch.float64)
+    return torch.cos(r[:, None] * inv_freq).sum(-1) - half  # [max_distance + 1]

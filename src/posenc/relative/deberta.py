@@ -1,0 +1,188 @@
+"""DeBERTa's disentangled attention (He et al., 2021; DeBERTa-v2/v3 log buckets)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_positive_int
+from ..attention import repeat_kv
+from ..functional.bias import deberta_check_buckets, deberta_log_bucket, relative_position_matrix
+from .common import RelativeEncoding, batch_heads, check_attend_inputs, softmax_probs
+
+DEBERTA_POS_ATT_TYPES = ("c2p", "p2c")
+
+
+def _heads(x: torch.Tensor, d: int, h: int) -> torch.Tensor:
+    """Shapes: ``[n, hp * d]`` -> ``[h, n, d]``, repeating ``hp`` projected heads to ``h`` (GQA)."""
+    x = x.view(x.shape[0], -1, d).transpose(0, 1)  # [hp, n, d]
+    return x if x.shape[0] == h else x.repeat_interleave(h // x.shape[0], dim=0)  # [h, n, d]
+
+
+class DeBERTaRelative(RelativeEncoding):
+    """``A_ij = (q_i . k_j + q_i . Kr[d(i, j)] + k_j . Qr[d(i, j)]) / sqrt(d * (1 + #terms))``.
+
+    * c2p (content to position): query content against the projected relative embedding
+      ``Kr = Wk P`` of the pair's distance bucket.
+    * p2c (position to content): key content against ``Qr = Wq P``.
+    * ``d(i, j) = clip(bucket(i - j) + span, 0, 2 span - 1)`` with ``i - j`` the query and key
+      *positions* and ``bucket`` DeBERTa-v2's log buckets (:func:`deberta_log_bucket`) when
+      ``position_buckets > 0``, else the raw distance; ``span = position_buckets`` (or
+      ``max_relative_positions`` without buckets).
+    * The 1/sqrt(d * scale_factor) rule: every term is divided by ``sqrt(d * (1 + #terms))``
+      (``scale_factor`` 3 with both terms), i.e. ``scale / sqrt(1 + #terms)`` for the
+      ``scale`` the calling attention passes (default ``1/sqrt(d)``).
+
+    ``P`` is ``rel_embeddings.weight [2 span, dim]`` (LayerNorm-ed when ``norm_rel_ebd``), one
+    table for all layers as in DeBERTa: share one instance across layers. With
+    ``share_att_key=True`` (DeBERTa-v3) ``Wk, Wq`` are the calling attention's own ``k_proj``
+    and ``q_proj`` (so they stay per layer); with ``False`` the instance owns ``pos_key_proj``
+    and ``pos_query_proj`` (per layer in DeBERTa-v2: build one instance per layer then).
+
+    transformers' implementation assumes query and key positions ``0..s-1`` and ``0..t-1`` and
+    supports p2c only for ``s == t``; this one takes any positions (KV cache, offsets,
+    ``[b, s]``), and equals it where it is defined.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        *,
+        position_buckets: int = 256,
+        max_relative_positions: int = 512,
+        pos_att_type: str | tuple[str, ...] = ("c2p", "p2c"),
+        share_att_key: bool = True,
+        norm_rel_ebd: bool = True,
+        layer_norm_eps: float = 1e-7,
+        pos_dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = check_positive_int("dim", dim)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        if head_dim is None:
+            if dim % num_heads:
+                raise ValueError(
+                    f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim"
+                )
+            head_dim = dim // num_heads
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.max_relative_positions = check_positive_int(
+            "max_relative_positions", max_relative_positions
+        )
+        if isinstance(position_buckets, bool) or not isinstance(position_buckets, int):
+            raise TypeError(
+                f"position_buckets must be an int (<= 0 for no buckets), got {position_buckets!r}"
+            )
+        self.position_buckets = position_buckets
+        if position_buckets > 0:
+            deberta_check_buckets(position_buckets, max_relative_positions)
+        self.span = position_buckets if position_buckets > 0 else max_relative_positions
+        types = (
+            tuple(t.strip() for t in pos_att_type.lower().split("|"))
+            if isinstance(pos_att_type, str)
+            else tuple(pos_att_type)
+        )
+        types = tuple(t for t in types if t)
+        for t in types:
+            if t not in DEBERTA_POS_ATT_TYPES:
+                raise ValueError(
+                    f"pos_att_type entries must be in {DEBERTA_POS_ATT_TYPES}, got {t!r}"
+                )
+        self.pos_att_type = types
+        self.share_att_key = bool(share_att_key)
+        self.pos_dropout = float(pos_dropout)
+        kw = {"device": device, "dtype": dtype}
+        self.rel_embeddings = nn.Embedding(2 * self.span, dim, **kw)  # type: ignore[arg-type]
+        self.norm = nn.LayerNorm(dim, eps=layer_norm_eps, **kw) if norm_rel_ebd else None  # type: ignore[arg-type]
+        inner = num_heads * self.head_dim
+        self.pos_key_proj = (
+            nn.Linear(dim, inner, **kw) if not share_att_key and "c2p" in types else None  # type: ignore[arg-type]
+        )
+        self.pos_query_proj = (
+            nn.Linear(dim, inner, **kw) if not share_att_key and "p2c" in types else None  # type: ignore[arg-type]
+        )
+
+    @property
+    def scale_factor(self) -> int:
+        """``1 + `` the number of position terms (DeBERTa's ``scale_factor``)."""
+        return 1 + len(self.pos_att_type)
+
+    def relative_index(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """Row of the relative table for each pair: ``[s, t]`` or ``[b, s, t]`` in ``[0, 2 span)``."""
+        rel = -relative_position_matrix(q_positions, k_positions)  # [(b,) s, t]: i - j
+        if self.position_buckets > 0:
+            rel = deberta_log_bucket(rel, self.position_buckets, self.max_relative_positions)
+        return (rel + self.span).clamp(0, 2 * self.span - 1)
+
+    def relative_embeddings(self) -> torch.Tensor:
+        """``P [2 span, dim]``, normalized and dropped out as DeBERTa does."""
+        p = self.rel_embeddings.weight
+        if self.norm is not None:
+            p = self.norm(p)
+        return F.dropout(p, self.pos_dropout, self.training)
+
+    def _projection(self, term: str, attention: nn.Module | None) -> nn.Module:
+        """``W_k`` (c2p) or ``W_q`` (p2c): the attention's own with ``share_att_key``, else ours."""
+        if self.share_att_key:
+            if attention is None:
+                raise ValueError(
+                    "share_att_key=True needs the calling attention (its q_proj/k_proj)"
+                )
+            proj = getattr(attention, "k_proj" if term == "c2p" else "q_proj", None)
+        else:
+            proj = self.pos_key_proj if term == "c2p" else self.pos_query_proj
+        if not isinstance(proj, nn.Module):
+            raise TypeError(f"no position projection for {term}: attention lacks q_proj/k_proj")
+        return proj
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        scale: float | None = None,
+        dropout_p: float = 0.0,
+        attention: nn.Module | None = None,
+    ) -> torch.Tensor:
+        """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``."""
+        qp, kp = check_attend_inputs(q, k, v, q_positions, k_positions)
+        b, h, _, d = q.shape
+        if d != self.head_dim:
+            raise ValueError(f"q's head_dim must be {self.head_dim}, got {d}")
+        scale = (1.0 / math.sqrt(d) if scale is None else scale) / math.sqrt(self.scale_factor)
+        k, v = repeat_kv(k, h), repeat_kv(v, h)  # [b, h, t, d]
+        scores = q @ k.transpose(-1, -2)  # [b, h, s, t]
+        if self.pos_att_type:
+            idx = batch_heads(self.relative_index(qp, kp), b, h)  # [b, h, s, t]
+            p = self.relative_embeddings()  # [2 span, dim]
+        if "c2p" in self.pos_att_type:
+            pos_k = _heads(self._projection("c2p", attention)(p), d, h)  # [h, 2 span, d]
+            c2p = q @ pos_k.transpose(-1, -2)  # [b, h, s, 2 span]
+            scores = scores + c2p.gather(-1, idx)  # [b, h, s, t]
+        if "p2c" in self.pos_att_type:
+            pos_q = _heads(self._projection("p2c", attention)(p), d, h)  # [h, 2 span, d]
+            p2c = k @ pos_q.transpose(-1, -2)  # [b, h, t, 2 span]
+            # Key j against the query-side embedding of the same pair's bucket d(i, j):
+            # gather along keys' rows with the transposed index, then back to [b, h, s, t].
+            p2c = p2c.gather(-1, idx.transpose(-1, -2))  # [b, h, t, s]
+            scores = scores + p2c.transpose(-1, -2)  # [b, h, s, t]
+        probs = softmax_probs(scores * scale, mask, dropout_p)
+        return probs @ v  # [b, h, s, d]
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, position_buckets={self.position_buckets}, "
+            f"max_relative_positions={self.max_relative_positions}, pos_att_type={self.pos_att_type}, "
+            f"share_att_key={self.share_att_key}"
+        )

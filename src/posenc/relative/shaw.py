@@ -1,0 +1,77 @@
+"""Shaw et al. (2018): learned embeddings of the clipped relative distance, on keys and values."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .._checks import check_positive_int
+from ..attention import repeat_kv
+from ..functional.relative import clipped_relative_index
+from .common import RelativeEncoding, batch_heads, check_attend_inputs, softmax_probs
+
+
+class ShawRelative(RelativeEncoding):
+    """``e_ij = q_i . (k_j + aK[c(j - i)]) * scale`` and ``z_i = sum_j a_ij (v_j + aV[c(j - i)])``.
+
+    ``c(r) = clip(r, -k, k)`` with ``k = max_distance``: beyond ``k`` every distance shares one
+    embedding. ``aK, aV [2k + 1, d]`` are shared by the heads of one layer, as in the paper;
+    build one instance per layer. ``values=False`` keeps only the key term.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        max_distance: int = 16,
+        values: bool = True,
+        init_std: float = 0.02,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.max_distance = check_positive_int("max_distance", max_distance)
+        n = 2 * max_distance + 1
+        kw = {"device": device, "dtype": dtype}
+        self.rel_k = nn.Parameter(torch.randn(n, head_dim, **kw) * init_std)  # type: ignore[arg-type]
+        self.rel_v = (
+            nn.Parameter(torch.randn(n, head_dim, **kw) * init_std) if values else None  # type: ignore[arg-type]
+        )
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        scale: float | None = None,
+        dropout_p: float = 0.0,
+        attention: nn.Module | None = None,
+    ) -> torch.Tensor:
+        """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``."""
+        qp, kp = check_attend_inputs(q, k, v, q_positions, k_positions)
+        b, h, s, d = q.shape
+        if d != self.head_dim:
+            raise ValueError(f"q's head_dim must be {self.head_dim}, got {d}")
+        scale = 1.0 / math.sqrt(d) if scale is None else scale
+        k, v = repeat_kv(k, h), repeat_kv(v, h)  # [b, h, t, d]
+        idx = batch_heads(clipped_relative_index(qp, kp, self.max_distance), b, h)  # [b, h, s, t]
+        # q . aK for the 2k + 1 distinct distances, then pick each pair's: O(s k d), not O(s t d).
+        rel_logits = q @ self.rel_k.t()  # [b, h, s, 2k + 1]
+        scores = (q @ k.transpose(-1, -2) + rel_logits.gather(-1, idx)) * scale  # [b, h, s, t]
+        probs = softmax_probs(scores, mask, dropout_p)
+        out = probs @ v  # [b, h, s, d]
+        if self.rel_v is not None:
+            # sum_j a_ij aV[c(j - i)] = sum_r (sum of a_ij over keys at clipped distance r) aV[r]
+            by_distance = probs.new_zeros(b, h, s, self.rel_v.shape[0])  # [b, h, s, 2k + 1]
+            by_distance.scatter_add_(-1, idx, probs)
+            out = out + by_distance @ self.rel_v
+        return out
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, max_distance={self.max_distance}, values={self.rel_v is not None}"
