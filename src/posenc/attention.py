@@ -14,6 +14,11 @@ Where position enters (DESIGN.md): an ``encoding`` module declares its ``family`
 * ``"absolute"`` and ``"none"``: nothing happens here; absolute encodings are added to the token
   embeddings by the model.
 
+DeepSeek's decoupled RoPE (MLA) splits each head into a rotated and an unrotated part with one
+shared rotary key head, and changes the softmax scale under YaRN: the recipe, with
+``DecoupledRoPE``, ``expand_shared_key`` and ``mla_softmax_scale``, is in :mod:`posenc.rotary.mla`
+(pass its scale as ``Attention(..., scale=mla_softmax_scale(...))``).
+
 Positions are integer ``[s]`` or ``[b, s]`` (Hugging Face ``position_ids``). Causality is by index
 (query ``i`` of ``s`` sees key ``j`` of ``t`` when ``j <= t - s + i``), so left padding, packing and
 cache offsets change positions without changing the mask.
