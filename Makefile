@@ -38,5 +38,11 @@ unit: setup
 
 test: lint typecheck unit
 
+docs: setup
+	$(BIN)/mkdocs build --strict
+
+bench: setup
+	$(BIN)/posenc bench rope
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
