@@ -6,6 +6,8 @@ from __future__ import annotations
 import typer
 
 from .demo import demo_app
+from .lab.cli import lab_app
+from .plots.cli import plot_app, report_command
 
 app = typer.Typer(
     name="posenc",
@@ -14,6 +16,9 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(demo_app, name="demo")
+app.add_typer(lab_app, name="lab")
+app.add_typer(plot_app, name="plot")
+app.command("report")(report_command)
 
 
 @app.command("list")

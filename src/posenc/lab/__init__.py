@@ -1,0 +1,43 @@
+"""The lab: train short, test long. Every registered encoding trained on real text at length L
+and measured at L, 2L, 4L, 8L, with inference-time RoPE rescaling, on one CPU or many GPUs.
+
+Modules, by concern: :mod:`~posenc.lab.presets` (configuration), :mod:`~posenc.lab.data` and
+:mod:`~posenc.lab.tasks` (tokens), :mod:`~posenc.lab.train`, :mod:`~posenc.lab.evaluate`,
+:mod:`~posenc.lab.experiment` (the grid), :mod:`~posenc.lab.store` (results),
+:mod:`~posenc.lab.report` (table, CSV, plots), :mod:`~posenc.lab.cli` (``posenc lab``).
+
+Names below are imported on first use, so ``import posenc.lab`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LabConfig": "presets",
+    "ModelShape": "presets",
+    "TrainConfig": "presets",
+    "DataConfig": "presets",
+    "EvalConfig": "presets",
+    "PRESETS": "presets",
+    "preset": "presets",
+    "model_config": "presets",
+    "load_data": "data",
+    "train_model": "train",
+    "evaluate_model": "evaluate",
+    "run_grid": "experiment",
+    "RunOptions": "experiment",
+    "ResultStore": "store",
+    "write_report": "report",
+    "print_table": "report",
+    "load_rows": "report",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'posenc.lab' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

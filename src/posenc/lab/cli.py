@@ -1,0 +1,235 @@
+"""``posenc lab``: run the train-short-test-long grid (bare ``posenc lab`` runs the default one),
+and ``posenc lab report``: print the table and write the plots and CSV.
+
+Thin on purpose: options become a :class:`~posenc.lab.presets.LabConfig` and
+:class:`~posenc.lab.experiment.RunOptions`; the work is in the library functions. Heavy imports
+happen inside the commands so ``posenc --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+lab_app = typer.Typer(
+    help=(
+        "Train short, test long: every encoding trained at length L on real text (the Python "
+        "standard library's source, as bytes) and measured at L, 2L, 4L, 8L, with "
+        "inference-time RoPE rescaling. Bare `posenc lab` runs the default grid "
+        "(about ten minutes on two CPU cores)."
+    ),
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+def _csv(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def build_config(
+    preset: str,
+    encodings: str | None,
+    train_len: int | None,
+    eval_lens: str | None,
+    seeds: int,
+    seed: int,
+    steps: int | None = None,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    dim: int | None = None,
+    layers: int | None = None,
+    heads: int | None = None,
+    eval_tokens: int | None = None,
+    sliding: int | None = None,
+    rope_scalings: str | None = None,
+    text: str | None = None,
+    dataset: str | None = None,
+    task: str | None = None,
+    include_tests: bool | None = None,
+    ckpt_every: int | None = None,
+) -> Any:
+    """CLI options -> :class:`LabConfig` (the preset with the given fields replaced)."""
+    from dataclasses import replace
+
+    from .presets import preset as get_preset
+
+    cfg = get_preset(preset)
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    sources = [s for s, v in (("text", text), ("hf", dataset), ("task", task)) if v]
+    if len(sources) > 1:
+        raise ValueError("pass at most one of --text, --dataset, --task")
+    data = cfg.data
+    if sources:
+        data = replace(data, source=sources[0], path=text, dataset=dataset, task=task)
+    if include_tests is not None:
+        data = replace(data, include_tests=include_tests)
+    model = replace(
+        cfg.model,
+        **{k: v for k, v in (("dim", dim), ("num_layers", layers), ("num_heads", heads)) if v},
+    )
+    train_over: dict[str, Any] = {"steps": steps, "batch_size": batch_size, "lr": lr}
+    train = replace(cfg.train, **{k: v for k, v in train_over.items() if v is not None})
+    if train.warmup_steps >= train.steps:
+        train = replace(train, warmup_steps=max(1, train.steps // 10))
+    ev = cfg.eval
+    lens = _csv(eval_lens)
+    if lens is not None:
+        ev = replace(ev, lengths=tuple(int(v) if v.isdigit() else v for v in lens))
+    if eval_tokens is not None:
+        ev = replace(ev, tokens=eval_tokens)
+    if sliding is not None:
+        ev = replace(ev, stride=sliding)
+    scal = _csv(rope_scalings)
+    if scal is not None:
+        ev = replace(ev, rope_scalings=() if scal == ["none"] else tuple(scal))
+    return replace(
+        cfg,
+        encodings=tuple(_csv(encodings) or cfg.encodings),
+        train_len=train_len if train_len is not None else cfg.train_len,
+        seeds=tuple(range(seed, seed + seeds)),
+        model=model,
+        train=train,
+        data=data,
+        eval=ev,
+        ckpt_every=ckpt_every if ckpt_every is not None else cfg.ckpt_every,
+    )
+
+
+@lab_app.callback(invoke_without_command=True)
+def lab(
+    ctx: typer.Context,
+    encodings: str = typer.Option(
+        "default",
+        "--encodings",
+        "-e",
+        help="Comma-separated names from `posenc list` (name:key=value sets an option), "
+        "'default' (the standard set that is registered) or 'all'.",
+    ),
+    preset: str = typer.Option("cpu-small", "--preset", "-p", help="cpu-small, cpu or gpu."),
+    train_len: int | None = typer.Option(None, "--train-len", "-L", help="Train length L."),
+    eval_lens: str | None = typer.Option(
+        None, "--eval-lens", help="Comma-separated eval lengths: tokens (256) or multiples (4x)."
+    ),
+    seeds: int = typer.Option(1, "--seeds", help="Number of seeds per encoding."),
+    seed: int = typer.Option(0, "--seed", help="First seed."),
+    steps: int | None = typer.Option(None, "--steps", help="Training steps."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Global batch (sequences)."),
+    lr: float | None = typer.Option(None, "--lr", help="Peak learning rate."),
+    dim: int | None = typer.Option(None, "--dim", help="Model width."),
+    layers: int | None = typer.Option(None, "--layers", help="Number of blocks."),
+    heads: int | None = typer.Option(None, "--heads", help="Attention heads."),
+    eval_tokens: int | None = typer.Option(None, "--eval-tokens", help="Test tokens per length."),
+    sliding: int | None = typer.Option(
+        None, "--sliding", help="Sliding-window evaluation with this stride (default: none)."
+    ),
+    rope_scalings: str | None = typer.Option(
+        None, "--rope-scalings", help="RoPE rescalings to sweep (linear,ntk,dynamic,yarn or none)."
+    ),
+    text: str | None = typer.Option(None, "--text", help="Your corpus: a file, folder or glob."),
+    dataset: str | None = typer.Option(
+        None, "--dataset", help="A Hugging Face dataset NAME[:CONFIG] in the local cache."
+    ),
+    task: str | None = typer.Option(
+        None, "--task", help="A synthetic task: copy, reverse, associative-recall."
+    ),
+    include_tests: bool | None = typer.Option(
+        None, "--include-tests/--no-include-tests", help="Read the stdlib's test suites too."
+    ),
+    out: Path = typer.Option(Path("runs/lab"), "--out", "-o", help="Output folder."),
+    resume: bool = typer.Option(False, "--resume", help="Continue interrupted cells."),
+    restart: bool = typer.Option(False, "--restart", help="Discard interrupted cells' progress."),
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    ckpt_every: int | None = typer.Option(None, "--ckpt-every", help="Checkpoint interval."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or log."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
+) -> None:
+    """Run the grid: every encoding x seed, skipping finished cells, then print the table."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .experiment import RunOptions, run_grid
+    from .report import load_rows, print_table, write_report
+    from .train import CheckpointError, Interrupted, ResumeRequired
+
+    if resume and restart:
+        _fail("pass --resume or --restart, not both")
+    try:
+        cfg = build_config(
+            preset, encodings, train_len, eval_lens, seeds, seed, steps, batch_size, lr, dim,
+            layers, heads, eval_tokens, sliding, rope_scalings, text, dataset, task,
+            include_tests, ckpt_every,
+        )  # fmt: skip
+        opts = RunOptions(
+            out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
+        )
+        summary = run_grid(cfg, opts)
+    except Interrupted as e:
+        _fail(f"{e}; rerun the same command with --resume to continue", 128 + e.signum)
+        return
+    except (ResumeRequired, CheckpointError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+        return
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        main = tdist.get_rank() == 0
+        tdist.barrier()
+        tdist.destroy_process_group()
+        if not main:
+            return
+    rows = load_rows(out, summary.group)
+    if rows and not quiet:
+        print_table(rows)
+    if rows:
+        written = write_report(out, rows, plots=plots)
+        if not quiet:
+            print("wrote " + ", ".join(str(p) for p in written.values()))
+    if summary.failed:
+        _fail("failed cells: " + "; ".join(f"{k}: {v}" for k, v in summary.failed.items()), code=1)
+
+
+@lab_app.command("report")
+def report(
+    out: Path = typer.Option(Path("runs/lab"), "--out", "-o", help="Output folder of a run."),
+    group: str | None = typer.Option(
+        None, "--group", "-g", help="Group hash (prefix) to show; default: the newest."
+    ),
+    all_groups: bool = typer.Option(False, "--all", help="One table per group."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
+) -> None:
+    """Print the results table and write table.md, results.csv and the plots."""
+    from .report import groups, load_rows, print_table, write_report
+
+    try:
+        names = list(groups(out)) if all_groups else [group]
+        if not names:
+            _fail(f"no results under {out}; run `posenc lab` first")
+        for name in names:
+            rows = load_rows(out, name)
+            if not rows:
+                _fail(f"no results under {out}; run `posenc lab` first")
+            print_table(rows)
+            if not all_groups:
+                written = write_report(out, rows, plots=plots)
+                print("wrote " + ", ".join(str(p) for p in written.values()))
+    except ValueError as e:
+        _fail(str(e))
+
+
+def main() -> None:  # pragma: no cover - `python -m posenc.lab.cli`
+    lab_app()
+    sys.exit(0)

@@ -1,0 +1,332 @@
+"""Evaluation: bits per byte (or per answer token) at the train length and beyond, per-position
+loss curves, and inference-time variants that need no retraining.
+
+Variants of one trained model:
+
+* ``base``: the model as trained. A learned table asked for positions past its length is
+  reported as not applicable (with the reason), never crashed on.
+* ``interp``: a learned table linearly interpolated to the eval length (labelled; the model
+  never saw the interpolated rows).
+* RoPE rescalings (``linear`` = position interpolation, ``ntk`` = static NTK-aware,
+  ``dynamic`` = dynamic NTK, ``yarn``): every rotary encoding that offers
+  ``with_scaling(dict)`` is swapped for its rescaled copy with
+  ``factor = eval length / train length`` (and ``original_max_position_embeddings = train
+  length`` where the type takes it; Hugging Face key names, :func:`rope_scaling`). At the train length the factor is 1, the identity, so the
+  base number stands for every variant there.
+
+The metric is the mean next-token cross-entropy over scored targets divided by ``ln 2``: with a
+byte vocabulary that is bits per byte.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data import IGNORE, LabData
+from .presets import EvalConfig
+from .train import Dist
+
+ROPE_LABELS = {"linear": "PI", "ntk": "NTK", "dynamic": "dyn-NTK", "yarn": "YaRN"}
+
+
+def _batches(
+    windows: Iterator[tuple[torch.Tensor, torch.Tensor]], rows: int, dist: Dist
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Regroup windows into batches of ``rows``; window ``i`` goes to rank ``i % world``."""
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
+    i = 0
+    for x, y in windows:
+        for r in range(x.shape[0]):
+            if i % dist.world == dist.rank:
+                xs.append(x[r])
+                ys.append(y[r])
+                if len(xs) == rows:
+                    yield torch.stack(xs), torch.stack(ys)  # [rows, s]
+                    xs, ys = [], []
+            i += 1
+    if xs:
+        yield torch.stack(xs), torch.stack(ys)
+
+
+@torch.no_grad()
+def score(
+    model: nn.Module,
+    data: LabData,
+    seq_len: int,
+    cfg: EvalConfig,
+    dist: Dist | None = None,
+) -> dict[str, Any]:
+    """Score the test split at ``seq_len``: ``{"bits", "acc", "tokens", "curve"}``.
+
+    ``curve`` (non-overlapping windows only) is the per-position loss in bits, averaged over
+    windows and then over at most ``cfg.curve_points`` log-spaced bins of positions
+    (:func:`bin_curve`).
+    """
+    dist = dist or Dist()
+    model.eval()
+    device = dist.device
+    # float64 accumulators: sums of ~1e5 losses in float32 would lose the last digits.
+    total = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, correct
+    pos_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
+    pos_cnt = torch.zeros(seq_len, dtype=torch.float64, device=device)
+    rows = max(1, cfg.batch_tokens // seq_len)
+    windows = data.eval_windows(seq_len, cfg.tokens, cfg.stride)
+    for x, y in _batches(windows, rows, dist):
+        x, y = x.to(device), y.to(device)
+        autocast = device.type == "cuda"
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(x)  # [b, s, vocab]
+        logits = logits.float()
+        losses = F.cross_entropy(
+            logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="none"
+        ).view_as(y)  # [b, s]
+        mask = y != IGNORE
+        total[0] += losses.double().sum()
+        total[1] += mask.sum()
+        total[2] += ((logits.argmax(-1) == y) & mask).sum()
+        pos_sum += losses.double().sum(0)
+        pos_cnt += mask.sum(0)
+    dist.sum_(total)
+    dist.sum_(pos_sum)
+    dist.sum_(pos_cnt)
+    n = float(total[1])
+    if n == 0:
+        raise ValueError(f"no scored targets at eval length {seq_len}")
+    out: dict[str, Any] = {
+        "bits": float(total[0]) / n / math.log(2),
+        "acc": float(total[2]) / n,
+        "tokens": int(n),
+        "curve": None,
+    }
+    if cfg.stride is None:
+        out["curve"] = bin_curve(pos_sum.cpu(), pos_cnt.cpu(), cfg.curve_points)
+    return out
+
+
+def bin_curve(loss_sum: torch.Tensor, count: torch.Tensor, points: int) -> dict[str, list[Any]]:
+    """Per-position sums ``[s]`` -> mean bits in at most ``points`` bins of positions.
+
+    Bins are log-spaced (one position each at the start, wider further on) so a log-position
+    plot has even resolution and the long tail is averaged over enough targets to be readable;
+    with ``points >= s`` every position is its own bin. Returns ``{"pos": first position,
+    "end": one past the last position, "bits": mean bits}`` per bin.
+    """
+    s = loss_sum.shape[0]
+    if points >= s:
+        edges = list(range(s + 1))
+    else:
+        geo = torch.logspace(0, math.log10(s), points, dtype=torch.float64).round().long()
+        edges = sorted({0, s, *geo.tolist()})
+    pos, end, bits = [], [], []
+    for a, b in itertools.pairwise(edges):
+        c = float(count[a:b].sum())
+        if b > a and c > 0:
+            pos.append(a)
+            end.append(b)
+            bits.append(float(loss_sum[a:b].sum()) / c / math.log(2))
+    return {"pos": pos, "end": end, "bits": bits}
+
+
+# --- variants ------------------------------------------------------------------------------
+
+
+@contextmanager
+def swapped_inner_encodings(
+    model: nn.Module, make: Callable[[nn.Module], nn.Module]
+) -> Iterator[None]:
+    """Replace each block's attention encoding by ``make(encoding)`` for the ``with`` body.
+
+    A shared encoding (one module serving every layer) is rebuilt once and stays shared.
+    """
+    blocks = list(model.blocks)  # type: ignore[attr-defined, arg-type]
+    originals = [b.attn.encoding for b in blocks]
+    memo: dict[int, nn.Module] = {}
+    try:
+        for b, enc in zip(blocks, originals, strict=True):
+            if id(enc) not in memo:
+                memo[id(enc)] = make(enc)
+            b.attn.encoding = memo[id(enc)]
+        yield
+    finally:
+        for b, enc in zip(blocks, originals, strict=True):
+            b.attn.encoding = enc
+
+
+@contextmanager
+def swapped_absolute(model: nn.Module, new: nn.Module) -> Iterator[None]:
+    old = model.absolute
+    model.absolute = new
+    try:
+        yield
+    finally:
+        model.absolute = old
+
+
+def rotary_encodings(model: nn.Module) -> list[Any]:
+    """The distinct rotary encodings inside the model's attention layers."""
+    seen: dict[int, Any] = {}
+    for b in model.blocks:  # type: ignore[attr-defined, union-attr]
+        enc = b.attn.encoding
+        if enc is not None and getattr(enc, "family", None) == "rotary":
+            seen.setdefault(id(enc), enc)
+    return list(seen.values())
+
+
+# Scaling types whose formula needs the training length (the others take only ``factor``).
+_NEEDS_ORIGINAL = {"dynamic", "yarn", "longrope", "llama3"}
+
+
+def rope_scaling(method: str, eval_len: int, train_len: int) -> dict[str, Any]:
+    """The Hugging Face style scaling dict for evaluating at ``eval_len`` a model trained at
+    ``train_len``: ``factor = eval_len / train_len``.
+
+    For ``dynamic`` that is the factor of transformers' formula, which rescales by
+    ``factor * seq_len / L - (factor - 1)``: on full windows of ``eval_len`` tokens that is
+    ``f^2 - f + 1`` with ``f = eval_len / L``, more than static NTK's ``f``; this is what a user
+    setting ``{"rope_type": "dynamic", "factor": f}`` gets.
+    """
+    out: dict[str, Any] = {"rope_type": method, "factor": eval_len / train_len}
+    if method in _NEEDS_ORIGINAL:
+        out["original_max_position_embeddings"] = train_len
+    return out
+
+
+def learned_limit(model: nn.Module) -> int | None:
+    """The number of positions of the model's absolute table, if it has a finite one."""
+    absolute = getattr(model, "absolute", None)
+    limit = getattr(absolute, "max_positions", None)
+    return int(limit) if isinstance(limit, int) else None
+
+
+def evaluate_model(
+    model: nn.Module,
+    data: LabData,
+    train_len: int,
+    lengths: list[int],
+    cfg: EvalConfig,
+    dist: Dist | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every variant of ``model`` at every length.
+
+    Returns ``{"mode", "unit", "train_len", "lengths", "variants": {name: {"label",
+    "results": {str(length): {"bits", "acc", "tokens", "curve", "note"}}, "seconds"}},
+    "skipped": {name: reason}}``; ``bits`` is None where a length does not apply, with the
+    reason in ``note``.
+    """
+    dist = dist or Dist()
+    variants: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+
+    def run(
+        name: str,
+        label: str,
+        prepare: Callable[[int], Any] | None,
+        base: dict[str, Any] | None,
+    ) -> None:
+        t0 = time.perf_counter()
+        results: dict[str, Any] = {}
+        for n in lengths:
+            if base is not None and n <= train_len:
+                # factor <= 1: the variant is the model as trained.
+                results[str(n)] = {**base[str(n)], "note": "same as base (factor <= 1)"}
+                continue
+            results[str(n)] = _score_one(model, data, n, train_len, cfg, dist, prepare)
+        variants[name] = {"label": label, "results": results, "seconds": time.perf_counter() - t0}
+        if log:
+            log(f"  {name:<8s} " + "  ".join(_fmt(n, results[str(n)]) for n in lengths))
+
+    limit = learned_limit(model)
+
+    def base_prepare(n: int) -> Any:
+        if limit is not None and n > limit:
+            return f"n/a: the learned table has {limit} positions"
+        return None
+
+    run("base", "", base_prepare, None)
+    base_results = variants["base"]["results"]
+
+    absolute: Any = getattr(model, "absolute", None)
+    if cfg.learned_interp and limit is not None and hasattr(absolute, "resized"):
+        assert absolute is not None
+
+        def interp_prepare(n: int) -> Any:
+            return swapped_absolute(model, absolute.resized(n).to(dist.device))
+
+        run("interp", "interp", interp_prepare, base_results)
+
+    rotary = rotary_encodings(model)
+    longest = max(lengths)
+    if rotary and longest > train_len:
+        for method in cfg.rope_scalings:
+            probe = rope_scaling(method, longest, train_len)
+            if not all(hasattr(enc, "with_scaling") for enc in rotary):
+                skipped[method] = f"{type(rotary[0]).__name__} has no with_scaling()"
+                continue
+            try:
+                for enc in rotary:
+                    enc.with_scaling(probe)
+            except (ValueError, TypeError, NotImplementedError, KeyError) as e:
+                skipped[method] = f"with_scaling({probe}) failed: {e}"
+                continue
+
+            def rope_prepare(n: int, method: str = method) -> Any:
+                scaling = rope_scaling(method, n, train_len)
+                return swapped_inner_encodings(model, lambda e: _rescaled(e, scaling, dist))
+
+            run(method, ROPE_LABELS.get(method, method), rope_prepare, base_results)
+
+    return {
+        "mode": "nonoverlap" if cfg.stride is None else f"sliding:{cfg.stride}",
+        "unit": data.unit,
+        "train_len": train_len,
+        "lengths": lengths,
+        "variants": variants,
+        "skipped": skipped,
+    }
+
+
+def _rescaled(enc: Any, scaling: dict[str, Any], dist: Dist) -> nn.Module:
+    """``enc.with_scaling(scaling)`` on this process's device."""
+    out: nn.Module = enc.with_scaling(scaling)
+    return out.to(dist.device)
+
+
+def _score_one(
+    model: nn.Module,
+    data: LabData,
+    n: int,
+    train_len: int,
+    cfg: EvalConfig,
+    dist: Dist,
+    prepare: Callable[[int], Any] | None,
+) -> dict[str, Any]:
+    ctx = prepare(n) if prepare is not None else None
+    if isinstance(ctx, str):  # not applicable, with the reason
+        return {"bits": None, "acc": None, "tokens": 0, "curve": None, "note": ctx}
+    try:
+        if ctx is None:
+            out = score(model, data, n, cfg, dist)
+        else:
+            with ctx:
+                out = score(model, data, n, cfg, dist)
+    except (ValueError, RuntimeError, IndexError) as e:
+        if n <= train_len or dist.enabled:
+            raise  # at the train length a failure is a bug, not a finding
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return {"bits": None, "acc": None, "tokens": 0, "curve": None, "note": f"n/a: {reason}"}
+    return {**out, "note": None}
+
+
+def _fmt(n: int, r: dict[str, Any]) -> str:
+    return f"{n}:{r['bits']:.3f}" if r["bits"] is not None else f"{n}:n/a"

@@ -1,0 +1,391 @@
+"""Reports from the results store: the table (terminal and Markdown), a CSV of every number,
+and plots (loss vs eval length per encoding, as in the ALiBi paper's figure; per-position loss).
+
+One table shows one *group*: cells that share everything but encoding and seed
+(:func:`posenc.lab.presets.group_identity`). By default the group of the latest row.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .store import RESULTS_FILE, ResultStore
+
+REPORT_DIR = "report"
+
+
+@dataclass
+class TableRow:
+    """One line of the table: an encoding (or one of its inference-time variants)."""
+
+    encoding: str
+    variant: str  # "base", "interp", "linear", ...
+    label: str
+    bits: dict[int, list[float | None]] = field(default_factory=dict)  # length -> per seed
+    acc: dict[int, list[float | None]] = field(default_factory=dict)  # length -> per seed
+    seeds: list[int] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+    tokens_per_s_fast: list[float] = field(default_factory=list)
+    params: int | None = None
+    train_bits: list[float] = field(default_factory=list)
+
+
+def load_rows(
+    out: str | Path, group: str | None = None, all_groups: bool = False
+) -> list[dict[str, Any]]:
+    """Rows of ``group`` (default: the group of the newest row), or every row."""
+    rows = ResultStore(Path(out) / RESULTS_FILE).rows()
+    if not rows or all_groups:
+        return rows
+    if group is None:
+        group = rows[-1]["group"]
+    picked = [r for r in rows if r["group"].startswith(group)]
+    if not picked:
+        groups = sorted({r["group"] for r in rows})
+        raise ValueError(f"no results in group {group!r}; groups: {', '.join(groups)}")
+    return picked
+
+
+def groups(out: str | Path) -> dict[str, int]:
+    """Group hash -> number of rows."""
+    counts: dict[str, int] = {}
+    for r in ResultStore(Path(out) / RESULTS_FILE).rows():
+        counts[r["group"]] = counts.get(r["group"], 0) + 1
+    return counts
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[TableRow]:
+    """Fold result rows (one per cell) into table lines (one per encoding x variant)."""
+    lines: dict[tuple[str, str], TableRow] = {}
+    for r in rows:
+        ev = r["eval"]
+        for vname, v in ev["variants"].items():
+            key = (r["encoding"], vname)
+            label = r["encoding"] if vname == "base" else f"{r['encoding']} +{v['label']}"
+            line = lines.setdefault(key, TableRow(r["encoding"], vname, label))
+            line.seeds.append(int(r["seed"]))
+            for n, res in v["results"].items():
+                line.bits.setdefault(int(n), []).append(res["bits"])
+                line.acc.setdefault(int(n), []).append(res.get("acc"))
+            if vname == "base":
+                line.tokens_per_s.append(float(r["train"]["tokens_per_s"]))
+                train = r["train"]
+                line.tokens_per_s_fast.append(
+                    float(train.get("tokens_per_s_fast", train["tokens_per_s"]))
+                )
+                line.params = int(r["params"])
+                line.train_bits.append(float(r["train"]["final_loss_bits"]))
+    return list(lines.values())
+
+
+def lengths_of(rows: list[dict[str, Any]]) -> list[int]:
+    return sorted({int(n) for r in rows for n in r["eval"]["lengths"]})
+
+
+def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals or len(vals) < len(values):
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
+
+
+def fmt_bits(values: list[float | None]) -> str:
+    mean, std = _mean_std(values)
+    if mean is None:
+        return "n/a"
+    return f"{mean:.3f}" + (f" ± {std:.3f}" if std is not None else "")
+
+
+def nope_throughput(lines: list[TableRow]) -> float | None:
+    """NoPE's fast-decile training throughput (the ratio's denominator), if NoPE ran."""
+    for line in lines:
+        if line.encoding == "none" and line.variant == "base" and line.tokens_per_s_fast:
+            return statistics.fmean(line.tokens_per_s_fast)
+    return None
+
+
+def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and body of the results table as strings."""
+    lines = table_rows(rows)
+    lengths = lengths_of(rows)
+    train_len = rows[0]["train_len"] if rows else 0
+    nope = nope_throughput(lines)
+    unit = rows[0]["eval"]["unit"] if rows else "byte"
+    header = ["encoding"]
+    header += [f"{n}" + (" (L)" if n == train_len else f" ({n / train_len:g}L)") for n in lengths]
+    header += ["tok/s", "×NoPE", "params", "seeds"]
+    body = []
+    for line in lines:
+        cells = [line.label] + [fmt_bits(line.bits.get(n, [None])) for n in lengths]
+        if unit == "token":  # synthetic tasks: answer accuracy is the number people read
+            for i, n in enumerate(lengths, 1):
+                acc, _ = _mean_std(line.acc.get(n, [None]))
+                if acc is not None:
+                    cells[i] += f" ({acc:.0%})"
+        if line.variant == "base":
+            tps = statistics.fmean(line.tokens_per_s) if line.tokens_per_s else None
+            fast = statistics.fmean(line.tokens_per_s_fast) if line.tokens_per_s_fast else None
+            cells += [
+                f"{tps:,.0f}" if tps else "",
+                f"{fast / nope:.2f}" if fast and nope else "",
+                f"{line.params:,}" if line.params else "",
+                ",".join(map(str, sorted(set(line.seeds)))),
+            ]
+        else:
+            cells += ["", "", "", ",".join(map(str, sorted(set(line.seeds))))]
+        body.append(cells)
+    return header, body
+
+
+def describe(rows: list[dict[str, Any]]) -> str:
+    """One paragraph: what the table measured, where, how long."""
+    if not rows:
+        return "no results"
+    r0 = rows[0]
+    model = r0["identity"]["train"]["model"]
+    train = r0["identity"]["train"]["train"]
+    wall = sum(r["runtime"]["cell_seconds"] for r in rows)
+    threads = sorted({r["runtime"]["threads"] for r in rows})
+    devices = sorted({r["runtime"]["device"] for r in rows})
+    worlds = sorted({r["runtime"]["world_size"] for r in rows})
+    mode = r0["eval"]["mode"]
+    base = r0["eval"]["variants"]["base"]["results"]
+    scored = max((res["tokens"] for res in base.values()), default=0)
+    options = sorted(
+        {f"{r['encoding']} {r['encoding_kwargs']}" for r in rows if r["encoding_kwargs"]}
+    )
+    return (
+        "tok/s: mean training throughput; ×NoPE: ratio of fast-decile step throughput to "
+        "NoPE's (robust to other load on the machine). "
+        + (f"encoding options: {'; '.join(options)}. " if options else "")
+        + f"group {r0['group']} (preset {r0['preset']}): data {r0['data']['name']} "
+        f"({r0['data']['fingerprint']}), model dim {model['dim']} x {model['num_layers']} layers "
+        f"x {model['num_heads']} heads, train length {r0['train_len']}, {train['steps']} steps x "
+        f"{train['batch_size']} sequences, eval on {mode} windows, {scored} test tokens per "
+        f"length; {len(rows)} cells, {wall:.0f} s of cell time; device {', '.join(devices)}, "
+        f"threads {threads}, processes {worlds}; torch {r0['versions']['torch']}"
+    )
+
+
+def print_table(rows: list[dict[str, Any]], console: Any = None) -> None:
+    """Print the table with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a log file or pipe: do not squeeze the table into 80 columns
+            console = Console(width=200)
+    header, body = table_cells(rows)
+    from rich import box
+
+    keep = len(header) - 2  # params and seeds go to the Markdown table and the caption
+    unit = rows[0]["eval"]["unit"]
+    title = f"train short, test long: test bits per {unit} at each eval length" + (
+        " (answer accuracy)" if unit == "token" else ""
+    )
+    table = Table(title=title, caption=describe(rows), box=box.SIMPLE_HEAD)
+    for i, name in enumerate(header[:keep]):
+        table.add_column(name, no_wrap=True, justify="left" if i == 0 else "right")
+    for cells in body:
+        table.add_row(*cells[:keep])
+    console.print(table)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The table in Markdown (bits per byte or token at each eval length), with its caption."""
+    header, body = table_cells(rows)
+    header[0] = f"encoding (bits/{rows[0]['eval']['unit']})"
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(out) + "\n\n" + describe(rows) + "\n"
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    """Long format: one line per (cell, variant, eval length)."""
+    fields = [
+        "group", "config_hash", "encoding", "variant", "seed", "train_len", "eval_len",
+        "bits", "acc", "tokens", "note", "train_tokens_per_s", "train_tokens_per_s_fast",
+        "train_seconds",
+        "train_loss_bits", "params", "threads", "world_size", "device",
+    ]  # fmt: skip
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            for vname, v in r["eval"]["variants"].items():
+                for n, res in v["results"].items():
+                    w.writerow(
+                        {
+                            "group": r["group"],
+                            "config_hash": r["config_hash"],
+                            "encoding": r["encoding"],
+                            "variant": vname,
+                            "seed": r["seed"],
+                            "train_len": r["train_len"],
+                            "eval_len": n,
+                            "bits": res["bits"],
+                            "acc": res["acc"],
+                            "tokens": res["tokens"],
+                            "note": res.get("note") or "",
+                            "train_tokens_per_s": r["train"]["tokens_per_s"],
+                            "train_tokens_per_s_fast": r["train"].get("tokens_per_s_fast"),
+                            "train_seconds": r["train"]["train_seconds"],
+                            "train_loss_bits": r["train"]["final_loss_bits"],
+                            "params": r["params"],
+                            "threads": r["runtime"]["threads"],
+                            "world_size": r["runtime"]["world_size"],
+                            "device": r["runtime"]["device"],
+                        }
+                    )
+
+
+_MARKERS = "os^vDP*Xhp<>"
+_DASHES = ["--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+
+
+def _styles(lines: list[TableRow]) -> dict[str, dict[str, Any]]:
+    """Matplotlib styles: one colour per encoding (tab20), its variants dashed in that colour."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    encodings = list(dict.fromkeys(line.encoding for line in lines))
+    colour = {e: cmap((2 * i) % 20 + (i // 10) % 2) for i, e in enumerate(encodings)}
+    styles: dict[str, dict[str, Any]] = {}
+    count: dict[str, int] = {}
+    for line in lines:
+        k = count.get(line.encoding, 0)
+        count[line.encoding] = k + 1
+        styles[line.label] = {
+            "color": colour[line.encoding],
+            "linestyle": "-" if k == 0 else _DASHES[(k - 1) % len(_DASHES)],
+            "marker": _MARKERS[(k + encodings.index(line.encoding)) % len(_MARKERS)],
+        }
+    return styles
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_lengths(rows: list[dict[str, Any]], path: Path) -> None:
+    """Loss vs eval length, one line per encoding (its variants dashed in the same colour),
+    log-2 length axis, the train length marked: the ALiBi paper's figure."""
+    plt = _pyplot()
+    lines = table_rows(rows)
+    styles = _styles(lines)
+    train_len = rows[0]["train_len"]
+    unit = rows[0]["eval"]["unit"]
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for line in lines:
+        xs, ys = [], []
+        for n in sorted(line.bits):
+            mean, _ = _mean_std(line.bits[n])
+            if mean is not None:
+                xs.append(n)
+                ys.append(mean)
+        if xs:
+            ax.plot(xs, ys, markersize=4, linewidth=1.5, label=line.label, **styles[line.label])
+    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"eval length in tokens (trained at L = {train_len})")
+    ax.set_ylabel(f"bits per {unit} (test split)")
+    seeds = sorted({int(r["seed"]) for r in rows})
+    ax.set_title(f"train short, test long (mean over seeds {seeds})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_positions(rows: list[dict[str, Any]], path: Path) -> None:
+    """Loss by position in the longest eval window (mean over seeds), log-2 position axis.
+
+    Left: every encoding as trained. Right: the inference-time variants (RoPE rescalings,
+    interpolated tables) beside their base model.
+    """
+    plt = _pyplot()
+    lines = table_rows(rows)
+    styles = _styles(lines)
+    longest = str(max(lengths_of(rows)))
+    train_len = rows[0]["train_len"]
+    unit = rows[0]["eval"]["unit"]
+    curves: dict[str, list[dict[str, list[Any]]]] = {}
+    variant_of: dict[str, str] = {}
+    has_variants: set[str] = set()
+    for r in rows:
+        for vname, v in r["eval"]["variants"].items():
+            res = v["results"].get(longest)
+            if not res or res.get("curve") is None or res["bits"] is None:
+                continue
+            label = r["encoding"] if vname == "base" else f"{r['encoding']} +{v['label']}"
+            curves.setdefault(label, []).append(res["curve"])
+            variant_of[label] = vname
+            if vname != "base":
+                has_variants.add(r["encoding"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for label, group in curves.items():
+        c0 = group[0]
+        # Each bin at the geometric middle of its 1-based positions (a log axis has no 0).
+        pos = [
+            math.sqrt((a + 1) * b) for a, b in zip(c0["pos"], c0.get("end", c0["pos"]), strict=True)
+        ]
+        bits = [statistics.fmean(c["bits"][i] for c in group) for i in range(len(pos))]
+        style = {**styles.get(label, {}), "marker": None}
+        encoding = label.split(" +")[0]
+        if variant_of[label] == "base":
+            left.plot(pos, bits, linewidth=1.2, label=label, **style)
+        if encoding in has_variants:  # its own colours: here the variants are the point
+            right.plot(pos, bits, linewidth=1.2, label=label, linestyle=style.get("linestyle"))
+    for ax, title in ((left, "as trained"), (right, "inference-time variants")):
+        ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"position in a {longest}-token window (trained at L = {train_len})")
+        ax.set_title(f"loss by position: {title}")
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    left.set_ylabel(f"bits per {unit}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(
+    out: str | Path,
+    rows: list[dict[str, Any]] | None = None,
+    group: str | None = None,
+    plots: bool = True,
+) -> dict[str, Path]:
+    """Write ``table.md``, ``results.csv`` and (if matplotlib is installed) the plots under
+    ``<out>/report``; returns what was written, by name."""
+    out = Path(out)
+    rows = load_rows(out, group) if rows is None else rows
+    if not rows:
+        raise ValueError(f"no results in {out / RESULTS_FILE}; run `posenc lab` first")
+    folder = out / REPORT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {"table": folder / "table.md", "csv": folder / "results.csv"}
+    written["table"].write_text(markdown_table(rows))
+    write_csv(rows, written["csv"])
+    if plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return written
+        written["lengths_plot"] = folder / "bpb_vs_length.png"
+        written["positions_plot"] = folder / "per_position.png"
+        plot_lengths(rows, written["lengths_plot"])
+        plot_positions(rows, written["positions_plot"])
+    return written

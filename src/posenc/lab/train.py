@@ -1,0 +1,461 @@
+"""Training one lab cell: AdamW, warmup + cosine, clipping, bf16 autocast on GPU, fixed seeds,
+atomic resumable checkpoints, and DDP when launched by ``torchrun``.
+
+Checkpoints hold only tensors and plain containers/numbers/strings, so they load with
+``torch.load(weights_only=True)``: a results folder from elsewhere can never run code. A run
+resumed from a checkpoint continues bit for bit (on the CPU, with the same thread count) where it
+stopped: the checkpoint carries the model, the optimizer, the step (which fixes the learning rate
+and, through :func:`posenc.lab.data.step_generator`, the next batch) and the RNG states.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import random
+import signal
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model import ModelConfig, TransformerLM
+from .data import IGNORE, LabData
+from .presets import TrainConfig
+
+CKPT_FORMAT = "posenc-lab-checkpoint"
+CKPT_VERSION = 1
+LAST, FINAL = "last.pt", "final.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is unreadable, or belongs to another configuration."""
+
+
+class ResumeRequired(RuntimeError):
+    """An interrupted run's checkpoint exists and neither resume nor restart was asked for."""
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal after writing a checkpoint; ``--resume`` continues it."""
+
+    def __init__(self, signum: int, step: int | None = None) -> None:
+        where = f"at step {step} (checkpoint written)" if step is not None else "between cells"
+        super().__init__(f"stopped by signal {signum} {where}")
+        self.signum, self.step = signum, step
+
+
+# --- distributed ---------------------------------------------------------------------------
+
+
+@dataclass
+class Dist:
+    """Where this process runs: ``rank`` of ``world`` processes, on ``device``."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            torch.distributed.barrier()
+
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        """All-reduce ``t`` in place (sum over ranks); a no-op in one process."""
+        if self.enabled:
+            torch.distributed.all_reduce(t)
+        return t
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` -> CUDA if available, else CPU; or an explicit ``cpu``/``cuda``/``cuda:N``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but CUDA is not available")
+    return device
+
+
+def init_distributed(device: str = "auto") -> Dist:
+    """Join the process group ``torchrun`` set up (``WORLD_SIZE`` > 1), else a single process.
+
+    Backend: nccl on GPU, gloo on CPU.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist(device=resolve_device(device))
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local)
+        torch.cuda.set_device(dev)
+    if not torch.distributed.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        torch.distributed.init_process_group(backend=backend)
+    return Dist(rank=rank, world=world, local_rank=local, device=dev)
+
+
+# --- seeds, schedule -----------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup over ``warmup_steps`` to ``lr``, then cosine down to ``min_lr_ratio * lr``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; matrices decay, vectors (norm gains, biases, per-head scalars) do not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), foreach=False)
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch, numpy and Python RNG states as tensors and plain containers."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    py_version, py_state, py_gauss = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+        "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+
+
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    """``torch.save`` to a temporary file beside ``path``, fsync, then ``os.replace``: a crash
+    leaves the old checkpoint or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format": CKPT_FORMAT, "version": CKPT_VERSION, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def load_checkpoint(path: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """Load ``path`` with ``weights_only=True`` and check it belongs to ``identity``.
+
+    Raises :class:`CheckpointError` naming the file and what to do when it is unreadable, not a
+    lab checkpoint, of another version, or of another configuration.
+    """
+    hint = f"delete {path} to train this cell from step 0, or point --out at the right folder"
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable or corrupt ({first}); {hint}"
+        ) from e
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
+        raise CheckpointError(f"{path} is not a posenc lab checkpoint; {hint}")
+    if ckpt.get("version") != CKPT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format version {ckpt.get('version')}, this posenc reads "
+            f"version {CKPT_VERSION}; {hint}"
+        )
+    stored = ckpt.get("identity")
+    if stored != identity:
+        diff = ", ".join(config_diff(stored, identity)[:8]) or "unknown fields"
+        raise CheckpointError(
+            f"checkpoint {path} was written for another configuration (differs in: {diff}); {hint}"
+        )
+    return ckpt
+
+
+def load_checkpoint_identity(path: Path) -> dict[str, Any]:
+    """The configuration a checkpoint was written for (weights-only load)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError) as e:
+        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt ({e})") from e
+    identity = ckpt.get("identity") if isinstance(ckpt, dict) else None
+    if not isinstance(identity, dict):
+        raise CheckpointError(f"{path} is not a posenc lab checkpoint")
+    return identity
+
+
+def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """``"path: old -> new"`` for each dotted path where two nested dicts differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += config_diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [f"{prefix[:-1] or '<root>'}: {a!r} -> {b!r}"]
+
+
+# --- training ------------------------------------------------------------------------------
+
+
+@dataclass
+class StopFlag:
+    """Set by a signal handler; the loop checkpoints at the next step boundary and stops."""
+
+    signum: int | None = None
+
+    def install(self) -> Callable[[], None]:
+        """Catch SIGTERM and SIGINT until the returned function restores the old handlers."""
+        old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self.signum is not None:  # a second signal: stop now
+                signal.default_int_handler(signum, frame)
+            self.signum = signum
+
+        for s in old:
+            signal.signal(s, handler)
+
+        def restore() -> None:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+        return restore
+
+
+@dataclass
+class TrainResult:
+    model: TransformerLM
+    stats: dict[str, Any]
+    resumed_from: int | None = None  # the step a checkpoint resumed at, if any
+    reused: bool = False  # the final weights were already there; nothing was trained
+
+
+ProgressFn = Callable[[int, float, float], None]  # (steps done, loss in bits, tokens/s)
+
+
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: bool) -> torch.Tensor:
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(x)  # [b, s, vocab]
+    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+
+
+def train_model(
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    data: LabData,
+    *,
+    seed: int,
+    identity: dict[str, Any],
+    ckpt_dir: Path,
+    ckpt_every: int = 100,
+    resume: bool = False,
+    restart: bool = False,
+    dist: Dist | None = None,
+    progress: ProgressFn | None = None,
+    stop: StopFlag | None = None,
+) -> TrainResult:
+    """Train (or resume, or reuse) one cell and return the model and its training statistics.
+
+    ``ckpt_dir/final.pt`` (the trained weights) is reused when present. ``ckpt_dir/last.pt``
+    (an interrupted run) is continued when ``resume``, discarded when ``restart``, and otherwise
+    an error: an interrupted run is never silently started over.
+    """
+    dist = dist or Dist()
+    seq_len = model_cfg.max_len
+    final_path, last_path = ckpt_dir / FINAL, ckpt_dir / LAST
+
+    if final_path.exists():
+        ckpt = load_checkpoint(final_path, identity)
+        model = TransformerLM(model_cfg)
+        _load_weights(model, ckpt["model"], final_path)
+        return TrainResult(model.to(dist.device), ckpt["stats"], reused=True)
+
+    seed_everything(seed)
+    model = TransformerLM(model_cfg).to(dist.device)
+    opt = make_optimizer(model, cfg)
+    start = 0
+    losses: list[float] = []
+    step_times: list[float] = []
+    resumed_from: int | None = None
+    if last_path.exists():
+        if restart:
+            dist.barrier()
+            if dist.main:
+                last_path.unlink()
+        elif not resume:
+            raise ResumeRequired(
+                f"{last_path} holds an interrupted run of this cell; pass --resume to continue "
+                "it, or --restart to discard it and train from step 0"
+            )
+        else:
+            ckpt = load_checkpoint(last_path, identity)
+            _load_weights(model, ckpt["model"], last_path)
+            opt.load_state_dict(ckpt["optimizer"])
+            set_rng_state(ckpt["rng"])
+            start = resumed_from = int(ckpt["step"])
+            losses, step_times = list(ckpt["losses"]), list(ckpt["step_times"])
+
+    net: nn.Module = model
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [dist.device.index] if dist.device.type == "cuda" else None
+        # static_graph: the same parameters take part in every step, whatever the encoding
+        # (some encodings own parameters a short sequence never reaches, e.g. far T5 buckets).
+        net = DistributedDataParallel(model, device_ids=ids, static_graph=True)
+    autocast = dist.device.type == "cuda"
+    local_batch = cfg.batch_size // dist.world
+
+    def payload(step: int) -> dict[str, Any]:
+        return {
+            "identity": identity,
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "rng": rng_state(),
+            "sampler": {"kind": "step-seeded", "seed": seed, "next_step": step},
+            "losses": losses,
+            "step_times": step_times,
+        }
+
+    net.train()
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        x, y = data.train_batch(step, cfg.batch_size, seq_len, seed, dist.rank, dist.world)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = _loss(net, x.to(dist.device), y.to(dist.device), autocast)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        mean = dist.sum_(loss.detach().float().reshape(1)) / dist.world
+        value = float(mean)
+        if not math.isfinite(value):
+            raise FloatingPointError(f"the training loss became {value} at step {step}")
+        step_times.append(time.perf_counter() - t0)
+        losses.append(value)
+        done = step + 1
+        if progress is not None:
+            recent = step_times[-20:]  # a short moving window: single steps are noisy
+            tps = local_batch * dist.world * seq_len * len(recent) / sum(recent)
+            progress(done, value / math.log(2), tps)
+        interrupted = stop is not None and stop.signum is not None and not dist.enabled
+        if interrupted or (done % ckpt_every == 0 and done < cfg.steps):
+            if dist.main:
+                save_checkpoint(last_path, payload(done))
+            dist.barrier()
+        if interrupted:
+            assert stop is not None and stop.signum is not None
+            raise Interrupted(stop.signum, done)
+
+    stats = _stats(cfg, seq_len, losses, step_times, model)
+    if dist.main:
+        save_checkpoint(
+            final_path, {"identity": identity, "model": model.state_dict(), "stats": stats}
+        )
+        if last_path.exists():
+            last_path.unlink()
+    dist.barrier()
+    return TrainResult(model, stats, resumed_from=resumed_from)
+
+
+def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model ({str(e).splitlines()[0]}); delete it "
+            "to train this cell from step 0"
+        ) from e
+
+
+def _stats(
+    cfg: TrainConfig, seq_len: int, losses: list[float], step_times: list[float], model: nn.Module
+) -> dict[str, Any]:
+    """Training statistics.
+
+    Throughput skips the first steps (allocator and kernel warm-up). ``tokens_per_s`` is the
+    plain mean over the timed steps: wall-clock honest, but on a shared machine it moves with
+    whatever else runs. ``tokens_per_s_fast`` divides by the 10th-percentile step time, the speed
+    of the steps the machine gave this run undisturbed: encodings trained minutes apart compare
+    fairly on it (the benchmark habit of taking the best of repeated timings).
+    """
+    skip = min(len(step_times) - 1, max(2, len(step_times) // 20))
+    timed = step_times[skip:]
+    fast = sorted(timed)[len(timed) // 10]
+    tokens_per_step = cfg.batch_size * seq_len
+    tail = losses[-max(1, len(losses) // 10) :]
+    every = max(1, len(losses) // 200)
+    return {
+        "steps": len(losses),
+        "tokens": tokens_per_step * len(losses),
+        "train_seconds": sum(step_times),
+        "tokens_per_s": tokens_per_step * len(timed) / max(sum(timed), 1e-9),
+        "tokens_per_s_fast": tokens_per_step / max(fast, 1e-9),
+        "final_loss_bits": sum(tail) / len(tail) / math.log(2),
+        "loss_curve_bits": [
+            [i + 1, losses[i] / math.log(2)] for i in range(every - 1, len(losses), every)
+        ],
+        "params": sum(p.numel() for p in model.parameters()),
+        "config": asdict(cfg),
+    }

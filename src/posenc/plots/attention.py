@@ -1,0 +1,392 @@
+"""Attention maps of a trained model at its training length and at 4x that length.
+
+The maps are recomputed from each layer's own projections and encoding (the input each
+:class:`posenc.attention.Attention` receives is captured with a forward pre-hook), so nothing in
+the attention module changes: ``softmax(q k^T * scale + bias, causal)`` with RoPE applied to
+``q, k`` for rotary encodings and the encoding's ``bias`` for bias encodings; content-dependent
+relative encodings are read through their own ``attend`` (see :func:`relative_weights`).
+
+Without a checkpoint, a tiny model is trained for a few seconds to repeat the token five
+positions back (:func:`lag_batch`): the model that solves it has a head looking exactly five
+tokens back, a stripe parallel to the diagonal. The task is the same at every length, so whether
+that stripe survives at 4x the training length is the extrapolation question in one picture.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_positive_int, default_positions
+from ..attention import Attention, build_mask, repeat_kv
+from ..model import ModelConfig, TransformerLM
+from .common import add_caption, new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+# --- attention weights from a model --------------------------------------------------------------
+
+
+def _split_heads(x: torch.Tensor, proj: nn.Linear, n: int, head_dim: int) -> torch.Tensor:
+    b, s, _ = x.shape
+    return proj(x).view(b, s, n, head_dim).transpose(1, 2)  # [b, n, s, d]
+
+
+def attention_weights(
+    attn: Attention, x: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The attention probabilities of ``attn`` on its input ``x``.
+
+    Shapes: ``x [b, s, dim]``, ``positions [s]`` or ``[b, s]`` (default ``arange(s)``) ->
+    ``[b, h, s, s]``; each row sums to 1 and is zero on masked (future) keys.
+    """
+    b, s, _ = x.shape
+    pos = default_positions(s, x.device) if positions is None else positions
+    h, hk, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q = _split_heads(x, attn.q_proj, h, d)  # [b, h, s, d]
+    k = _split_heads(x, attn.k_proj, hk, d)  # [b, hk, s, d]
+    keep = build_mask(s, s, attn.causal, None, b, x.device)  # [s, s] or None
+    if attn.family == "rotary":
+        assert attn.encoding is not None
+        q, k = attn.encoding(q, k, pos, k_positions=pos)
+    if attn.family == "relative":
+        return relative_weights(attn, q, k, pos, keep)
+    k = repeat_kv(k, h)  # [b, h, s, d]
+    scores = (q @ k.transpose(-1, -2)) * attn.scale  # [b, h, s, s]
+    if attn.family == "bias":
+        bias_encoding: Any = attn.encoding  # a bias module: .bias(q_positions, k_positions)
+        scores = scores + bias_encoding.bias(pos, pos).to(scores.dtype)  # + [h|b,h, s, s]
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    # float32 at least (bf16 logits would round the weights), float64 kept for exact checks.
+    return F.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(
+        q.dtype
+    )
+
+
+def relative_weights(
+    attn: Attention,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    keep: torch.Tensor | None,
+) -> torch.Tensor:
+    """Attention weights of a content-dependent relative encoding, read through its ``attend``.
+
+    These schemes own the score computation and return only ``weights @ v (+ c)``, where ``c``
+    does not depend on ``v`` (Shaw's relative value term; 0 for the others). That is affine in
+    ``v``, so ``attend(v) - attend(0)`` with ``v`` one-hot (key ``start + m`` -> channel ``m``)
+    returns the weights of ``d`` keys at a time.
+
+    Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]`` -> ``[b, h, s, t]``.
+    """
+    encoding: Any = attn.encoding  # a relative module: .attend(q, k, v, ...)
+    t, d = k.shape[2], k.shape[3]
+    kw: dict[str, Any] = {
+        "q_positions": positions,
+        "k_positions": positions,
+        "mask": keep,
+        "scale": attn.scale,
+        "dropout_p": 0.0,
+        "attention": attn,
+    }
+    offset = encoding.attend(q, k, torch.zeros_like(k), **kw)  # [b, h, s, d]: c
+    columns = []
+    for start in range(0, t, d):
+        n = min(d, t - start)
+        m = torch.arange(n, device=k.device)
+        v = torch.zeros_like(k)  # [b, hk, t, d]
+        v[:, :, start + m, m] = 1.0  # key start + m -> channel m
+        out = encoding.attend(q, k, v, **kw) - offset  # [b, h, s, d]
+        columns.append(out[..., :n])  # [b, h, s, n]: weights of keys start .. start + n - 1
+    return torch.cat(columns, dim=-1)  # [b, h, s, t]
+
+
+@torch.no_grad()
+def model_attention(model: TransformerLM, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Attention weights of every layer of ``model`` on ``tokens [b, s]`` -> list of ``[b, h, s, s]``."""
+    captured: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+    def grab(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        positions = args[1] if len(args) > 1 else kwargs.get("positions")
+        captured.append((args[0], positions))
+
+    layers: list[Attention] = [block.attn for block in model.blocks]  # type: ignore[misc]
+    handles = [attn.register_forward_pre_hook(grab, with_kwargs=True) for attn in layers]
+    try:
+        model.hidden(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [
+        attention_weights(attn, x, pos) for attn, (x, pos) in zip(layers, captured, strict=True)
+    ]
+
+
+# --- a tiny model when no checkpoint is given ----------------------------------------------------
+
+TINY_VOCAB = 32
+TINY_LAG = 5
+
+
+def lag_batch(
+    g: torch.Generator, batch: int, length: int, lag: int = TINY_LAG
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The "repeat the token ``lag`` back" task: ``x [b, n]`` random, ``y[:, i] = x[:, i - lag]``.
+
+    The first ``lag`` targets are ``-100`` (ignored). A model solves it with one head looking
+    exactly ``lag`` tokens back: a stripe parallel to the diagonal, the same at every length, so
+    whether the stripe survives at 4x the training length shows extrapolation in one picture.
+    """
+    x = torch.randint(0, TINY_VOCAB, (batch, length), generator=g)  # [b, n]
+    y = torch.full_like(x, -100)
+    y[:, lag:] = x[:, :-lag]  # [b, n]
+    return x, y
+
+
+def train_tiny_model(
+    encoding: str = "rope",
+    train_len: int = 32,
+    steps: int = 300,
+    seed: int = 0,
+    dim: int = 64,
+    num_heads: int = 4,
+    num_layers: int = 2,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+) -> tuple[TransformerLM, dict[str, Any]]:
+    """Train a tiny LM on :func:`lag_batch` for ``steps`` AdamW steps (a few seconds on one core).
+
+    Returns the model (eval mode) and ``info`` (``steps``, ``seconds``, ``final_loss``, ``task``).
+    """
+    check_positive_int("steps", steps)
+    check_positive_int("train_len", train_len)
+    if train_len <= TINY_LAG:
+        raise ValueError(f"train_len must exceed the task's lag {TINY_LAG}, got {train_len}")
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        vocab_size=TINY_VOCAB,
+        dim=dim,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        max_len=train_len,
+        encoding=encoding,
+    )
+    model = TransformerLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    loss = torch.tensor(float("nan"))
+    model.train()
+    # Matrices this small run fastest on one thread: with more, the synchronization costs more
+    # than the work (measured 10x slower with two threads on a busy two-core machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(steps):
+            x, y = lag_batch(g, batch_size, train_len)  # [b, s] each
+            logits = model(x)  # [b, s, vocab]
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    info = {
+        "steps": steps,
+        "seconds": time.perf_counter() - start,
+        "final_loss": float(loss.detach()),
+        "task": f"repeat the token {TINY_LAG} back",
+    }
+    return model, info
+
+
+def load_checkpoint_model(path: str | Path) -> tuple[TransformerLM, dict[str, Any]]:
+    """A :class:`TransformerLM` from a lab checkpoint (``final.pt`` or ``last.pt`` of a cell).
+
+    Read with ``torch.load(weights_only=True)`` (tensors and plain containers only: a checkpoint
+    from elsewhere cannot run code). The model's shape comes from the checkpoint's identity
+    (``identity["model"]``, a :class:`ModelConfig` as a dict). Returns ``(model, info)`` with
+    ``info["data"]`` the data configuration it was trained on.
+    """
+    p = Path(path)
+    if p.is_dir():
+        candidates = [p / "final.pt", p / "last.pt"]
+        found = [c for c in candidates if c.exists()]
+        if not found:
+            raise FileNotFoundError(f"no final.pt or last.pt in {p}")
+        p = found[0]
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint {p} does not exist")
+    ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict) or ckpt.get("format") != "posenc-lab-checkpoint":
+        raise ValueError(
+            f"{p} is not a posenc lab checkpoint (expected the final.pt/last.pt a `posenc lab` "
+            "run writes under <out>/ckpt/<cell>/)"
+        )
+    identity = ckpt.get("identity") or {}
+    try:
+        cfg = ModelConfig(**identity["model"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"checkpoint {p} has no usable model configuration ({e})") from e
+    model = TransformerLM(cfg)
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    info = {"path": str(p), "step": ckpt.get("step"), "data": identity.get("data", {})}
+    return model, info
+
+
+def checkpoint_tokens(info: dict[str, Any], length: int) -> torch.Tensor:
+    """An input ``[1, length]`` like the checkpoint's training data.
+
+    A synthetic task: one test sequence of it. Text: the bytes of a standard-library source
+    file, real text of the kind the default corpus holds (not the test split itself, which may
+    need a corpus build or a download).
+    """
+    data = info.get("data") or {}
+    if data.get("source") == "task" and data.get("task"):
+        from ..lab.tasks import make_task
+
+        g = torch.Generator().manual_seed(1)
+        x, _ = make_task(data["task"]).sample(g, 1, length)
+        return x  # [1, length]
+    import json.decoder
+
+    text = Path(json.decoder.__file__).read_bytes()
+    while len(text) < length:
+        text = text + b"\n" + text
+    return torch.tensor(list(text[:length]), dtype=torch.long)[None]  # [1, length]
+
+
+def lag_layer(weights: list[torch.Tensor], lag: int = TINY_LAG) -> int:
+    """The layer whose heads put the most weight on the key ``lag`` tokens back (mean over
+    queries and heads). ``weights``: per layer ``[b, h, s, s]``."""
+    scores = [float(w.diagonal(offset=-lag, dim1=-2, dim2=-1).mean()) for w in weights]
+    return max(range(len(scores)), key=scores.__getitem__)
+
+
+def tiny_task_tokens(length: int, seed: int = 1) -> torch.Tensor:
+    """One input sequence of the tiny model's task, ``[1, length]``, from a fixed seed."""
+    x, _ = lag_batch(torch.Generator().manual_seed(seed), 1, length)
+    return x
+
+
+def attention_data(
+    checkpoint: str | Path | None = None,
+    *,
+    encoding: str = "rope",
+    train_len: int = 32,
+    factor: int = 4,
+    steps: int = 300,
+    layer: int | None = None,
+    seed: int = 0,
+    tokens: torch.Tensor | None = None,
+) -> dict[str, Any]:
+    """Attention maps of one layer at the training length and at ``factor`` times it.
+
+    ``checkpoint``: a lab checkpoint; else a tiny model is trained (:func:`train_tiny_model`).
+    ``layer``: default the last layer of a checkpoint, and for the tiny model the layer that
+    looks back ``TINY_LAG`` tokens (most attention weight at that offset at the training length;
+    which layer learns it varies with the encoding).
+    ``tokens [1, n]``: input (``n >= factor * train_len``); default a sequence of the tiny
+    model's task.
+
+    Returns ``maps``: ``{"train": [h, L, L], "long": [h, F*L, F*L]}`` (numpy, float32),
+    ``lengths`` ``(L, F*L)``, ``layer`` (non-negative index), ``encoding``, ``source`` (a sentence
+    for the caption) and ``info`` (training or checkpoint details).
+    """
+    check_positive_int("factor", factor)
+    if checkpoint is not None:
+        model, info = load_checkpoint_model(checkpoint)
+        train_len = model.cfg.max_len
+        source = f"lab checkpoint {Path(info['path']).parent.name}/{Path(info['path']).name}"
+    else:
+        model, info = train_tiny_model(encoding, train_len, steps, seed)
+        source = (
+            f"a tiny model trained here for {info['steps']} steps ({info['seconds']:.1f} s) "
+            f"to {info['task']}, final loss {info['final_loss']:.2f}"
+        )
+    long_len = factor * train_len
+    if tokens is not None:
+        if tokens.dim() != 2 or tokens.shape[1] < long_len:
+            raise ValueError(
+                f"tokens must be [1, n] with n >= {long_len} (factor x train length), "
+                f"got {tuple(tokens.shape)}"
+            )
+        seqs = {"train": tokens[:1, :train_len], "long": tokens[:1, :long_len]}
+    elif checkpoint is not None:
+        # A task sequence is laid out for its length, so each length gets its own instance.
+        seqs = {
+            "train": checkpoint_tokens(info, train_len),
+            "long": checkpoint_tokens(info, long_len),
+        }
+    else:
+        long = tiny_task_tokens(long_len)  # [1, F*L]; the short map reads its first L tokens
+        seqs = {"train": long[:, :train_len], "long": long}
+    attn = {name: model_attention(model, seq) for name, seq in seqs.items()}  # [1, h, n, n] each
+    num_layers = len(model.blocks)
+    if layer is None:
+        layer = num_layers - 1 if checkpoint is not None else lag_layer(attn["train"])
+    if not -num_layers <= layer < num_layers:
+        raise ValueError(f"layer must be in [-{num_layers}, {num_layers - 1}], got {layer}")
+    layer = layer % num_layers
+    maps = {name: a[layer][0].float().numpy() for name, a in attn.items()}  # [h, n, n]
+    return {
+        "maps": maps,
+        "lengths": (train_len, long_len),
+        "layer": layer,
+        "encoding": model.cfg.encoding,
+        "source": source,
+        "info": info,
+    }
+
+
+def draw_attention(data: dict[str, Any], max_heads: int = 4) -> Figure:
+    """Rows: training length, ``factor`` x length; columns: heads (at most ``max_heads``)."""
+    from matplotlib.colors import PowerNorm
+
+    maps = data["maps"]
+    h = min(maps["train"].shape[0], max_heads)
+    # Square maps: the height follows the width, or titles and labels collide between rows.
+    fig, axes = new_figure(2, h, width=2.6 * h + 1.4, height=2 * 2.6 + 1.7)
+    axes = np.asarray(axes).reshape(2, h)
+    # A square-root colour scale: attention is mostly near-zero weights with a few large ones,
+    # and the small ones carry the pattern (how far back a head still looks).
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    image = None
+    for row, (name, n) in enumerate(zip(("train", "long"), data["lengths"], strict=True)):
+        for head in range(h):
+            ax = axes[row, head]
+            image = ax.imshow(maps[name][head], cmap="viridis", norm=norm, interpolation="nearest")
+            if name == "long":
+                # Where training ended: everything right of / below these lines is new territory.
+                edge = data["lengths"][0] - 0.5
+                ax.axhline(edge, color="white", lw=0.6, ls="--")
+                ax.axvline(edge, color="white", lw=0.6, ls="--")
+            what = "train length" if name == "train" else f"{n // data['lengths'][0]}x length"
+            ax.set_title(f"head {head}, {what} ({n})", fontsize=9)
+            ax.set_xlabel("key position j")
+            if head == 0:
+                ax.set_ylabel("query position i")
+    assert image is not None
+    fig.colorbar(image, ax=list(axes.flat), label="attention weight (sqrt scale)", shrink=0.85)
+    fig.suptitle(
+        f"Attention maps, {data['encoding']}, layer {data['layer']}: train length vs "
+        f"{data['lengths'][1] // data['lengths'][0]}x",
+        fontsize=11,
+    )
+    add_caption(
+        fig,
+        f"Look at: does the pattern learned at the training length (stripes, locality) hold past "
+        f"the dashed lines, at {data['lengths'][1] // data['lengths'][0]}x? Model: {data['source']}.",
+    )
+    return fig

@@ -1,0 +1,135 @@
+"""Per-head bias maps ``B[h, i, j]`` of the content-free bias family.
+
+Each encoding is built through the registry exactly as a model would build it (learned ones at
+their initialization, from a fixed seed) and asked for ``bias(positions, positions)``. Rows are
+encodings, columns heads; the causal mask's future keys are grey.
+
+* ALiBi: ``-m_h (i - j)``, a straight ramp whose slope halves head by head.
+* T5: a learned value per log-spaced distance bucket: bands that widen with distance.
+* KERPLE: ``-r1 log(1 + r2 |i - j|)``, a learned logarithmic decay.
+* FIRE: an MLP of the normalized distance ``psi(i - j) / psi(i)``: it depends on the query's
+  position too, so it stretches with the sequence instead of running past a trained range.
+* Sandwich: the sinusoidal dot product ``sum_k cos((i - j) w_k) - d'/2``, divided per head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .. import registry
+from .._checks import check_positive_int
+from .common import add_caption, new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+BIAS_KINDS = ("alibi", "t5", "kerple", "fire", "sandwich")
+
+CAPTION = (
+    "Look at: how the penalty grows with distance i-j: linear (ALiBi), bucketed (T5), "
+    "logarithmic (KERPLE), stretched to the query position (FIRE), sinusoidal (Sandwich)."
+)
+
+
+def available_bias_kinds(kinds: Sequence[str] = BIAS_KINDS) -> list[str]:
+    """Those of ``kinds`` that are registered bias encodings."""
+    registered = set(registry.names("bias"))
+    return [k for k in kinds if k in registered]
+
+
+def bias_data(
+    kinds: Sequence[str] = BIAS_KINDS,
+    num_heads: int = 4,
+    length: int = 64,
+    causal: bool = True,
+    seed: int = 0,
+    dim: int = 64,
+) -> dict[str, Any]:
+    """The bias maps of each encoding in ``kinds`` for positions ``0..length-1``.
+
+    Returns ``kinds``, ``bias`` (``{kind: [h, s, s]}`` float64 numpy, ``-inf``-free: masked
+    entries are NaN when ``causal``), ``modules`` (``{kind: the module}``, for checks against
+    its parameters), and ``num_heads``, ``length``, ``causal``.
+    """
+    check_positive_int("num_heads", num_heads)
+    check_positive_int("length", length)
+    registered = registry.names("bias")
+    unknown = [k for k in kinds if k not in registered]
+    if unknown:
+        raise ValueError(
+            f"unknown bias encoding(s) {unknown}; registered bias encodings: "
+            f"{', '.join(registered) or 'none'}"
+        )
+    positions = torch.arange(length)
+    i, j = positions[:, None], positions[None, :]
+    future = j > i  # [s, s] keys a causal query cannot see
+    maps, modules = {}, {}
+    for kind in kinds:
+        torch.manual_seed(seed)  # learned tables at a reproducible initialization
+        module: Any = registry.build(  # a bias module: .bias(q_positions, k_positions)
+            kind, dim=dim, num_heads=num_heads, max_len=length, causal=causal
+        )
+        with torch.no_grad():
+            b = module.bias(positions, positions).double()  # [h, s, s]
+        if causal:
+            b = b.masked_fill(future, float("nan"))
+        maps[kind] = b.numpy()
+        modules[kind] = module
+    return {
+        "kinds": list(kinds),
+        "bias": maps,
+        "modules": modules,
+        "num_heads": num_heads,
+        "length": length,
+        "causal": causal,
+    }
+
+
+_NAMES = {
+    "alibi": "ALiBi",
+    "t5": "T5 buckets",
+    "kerple": "KERPLE",
+    "fire": "FIRE",
+    "sandwich": "Sandwich",
+}
+
+
+def draw_bias(data: dict[str, Any]) -> Figure:
+    """A grid of heatmaps: one row per encoding (its own colour bar), one column per head."""
+    kinds, h = data["kinds"], data["num_heads"]
+    if not kinds:
+        raise ValueError("draw_bias needs at least one bias encoding")
+    import matplotlib
+
+    fig, axes = new_figure(len(kinds), h, width=2.4 * h + 1.6, height=2.3 * len(kinds) + 0.9)
+    axes = np.asarray(axes).reshape(len(kinds), h)
+    # Masked (future) entries are NaN: grey, a colour the map itself never takes.
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.88")
+    for row, kind in enumerate(kinds):
+        maps = data["bias"][kind]  # [h, s, s]
+        finite = maps[np.isfinite(maps)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        if hi - lo < 1e-12:  # a constant map (e.g. a zero-initialized table): still draw it
+            lo, hi = lo - 0.5, hi + 0.5
+        image = None
+        for head in range(h):
+            ax = axes[row, head]
+            image = ax.imshow(maps[head], cmap=cmap, vmin=lo, vmax=hi, interpolation="nearest")
+            ax.set_title(f"{_NAMES.get(kind, kind)}, head {head}", fontsize=9)
+            if row == len(kinds) - 1:
+                ax.set_xlabel("key position j")
+            if head == 0:
+                ax.set_ylabel("query position i")
+        assert image is not None
+        fig.colorbar(image, ax=list(axes[row]), label="bias", shrink=0.9, pad=0.01)
+    mask = "causal; future keys grey" if data["causal"] else "bidirectional"
+    fig.suptitle(
+        f"Bias maps B[h, i, j] at initialization, {data['length']} positions ({mask})",
+        fontsize=11,
+    )
+    add_caption(fig, CAPTION)
+    return fig

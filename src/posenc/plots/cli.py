@@ -1,0 +1,250 @@
+"""``posenc plot <kind>`` and ``posenc report``.
+
+matplotlib and torch-heavy work are imported inside the commands, so ``posenc --help`` stays fast
+and works without the ``plots`` extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+plot_app = typer.Typer(
+    help=(
+        "Draw a figure to PNG or SVG (chosen by the --out suffix). Each figure has a title, "
+        "axis labels, a colour bar where colour carries a value, and a caption saying what to "
+        "look at."
+    ),
+    no_args_is_help=True,
+)
+
+
+def _out(default: str) -> Any:
+    return typer.Option(Path(default), "--out", "-o", help="output file: .png or .svg")
+
+
+def _check_out(out: Path) -> Path:
+    from .common import check_figure_path
+
+    try:
+        return check_figure_path(out)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--out") from None
+
+
+def _floats(text: str, name: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"must be comma-separated numbers, got {text!r}", param_hint=name
+        ) from None
+    if not values:
+        raise typer.BadParameter("needs at least one number", param_hint=name)
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def _make(kind: str, **options: Any) -> Figure:
+    """Build a figure, turning bad options into a usage error instead of a traceback."""
+    from .figures import make_figure
+
+    try:
+        return make_figure(kind, **options)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _write(fig: Figure, out: Path) -> None:
+    from .common import caption, save_figure
+
+    path = save_figure(fig, out)
+    typer.echo(f"wrote {path}")
+    typer.echo(caption(fig))
+
+
+@plot_app.command("table")
+def table(
+    out: Path = _out("table.png"),
+    encodings: str = typer.Option(
+        "sinusoidal,rope", help="comma-separated: sinusoidal, rope (one panel each)"
+    ),
+    positions: int = typer.Option(128, min=1, help="number of positions (rows)"),
+    dim: int = typer.Option(64, min=2, help="encoding / head dimension (columns), even"),
+    base: float = typer.Option(10000.0, help="frequency base"),
+) -> None:
+    """The encoding matrix (positions x dimensions): sinusoidal table and RoPE's cos table."""
+    out = _check_out(out)
+    _write(
+        _make("table", encodings=_names(encodings), num_positions=positions, dim=dim, base=base),
+        out,
+    )
+
+
+@plot_app.command("similarity")
+def similarity(
+    out: Path = _out("similarity.png"),
+    dim: int = typer.Option(128, min=2, help="encoding / head dimension, even"),
+    max_offset: int = typer.Option(256, min=1, help="largest offset k / distance r"),
+    bases: str = typer.Option("100,10000,500000", help="comma-separated frequency bases"),
+    start: int = typer.Option(100, min=0, help="the position p compared with p + k"),
+) -> None:
+    """PE(p)·PE(p+k) against k (sinusoidal) and RoPE's long-term decay bound (RoFormer §3.4.3)."""
+    out = _check_out(out)
+    fig = _make(
+        "similarity", dim=dim, max_offset=max_offset, bases=_floats(bases, "--bases"), start=start
+    )
+    _write(fig, out)
+
+
+@plot_app.command("wavelengths")
+def wavelengths(
+    out: Path = _out("wavelengths.png"),
+    head_dim: int = typer.Option(128, min=4, help="head dimension (rotary dim), even"),
+    base: float = typer.Option(10000.0, help="RoPE base (rope_theta)"),
+    train_len: int = typer.Option(4096, min=1, help="training length L"),
+    factor: float = typer.Option(4.0, help="context-extension factor (> 1)"),
+    methods: str = typer.Option(
+        "none,linear,ntk,dynamic,yarn,llama3,longrope", help="comma-separated scaling methods"
+    ),
+) -> None:
+    """Per-pair RoPE wavelengths and how each scaling method changes them."""
+    out = _check_out(out)
+    fig = _make(
+        "wavelengths",
+        head_dim=head_dim,
+        base=base,
+        train_len=train_len,
+        factor=factor,
+        methods=_names(methods),
+    )
+    _write(fig, out)
+
+
+@plot_app.command("bias")
+def bias(
+    out: Path = _out("bias.png"),
+    kinds: str = typer.Option(
+        "", help="comma-separated bias encodings (default: alibi, t5, kerple, fire, sandwich)"
+    ),
+    heads: int = typer.Option(4, min=1, help="number of heads (columns)"),
+    length: int = typer.Option(64, min=1, help="number of positions"),
+    bidirectional: bool = typer.Option(False, help="encoder form: no causal mask"),
+    seed: int = typer.Option(0, help="seed of the learned tables' initialization"),
+) -> None:
+    """Per-head bias maps B(h, i, j) of ALiBi, T5 buckets, KERPLE, FIRE and Sandwich."""
+    out = _check_out(out)
+    fig = _make(
+        "bias",
+        kinds=_names(kinds) or None,
+        num_heads=heads,
+        length=length,
+        causal=not bidirectional,
+        seed=seed,
+    )
+    _write(fig, out)
+
+
+@plot_app.command("attention")
+def attention(
+    out: Path = _out("attention.png"),
+    checkpoint: Path | None = typer.Option(
+        None,
+        help="a lab checkpoint (final.pt/last.pt, or its cell folder); default: train a tiny "
+        "model here for a few seconds",
+    ),
+    encoding: str = typer.Option("rope", help="encoding of the tiny model (no checkpoint)"),
+    train_len: int = typer.Option(32, min=8, help="training length of the tiny model"),
+    factor: int = typer.Option(4, min=1, help="the long map is factor x the training length"),
+    steps: int = typer.Option(300, min=1, help="training steps of the tiny model"),
+    layer: int | None = typer.Option(
+        None,
+        help="layer to show (negative counts from the last); default: the checkpoint's last "
+        "layer, or the tiny model's layer that looks back 5 tokens",
+    ),
+    seed: int = typer.Option(0, help="seed of the tiny model"),
+) -> None:
+    """Attention maps at the training length and at 4x it (checkpoint or tiny model)."""
+    out = _check_out(out)
+    fig = _make(
+        "attention",
+        checkpoint=str(checkpoint) if checkpoint is not None else None,
+        encoding=encoding,
+        train_len=train_len,
+        factor=factor,
+        steps=steps,
+        layer=layer,
+        seed=seed,
+    )
+    _write(fig, out)
+
+
+@plot_app.command("lab")
+def lab(
+    out: Path = _out("lab.png"),
+    results: Path = typer.Option(
+        Path("runs/lab"), help="the lab's output folder (--out of `posenc lab`)"
+    ),
+    group: str | None = typer.Option(None, help="result group (default: that of the newest row)"),
+) -> None:
+    """The lab's extrapolation plots: loss vs eval length, loss by position."""
+    out = _check_out(out)
+    _write(_make("lab", results=str(results), group=group), out)
+
+
+@plot_app.command("all")
+def plot_all(
+    out_dir: Path = typer.Option(Path("figures"), "--out-dir", help="folder for the figures"),
+    fmt: str = typer.Option("png", "--format", help="png or svg"),
+    results: Path = typer.Option(Path("runs/lab"), help="the lab's output folder"),
+    attention_steps: int = typer.Option(300, min=1, help="training steps of the tiny model"),
+) -> None:
+    """Every figure into one folder (<kind>.<format>); the lab plot only if results exist."""
+    from .common import save_figure
+    from .figures import FIGURES
+    from .lab import load_lab_rows
+
+    if fmt not in ("png", "svg"):
+        raise typer.BadParameter(f"must be png or svg, got {fmt!r}", param_hint="--format")
+    for kind in FIGURES:
+        options: dict[str, Any] = {}
+        if kind == "attention":
+            options["steps"] = attention_steps
+        if kind == "lab":
+            if not load_lab_rows(results):
+                typer.echo(f"skip lab: no results in {results} (run `posenc lab` first)")
+                continue
+            options["results"] = str(results)
+        path = save_figure(_make(kind, **options), out_dir / f"{kind}.{fmt}")
+        typer.echo(f"wrote {path}")
+
+
+def report_command(
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="the HTML file to write"),
+    results: Path = typer.Option(Path("runs/lab"), help="the lab's output folder"),
+    checkpoint: Path | None = typer.Option(
+        None, help="a lab checkpoint for the attention maps (default: a tiny model trained here)"
+    ),
+    attention_steps: int = typer.Option(300, min=1, help="training steps of the tiny model"),
+) -> None:
+    """One self-contained HTML page: every figure embedded, and the lab's latest table."""
+    from .report import write_report
+
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise typer.BadParameter(f"must end in .html, got {str(out)!r}", param_hint="--out")
+    path = write_report(
+        out,
+        results=results,
+        checkpoint=checkpoint,
+        attention_steps=attention_steps,
+        log=typer.echo,
+    )
+    typer.echo(f"wrote {path}")

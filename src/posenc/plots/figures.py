@@ -1,0 +1,120 @@
+"""Every figure kind by name: ``make_figure(kind, **options) -> Figure``.
+
+Used by ``posenc plot <kind>``, ``posenc plot all``, ``posenc report`` and the documentation
+build, so each figure is defined once. Each kind is a pure data function (checked numerically in
+the tests) followed by a drawing function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True)
+class FigureKind:
+    name: str
+    title: str  # a heading for the report and the docs
+    needs: str  # what has to be importable/present, in words (for skip messages)
+    make: Callable[..., Figure]
+
+
+def _table(
+    encodings: tuple[str, ...] = ("sinusoidal", "rope"),
+    num_positions: int = 128,
+    dim: int = 64,
+    base: float = 10000.0,
+) -> Figure:
+    from .table import draw_table, table_data
+
+    return draw_table([table_data(e, num_positions, dim, base) for e in encodings])
+
+
+def _similarity(
+    dim: int = 128,
+    max_offset: int = 256,
+    bases: tuple[float, ...] = (100.0, 10000.0, 500000.0),
+    start: int = 100,
+) -> Figure:
+    from .similarity import draw_similarity, similarity_data
+
+    return draw_similarity(similarity_data(dim, max_offset, bases, start))
+
+
+def _wavelengths(
+    head_dim: int = 128,
+    base: float = 10000.0,
+    train_len: int = 4096,
+    factor: float = 4.0,
+    methods: tuple[str, ...] | None = None,
+) -> Figure:
+    from .wavelengths import WAVELENGTH_METHODS, draw_wavelengths, wavelength_data
+
+    chosen = tuple(methods) if methods else tuple(WAVELENGTH_METHODS)
+    return draw_wavelengths(wavelength_data(head_dim, base, train_len, factor, chosen))
+
+
+def _bias(
+    kinds: tuple[str, ...] | None = None,
+    num_heads: int = 4,
+    length: int = 64,
+    causal: bool = True,
+    seed: int = 0,
+) -> Figure:
+    from .bias import available_bias_kinds, bias_data, draw_bias
+
+    chosen = list(kinds) if kinds else available_bias_kinds()
+    return draw_bias(bias_data(chosen, num_heads, length, causal, seed))
+
+
+def _attention(
+    checkpoint: str | None = None,
+    encoding: str = "rope",
+    train_len: int = 32,
+    factor: int = 4,
+    steps: int = 300,
+    layer: int | None = None,
+    seed: int = 0,
+) -> Figure:
+    from .attention import attention_data, draw_attention
+
+    data = attention_data(
+        checkpoint,
+        encoding=encoding,
+        train_len=train_len,
+        factor=factor,
+        steps=steps,
+        layer=layer,
+        seed=seed,
+    )
+    return draw_attention(data)
+
+
+def _lab(results: str = "runs/lab", group: str | None = None) -> Figure:
+    from .lab import draw_lab, lab_data
+
+    return draw_lab(lab_data(results, group))
+
+
+FIGURES: dict[str, FigureKind] = {
+    k.name: k
+    for k in (
+        FigureKind("table", "The encoding matrix", "posenc.functional.rotary", _table),
+        FigureKind("similarity", "Similarity against offset", "posenc.functional.rotary", _similarity),
+        FigureKind("wavelengths", "RoPE wavelengths and scaling", "posenc.functional.rotary", _wavelengths),
+        FigureKind("bias", "Bias maps", "the bias encodings (posenc.bias)", _bias),
+        FigureKind("attention", "Attention at 1x and 4x length", "a lab checkpoint or a few seconds of training", _attention),
+        FigureKind("lab", "Lab: train short, test long", "a lab results store", _lab),
+    )
+}  # fmt: skip
+
+
+def make_figure(kind: str, **options: Any) -> Figure:
+    """Build figure ``kind`` (one of :data:`FIGURES`) with its options."""
+    if kind not in FIGURES:
+        raise ValueError(f"unknown plot kind {kind!r}; choose one of {', '.join(FIGURES)}")
+    return FIGURES[kind].make(**options)

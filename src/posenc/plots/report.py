@@ -1,0 +1,163 @@
+"""``posenc report``: one self-contained HTML page with every figure and the lab's latest table.
+
+Self-contained means it opens from a file, offline, anywhere: figures are PNG ``data:`` URIs,
+the CSS is inline, and there is no script and no external URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+
+REPORT_DPI = 100
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", "Noto Sans", sans-serif;
+       max-width: 1280px; margin: 2rem auto; padding: 0 1rem; color: #1d1d1f; line-height: 1.5; }
+h1 { margin-bottom: 0.2rem; }
+.meta { color: #666; margin-top: 0; }
+nav ul { display: flex; flex-wrap: wrap; gap: 0.4rem 1.2rem; padding: 0; list-style: none; }
+section { margin: 2.5rem 0; }
+figure { margin: 0; }
+figure img { max-width: 100%; height: auto; border: 1px solid #ddd; }
+figcaption { font-style: italic; color: #333; margin-top: 0.4rem; }
+.note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.6rem 1rem; }
+table { border-collapse: collapse; font-size: 0.9rem; }
+th, td { border: 1px solid #ccc; padding: 0.25rem 0.6rem; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+thead { background: #f3f3f3; }
+code { background: #f3f3f3; padding: 0 0.25rem; }
+"""
+
+
+def _figure_html(kind: str, title: str, png: bytes, caption: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<section id="{kind}"><h2>{html.escape(title)}</h2><figure>'
+        f'<img src="data:image/png;base64,{data}" alt="{html.escape(title)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure></section>"
+    )
+
+
+def _note_html(kind: str, title: str, text: str) -> str:
+    return (
+        f'<section id="{kind}"><h2>{html.escape(title)}</h2>'
+        f'<p class="note">{html.escape(text)}</p></section>'
+    )
+
+
+def lab_table_html(rows: list[dict[str, Any]]) -> str:
+    """The lab's results table (:func:`posenc.lab.report.table_cells`) as an HTML table."""
+    from ..lab.report import describe, table_cells
+
+    header, body = table_cells(rows)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    lines = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body
+    )
+    return (
+        f"<table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table>"
+        f'<p class="meta">{html.escape(describe(rows))}</p>'
+    )
+
+
+def build_report(
+    results: str | Path = "runs/lab",
+    checkpoint: str | Path | None = None,
+    attention_steps: int = 300,
+    kinds: list[str] | None = None,
+    log: Callable[[str], Any] | None = None,
+) -> str:
+    """The report as an HTML string. ``kinds``: the figures to include (default: all).
+
+    A figure that cannot be drawn here (its encodings absent, no lab results) becomes a note
+    saying why, so one missing piece never costs the whole page.
+    """
+    from .common import caption, figure_png_bytes
+    from .figures import FIGURES, make_figure
+    from .lab import load_lab_rows
+
+    say = log or (lambda _msg: None)
+    rows = load_lab_rows(results)
+    sections: list[str] = []
+    for kind in kinds or list(FIGURES):
+        spec = FIGURES[kind]
+        options: dict[str, Any] = {}
+        if kind == "attention":
+            options = {"steps": attention_steps}
+            if checkpoint is not None:
+                options["checkpoint"] = str(checkpoint)
+        if kind == "lab":
+            if not rows:
+                sections.append(
+                    _note_html(
+                        kind,
+                        spec.title,
+                        f"No lab results in {Path(results) / 'results.jsonl'}. Run `posenc lab` "
+                        "(about ten minutes on two CPU cores), then `posenc report` again.",
+                    )
+                )
+                continue
+            options = {"results": str(results)}
+        say(f"drawing {kind} ...")
+        try:
+            fig = make_figure(kind, **options)
+        except Exception as e:
+            say(f"  {kind} unavailable: {type(e).__name__}: {e}")
+            detail = traceback.format_exception_only(type(e), e)[-1].strip()
+            sections.append(
+                _note_html(kind, spec.title, f"Not drawn (needs {spec.needs}): {detail}")
+            )
+            continue
+        sections.append(
+            _figure_html(kind, spec.title, figure_png_bytes(fig, REPORT_DPI), caption(fig))
+        )
+
+    if rows:
+        table = lab_table_html(rows)
+    else:
+        table = (
+            '<p class="note">No lab results yet. <code>posenc lab</code> trains and evaluates '
+            "every encoding and writes them to <code>runs/lab/results.jsonl</code>; this section "
+            "then shows its latest table.</p>"
+        )
+    sections.append(f'<section id="lab-table"><h2>Lab: latest results</h2>{table}</section>')
+
+    toc = "".join(
+        f'<li><a href="#{k}">{html.escape(FIGURES[k].title)}</a></li>' for k in kinds or FIGURES
+    )
+    toc += '<li><a href="#lab-table">Lab: latest results</a></li>'
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>posenc report</title><style>{_CSS}</style></head><body>"
+        "<header><h1>posenc report</h1>"
+        f'<p class="meta">posenc {html.escape(__version__)}, generated {stamp}. Positional '
+        "encodings, shown: each figure's caption says what to look at.</p></header>"
+        f"<nav><ul>{toc}</ul></nav>{''.join(sections)}</body></html>\n"
+    )
+
+
+def write_report(
+    out: str | Path = "report.html",
+    results: str | Path = "runs/lab",
+    checkpoint: str | Path | None = None,
+    attention_steps: int = 300,
+    kinds: list[str] | None = None,
+    log: Callable[[str], Any] | None = None,
+) -> Path:
+    """Write :func:`build_report` to ``out`` (UTF-8) and return its path."""
+    path = Path(out)
+    page = build_report(results, checkpoint, attention_steps, kinds, log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path

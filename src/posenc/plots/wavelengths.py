@@ -1,0 +1,186 @@
+"""RoPE's per-pair wavelengths and what each context-extension method does to them.
+
+Pair ``i`` of RoPE turns by ``theta_i`` radians per position, a full turn every
+``2 pi / theta_i`` positions (its wavelength). Pairs whose wavelength is longer than the training
+length ``L`` never completed a turn in training: their angles at longer lengths are new to the
+model. The scaling methods differ in which pairs they stretch and by how much:
+
+* linear (position interpolation): every wavelength times ``factor``;
+* NTK-aware: a larger base, so long wavelengths stretch ~``factor``, short ones barely;
+* dynamic NTK: NTK with a factor that grows with the current length (drawn at ``factor x L``);
+* YaRN: short wavelengths kept, long ones times ``factor``, a linear ramp between;
+* Llama-3: the same three bands, split by wavelength against ``L / high`` and ``L / low``;
+* LongRoPE: a per-pair factor list (searched per model; drawn with an illustrative ramp).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .._checks import check_positive_int
+from .common import add_caption, label_axes, new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+#: Method names of the figure (``none`` is plain RoPE) and their legend labels.
+WAVELENGTH_METHODS: dict[str, str] = {
+    "none": "RoPE (no scaling)",
+    "linear": "linear / PI",
+    "ntk": "NTK-aware",
+    "dynamic": "dynamic NTK",
+    "yarn": "YaRN",
+    "llama3": "Llama-3",
+    "longrope": "LongRoPE (illustrative factors)",
+}
+
+CAPTION = (
+    "Look at: linear stretches every pair by the factor, NTK ramps from 1x up to it, YaRN and "
+    "Llama-3 keep short wavelengths and stretch only those near or past the training length."
+)
+
+
+def longrope_demo_factors(n: int, factor: float) -> list[float]:
+    """An illustrative LongRoPE ``long_factor``: ``1 + (factor - 1) (i / (n - 1))^2`` for pair ``i``.
+
+    Real models ship per-pair factors found by search (Phi-3's are in its config); this smooth
+    ramp has the shape such lists have (high-frequency pairs near 1, low-frequency ones near
+    ``factor``). Not a geometric ramp: that would be NTK-aware scaling exactly, since NTK's
+    stretch of pair ``i`` is ``factor ** (i / (n - 1))``.
+    """
+    ramp = (np.arange(n) / max(n - 1, 1)) ** 2
+    return [float(v) for v in 1.0 + (factor - 1.0) * ramp]
+
+
+def scaling_for(method: str, factor: float, train_len: int, n: int) -> dict[str, Any] | None:
+    """The Hugging Face style ``scaling`` dict of ``method`` (None for plain RoPE)."""
+    if method not in WAVELENGTH_METHODS:
+        raise ValueError(
+            f"unknown scaling method {method!r}; allowed: {', '.join(WAVELENGTH_METHODS)}"
+        )
+    if method == "none":
+        return None
+    orig = {"original_max_position_embeddings": train_len}
+    if method in ("linear", "ntk"):
+        return {"rope_type": method, "factor": factor}
+    if method in ("dynamic", "yarn"):
+        return {"rope_type": method, "factor": factor, **orig}
+    if method == "llama3":
+        # Llama-3.1's published band edges.
+        return {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            **orig,
+        }
+    return {
+        "rope_type": "longrope",
+        "factor": factor,
+        "short_factor": [1.0] * n,
+        "long_factor": longrope_demo_factors(n, factor),
+        **orig,
+    }
+
+
+def wavelength_data(
+    head_dim: int = 128,
+    base: float = 10000.0,
+    train_len: int = 4096,
+    factor: float = 4.0,
+    methods: Sequence[str] = tuple(WAVELENGTH_METHODS),
+) -> dict[str, Any]:
+    """Wavelengths ``2 pi / inv_freq`` of each method, from :func:`posenc.functional.rotary.rope_inv_freq`.
+
+    Length-dependent methods (dynamic NTK, LongRoPE) are evaluated at ``seq_len = factor * L``.
+
+    Returns ``pairs [n]`` (``n = head_dim / 2``), ``methods`` (names, ``M`` of them),
+    ``wavelength [M, n]`` and ``ratio [M, n]`` (to plain RoPE's), ``attention_factor [M]``,
+    ``scalings`` (the dicts passed), and the scalars ``head_dim``, ``base``, ``train_len``,
+    ``factor``, ``seq_len``.
+    """
+    from ..functional.rotary import rope_inv_freq
+
+    check_positive_int("head_dim", head_dim)
+    check_positive_int("train_len", train_len)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")
+    if not factor > 1:
+        raise ValueError(f"factor must be > 1 (a context extension), got {factor}")
+    n = head_dim // 2
+    seq_len = math.ceil(factor * train_len)
+    plain, _ = rope_inv_freq(head_dim, base, dtype=torch.float64)  # [n]
+    waves, factors, scalings = [], [], []
+    for method in methods:
+        sc = scaling_for(method, factor, train_len, n)
+        inv_freq, attention_factor = rope_inv_freq(
+            head_dim, base, sc, seq_len=seq_len, dtype=torch.float64
+        )  # [n]
+        waves.append((2 * math.pi / inv_freq).numpy())
+        factors.append(attention_factor)
+        scalings.append(sc)
+    wavelength = np.stack(waves)  # [M, n]
+    return {
+        "pairs": np.arange(n),
+        "methods": list(methods),
+        "wavelength": wavelength,
+        "ratio": wavelength / (2 * math.pi / plain.numpy())[None, :],
+        "attention_factor": np.asarray(factors),
+        "scalings": scalings,
+        "head_dim": head_dim,
+        "base": float(base),
+        "train_len": train_len,
+        "factor": float(factor),
+        "seq_len": seq_len,
+    }
+
+
+def draw_wavelengths(data: dict[str, Any]) -> Figure:
+    """Left: wavelength per pair (log scale) with the training and target lengths.
+    Right: the stretch (wavelength over plain RoPE's) per pair."""
+    fig, (ax1, ax2) = new_figure(1, 2, width=12, height=4.8)
+    styles = ["-", "--", "-.", ":", "-", "--", "-."]
+    for k, (method, wave, ratio) in enumerate(
+        zip(data["methods"], data["wavelength"], data["ratio"], strict=True)
+    ):
+        label = WAVELENGTH_METHODS[method]
+        lw = 2.2 if method == "none" else 1.4
+        color = "black" if method == "none" else None
+        ax1.plot(data["pairs"], wave, styles[k % len(styles)], lw=lw, color=color, label=label)
+        ax2.plot(data["pairs"], ratio, styles[k % len(styles)], lw=lw, color=color, label=label)
+    L, F = data["train_len"], data["seq_len"]
+    ax1.axhline(L, color="0.35", lw=0.9, ls=":")
+    ax1.axhline(F, color="0.35", lw=0.9, ls="--")
+    ax1.annotate(
+        f"training length L={L}", (0, L), xytext=(2, 3), textcoords="offset points", fontsize=8
+    )
+    ax1.annotate(
+        f"target {data['factor']:g}L={F}",
+        (0, F),
+        xytext=(2, 3),
+        textcoords="offset points",
+        fontsize=8,
+    )
+    ax1.set_yscale("log")
+    label_axes(
+        ax1,
+        f"RoPE wavelength 2π/θ_i per pair, d={data['head_dim']}, base={data['base']:g}",
+        "pair index i",
+        "wavelength (positions, log scale)",
+    )
+    ax2.set_yscale("log", base=2)
+    ax2.yaxis.set_major_formatter("{x:g}x")
+    ax2.legend(fontsize=8, loc="upper left")
+    label_axes(
+        ax2,
+        f"Stretch against plain RoPE, factor {data['factor']:g} (dynamic, LongRoPE at {F})",
+        "pair index i",
+        "wavelength / plain RoPE wavelength",
+    )
+    add_caption(fig, CAPTION)
+    return fig

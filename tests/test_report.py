@@ -1,0 +1,336 @@
+"""`posenc report`: a self-contained HTML page, checked as HTML and (where Debian's `chromium`
+is installed) loaded in headless Chromium: no console errors, no exceptions, no request that
+leaves the file, and every image decoded and not blank."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html.parser
+import io
+import json
+import os
+import select
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("matplotlib")
+
+from posenc.cli import app
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+BASH = shutil.which("bash")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None or BASH is None,
+    reason="chromium is not installed (Debian: apt-get install -y chromium)",
+)
+
+
+# --- a minimal DevTools-protocol client over --remote-debugging-pipe -------------------------
+
+
+class Chromium:
+    """Headless Chromium driven over its DevTools pipe (fd 3 in, fd 4 out, NUL-separated JSON).
+
+    No port is opened and nothing but the page's own file is fetched: networking features are
+    off, and the test asserts every request the page made was ``file:`` or ``data:``.
+    """
+
+    def __init__(self, binary: str, profile: Path, timeout: float = 60.0) -> None:
+        self.timeout = timeout
+        cmd_r, self._cmd_w = os.pipe()
+        self._resp_r, resp_w = os.pipe()
+        args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--disable-dev-shm-usage",
+            "--mute-audio",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
+        # Chromium reads the pipe on fd 3 and writes on fd 4: map our two ends onto those
+        # (bash, not sh: dash cannot redirect file descriptors above 9).
+        script = f'exec "$0" "$@" 3<&{cmd_r} 4>&{resp_w} {cmd_r}<&- {resp_w}>&-'
+        self.proc = subprocess.Popen(
+            [BASH or "bash", "-c", script, binary, *args],
+            pass_fds=(cmd_r, resp_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        os.close(cmd_r)
+        os.close(resp_w)
+        self._buf = b""
+        self._next_id = 0
+        self.events: list[dict[str, Any]] = []
+
+    def _read_message(self, deadline: float) -> dict[str, Any]:
+        while b"\0" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("chromium did not answer in time")
+            ready, _, _ = select.select([self._resp_r], [], [], left)
+            if ready:
+                chunk = os.read(self._resp_r, 1 << 20)
+                if not chunk:
+                    err = (
+                        self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    )
+                    raise RuntimeError(f"chromium closed its DevTools pipe; stderr:\n{err[-2000:]}")
+                self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def send(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None
+    ) -> dict[str, Any]:
+        self._next_id += 1
+        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + self.timeout
+        while True:
+            reply = self._read_message(deadline)
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_for(self, method: str) -> dict[str, Any]:
+        for event in self.events:
+            if event.get("method") == method:
+                return event
+        deadline = time.monotonic() + self.timeout
+        while True:
+            event = self._read_message(deadline)
+            self.events.append(event)
+            if event.get("method") == method:
+                return event
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # it may be gone already
+            self.send("Browser.close")
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._cmd_w)
+        os.close(self._resp_r)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+
+# Runs in the page: every <img> decoded, drawn to a canvas, and summarized (no pixel data
+# leaves the page, only counts). data: images do not taint the canvas, so pixels are readable.
+IMAGE_PROBE = """
+(async () => {
+  const out = [];
+  for (const img of Array.from(document.images)) {
+    let decoded = true;
+    try { await img.decode(); } catch (e) { decoded = false; }
+    const r = {src: img.src.slice(0, 40), decoded, w: img.naturalWidth, h: img.naturalHeight,
+               shownW: img.getBoundingClientRect().width};
+    if (decoded && img.naturalWidth > 0) {
+      const c = document.createElement('canvas');
+      c.width = img.naturalWidth; c.height = img.naturalHeight;
+      const ctx = c.getContext('2d');
+      ctx.drawImage(img, 0, 0);
+      const d = ctx.getImageData(0, 0, c.width, c.height).data;
+      const colours = new Set();
+      let dark = 0;
+      for (let i = 0; i < d.length; i += 4 * 97) {
+        colours.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
+        if (d[i] + d[i + 1] + d[i + 2] < 384) dark++;
+      }
+      r.colours = colours.size; r.dark = dark;
+    }
+    out.push(r);
+  }
+  return JSON.stringify(out);
+})()
+"""
+
+
+def load_page(path: Path, profile: Path) -> dict[str, Any]:
+    """Open ``path`` in headless Chromium; return its errors, requests and image summaries."""
+    assert CHROMIUM is not None
+    browser = Chromium(CHROMIUM, profile)
+    try:
+        target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
+        for domain in ("Runtime", "Log", "Page", "Network"):
+            browser.send(f"{domain}.enable", session=session)
+        browser.send("Page.navigate", {"url": path.resolve().as_uri()}, session=session)
+        browser.wait_for("Page.loadEventFired")
+        probe = browser.send(
+            "Runtime.evaluate",
+            {"expression": IMAGE_PROBE, "awaitPromise": True, "returnByValue": True},
+            session=session,
+        )
+        title = browser.send(
+            "Runtime.evaluate",
+            {"expression": "document.title", "returnByValue": True},
+            session=session,
+        )
+        shot = browser.send("Page.captureScreenshot", {"format": "png"}, session=session)
+    finally:
+        browser.close()
+    errors = []
+    for e in browser.events:
+        method, params = e.get("method"), e.get("params", {})
+        if method == "Runtime.exceptionThrown":
+            details = params["exceptionDetails"]
+            what = (details.get("exception") or {}).get("description", "")
+            errors.append(f"exception: {details.get('text')} {what}")
+        elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+            errors.append(f"console.{params['type']}: {params.get('args')}")
+        elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
+            errors.append(f"log: {params['entry'].get('text')} {params['entry'].get('url', '')}")
+    requests = [
+        e["params"]["request"]["url"]
+        for e in browser.events
+        if e.get("method") == "Network.requestWillBeSent"
+    ]
+    if "exceptionDetails" in probe:
+        errors.append(f"probe failed: {probe['exceptionDetails']}")
+    return {
+        "errors": errors,
+        "requests": requests,
+        "images": json.loads(probe["result"]["value"]) if "result" in probe else [],
+        "title": title["result"]["value"],
+        "screenshot": base64.b64decode(shot["data"]),
+    }
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A report from a real tiny lab run (so the lab plot and table are in it)."""
+    out = tmp_path_factory.mktemp("report")
+    results = out / "lab"
+    try:
+        from posenc.lab.experiment import RunOptions, run_grid
+        from posenc.lab.presets import DataConfig, EvalConfig, LabConfig, ModelShape, TrainConfig
+    except ImportError:
+        pass
+    else:
+        cfg = LabConfig(
+            preset="test",
+            encodings=("none", "rope"),
+            train_len=16,
+            model=ModelShape(dim=32, num_layers=1, num_heads=2),
+            train=TrainConfig(steps=2, batch_size=4, warmup_steps=1),
+            data=DataConfig(source="task", task="copy"),
+            eval=EvalConfig(lengths=("1x", "2x"), tokens=64, batch_tokens=64, rope_scalings=(), curve_points=8),
+        )  # fmt: skip
+        run_grid(cfg, RunOptions(out=results, quiet=True, report=False))
+    page = out / "report.html"
+    result = CliRunner().invoke(
+        app, ["report", "--out", str(page), "--results", str(results), "--attention-steps", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    return page
+
+
+class _Collector(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def test_report_is_self_contained_html(report: Path) -> None:
+    from posenc.plots.figures import FIGURES
+
+    text = report.read_text(encoding="utf-8")
+    parser = _Collector()
+    parser.feed(text)
+    tags = parser.tags
+    images = [a for t, a in tags if t == "img"]
+    assert not [t for t, _ in tags if t in ("script", "link", "iframe")]
+    for _, attrs in tags:
+        for key in ("src", "href"):
+            value = attrs.get(key) or ""
+            assert not value or value.startswith(("data:image/png;base64,", "#")), value[:60]
+    assert "http://" not in text and "https://" not in text
+    sections = {a.get("id") for t, a in tags if t == "section"}
+    assert set(FIGURES) | {"lab-table"} <= sections
+    from matplotlib.image import imread
+
+    drawn = len(images)
+    notes = text.count('class="note"')
+    assert drawn + notes >= len(FIGURES)
+    assert drawn >= 4, "table, similarity, wavelengths and attention need only what is installed"
+    for attrs in images:
+        png = base64.b64decode((attrs["src"] or "").split(",", 1)[1])
+        pixels = imread(io.BytesIO(png), format="png")
+        assert pixels.shape[0] > 200 and pixels[..., :3].std() > 0.05
+    if (report.parent / "lab" / "results.jsonl").exists():  # the lab's latest table
+        table = text[text.index('id="lab-table"') :]
+        assert "<table>" in table and "<td>none</td>" in table and "<td>rope</td>" in table
+    else:
+        assert "No lab results yet" in text
+
+
+def test_report_rejects_a_non_html_out(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["report", "--out", str(tmp_path / "r.png")])
+    assert r.exit_code == 2 and "must end in .html" in r.output
+
+
+@needs_chromium
+def test_report_loads_in_headless_chromium_without_errors(report: Path, tmp_path: Path) -> None:
+    page = load_page(report, tmp_path / "profile")
+    assert page["errors"] == []
+    assert page["title"] == "posenc report"
+    assert all(u.startswith(("file:", "data:")) for u in page["requests"]), page["requests"]
+    images = page["images"]
+    assert len(images) >= 4
+    for img in images:
+        assert img["decoded"] and img["w"] > 200 and img["h"] > 200, img
+        assert img["shownW"] > 100, img  # laid out, not collapsed
+        assert img["colours"] > 20 and img["dark"] > 0, img  # not blank
+    from matplotlib.image import imread
+
+    shot = imread(io.BytesIO(page["screenshot"]), format="png")
+    assert shot[..., :3].std() > 0.05  # the rendered page itself is not blank
+    assert len(np.unique(shot[..., :3].reshape(-1, 3)[::50], axis=0)) > 20
+
+
+@needs_chromium
+def test_chromium_check_catches_errors_and_broken_images(tmp_path: Path) -> None:
+    """The checker is not vacuous: a script error, a console error and a broken image are seen."""
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        "<!doctype html><html><head><title>bad</title></head><body>"
+        '<img src="data:image/png;base64,AAAA">'
+        "<script>console.error('boom'); undefinedFunction();</script></body></html>"
+    )
+    page = load_page(bad, tmp_path / "profile")
+    text = " ".join(page["errors"])
+    assert "boom" in text and "undefinedFunction" in text
+    assert page["images"] and not page["images"][0]["decoded"]
