@@ -80,11 +80,19 @@ def test_memory_is_prepended_and_detached() -> None:
         ({"dim": 30, "num_heads": 4}, "divisible by num_heads"),
         ({"dim": 32, "num_heads": 4, "num_kv_heads": 3}, "multiple of num_kv_heads"),
         ({"dim": 32, "num_heads": 0}, "num_heads must be a positive integer"),
+        ({"dim": 32, "num_heads": 4, "num_kv_heads": 0}, "num_kv_heads must be a positive"),
+        ({"dim": 32, "num_heads": 4, "dropout": 1.0}, r"dropout must be in \[0, 1\)"),
+        ({"dim": 32, "num_heads": 4, "dropout": -0.1}, r"dropout must be in \[0, 1\)"),
     ],
 )
 def test_bad_construction(kwargs, words) -> None:
     with pytest.raises(ValueError, match=words):
         Attention(**kwargs)
+
+
+def test_encoding_without_a_family_is_refused() -> None:
+    with pytest.raises(TypeError, match="encoding must be a posenc encoding with a 'family'"):
+        Attention(32, 4, encoding=torch.nn.Linear(2, 2))
 
 
 def test_bad_forward_input() -> None:
@@ -97,3 +105,10 @@ def test_bad_forward_input() -> None:
         attn(torch.randn(1, 3, 16), torch.arange(3.0))
     with pytest.raises(TypeError, match="attn_mask must be bool"):
         attn(torch.randn(1, 3, 16), attn_mask=torch.ones(1, 3))
+    mem = torch.randn(1, 2, 16)
+    with pytest.raises(ValueError, match=r"memory_positions must be \[2\] or \[1, 2\]"):
+        attn(torch.randn(1, 3, 16), memory=mem, memory_positions=torch.arange(3))
+    with pytest.raises(TypeError, match="memory_positions must have an integer dtype"):
+        attn(torch.randn(1, 3, 16), memory=mem, memory_positions=torch.arange(2.0))
+    with pytest.raises(ValueError, match="memory_positions must be non-negative"):
+        attn(torch.randn(1, 3, 16), memory=mem, memory_positions=torch.tensor([-2, -1]))

@@ -80,6 +80,9 @@ def test_learned2d_checks_its_input() -> None:
         enc(torch.randn(2, 8, 8))
     with pytest.raises(ValueError, match="num_prefix_tokens=2 does not match"):
         enc.resample((3, 3), num_prefix_tokens=2)
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="num_prefix_tokens must be an integer >= 0"):
+            Learned2D(2, 3, 8, num_prefix_tokens=bad)
 
 
 def mae_2d(dim: int, gh: int, gw: int) -> np.ndarray:

@@ -75,3 +75,11 @@ def test_cli_demo_order_and_help() -> None:
         assert runner.invoke(app, args).exit_code == 0
     bad = runner.invoke(app, ["demo", "order", "--a", "x y"])
     assert bad.exit_code != 0
+
+
+def test_model_checks_tokens_and_caches() -> None:
+    model = TransformerLM(ModelConfig(vocab_size=11, dim=32, num_layers=2, num_heads=4))
+    with pytest.raises(TypeError, match="tokens must be int64"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match=r"one KVCache per layer \(2\), got 1"):
+        model(torch.zeros(1, 3, dtype=torch.long), caches=model.new_caches()[:1])

@@ -136,6 +136,7 @@ def test_scale_input_multiplies_by_sqrt_dim() -> None:
             "positions must have shape",
         ),
         (lambda: SinusoidalEncoding(8)(torch.randn(1, 3, 6)), ValueError, "last dimension"),
+        (lambda: SinusoidalEncoding(8, cache_len=-1), ValueError, "cache_len must be a non-neg"),
     ],
 )
 def test_bad_input_is_a_clear_error(call, exc, words) -> None:
@@ -160,3 +161,9 @@ def test_every_dim_from_4_to_1024_in_every_layout() -> None:
         fair = torch.nn.functional.pad(torch.cat((ang.sin(), ang.cos()), 1), (0, d % 2))
         got = sinusoidal_table(POSITIONS, d, layout="fairseq").double()
         assert (got - fair).abs().max() <= F32_VALUE_TOL, d
+
+
+def test_a_cast_module_still_serves_the_float32_table() -> None:
+    enc = SinusoidalEncoding(16, cache_len=8).to(torch.bfloat16)
+    assert enc.table(torch.arange(3)).dtype == torch.float32
+    torch.testing.assert_close(enc.table(torch.arange(3)), sinusoidal_table(torch.arange(3), 16))

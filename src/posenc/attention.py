@@ -390,7 +390,9 @@ class Attention(nn.Module):
         super().__init__()
         self.dim = check_positive_int("dim", dim)
         self.num_heads = check_positive_int("num_heads", num_heads)
-        self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads or num_heads)
+        self.num_kv_heads = check_positive_int(
+            "num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads
+        )
         if num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -402,6 +404,11 @@ class Attention(nn.Module):
                 )
             head_dim = dim // num_heads
         self.head_dim = check_positive_int("head_dim", head_dim)
+        if encoding is not None and not hasattr(encoding, "family"):
+            raise TypeError(
+                f"encoding must be a posenc encoding with a 'family' attribute (one of "
+                f"{ENCODING_FAMILIES}), or None for NoPE; got {type(encoding).__name__}"
+            )
         family = getattr(encoding, "family", "none") if encoding is not None else "none"
         if family not in ENCODING_FAMILIES:
             raise ValueError(f"encoding.family must be one of {ENCODING_FAMILIES}, got {family!r}")
@@ -418,6 +425,8 @@ class Attention(nn.Module):
             block_mask_cache if block_mask_cache is not None else DEFAULT_BLOCK_MASK_CACHE
         )
         self.causal = causal
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.dropout = float(dropout)
         self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
         kw = {"device": device, "dtype": dtype}
@@ -479,8 +488,18 @@ class Attention(nn.Module):
         if memory is not None:
             if memory.dim() != 3 or memory.shape[0] != b or memory.shape[2] != self.dim:
                 raise ValueError(f"memory must be [{b}, m, {self.dim}], got {tuple(memory.shape)}")
+            m = memory.shape[1]
             if memory_positions is None:
-                memory_positions = default_positions(memory.shape[1], x.device)
+                memory_positions = default_positions(m, x.device)
+            else:
+                memory_positions = check_positions(memory_positions, "memory_positions", (1, 2))
+                if memory_positions.shape[-1] != m or (
+                    memory_positions.dim() == 2 and memory_positions.shape[0] not in (1, b)
+                ):
+                    raise ValueError(
+                        f"memory_positions must be [{m}] or [{b}, {m}], "
+                        f"got {list(memory_positions.shape)}"
+                    )
             kv_input = torch.cat((memory.detach(), x), dim=1)  # [b, m + s, dim]
             k_positions = cat_positions(memory_positions, positions, b)
 

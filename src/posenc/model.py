@@ -128,6 +128,13 @@ class TransformerLM(nn.Module):
         """Shapes: ``tokens [b, s]`` -> final normed hidden states ``[b, s, dim]``."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"tokens must be int64 (or int32) token ids, got {tokens.dtype}")
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(
+                f"caches must hold one KVCache per layer ({len(self.blocks)}), got {len(caches)}; "
+                "use model.new_caches()"
+            )
         x = self.embed(tokens)  # [b, s, dim]
         if self.absolute is not None:
             if positions is None and caches is not None and caches[0].length:

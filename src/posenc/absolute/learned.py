@@ -79,8 +79,14 @@ class Learned2D(nn.Module):
         super().__init__()
         self.grid = (check_positive_int("grid_h", grid_h), check_positive_int("grid_w", grid_w))
         self.dim = check_positive_int("dim", dim)
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
+        if (
+            isinstance(num_prefix_tokens, bool)
+            or not isinstance(num_prefix_tokens, int)
+            or num_prefix_tokens < 0
+        ):
+            raise ValueError(
+                f"num_prefix_tokens must be an integer >= 0, got {num_prefix_tokens!r}"
+            )
         self.num_prefix_tokens = num_prefix_tokens
         n = num_prefix_tokens + grid_h * grid_w
         self.weight = nn.Parameter(torch.empty(n, dim, device=device, dtype=dtype))

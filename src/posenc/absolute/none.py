@@ -14,4 +14,5 @@ class NoPE(nn.Module):
     family: ClassVar[str] = "none"
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Shapes: ``x [b, s, dim]`` -> ``x`` unchanged (``positions`` ignored)."""
         return x

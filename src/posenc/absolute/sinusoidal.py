@@ -37,6 +37,8 @@ class SinusoidalEncoding(nn.Module):
         check_choice("layout", layout, SINUSOIDAL_LAYOUTS)
         if dim % 2 and layout != "fairseq":
             raise ValueError(f"dim must be even for the {layout!r} layout, got {dim}")
+        if isinstance(cache_len, bool) or not isinstance(cache_len, int) or cache_len < 0:
+            raise ValueError(f"cache_len must be a non-negative integer, got {cache_len!r}")
         self.dim, self.base, self.layout, self.scale_input = dim, base, layout, scale_input
         cache = sinusoidal_table(torch.arange(cache_len, device=device), dim, base, layout)
         # Recomputable, so non-persistent: state_dict holds learned weights only.
@@ -45,7 +47,10 @@ class SinusoidalEncoding(nn.Module):
     def table(self, positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``positions [*]`` -> ``[*, dim]`` float32."""
         cache: torch.Tensor = self.cache  # type: ignore[assignment]
-        if positions.numel() and int(positions.max()) < cache.shape[0]:
+        # `module.to(bfloat16)` also casts this buffer; a cast cache is not the float32 table,
+        # so it is bypassed rather than served.
+        exact = cache.dtype == torch.float32
+        if exact and positions.numel() and int(positions.max()) < cache.shape[0]:
             return cache.to(positions.device)[positions]
         return sinusoidal_table(positions, self.dim, self.base, self.layout)
 

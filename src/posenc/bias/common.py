@@ -89,6 +89,7 @@ class PositionBias(nn.Module):
         raise NotImplementedError
 
     def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
         return self.bias(q_positions, k_positions)
 
 

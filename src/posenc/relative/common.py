@@ -39,6 +39,8 @@ class RelativeEncoding(nn.Module):
         dropout_p: float = 0.0,
         attention: nn.Module | None = None,
     ) -> torch.Tensor:
+        """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]``, ``q_positions [s]|[b, s]``,
+        ``k_positions [t]|[b, t]``, ``mask [s, t]|[b, 1|h, s, t]`` -> ``[b, h, s, d]``."""
         raise NotImplementedError
 
 
