@@ -112,3 +112,29 @@ def test_bad_forward_input() -> None:
         attn(torch.randn(1, 3, 16), memory=mem, memory_positions=torch.arange(2.0))
     with pytest.raises(ValueError, match="memory_positions must be non-negative"):
         attn(torch.randn(1, 3, 16), memory=mem, memory_positions=torch.tensor([-2, -1]))
+
+
+@pytest.mark.parametrize(("s", "t"), [(1, 1), (5, 5), (300, 300), (129, 257), (64, 700), (1, 1000)])
+def test_causal_block_mask_equals_create_block_mask(s: int, t: int) -> None:
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    from posenc.attention import causal_block_mask
+
+    offset = t - s
+    ref = flex.create_block_mask(lambda b, h, q, k: k <= q + offset, None, None, s, t, device="cpu")
+    mine = causal_block_mask(s, t, torch.device("cpu"))
+    assert torch.equal(mine.to_dense(), ref.to_dense())
+    assert torch.equal(mine.full_kv_num_blocks, ref.full_kv_num_blocks)
+
+
+def test_plain_causal_attention_builds_no_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    import posenc.attention as attention_module
+
+    attn = Attention(16, 2, causal=True).double()
+    x = torch.randn(1, 6, 16, dtype=torch.float64)
+    want = naive_attention(attn, x, True)
+
+    def no_mask(*args, **kwargs):
+        raise AssertionError("an [s, t] mask was built for plain causal attention")
+
+    monkeypatch.setattr(attention_module, "build_mask", no_mask)
+    torch.testing.assert_close(attn(x), want)

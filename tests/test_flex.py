@@ -174,11 +174,11 @@ def test_block_mask_cache_keys_and_eviction() -> None:
 
 def test_one_block_mask_serves_every_layer(monkeypatch) -> None:
     built = []
-    import torch.nn.attention.flex_attention as fa
+    import posenc.attention as attention_module
 
-    real = fa.create_block_mask
+    real = attention_module.causal_block_mask
     monkeypatch.setattr(
-        fa, "create_block_mask", lambda *a, **k: built.append(a[3:5]) or real(*a, **k)
+        attention_module, "causal_block_mask", lambda *a, **k: built.append(a[:2]) or real(*a, **k)
     )
     model = TransformerLM(ModelConfig(encoding="alibi", num_layers=3, dim=32, num_heads=4)).eval()
     cache = BlockMaskCache()

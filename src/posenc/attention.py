@@ -131,6 +131,51 @@ class RelativeFamily(Protocol):
     ) -> torch.Tensor: ...
 
 
+def causal_block_mask(s: int, t: int, device: torch.device, block: int = 128) -> Any:
+    """The causal FlexAttention ``BlockMask`` of ``s`` queries over ``t`` keys, from block indices.
+
+    ``create_block_mask`` evaluates the mask entry by entry, an ``[s, t]`` tensor (10 GiB at
+    32k); causality by index is known per block in closed form instead. Query block ``qb``
+    (rows ``qb*B .. min(qb*B+B, s) - 1``) sees key ``j`` when ``j <= row + (t - s)``, so key
+    block ``kb`` is *full* when its last key is visible to the block's first row, *partial* when
+    its first key is visible to the block's last row, and skipped otherwise (a ragged last
+    block is never full)::
+
+        s = t = 4 blocks:   F . . .      F full (no mask_mod call), P partial, . skipped
+                            F P . .      (diagonal blocks are partial)
+                            F F P .
+                            F F F P
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    offset = t - s
+    nq, nk = -(-s // block), -(-t // block)
+    first_row = torch.arange(nq, device=device) * block  # [nq]
+    last_row = torch.clamp(first_row + block, max=s) - 1
+    kb = torch.arange(nk, device=device)  # [nk]
+    first_key, last_key = kb * block, torch.clamp(kb * block + block, max=t) - 1
+    full = last_key[None, :] <= first_row[:, None] + offset  # [nq, nk]
+    # A ragged last block stays partial, as create_block_mask has it: its padding is masked.
+    full &= ((last_row - first_row + 1) == block)[:, None] & ((last_key - first_key + 1) == block)
+    partial = (first_key[None, :] <= last_row[:, None] + offset) & ~full  # [nq, nk]
+
+    def indices(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Selected key blocks first, in ascending order: [1, 1, nq] counts, [1, 1, nq, nk] indices.
+        order = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True)
+        return sel.sum(-1).to(torch.int32)[None, None], order.to(torch.int32)[None, None]
+
+    def causal(
+        b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor
+    ) -> torch.Tensor:
+        return ki <= qi + offset
+
+    kv_num, kv_idx = indices(partial)
+    full_num, full_idx = indices(full)
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=causal, seq_lengths=(s, t)
+    )
+
+
 class BlockMaskCache:
     """Causal FlexAttention block masks keyed by ``(s, t, device)``; least recently used goes first.
 
@@ -150,16 +195,7 @@ class BlockMaskCache:
         key = (s, t, str(torch.device(device)))
         mask = self._masks.get(key)
         if mask is None:
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            offset = t - s
-
-            def causal(
-                b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor
-            ) -> torch.Tensor:
-                return ki <= qi + offset
-
-            mask = create_block_mask(causal, None, None, s, t, device=device)
+            mask = causal_block_mask(s, t, device)
             self._masks[key] = mask
             if len(self._masks) > self.maxsize:
                 self._masks.popitem(last=False)
@@ -517,7 +553,12 @@ class Attention(nn.Module):
         if path == "flex":
             out = self._flex(q, k, v, positions, k_positions, attn_mask, s, t)
         else:
-            keep = build_mask(s, t, self.causal, attn_mask, b, x.device)
+            plain_causal = (
+                self.causal and s == t and attn_mask is None and path == "sdpa"
+                and self.family not in ("bias", "relative")
+            )  # fmt: skip
+            # The plain causal case goes to SDPA's is_causal kernel: no [s, t] mask is built.
+            keep = None if plain_causal else build_mask(s, t, self.causal, attn_mask, b, x.device)
             if self.family == "relative":
                 assert self.encoding is not None
                 out = cast(RelativeFamily, self.encoding).attend(
@@ -653,13 +694,13 @@ class Attention(nn.Module):
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=self.scale
             )
-        if keep is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
-        if self.causal and s == t and keep.dim() == 2:
-            # The plain causal mask: let SDPA pick its fused causal kernel.
+        if keep is None and self.causal and s == t:
+            # The plain causal mask: SDPA's fused causal kernel, no mask tensor.
             return F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale
             )
+        if keep is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=keep, dropout_p=dropout_p, scale=self.scale
         )
