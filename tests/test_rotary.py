@@ -509,8 +509,8 @@ def test_bad_functional_input() -> None:
         apply_rotary(x, cos, sin, rotary_dim=6)
     with pytest.raises(ValueError, match=r"rotary_dim \(32\) must be <= head_dim \(16\)"):
         apply_rotary(x, *rope_cos_sin(torch.arange(5), rope_inv_freq(32)[0]))
-    with pytest.raises(ValueError, match="backend must be one of 'auto', 'torch'"):
-        apply_rotary_qk(x[None, None], x[None, None], cos, sin, cos, sin, backend="triton")
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'torch', 'triton', 'cpu'"):
+        apply_rotary_qk(x[None, None], x[None, None], cos, sin, cos, sin, backend="tpu")
     with pytest.raises(ValueError, match="rows up to 9 of a table with 5 rows"):
         apply_rotary_qk(
             x[None, None], x[None, None], cos, sin, cos, sin, positions_q=torch.arange(5, 10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from .bench.cli import bench_app
 from .demo import demo_app
 from .lab.cli import lab_app
 from .plots.cli import plot_app, report_command
@@ -16,6 +17,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(demo_app, name="demo")
+app.add_typer(bench_app, name="bench")
 app.add_typer(lab_app, name="lab")
 app.add_typer(plot_app, name="plot")
 app.command("report")(report_command)

@@ -38,10 +38,12 @@ from typing import Any
 import torch
 
 from .._checks import check_choice, check_even, check_positions, check_positive_int
+from ..kernels import rope_qk as _fused_rope_qk
+from ..kernels import select_backend as _select_rope_backend
 
 ROTARY_LAYOUTS = ("half", "interleaved")
 ROPE_TYPES = ("default", "linear", "dynamic", "ntk", "yarn", "longrope", "llama3", "proportional")
-ROTARY_BACKENDS = ("auto", "torch")
+ROTARY_BACKENDS = ("auto", "torch", "triton", "cpu")
 ANGLE_DTYPES = (torch.float32, torch.float64)
 
 # Keys of a ``scaling`` dict (Hugging Face names), by rope type. ``rope_type`` (alias ``type``) is
@@ -477,7 +479,9 @@ def apply_rotary_qk(
     ``(q', k')`` with the shapes and dtypes of ``q`` and ``k``.
 
     ``backend``: ``"torch"`` is the pure-PyTorch reference below; ``"auto"`` picks the fastest
-    correct implementation available (fused kernels plug in here).
+    correct implementation available: the fused kernels of :mod:`posenc.kernels` (Triton on
+    GPU tensors, the native CPU kernel for float32/bfloat16 CPU tensors) where they apply, else
+    the reference; ``"triton"`` and ``"cpu"`` ask for one kernel (ValueError when it cannot run).
     """
     check_choice("backend", backend, ROTARY_BACKENDS)
     check_choice("layout", layout, ROTARY_LAYOUTS)
@@ -514,6 +518,15 @@ def apply_rotary_qk(
     else:
         ck = _rows(cos_k, positions_k, k.shape[2], "cos_k")  # [t, r/2] or [b', 1, t, r/2]
         sk = _rows(sin_k, positions_k, k.shape[2], "sin_k")
+    if backend != "torch" and q.dtype == k.dtype and q.device == k.device:
+        # One fused pass over q and k on the per-token rows (validated above).
+        rows = tuple(t if t.dim() == 2 else t.squeeze(1) for t in (cq, sq, ck, sk))  # [.., n, r/2]
+        chosen = _select_rope_backend(backend, q, rows)
+        if chosen != "torch":
+            cq, sq, ck, sk = rows
+            return _fused_rope_qk(
+                q, k, cq, sq, cos_k=ck, sin_k=sk, layout=layout, rotary_dim=r, backend=chosen
+            )
     return apply_rotary(q, cq, sq, layout, r), apply_rotary(k, ck, sk, layout, r)
 
 

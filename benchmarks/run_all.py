@@ -1,0 +1,41 @@
+"""Run the full benchmark suite and write the figures into benchmarks/RESULTS.md.
+
+    .venv/bin/python benchmarks/run_all.py            # CPU (or the GPU when there is one)
+    .venv/bin/python benchmarks/run_all.py --quick    # small shapes, a smoke run
+
+Each subcommand replaces its own block of RESULTS.md; text outside the blocks (the analysis) is
+kept. The same figures come from ``posenc bench rope|cos-sin --results benchmarks/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from posenc.cli import app
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv[1:]
+    shapes = "quick" if quick else "llama"
+    repeats = "5" if quick else "15"
+    runs = [
+        ["bench", "rope", "--shapes", shapes, "--repeats", repeats],
+        ["bench", "cos-sin", "--shapes", shapes, "--repeats", repeats],
+    ]
+    try:
+        import torch
+
+        if torch.cuda.is_available():  # the GPU target is forward + backward
+            runs.append(["bench", "rope", "--shapes", "4x32/8x4096x128", "--dtypes", "bfloat16",
+                         "--repeats", repeats, "--backward"])  # fmt: skip
+    except ImportError:
+        pass
+    for args in runs:
+        app([*args, "--results", str(RESULTS)], standalone_mode=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""``posenc bench rope``: RoPE on q and k, posenc against the references installed here.
+
+Candidates (each skipped with a note when not installed or not applicable to the device):
+
+=========================  ======================================================================
+``copy``                   ``q_out.copy_(q); k_out.copy_(k)`` into preallocated buffers: the
+                           bandwidth reference (reads q, k once and writes them once)
+``posenc``                 :func:`posenc.kernels.rope_qk`, out of place, ``backend="auto"``
+``posenc-inplace``         the same with ``inplace=True``
+``posenc-torch``           the same with ``backend="torch"`` (the pure-PyTorch reference)
+``hf-eager``               transformers' LLaMA ``apply_rotary_pos_emb``
+``hf-compile``             the same under ``torch.compile``
+``rotary-embedding-torch`` ``RotaryEmbedding(d).rotate_queries_or_keys`` on q, then on k
+``flash-attn``             ``flash_attn.layers.rotary.apply_rotary_emb`` on q, then k (GPU)
+``liger``                  ``liger_kernel.transformers.rope.liger_rotary_pos_emb`` (GPU)
+=========================  ======================================================================
+
+cos/sin are built once per case outside the timed region (``posenc bench cos-sin`` times that),
+each in the form its consumer takes: posenc float32 ``[s, d/2]``; transformers and liger
+``[1, s, d]`` in the input dtype (what ``LlamaRotaryEmbedding`` returns); flash-attn ``[s, d/2]``
+in the input dtype.
+
+Figures: median ms; GB/s counts reading and writing q and k once (twice with ``--backward``);
+``x copy`` = copy time / candidate time (1.0 = copy bandwidth); speedups = reference time /
+posenc time, from the same run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .harness import Shape, Timing, dtype_name, time_round_robin
+
+POSENC = ("posenc", "posenc-inplace", "posenc-torch")
+REFERENCES = ("hf-eager", "hf-compile", "rotary-embedding-torch", "flash-attn", "liger")
+IMPLEMENTATIONS = ("copy", *POSENC, *REFERENCES)
+
+# CPU targets of the fast path (issue 5), checked in the summary.
+TARGET_VS_HF_EAGER = 4.0
+TARGET_VS_HF_COMPILE = 1.2
+TARGET_INPLACE_FRACTION = 0.6
+
+
+@dataclass
+class RopeCase:
+    shape: Shape
+    dtype: torch.dtype
+    backward: bool
+    timings: dict[str, Timing]
+    bytes_moved: int  # q and k read and written once (twice with backward)
+    notes: dict[str, str]
+
+    def ms(self, name: str) -> float:
+        t = self.timings.get(name)
+        return t.median * 1e3 if t and t.samples else float("nan")
+
+    def fraction_of_copy(self, name: str) -> float:
+        return self.ms("copy") / self.ms(name)
+
+    def gbps(self, name: str) -> float:
+        return self.bytes_moved / (self.ms(name) * 1e-3) / 1e9
+
+    def speedup(self, reference: str, of: str = "posenc") -> float:
+        return self.ms(reference) / self.ms(of)
+
+
+_compiled_hf: Callable | None = None
+
+
+def _hf_compiled() -> Callable:
+    """One compiled ``apply_rotary_pos_emb`` for the run (recompiles per shape and dtype)."""
+    global _compiled_hf
+    if _compiled_hf is None:
+        import torch._dynamo
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        _compiled_hf = torch.compile(apply_rotary_pos_emb, dynamic=False)
+    return _compiled_hf
+
+
+def _reference_fns(
+    names: list[str], device: torch.device, notes: dict[str, str]
+) -> dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]]:
+    """``fn(q, k, tables) -> (q', k')`` for each reference that can run here."""
+    fns: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+    if "hf-eager" in names or "hf-compile" in names:
+        try:
+            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        except ImportError as e:
+            notes["hf-eager"] = notes["hf-compile"] = f"transformers not installed ({e})"
+        else:
+            if "hf-eager" in names:
+                fns["hf-eager"] = lambda q, k, t: apply_rotary_pos_emb(
+                    q, k, t["cos_hf"], t["sin_hf"]
+                )
+            if "hf-compile" in names:
+                hfc = _hf_compiled()
+                fns["hf-compile"] = lambda q, k, t: hfc(q, k, t["cos_hf"], t["sin_hf"])
+    if "rotary-embedding-torch" in names:
+        try:
+            from rotary_embedding_torch import RotaryEmbedding as RET
+        except ImportError as e:
+            notes["rotary-embedding-torch"] = f"not installed ({e})"
+        else:
+
+            def ret(q: torch.Tensor, k: torch.Tensor, t: dict) -> tuple[torch.Tensor, torch.Tensor]:
+                module = t.setdefault("ret", RET(dim=q.shape[-1]).to(q.device))
+                return module.rotate_queries_or_keys(q), module.rotate_queries_or_keys(k)
+
+            fns["rotary-embedding-torch"] = ret
+    if "flash-attn" in names:
+        if device.type != "cuda":
+            notes["flash-attn"] = "GPU only"
+        else:
+            try:
+                from flash_attn.layers.rotary import apply_rotary_emb
+            except ImportError as e:
+                notes["flash-attn"] = f"not installed ({e})"
+            else:
+                # flash-attn takes [b, s, h, d]: a transposed view, as a caller in bhsd would pass.
+                fns["flash-attn"] = lambda q, k, t: (
+                    apply_rotary_emb(q.transpose(1, 2), t["cos_x"], t["sin_x"]),
+                    apply_rotary_emb(k.transpose(1, 2), t["cos_x"], t["sin_x"]),
+                )
+    if "liger" in names:
+        if device.type != "cuda":
+            notes["liger"] = "GPU only"
+        else:
+            try:
+                from liger_kernel.transformers.rope import liger_rotary_pos_emb
+            except ImportError as e:
+                notes["liger"] = f"not installed ({e})"
+            else:
+                fns["liger"] = lambda q, k, t: liger_rotary_pos_emb(q, k, t["cos_hf"], t["sin_hf"])
+    return fns
+
+
+def rope_case(
+    shape: Shape,
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
+    skip: tuple[str, ...] = (),
+    backward: bool = False,
+    budget_s: float = 20.0,
+) -> RopeCase:
+    """Build inputs for one shape and dtype and time every candidate on them."""
+    from ..kernels import rope_qk
+
+    b, h, hk, s, d = shape.b, shape.h, shape.hk, shape.s, shape.d
+    names = [n for n in IMPLEMENTATIONS if n not in skip or n == "copy"]
+    notes: dict[str, str] = {}
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(b, h, s, d, generator=gen).to(device=device, dtype=dtype)  # [b, h, s, d]
+    k = torch.randn(b, hk, s, d, generator=gen).to(device=device, dtype=dtype)  # [b, hk, s, d]
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
+    angles = torch.arange(s, dtype=torch.float64)[:, None] * inv_freq  # [s, d/2]
+    cos = angles.cos().float().to(device)  # [s, d/2], float32: posenc's tables
+    sin = angles.sin().float().to(device)
+    tables = {
+        "cos_hf": torch.cat((cos, cos), -1)[None].to(dtype),  # [1, s, d] in the input dtype
+        "sin_hf": torch.cat((sin, sin), -1)[None].to(dtype),
+        "cos_x": cos.to(dtype),  # [s, d/2] in the input dtype (flash-attn)
+        "sin_x": sin.to(dtype),
+    }
+
+    fns: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+        "posenc": lambda q, k, t: rope_qk(q, k, cos, sin),
+        "posenc-torch": lambda q, k, t: rope_qk(q, k, cos, sin, backend="torch"),
+    }
+    fns.update(_reference_fns(names, device, notes))
+    candidates: dict[str, Callable[[], object]] = {}
+    bytes_moved = 2 * (q.numel() + k.numel()) * q.element_size()
+    if backward:
+        bytes_moved *= 2
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        gq, gk = torch.randn_like(q), torch.randn_like(k)
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+
+        def copy_twice() -> None:
+            # forward and backward each read and write q and k once
+            q_out.copy_(q), k_out.copy_(k), q_out.copy_(gq), k_out.copy_(gk)
+
+        candidates["copy"] = copy_twice
+        notes["posenc-inplace"] = "not timed with --backward"
+
+        def fwd_bwd(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], object]:
+            # autograd.grad returns the gradients instead of accumulating into .grad, which
+            # would add a read-modify-write of q and k to every call after the first.
+            return lambda: torch.autograd.grad(fn(qg, kg, tables), (qg, kg), (gq, gk))
+
+        for name in names:
+            if name in fns:
+                candidates[name] = fwd_bwd(fns[name])
+    else:
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        candidates["copy"] = lambda: (q_out.copy_(q), k_out.copy_(k))
+
+        def forward(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], object]:
+            return lambda: fn(q, k, tables)
+
+        if "posenc-inplace" in names:
+            # Rotating the same buffers again each call: values stay bounded (a rotation).
+            q_ip, k_ip = q.clone(), k.clone()
+            candidates["posenc-inplace"] = lambda: rope_qk(q_ip, k_ip, cos, sin, inplace=True)
+        for name in names:
+            if name in fns:
+                candidates[name] = forward(fns[name])
+    from ..kernels import select_backend
+
+    notes.setdefault("posenc", f"backend {select_backend('auto', q, (cos, sin))}")
+    timings = time_round_robin(candidates, device, repeats, budget_s=budget_s)
+    for name, t in timings.items():
+        if t.error:
+            notes[name] = t.error
+    return RopeCase(shape, dtype, backward, timings, bytes_moved, notes)
+
+
+def case_rows(case: RopeCase) -> list[list[str]]:
+    """Per-candidate rows: impl, median ms, GB/s, x copy, posenc speedup over it, first call."""
+    rows = []
+    for name in IMPLEMENTATIONS:
+        t = case.timings.get(name)
+        if t is None or not t.samples:
+            continue
+        speed = case.speedup(name) if name in REFERENCES else float("nan")
+        rows.append(
+            [
+                name,
+                f"{case.ms(name):.3f}",
+                f"{case.gbps(name):.1f}",
+                f"{case.fraction_of_copy(name):.2f}",
+                "-" if math.isnan(speed) else f"{speed:.2f}x",
+                f"{t.first * 1e3:.0f}",
+            ]
+        )
+    return rows
+
+
+CASE_HEADER = ["impl", "median ms", "GB/s", "x copy", "posenc speedup", "first call ms"]
+SUMMARY_HEADER = [
+    "shape",
+    "dtype",
+    "posenc x copy",
+    "in-place x copy",
+    "vs hf-eager",
+    "vs hf-compile",
+    "vs rotary-embedding-torch",
+    "vs flash-attn",
+    "vs liger",
+    "targets",
+]
+
+
+def drop_empty_columns(
+    header: list[str], rows: list[list[str]]
+) -> tuple[list[str], list[list[str]]]:
+    """Leave out the columns with no figure in any row (e.g. GPU-only references on a CPU)."""
+    keep = [i for i in range(len(header)) if any(r[i] != "-" for r in rows)] if rows else []
+    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
+
+
+def summary_row(case: RopeCase, cpu: bool) -> list[str]:
+    def ratio(name: str) -> str:
+        v = case.speedup(name)
+        return "-" if math.isnan(v) else f"{v:.2f}x"
+
+    inplace = case.fraction_of_copy("posenc-inplace")
+    checks = []
+    if cpu and not case.backward:
+        checks = [
+            (f">={TARGET_VS_HF_EAGER:g}x eager", case.speedup("hf-eager") >= TARGET_VS_HF_EAGER),
+            (
+                f">={TARGET_VS_HF_COMPILE:g}x compile",
+                case.speedup("hf-compile") >= TARGET_VS_HF_COMPILE,
+            ),
+            (f"in-place >={TARGET_INPLACE_FRACTION:g} copy", inplace >= TARGET_INPLACE_FRACTION),
+        ]
+    targets = "; ".join(f"{n} {'met' if ok else 'MISSED'}" for n, ok in checks) or "-"
+    return [
+        case.shape.label,
+        dtype_name(case.dtype),
+        f"{case.fraction_of_copy('posenc'):.2f}",
+        "-" if math.isnan(inplace) else f"{inplace:.2f}",
+        ratio("hf-eager"),
+        ratio("hf-compile"),
+        ratio("rotary-embedding-torch"),
+        ratio("flash-attn"),
+        ratio("liger"),
+        targets,
+    ]

@@ -1,0 +1,239 @@
+"""The native CPU rotary kernel (``csrc/rope_cpu.c``): build at first use, load, launch.
+
+The C source has no torch headers, so it compiles in about a second with the system C compiler
+(``$CC``, else ``cc``/``gcc``/``clang``) into ``$POSENC_CACHE_DIR`` (default
+``~/.cache/posenc``), keyed by a hash of the source, the flags and the CPU's feature flags
+(``-march=native`` code must not run on another CPU). It links OpenMP by soname, so inside a
+torch process it shares torch's OpenMP runtime and thread count. When no compiler works, or
+``POSENC_DISABLE_CPU_KERNEL=1``, :func:`cpu_kernel_status` says why and the dispatcher uses the
+pure-PyTorch path.
+
+Shapes: ``b`` batch, ``h`` heads, ``s`` sequence length, ``d`` head_dim, ``r`` rotary_dim.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "rope_cpu.c"
+CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+# Tried in order; the first that compiles wins (the later ones for compilers without
+# -march=native or OpenMP: slower, still correct).
+_FLAG_SETS = (
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-fopenmp"),
+    ("-O3", "-march=native"),
+    ("-O3",),
+)
+# No FMA contraction: x*c - y*s is then rounded as PyTorch's eager ops and transformers round it
+# (two products, one difference), so float32 results are bit-identical to theirs. An FMA would
+# save one instruction per element in a loop bound by memory anyway.
+_COMMON_FLAGS = ("-std=gnu11", "-ffp-contract=off", "-shared", "-fPIC")
+
+
+class _Args(ctypes.Structure):
+    """Mirror of ``posenc_rope_args`` in ``csrc/rope_cpu.c`` (checked against its size)."""
+
+    _fields_ = [
+        ("x", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("pos", ctypes.c_void_p),
+        *[
+            (name, ctypes.c_int64)
+            for name in (
+                "B", "H", "S", "xsb", "xsh", "xss", "osb", "osh", "oss",
+                "csb", "css", "ssb", "sss", "psb", "half", "tail", "interleaved", "conj",
+                "nthreads",
+            )
+        ],
+    ]  # fmt: skip
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_status: str | None = None  # None: not tried yet; "" loaded; otherwise why not
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("POSENC_CACHE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "posenc"
+
+
+def _cpu_fingerprint() -> str:
+    """What ``-march=native`` depends on: the machine and its CPU feature flags."""
+    parts = [platform.machine(), platform.processor()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features", "model name")):
+                    parts.append(line.strip())
+                    if len(parts) > 4:
+                        break
+    except OSError:
+        pass
+    return "\n".join(parts)
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("POSENC_DISABLE_CPU_KERNEL", "") not in ("", "0"):
+        return None, "disabled by POSENC_DISABLE_CPU_KERNEL"
+    cc = _compiler()
+    if cc is None:
+        return None, "no C compiler found (set CC, or install gcc/clang)"
+    source = SOURCE.read_bytes()
+    out_dir = _cache_dir() / "kernels"
+    errors = []
+    for flags in _FLAG_SETS:
+        parts = [source, cc.encode(), " ".join(flags + _COMMON_FLAGS).encode()]
+        key = hashlib.sha256(b"\0".join([*parts, _cpu_fingerprint().encode()])).hexdigest()[:16]
+        path = out_dir / f"rope_cpu_{key}.so"
+        if not path.exists():
+            try:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                # Build under a unique name and rename: concurrent processes (pytest -n) may
+                # build at once, and a half-written .so must never be loaded.
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+                os.close(fd)
+                cmd = [cc, *flags, *_COMMON_FLAGS, str(SOURCE), "-o", tmp]
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                if res.returncode != 0:
+                    os.unlink(tmp)
+                    errors.append(f"{' '.join(cmd)}: {res.stderr.strip()[-300:]}")
+                    continue
+                os.replace(tmp, path)
+            except (OSError, subprocess.SubprocessError) as e:
+                errors.append(f"{cc} {' '.join(flags)}: {e}")
+                continue
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            errors.append(f"loading {path}: {e}")
+            continue
+        lib.posenc_rope_args_size.restype = ctypes.c_int64
+        if lib.posenc_rope_args_size() != ctypes.sizeof(_Args):
+            return None, f"{path}: argument struct size mismatch (stale cache? delete it)"
+        for fn in (lib.posenc_rope_f32, lib.posenc_rope_bf16):
+            fn.argtypes = [ctypes.POINTER(_Args)]
+            fn.restype = ctypes.c_int
+        return lib, ""
+    return None, "could not build the CPU rotary kernel: " + " | ".join(errors)
+
+
+def cpu_kernel_status() -> str:
+    """``""`` when the native kernel is loaded (building it on the first call), else why not."""
+    global _lib, _status
+    if _status is None:
+        with _lock:
+            if _status is None:
+                _lib, _status = _build()
+    return _status
+
+
+def _check_tensor(name: str, t: torch.Tensor) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU for the CPU kernel, got {t.device}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be 4-D [b, h, s, d], got shape {tuple(t.shape)}")
+    if t.dtype not in CPU_KERNEL_DTYPES:
+        raise TypeError(f"{name} must be float32 or bfloat16 for the CPU kernel, got {t.dtype}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a unit stride on head_dim, got strides {t.stride()}")
+
+
+def rope_cpu(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor | None,
+    rotary_dim: int,
+    interleaved: bool,
+    conj: bool,
+) -> None:
+    """Write the rotation of ``x`` into ``out`` (``out`` may be ``x``: in place).
+
+    Shapes: ``x``, ``out [b, h, s, d]`` (strides free but a unit stride on ``d``); ``cos``,
+    ``sin [bt, n, r/2]`` float32, ``bt`` 1 or ``b``; ``positions [bp, s]`` int64 (``bp`` 1 or
+    ``b``) with values in ``[0, n)``, or None for row ``i`` = position ``i`` (then ``n >= s``).
+    """
+    status = cpu_kernel_status()
+    if status:
+        raise RuntimeError(f"the CPU rotary kernel is unavailable: {status}")
+    assert _lib is not None
+    _check_tensor("x", x)
+    _check_tensor("out", out)
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"out must match x, got {tuple(out.shape)} {out.dtype} for {x.dtype}")
+    b, h, s, d = x.shape
+    if rotary_dim % 2 or not 0 < rotary_dim <= d:
+        raise ValueError(f"rotary_dim must be even and in [2, {d}], got {rotary_dim}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dtype != torch.float32 or t.dim() != 3 or t.shape[-1] != rotary_dim // 2:
+            raise ValueError(
+                f"{name} must be float32 [1 or b, n, r/2={rotary_dim // 2}], got "
+                f"{t.dtype} {tuple(t.shape)}"
+            )
+        if t.shape[0] not in (1, b) or t.stride(-1) != 1 or t.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU table with batch 1 or {b} and unit last stride")
+    if positions is not None:
+        if positions.dtype != torch.int64 or positions.dim() != 2 or positions.shape[1] != s:
+            raise ValueError(f"positions must be int64 [1 or b, s={s}], got {positions.dtype}")
+        if positions.shape[0] not in (1, b) or positions.stride(-1) != 1:
+            raise ValueError("positions must have batch 1 or b and a unit last stride")
+    elif cos.shape[1] < s or sin.shape[1] < s:
+        raise ValueError(f"without positions the tables need >= s={s} rows, got {cos.shape[1]}")
+    if x.numel() == 0:
+        return
+    args = _Args(
+        x=x.data_ptr(),
+        out=out.data_ptr(),
+        cos=cos.data_ptr(),
+        sin=sin.data_ptr(),
+        pos=positions.data_ptr() if positions is not None else None,
+        B=b,
+        H=h,
+        S=s,
+        xsb=x.stride(0),
+        xsh=x.stride(1),
+        xss=x.stride(2),
+        osb=out.stride(0),
+        osh=out.stride(1),
+        oss=out.stride(2),
+        # A shared (batch-1) table or position row is read with batch stride 0.
+        csb=cos.stride(0) if cos.shape[0] > 1 else 0,
+        css=cos.stride(1),
+        ssb=sin.stride(0) if sin.shape[0] > 1 else 0,
+        sss=sin.stride(1),
+        psb=positions.stride(0) if positions is not None and positions.shape[0] > 1 else 0,
+        half=rotary_dim // 2,
+        tail=d - rotary_dim,
+        interleaved=int(interleaved),
+        conj=int(conj),
+        nthreads=torch.get_num_threads(),
+    )
+    fn = _lib.posenc_rope_bf16 if x.dtype == torch.bfloat16 else _lib.posenc_rope_f32
+    if fn(ctypes.byref(args)) != 0:
+        raise MemoryError("the CPU rotary kernel could not allocate its table scratch")

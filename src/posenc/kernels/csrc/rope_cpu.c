@@ -1,0 +1,368 @@
+/* Fused rotary position embedding for CPU: one pass over x, float32 math.
+ *
+ * Compiled at first use by posenc/kernels/cpu_rope.py (cc -O3 -march=native -fopenmp) and
+ * called through ctypes. Plain C with no torch headers, so the build takes about a second. The
+ * inner loops use GCC/Clang vector extensions (16 float32 lanes): AVX-512 or 2 x AVX2 on x86,
+ * 4 x NEON on arm, whatever -march gives, from one source.
+ *
+ * Shapes: x, out [B, H, S, d] with any element strides except a unit stride on d; tables cos,
+ * sin [Bt, n, r/2] (float32, unit stride on the last dim; batch stride 0 when shared); optional
+ * positions [Bp, S] (int64) giving the table row of each position, else row = s.
+ *
+ * Layouts (pairs rotated together): half (x[i], x[i + r/2]); interleaved (x[2i], x[2i + 1]).
+ * Dims r..d-1 are copied through when out != x and left alone in place.
+ *
+ * Why float32 math: bf16 keeps 8 significant bits; computing x*cos - y*sin in bf16 rounds three
+ * times. Here the only bf16 rounding is the final store (round to nearest even, as torch does).
+ *
+ * No FMA contraction (-ffp-contract=off): x*c - y*s is rounded as PyTorch's eager ops round it,
+ * so float32 results equal transformers' apply_rotary_pos_emb bit for bit.
+ *
+ * Work split: tiles of positions of one batch row go to the threads. A tile's cos/sin rows are
+ * laid out once, in the order the layout consumes them (with the sign of sin folded in), into a
+ * per-thread scratch that stays in L1 while every head of the tile is rotated. Both elements of
+ * a pair are loaded before either is stored, so in place (out == x) is safe. The loop is bound
+ * by memory: the next run of rows is prefetched, and large out-of-place outputs are written
+ * with streaming stores.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef uint16_t bf16_t;
+typedef float vf __attribute__((vector_size(64)));    /* 16 x float32 */
+typedef uint32_t vu __attribute__((vector_size(64)));  /* 16 x uint32 */
+typedef int32_t vi __attribute__((vector_size(64)));   /* 16 x int32 (comparison masks) */
+typedef uint16_t vh __attribute__((vector_size(32)));  /* 16 x bf16 bits */
+#define LANES 16
+
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SWAP_PAIRS(v) __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14)
+#else
+#define SWAP_PAIRS(v) __builtin_shuffle(v, (vi){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14})
+#endif
+
+typedef struct {
+    const void *x;
+    void *out;
+    const float *cos;
+    const float *sin;
+    const int64_t *pos; /* NULL: the table row of position s is s */
+    int64_t B, H, S;
+    int64_t xsb, xsh, xss; /* element strides of x over b, h, s */
+    int64_t osb, osh, oss; /* element strides of out */
+    int64_t csb, css;      /* element strides of cos over its batch and row dims */
+    int64_t ssb, sss;      /* element strides of sin */
+    int64_t psb;           /* element stride of pos over its batch dim (0 when shared) */
+    int64_t half;          /* r/2: pairs rotated per row */
+    int64_t tail;          /* d - r: dims passed through */
+    int64_t interleaved;   /* 0: half layout, 1: interleaved */
+    int64_t conj;          /* 1: rotate by -angle (the backward) */
+    int64_t nthreads;
+} posenc_rope_args;
+
+/* --- scalar and vector loads/stores, float32 and bf16 ------------------------------------- */
+
+static inline float bf16_to_f32(bf16_t v) {
+    uint32_t u = (uint32_t)v << 16; /* bf16 is the top half of a float32 */
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline bf16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if (f != f) return (bf16_t)0x7FC0; /* NaN stays NaN (torch's canonical one) */
+    u += 0x7FFFu + ((u >> 16) & 1u);  /* round to nearest, ties to even */
+    return (bf16_t)(u >> 16);
+}
+
+static inline float f32_load1(const float *p) { return *p; }
+static inline void f32_store1(float *p, float v) { *p = v; }
+static inline float bf16_load1(const bf16_t *p) { return bf16_to_f32(*p); }
+static inline void bf16_store1(bf16_t *p, float v) { *p = f32_to_bf16(v); }
+
+static inline vf f32_load(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void f32_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+/* The generic conversions below compile to lane shuffles on AVX-512; these are one widening
+ * move and one narrowing move. Same rounding (nearest even) and NaN as the generic code. */
+static inline vf bf16_load(const bf16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return (vf)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* With AVX512-BF16, one instruction: round to nearest even like torch, except that float32
+ * denormals (below 1.2e-38) are flushed to zero and NaN payloads are kept. */
+static inline void bf16_store(bf16_t *p, vf f) {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh((__m512)f));
+#else
+    const __m512i u = _mm512_castps_si512((__m512)f);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+    r = _mm512_srli_epi32(r, 16); /* round to nearest even */
+    const __mmask16 nan = _mm512_cmp_ps_mask((__m512)f, (__m512)f, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+#endif
+}
+
+/* Non-temporal (streaming) stores for large out-of-place outputs: they skip the read of each
+ * destination line that a normal store first does (read for ownership), so writing costs one
+ * transfer instead of two, like memcpy. Need 64-byte (f32) / 32-byte (bf16) aligned addresses. */
+#define HAVE_STREAM 1
+static inline void f32_stream(float *p, vf v) { _mm512_stream_ps(p, (__m512)v); }
+
+static inline void bf16_stream(bf16_t *p, vf f) {
+#if defined(__AVX512BF16__)
+    _mm256_stream_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh((__m512)f));
+#else
+    bf16_t tmp[LANES] __attribute__((aligned(32)));
+    bf16_store(tmp, f);
+    _mm256_stream_si256((__m256i *)p, _mm256_load_si256((const __m256i *)tmp));
+#endif
+}
+#else
+#define HAVE_STREAM 0
+static inline vf bf16_load(const bf16_t *p) {
+    vh h;
+    memcpy(&h, p, sizeof h);
+    vu u = __builtin_convertvector(h, vu) << 16;
+    return (vf)u;
+}
+
+static inline void bf16_store(bf16_t *p, vf f) {
+    vu u = (vu)f;
+    vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16; /* round to nearest even */
+    vu nan = (vu)(f != f);                         /* all ones where NaN */
+    r = (r & ~nan) | (0x7FC0u & nan);
+    vh h = __builtin_convertvector(r, vh);
+    memcpy(p, &h, sizeof h);
+}
+#endif
+
+#if !HAVE_STREAM
+static inline void f32_stream(float *p, vf v) { f32_store(p, v); }
+static inline void bf16_stream(bf16_t *p, vf f) { bf16_store(p, f); }
+#endif
+
+/* --- one row -------------------------------------------------------------------------------- */
+
+/* half layout: pairs (x[i], x[i + h]); c, s hold the h angles (s signed for conj). */
+#define DEFINE_ROW_HALF(NAME, T, VLOAD, VSTORE, LOAD1, STORE1)                           \
+    static inline void NAME(const T *x, T *o, const float *c, const float *s, int64_t h) { \
+        int64_t i = 0;                                                                   \
+        for (; i + LANES <= h; i += LANES) {                                             \
+            const vf a = VLOAD(x + i), b = VLOAD(x + h + i);                             \
+            const vf cc = f32_load(c + i), ss = f32_load(s + i);                         \
+            VSTORE(o + i, a * cc - b * ss);                                              \
+            VSTORE(o + h + i, b * cc + a * ss);                                          \
+        }                                                                                \
+        for (; i < h; ++i) {                                                             \
+            const float a = LOAD1(x + i), b = LOAD1(x + h + i);                          \
+            STORE1(o + i, a * c[i] - b * s[i]);                                          \
+            STORE1(o + h + i, b * c[i] + a * s[i]);                                      \
+        }                                                                                \
+    }
+
+/* interleaved layout: pairs (x[2i], x[2i + 1]); c = [c0 c0 c1 c1 ..], s = [-s0 s0 -s1 s1 ..]
+ * (r entries), so out = x * c + swap_pairs(x) * s: [x0 x1] -> [x0 c0 - x1 s0, x1 c0 + x0 s0]. */
+#define DEFINE_ROW_INTERLEAVED(NAME, T, VLOAD, VSTORE, LOAD1, STORE1)                    \
+    static inline void NAME(const T *x, T *o, const float *c, const float *s, int64_t h) { \
+        const int64_t r = 2 * h;                                                         \
+        int64_t j = 0;                                                                   \
+        for (; j + LANES <= r; j += LANES) {                                             \
+            const vf v = VLOAD(x + j);                                                   \
+            const vf p = SWAP_PAIRS(v);                                                  \
+            VSTORE(o + j, v * f32_load(c + j) + p * f32_load(s + j));                    \
+        }                                                                                \
+        for (; j < r; j += 2) {                                                          \
+            const float a = LOAD1(x + j), b = LOAD1(x + j + 1);                          \
+            STORE1(o + j, a * c[j] + b * s[j]);                                          \
+            STORE1(o + j + 1, b * c[j + 1] + a * s[j + 1]);                              \
+        }                                                                                \
+    }
+
+DEFINE_ROW_HALF(row_half_f32, float, f32_load, f32_store, f32_load1, f32_store1)
+DEFINE_ROW_HALF(row_half_bf16, bf16_t, bf16_load, bf16_store, bf16_load1, bf16_store1)
+DEFINE_ROW_INTERLEAVED(row_inter_f32, float, f32_load, f32_store, f32_load1, f32_store1)
+DEFINE_ROW_INTERLEAVED(row_inter_bf16, bf16_t, bf16_load, bf16_store, bf16_load1, bf16_store1)
+DEFINE_ROW_HALF(row_half_f32_nt, float, f32_load, f32_stream, f32_load1, f32_store1)
+DEFINE_ROW_HALF(row_half_bf16_nt, bf16_t, bf16_load, bf16_stream, bf16_load1, bf16_store1)
+DEFINE_ROW_INTERLEAVED(row_inter_f32_nt, float, f32_load, f32_stream, f32_load1, f32_store1)
+DEFINE_ROW_INTERLEAVED(row_inter_bf16_nt, bf16_t, bf16_load, bf16_stream, bf16_load1, bf16_store1)
+
+/* --- the tensor ----------------------------------------------------------------------------- */
+
+/* Bytes of one head's rows per tile (at most 256 positions): 8 KiB is 32 bf16 rows of d = 128.
+ * The tile's cos + sin rows (8 bytes per pair) are then at most 32 KiB and stay in L1 while
+ * every head of the tile is rotated with them. */
+#ifndef TILE_BYTES
+#define TILE_BYTES 8192
+#endif
+
+/* Lay out the tile's table rows for the layout: per position r floats of cos and of sin. */
+static void fill_tables(const posenc_rope_args *a, int64_t b, int64_t s0, int64_t s1, float *ct,
+                        float *st) {
+    const int64_t h = a->half, r = 2 * h;
+    const float sign = a->conj ? -1.0f : 1.0f;
+    for (int64_t s = s0; s < s1; ++s) {
+        const int64_t row = a->pos ? a->pos[b * a->psb + s] : s;
+        const float *c = a->cos + b * a->csb + row * a->css;
+        const float *sn = a->sin + b * a->ssb + row * a->sss;
+        float *cr = ct + (s - s0) * r, *sr = st + (s - s0) * r;
+        if (a->interleaved) {
+            for (int64_t i = 0; i < h; ++i) {
+                cr[2 * i] = cr[2 * i + 1] = c[i];
+                sr[2 * i] = -sign * sn[i];
+                sr[2 * i + 1] = sign * sn[i];
+            }
+        } else {
+            for (int64_t i = 0; i < h; ++i) {
+                cr[i] = c[i];
+                sr[i] = sign * sn[i];
+            }
+        }
+    }
+}
+
+static inline void prefetch_row(const void *p, int64_t nbytes) {
+    for (int64_t off = 0; off < nbytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 3);
+}
+
+/* Rotate every head of positions s0..s1-1 of batch row b with the tile's tables ct, st. */
+#define TILE_LOOPS(T, ROW, HALF)                                                                \
+    if (a->xsh > a->xss) {                                                                      \
+        /* [b, h, s, d]: a head's rows are one run of memory. Runs start cold (the hardware     \
+         * prefetcher catches up only after the first lines of each), so the next run is        \
+         * prefetched while this one is rotated: the next head's rows, and after the last head  \
+         * the first head's rows of the next tile (this thread's next tile under a static       \
+         * schedule). */                                                                        \
+        for (int64_t hh = 0; hh < a->H; ++hh) {                                                 \
+            const T *xr = x + hh * a->xsh;                                                      \
+            T *orow = out + hh * a->osh;                                                        \
+            const int last = hh + 1 == a->H;                                                    \
+            const T *pf = last ? x + n * a->xss : xr + a->xsh;                                  \
+            const int64_t pf_rows = last ? (next_rows < n ? next_rows : n) : n;                 \
+            for (int64_t i = 0; i < n; ++i, xr += a->xss, orow += a->oss, pf += a->xss) {       \
+                if (i < pf_rows) prefetch_row(pf, row_bytes);                                   \
+                ROW(xr, orow, ct + i * 2 * (HALF), st + i * 2 * (HALF), (HALF));                \
+                if (tail) memcpy(orow + 2 * (HALF), xr + 2 * (HALF), tail * sizeof(T));         \
+            }                                                                                   \
+        }                                                                                       \
+    } else {                                                                                    \
+        /* [b, s, h, d]: the tile is one run; walk it in memory order. */                       \
+        for (int64_t i = 0; i < n; ++i) {                                                       \
+            const T *xr = x + i * a->xss;                                                       \
+            T *orow = out + i * a->oss;                                                         \
+            for (int64_t hh = 0; hh < a->H; ++hh, xr += a->xsh, orow += a->osh) {               \
+                ROW(xr, orow, ct + i * 2 * (HALF), st + i * 2 * (HALF), (HALF));                \
+                if (tail) memcpy(orow + 2 * (HALF), xr + 2 * (HALF), tail * sizeof(T));         \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+/* The common head sizes get their own copy of the loops with r/2 a constant, so that the row's
+ * vector loop is unrolled and the per-row overhead is a few instructions. */
+#define DEFINE_TILE(NAME, T, ROW)                                                               \
+    static void NAME(const posenc_rope_args *a, int64_t b, int64_t s0, int64_t s1,             \
+                     const float *ct, const float *st) {                                        \
+        const T *x = (const T *)a->x + b * a->xsb + s0 * a->xss;                                \
+        T *out = (T *)a->out + b * a->osb + s0 * a->oss;                                        \
+        const int64_t h = a->half, n = s1 - s0, next_rows = a->S - s1;                         \
+        const int64_t tail = a->x != a->out ? a->tail : 0; /* in place: tail stays as is */    \
+        const int64_t row_bytes = (2 * h + a->tail) * (int64_t)sizeof(T);                      \
+        switch (h) {                                                                            \
+            case 32: TILE_LOOPS(T, ROW, 32) break;                                              \
+            case 64: TILE_LOOPS(T, ROW, 64) break;                                              \
+            default: TILE_LOOPS(T, ROW, h) break;                                               \
+        }                                                                                       \
+    }
+
+DEFINE_TILE(tile_half_f32, float, row_half_f32)
+DEFINE_TILE(tile_half_bf16, bf16_t, row_half_bf16)
+DEFINE_TILE(tile_inter_f32, float, row_inter_f32)
+DEFINE_TILE(tile_inter_bf16, bf16_t, row_inter_bf16)
+DEFINE_TILE(tile_half_f32_nt, float, row_half_f32_nt)
+DEFINE_TILE(tile_half_bf16_nt, bf16_t, row_half_bf16_nt)
+DEFINE_TILE(tile_inter_f32_nt, float, row_inter_f32_nt)
+DEFINE_TILE(tile_inter_bf16_nt, bf16_t, row_inter_bf16_nt)
+
+typedef void (*tile_fn)(const posenc_rope_args *, int64_t, int64_t, int64_t, const float *,
+                        const float *);
+
+/* Tiles of tile_s positions of one batch row are shared among the threads. */
+static int run(const posenc_rope_args *a, tile_fn tile, int64_t elem_size) {
+    const int64_t r = 2 * a->half;
+    const int64_t row_bytes = (r + a->tail) * elem_size;
+    int64_t tile_s = TILE_BYTES / (row_bytes > 0 ? row_bytes : 1);
+    tile_s = tile_s < 1 ? 1 : tile_s > 256 ? 256 : tile_s;
+    const int64_t tiles = (a->S + tile_s - 1) / tile_s;
+    const int64_t bytes = a->B * a->H * a->S * row_bytes;
+    const int nthreads = a->nthreads > 0 ? (int)a->nthreads : 1;
+    int failed = 0;
+    (void)nthreads, (void)bytes;
+    /* Below ~64 KiB a parallel region costs more than it saves. */
+#pragma omp parallel num_threads(nthreads) if (bytes > 65536) reduction(| : failed)
+    {
+        float *ct = (float *)malloc(sizeof(float) * 2 * tile_s * (r > 0 ? r : 1));
+        float *st = ct + tile_s * r;
+        if (!ct) failed = 1;
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t b = 0; b < a->B; ++b) {
+            for (int64_t t = 0; t < tiles; ++t) {
+                if (!ct) continue;
+                const int64_t s0 = t * tile_s;
+                const int64_t s1 = s0 + tile_s < a->S ? s0 + tile_s : a->S;
+                fill_tables(a, b, s0, s1, ct, st);
+                tile(a, b, s0, s1, ct, st);
+            }
+        }
+        free(ct);
+#if HAVE_STREAM
+        _mm_sfence(); /* order the streaming stores before the caller reads out */
+#endif
+    }
+    return failed ? -1 : 0;
+}
+
+/* Streaming stores pay off out of place on outputs too large to stay in cache, and apply when
+ * every vector store is aligned: the output, its row strides and the half-row offset. */
+#ifndef STREAM_MIN_BYTES
+#define STREAM_MIN_BYTES (4 << 20)
+#endif
+
+static int use_stream(const posenc_rope_args *a, int64_t elem_size) {
+    const int64_t align = elem_size == 4 ? 64 : 32, r = 2 * a->half;
+    const int64_t bytes = a->B * a->H * a->S * (r + a->tail) * elem_size;
+    if (!HAVE_STREAM || a->x == a->out || bytes < STREAM_MIN_BYTES) return 0;
+    if ((uintptr_t)a->out % align) return 0;
+    if (((a->half % LANES) * elem_size) % align) return 0;
+    return (a->osb * elem_size) % align == 0 && (a->osh * elem_size) % align == 0 &&
+           (a->oss * elem_size) % align == 0;
+}
+
+int posenc_rope_f32(const posenc_rope_args *a) {
+    const int nt = use_stream(a, sizeof(float));
+    tile_fn tile = a->interleaved ? (nt ? tile_inter_f32_nt : tile_inter_f32)
+                                  : (nt ? tile_half_f32_nt : tile_half_f32);
+    return run(a, tile, sizeof(float));
+}
+
+int posenc_rope_bf16(const posenc_rope_args *a) {
+    const int nt = use_stream(a, sizeof(bf16_t));
+    tile_fn tile = a->interleaved ? (nt ? tile_inter_bf16_nt : tile_inter_bf16)
+                                  : (nt ? tile_half_bf16_nt : tile_half_bf16);
+    return run(a, tile, sizeof(bf16_t));
+}
+
+/* Lets the loader check that the struct it fills has the layout compiled here. */
+int64_t posenc_rope_args_size(void) { return (int64_t)sizeof(posenc_rope_args); }

@@ -1,0 +1,614 @@
+"""Fused rotary embedding of q and k: checks, the ``torch.library`` ops, autograd, dispatch.
+
+:func:`rope_qk` is the entry point. It turns every accepted input form into one canonical form
+(``q [b, h, s, d]`` views, float32 tables ``[1 or b, n, r/2]``, int positions ``[1 or b, s]``)
+and runs it through one of:
+
+* ``"triton"``: :mod:`posenc.kernels.triton_rope`, q and k in one launch (CUDA/XPU tensors; CPU
+  tensors under ``TRITON_INTERPRET=1``, for tests).
+* ``"cpu"``: the native kernel of :mod:`posenc.kernels.cpu_rope` (float32 and bfloat16).
+* ``"torch"``: :func:`posenc.kernels.reference.rope_qk_reference`, pure PyTorch.
+
+``backend="auto"`` picks triton for GPU tensors, the native kernel for CPU tensors, and torch
+whenever the chosen kernel does not apply (dtype, no compiler, no triton, cos/sin that need
+gradients). The kernels run inside the custom ops ``posenc::rope_qk`` (out of place, with
+autograd) and ``posenc::rope_qk_`` (in place), so ``torch.compile(fullgraph=True)`` keeps them
+in the graph as single calls.
+
+Shapes: ``b`` batch, ``h`` query heads, ``hk`` key heads, ``s`` query length, ``t`` key length,
+``d`` head_dim, ``r`` rotary_dim, ``n`` table rows, ``total`` packed tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+from .cpu_rope import CPU_KERNEL_DTYPES, cpu_kernel_status, rope_cpu
+from .reference import ROPE_LAYOUTS, rope_qk_reference
+
+ROPE_BACKENDS = ("auto", "triton", "cpu", "torch")
+SEQ_LAYOUTS = ("bhsd", "bshd")
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+F = TypeVar("F", bound=Callable[..., object])
+
+
+@functools.lru_cache(maxsize=1)
+def triton_status() -> str:
+    """``""`` when triton imports (the kernel module with it), else why not."""
+    try:
+        from . import triton_rope  # noqa: F401
+    except Exception as e:  # ImportError, or a triton that fails at import on this platform
+        return f"triton is not importable ({type(e).__name__}: {e})"
+    return ""
+
+
+def _constant_under_compile(fn: F) -> F:
+    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo`` when posenc
+    is imported (that import alone takes about a second): the decorator only sets this mark,
+    which Dynamo reads when it meets the function (checked by the tests)."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+# Constant for the life of the process: torch.compile calls these once and keeps the result
+# instead of tracing them (building or loading the CPU kernel runs a compiler and ctypes).
+@_constant_under_compile
+def _cpu_ready() -> bool:
+    return cpu_kernel_status() == ""
+
+
+@_constant_under_compile
+def _triton_ready() -> bool:
+    return triton_status() == ""
+
+
+@_constant_under_compile
+def _triton_interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """The backends that can run on ``device`` here, fastest first (``"torch"`` always last)."""
+    dev = torch.device(device)
+    out = []
+    if _triton_ready() and (
+        dev.type in ("cuda", "xpu") or (dev.type == "cpu" and _triton_interpret())
+    ):
+        out.append("triton")
+    if dev.type == "cpu" and _cpu_ready():
+        out.append("cpu")
+    return [*out, "torch"]
+
+
+def _why_not(backend: str, x: torch.Tensor, tables: tuple[torch.Tensor, ...]) -> str:
+    """Why ``backend`` cannot run this call ("" when it can)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tables):
+        return "cos/sin require grad and the fused kernels give no gradient for them"
+    other = [t.dtype for t in tables if t.dtype != torch.float32]
+    if other:
+        return f"the fused kernels take float32 cos/sin, got {other[0]}"
+    if backend == "triton":
+        if not _triton_ready():
+            return triton_status()
+        if not (
+            x.device.type in ("cuda", "xpu") or (x.device.type == "cpu" and _triton_interpret())
+        ):
+            return (
+                f"the Triton kernel needs CUDA/XPU tensors (or TRITON_INTERPRET=1), got {x.device}"
+            )
+        if x.dtype not in TRITON_DTYPES:
+            return f"the Triton kernel takes float32, float16 or bfloat16, got {x.dtype}"
+    elif backend == "cpu":
+        if x.device.type != "cpu":
+            return f"the CPU kernel needs CPU tensors, got {x.device}"
+        if x.dtype not in CPU_KERNEL_DTYPES:
+            return f"the CPU kernel takes float32 or bfloat16, got {x.dtype}"
+        if not _cpu_ready():
+            return cpu_kernel_status()
+    return ""
+
+
+def select_backend(backend: str, x: torch.Tensor, tables: tuple[torch.Tensor, ...]) -> str:
+    """The backend that runs: ``backend`` itself (ValueError if it cannot) or auto's choice."""
+    if backend not in ROPE_BACKENDS:
+        raise ValueError(f"backend must be one of {ROPE_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return "torch"
+    if backend != "auto":
+        reason = _why_not(backend, x, tables)
+        if reason:
+            raise ValueError(f"backend={backend!r} cannot run this call: {reason}")
+        return backend
+    for candidate in ("triton",) if x.device.type in ("cuda", "xpu") else ("cpu",):
+        if not _why_not(candidate, x, tables):
+            return candidate
+    return "torch"
+
+
+# --- the ops ------------------------------------------------------------------------------------
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with a unit stride on its last dim (the kernels' one layout requirement)."""
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _launch(
+    backend: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    cos_q: torch.Tensor,
+    sin_q: torch.Tensor,
+    cos_k: torch.Tensor,
+    sin_k: torch.Tensor,
+    positions_q: torch.Tensor | None,
+    positions_k: torch.Tensor | None,
+    rotary_dim: int,
+    interleaved: bool,
+    conj: bool,
+) -> None:
+    if backend == "triton":
+        from .triton_rope import rope_qk_triton
+
+        rope_qk_triton(
+            q, k, q_out, k_out, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k,
+            rotary_dim, interleaved, conj,
+        )  # fmt: skip
+    elif backend == "cpu":
+        # The native kernel reads int64 positions.
+        pq = None if positions_q is None else positions_q.to(torch.int64).contiguous()
+        pk = pq if positions_k is positions_q else None
+        if positions_k is not None and pk is None:
+            pk = positions_k.to(torch.int64).contiguous()
+        rope_cpu(q, q_out, cos_q, sin_q, pq, rotary_dim, interleaved, conj)
+        rope_cpu(k, k_out, cos_k, sin_k, pk, rotary_dim, interleaved, conj)
+    else:
+        raise ValueError(f"the rope ops run backend 'triton' or 'cpu', got {backend!r}")
+
+
+@torch.library.custom_op("posenc::rope_qk", mutates_args=())
+def _rope_qk_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_q: torch.Tensor,
+    sin_q: torch.Tensor,
+    cos_k: torch.Tensor,
+    sin_k: torch.Tensor,
+    positions_q: torch.Tensor | None,
+    positions_k: torch.Tensor | None,
+    rotary_dim: int,
+    interleaved: bool,
+    conj: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Out-of-place rotation of canonical q ``[b, h, s, d]`` and k ``[b, hk, t, d]``."""
+    q, k = _unit_last(q), _unit_last(k)
+    # empty_like keeps a dense input's stride order, so a [b, s, h, d] tensor seen through a
+    # transposed [b, h, s, d] view gets a [b, s, h, d]-contiguous output.
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _launch(
+        backend, q, k, q_out, k_out, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k,
+        rotary_dim, interleaved, conj,
+    )  # fmt: skip
+    return q_out, k_out
+
+
+@_rope_qk_op.register_fake
+def _rope_qk_fake(
+    q: torch.Tensor, k: torch.Tensor, *args: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k = _unit_last(q), _unit_last(k)
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _rope_qk_setup(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: object) -> None:
+    _, _, cos_q, sin_q, cos_k, sin_k, pos_q, pos_k, rotary_dim, interleaved, conj, backend = inputs
+    ctx.save_for_backward(cos_q, sin_q, cos_k, sin_k, pos_q, pos_k)  # type: ignore[attr-defined]
+    ctx.params = (rotary_dim, interleaved, conj, backend)  # type: ignore[attr-defined]
+
+
+def _rope_qk_backward(
+    ctx: torch.autograd.function.FunctionCtx,
+    grad_q: torch.Tensor | None,
+    grad_k: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, ...]:
+    # A rotation's Jacobian is the rotation, so grad_x = R(-theta) grad_out: the same kernel
+    # with the opposite angles. No gradient flows to cos/sin (the dispatcher routes tables that
+    # require grad to the torch path).
+    cos_q, sin_q, cos_k, sin_k, pos_q, pos_k = ctx.saved_tensors  # type: ignore[attr-defined]
+    rotary_dim, interleaved, conj, backend = ctx.params  # type: ignore[attr-defined]
+    gq, gk = grad_q, grad_k
+    if gq is None or gk is None:
+        raise RuntimeError("rope_qk backward needs both gradients")  # autograd passes zeros
+    gq, gk = _rope_qk_op(
+        gq, gk, cos_q, sin_q, cos_k, sin_k, pos_q, pos_k, rotary_dim, interleaved, not conj,
+        backend,
+    )  # fmt: skip
+    return (gq, gk) + (None,) * 10
+
+
+torch.library.register_autograd("posenc::rope_qk", _rope_qk_backward, setup_context=_rope_qk_setup)
+
+
+@torch.library.custom_op("posenc::rope_qk_", mutates_args=("q", "k"))
+def _rope_qk_inplace_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_q: torch.Tensor,
+    sin_q: torch.Tensor,
+    cos_k: torch.Tensor,
+    sin_k: torch.Tensor,
+    positions_q: torch.Tensor | None,
+    positions_k: torch.Tensor | None,
+    rotary_dim: int,
+    interleaved: bool,
+    conj: bool,
+    backend: str,
+) -> None:
+    """In-place rotation of canonical q and k (checked by :func:`rope_qk`)."""
+    _launch(
+        backend, q, k, q, k, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim,
+        interleaved, conj,
+    )  # fmt: skip
+
+
+@_rope_qk_inplace_op.register_fake
+def _rope_qk_inplace_fake(*args: object) -> None:
+    return None
+
+
+class _RopeQKInplace(torch.autograd.Function):
+    """Autograd for the in-place op (``torch.library`` ops that mutate take no autograd
+    formula): the forward rotates q and k in place and marks them dirty; the backward is the
+    out-of-place op with the opposite angles."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos_q: torch.Tensor,
+        sin_q: torch.Tensor,
+        cos_k: torch.Tensor,
+        sin_k: torch.Tensor,
+        positions_q: torch.Tensor | None,
+        positions_k: torch.Tensor | None,
+        rotary_dim: int,
+        interleaved: bool,
+        backend: str,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _rope_qk_inplace_op(
+            q, k, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, interleaved,
+            False, backend,
+        )  # fmt: skip
+        ctx.mark_dirty(q, k)
+        ctx.save_for_backward(cos_q, sin_q, cos_k, sin_k, positions_q, positions_k)  # type: ignore[arg-type]
+        ctx.params = (rotary_dim, interleaved, backend)  # type: ignore[attr-defined]
+        return q, k
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_q: torch.Tensor, grad_k: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        cos_q, sin_q, cos_k, sin_k, pos_q, pos_k = ctx.saved_tensors  # type: ignore[attr-defined]
+        rotary_dim, interleaved, backend = ctx.params  # type: ignore[attr-defined]
+        gq, gk = _rope_qk_op(
+            grad_q, grad_k, cos_q, sin_q, cos_k, sin_k, pos_q, pos_k, rotary_dim, interleaved,
+            True, backend,
+        )  # fmt: skip
+        return (gq, gk) + (None,) * 9
+
+
+# --- the entry point ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Canonical:
+    """Inputs in the one form the kernels take (see the module docstring)."""
+
+    q: torch.Tensor  # [b, h, s, d] view of the caller's q
+    k: torch.Tensor  # [b, hk, t, d]
+    cos_q: torch.Tensor  # [1 or b, n, r/2]
+    sin_q: torch.Tensor
+    cos_k: torch.Tensor  # [1 or b, n', r/2]
+    sin_k: torch.Tensor
+    positions_q: torch.Tensor | None  # [1 or b, s] rows of cos_q, or None for row i = position i
+    positions_k: torch.Tensor | None  # [1 or b, t]
+    rotary_dim: int
+
+
+def _as_table(name: str, t: torch.Tensor, half: int, b: int) -> torch.Tensor:
+    """A cos/sin table as ``[1 or b, n, r/2]``."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t))}"
+        )
+    if t.dim() == 2:
+        t = t.unsqueeze(0)  # [1, n, r/2]
+    if t.dim() != 3 or t.shape[-1] != half or t.shape[0] not in (1, b):
+        raise ValueError(
+            f"{name} must be [n, r/2] or [1 or b={b}, n, r/2] with r/2={half}, got {tuple(t.shape)}"
+        )
+    return _unit_last(t)
+
+
+def _as_positions(name: str, p: torch.Tensor, b: int, s: int) -> torch.Tensor:
+    """Positions as ``[1 or b, s]``."""
+    if not isinstance(p, torch.Tensor) or p.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            f"{name} must be an int32/int64 tensor of table rows, got "
+            f"{getattr(p, 'dtype', type(p))}; build positions with torch.arange(..., dtype=torch.long)"
+        )
+    if p.dim() == 1:
+        p = p.unsqueeze(0)  # [1, s]
+    if p.dim() != 2 or p.shape[1] != s or p.shape[0] not in (1, b):
+        raise ValueError(f"{name} must be [s={s}] or [1 or b={b}, s], got {tuple(p.shape)}")
+    return _unit_last(p)
+
+
+def _check_rows(name: str, p: torch.Tensor | None, seq: int, table: torch.Tensor) -> None:
+    """Every position indexes a row of its table (skipped under torch.compile: data-dependent)."""
+    n = table.shape[1]
+    if p is None:
+        if n != seq:
+            raise ValueError(
+                f"without {name}, the table rows are the positions 0..{seq - 1}: expected {seq} "
+                f"rows, got {n}; pass {name}= to index a longer table"
+            )
+        return
+    if torch.compiler.is_compiling() or p.numel() == 0:
+        return
+    lo, hi = int(p.min()), int(p.max())
+    if lo < 0 or hi >= n:
+        raise ValueError(f"{name} must index the table's {n} rows, got values in [{lo}, {hi}]")
+
+
+def _varlen_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """Position of each packed token inside its own sequence: ``[total]``.
+
+    ``cu_seqlens = [0, 3, 5]`` -> ``[0 1 2 0 1]``.
+    """
+    idx = torch.arange(total, device=cu_seqlens.device, dtype=cu_seqlens.dtype)  # [total]
+    seq = torch.searchsorted(cu_seqlens[1:], idx, right=True)  # [total] sequence of each token
+    return idx - cu_seqlens[seq]  # [total]
+
+
+def _canonicalize(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cos_k: torch.Tensor | None,
+    sin_k: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    positions_k: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    rotary_dim: int | None,
+    seq_layout: str,
+) -> _Canonical:
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(
+                f"{name} must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}"
+            )
+    if q.dtype != k.dtype or q.device != k.device:
+        raise TypeError(
+            f"q and k must share dtype and device, got {q.dtype}/{q.device} and {k.dtype}/{k.device}"
+        )
+    if seq_layout not in SEQ_LAYOUTS:
+        raise ValueError(f"seq_layout must be one of {SEQ_LAYOUTS}, got {seq_layout!r}")
+    if cu_seqlens is not None:
+        if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0]:
+            raise ValueError(
+                "with cu_seqlens, q and k must be packed [total, h, d] with the same total, got "
+                f"{tuple(q.shape)} and {tuple(k.shape)}"
+            )
+        if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
+            raise TypeError(f"cu_seqlens must be a 1-D int32/int64 tensor, got {cu_seqlens.dtype}")
+        total = q.shape[0]
+        if not torch.compiler.is_compiling() and (
+            cu_seqlens.numel() < 2
+            or int(cu_seqlens[0]) != 0
+            or int(cu_seqlens[-1]) != total
+            or bool((cu_seqlens[1:] < cu_seqlens[:-1]).any())
+        ):
+            raise ValueError(
+                f"cu_seqlens must rise from 0 to total={total} (one entry per sequence boundary), "
+                f"got {cu_seqlens.tolist()}"
+            )
+        q4 = q.unsqueeze(0).transpose(1, 2)  # [total, h, d] -> [1, h, total, d]
+        k4 = k.unsqueeze(0).transpose(1, 2)  # [1, hk, total, d]
+        if positions is None:
+            positions = _varlen_positions(cu_seqlens, total)  # [total]
+            if positions_k is None:
+                positions_k = positions
+    elif q.dim() != 4 or k.dim() != 4:
+        raise ValueError(
+            f"q and k must be 4-D ({seq_layout}) or packed [total, h, d] with cu_seqlens, got "
+            f"{tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    elif seq_layout == "bshd":
+        q4 = q.transpose(1, 2)  # [b, s, h, d] -> [b, h, s, d] view
+        k4 = k.transpose(1, 2)  # [b, hk, t, d]
+    else:
+        q4, k4 = q, k
+    b, _, s, d = q4.shape
+    if k4.shape[0] != b or k4.shape[3] != d:
+        raise ValueError(
+            f"q and k must agree on batch and head_dim, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    t = k4.shape[2]
+    if not isinstance(cos, torch.Tensor) or cos.dim() == 0:
+        raise TypeError(f"cos must be a tensor [n, r/2] or [b, n, r/2], got {type(cos).__name__}")
+    r = 2 * cos.shape[-1] if rotary_dim is None else rotary_dim
+    if isinstance(r, bool) or not isinstance(r, int) or r % 2 or not 0 < r <= d:
+        raise ValueError(f"rotary_dim must be an even integer in [2, head_dim={d}], got {r!r}")
+    half = r // 2
+    cos_q3, sin_q3 = _as_table("cos", cos, half, b), _as_table("sin", sin, half, b)
+    if (cos_k is None) != (sin_k is None):
+        raise ValueError("give both cos_k and sin_k, or neither")
+    if cos_k is None or sin_k is None:
+        cos_k3, sin_k3 = cos_q3, sin_q3
+    else:
+        cos_k3, sin_k3 = _as_table("cos_k", cos_k, half, b), _as_table("sin_k", sin_k, half, b)
+    if cos_q3.shape != sin_q3.shape or cos_k3.shape != sin_k3.shape:
+        raise ValueError(
+            f"cos and sin must have one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    pos_q = None if positions is None else _as_positions("positions", positions, b, s)
+    if positions_k is not None:
+        # The same object as q's (self-attention) lets the kernels share the loaded table rows.
+        same = positions_k is positions and cos_k is None
+        pos_k = pos_q if same else _as_positions("positions_k", positions_k, b, t)
+    elif cos_k is None:
+        pos_k = pos_q  # k shares q's table and rows: it must cover the same positions
+        if t != s:
+            raise ValueError(
+                f"k has {t} positions and q {s}: pass positions_k (rows of the shared table) or "
+                "cos_k/sin_k (k's own table)"
+            )
+    else:
+        pos_k = None  # k's own table, row i = position i
+    _check_rows("positions", pos_q, s, cos_q3)
+    if pos_k is not pos_q or cos_k3 is not cos_q3:
+        _check_rows("positions_k", pos_k, t, cos_k3)
+    return _Canonical(q4, k4, cos_q3, sin_q3, cos_k3, sin_k3, pos_q, pos_k, r)
+
+
+def _may_overlap(x: torch.Tensor) -> bool:
+    """Whether two indices of ``x`` may share memory. False is proof: with the dims sorted by
+    stride, each stride exceeds the span of the dims inside it (every dense or sliced tensor).
+    True is reported for stride-0 dims (``expand``) and for layouts that fail this test."""
+    span = 0  # elements spanned by the dims placed so far, minus one
+    dims = sorted((st, n) for n, st in zip(x.shape, x.stride(), strict=True) if n > 1)
+    for stride, size in dims:
+        if stride <= span:
+            return True
+        span += (size - 1) * stride
+    return False
+
+
+def _check_inplace(q: torch.Tensor, k: torch.Tensor) -> None:
+    """In place needs memory where each element of q and k is its own: a unit stride on
+    head_dim, no overlap inside a tensor (``expand``), and q and k not the same memory. (Slices
+    of one packed qkv tensor are fine; partially overlapping q and k are not detected.)"""
+    for name, x in (("q", q), ("k", k)):
+        if x.shape[-1] > 1 and x.stride(-1) != 1:
+            raise ValueError(
+                f"inplace=True needs {name} contiguous along head_dim (stride 1), got strides "
+                f"{tuple(x.stride())}; call .contiguous() first or use inplace=False"
+            )
+        if _may_overlap(x):
+            raise ValueError(
+                f"inplace=True needs {name} without overlapping memory (got strides "
+                f"{tuple(x.stride())}, e.g. from expand()); writing in place would rotate shared "
+                "elements more than once. Use inplace=False"
+            )
+    same = q is k or (
+        not torch.compiler.is_compiling()  # data pointers are not traceable
+        and q.numel() > 0
+        and k.numel() > 0
+        and q.data_ptr() == k.data_ptr()
+    )
+    if same:
+        raise ValueError(
+            "inplace=True needs q and k in separate memory, but they start at one address"
+        )
+
+
+def rope_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    cos_k: torch.Tensor | None = None,
+    sin_k: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    positions_k: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    seq_layout: str = "bhsd",
+    inplace: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys by their positions' angles (RoPE), in one fused pass.
+
+    Shapes:
+        q: ``[b, h, s, d]`` (``seq_layout="bhsd"``, SDPA's), ``[b, s, h, d]`` (``"bshd"``), or
+            packed ``[total, h, d]`` with ``cu_seqlens``.
+        k: the same form with ``hk`` heads (``h % hk`` need not be 0) and ``t`` positions.
+        cos, sin: float tables ``[n, r/2]`` or ``[1 or b, n, r/2]``; float32 for the kernels.
+            Without ``positions`` row ``i`` belongs to position ``i`` (``n == s``; for packed
+            input, ``i`` counts from each sequence's start). With ``positions``, the rows are
+            looked up: ``positions [s]`` or ``[b, s]`` (packed: ``[total]``).
+        cos_k, sin_k, positions_k: k's own table and rows, when k's positions differ from q's
+            (a KV cache); default q's.
+        cu_seqlens: ``[num_seqs + 1]`` int boundaries of packed sequences (``[0, 3, 5]``: tokens
+            0..2 and 3..4).
+
+    Args:
+        layout: ``"half"`` (NeoX/LLaMA: pairs ``(x[i], x[i + r/2])``) or ``"interleaved"``
+            (GPT-J: pairs ``(x[2i], x[2i + 1])``).
+        rotary_dim: ``r``, the rotated leading dims (default ``2 * cos.shape[-1]``); dims
+            ``r..d-1`` pass through.
+        inplace: write into ``q`` and ``k`` (they need a unit stride on ``d`` and no overlapping
+            memory) and return them; otherwise neither is modified.
+        backend: ``"auto"``, ``"triton"``, ``"cpu"`` or ``"torch"`` (module docstring).
+
+    Returns ``(q', k')`` in the input forms and dtype. The rotation is computed in float32.
+    """
+    if layout not in ROPE_LAYOUTS:
+        raise ValueError(f"layout must be one of {ROPE_LAYOUTS}, got {layout!r}")
+    c = _canonicalize(
+        q, k, cos, sin, cos_k, sin_k, positions, positions_k, cu_seqlens, rotary_dim, seq_layout
+    )
+    interleaved = layout == "interleaved"
+    tables = (c.cos_q, c.sin_q, c.cos_k, c.sin_k)
+    chosen = select_backend(backend, c.q, tables)
+    if inplace:
+        _check_inplace(q, k)
+
+    if chosen == "torch":
+        q_rot, k_rot = rope_qk_reference(
+            c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
+            c.rotary_dim, interleaved,
+        )  # fmt: skip
+        if inplace:
+            c.q.copy_(q_rot)
+            c.k.copy_(k_rot)
+            return q, k
+    elif inplace:
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+        if needs_grad:
+            _RopeQKInplace.apply(
+                c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
+                c.rotary_dim, interleaved, chosen,
+            )  # fmt: skip
+        else:
+            _rope_qk_inplace_op(
+                c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
+                c.rotary_dim, interleaved, False, chosen,
+            )  # fmt: skip
+        return q, k
+    else:
+        q_rot, k_rot = _rope_qk_op(
+            c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
+            c.rotary_dim, interleaved, False, chosen,
+        )  # fmt: skip
+
+    # Back to the caller's form (views, no copies).
+    if cu_seqlens is not None:
+        return q_rot.transpose(1, 2).squeeze(0), k_rot.transpose(1, 2).squeeze(0)  # [total, h, d]
+    if seq_layout == "bshd":
+        return q_rot.transpose(1, 2), k_rot.transpose(1, 2)  # [b, s, h, d]
+    return q_rot, k_rot
