@@ -134,7 +134,8 @@ class RotaryEmbedding(nn.Module):
             position (float32 angles drift by ``position * 6e-8`` rad: 0.06 at 1e6); float32
             reproduces transformers bit for bit (:func:`posenc.hf.rope_from_hf` selects it).
         cache_len: positions ``0 .. cache_len - 1`` are served from a cos/sin table (below).
-        backend: ``"auto"`` or ``"torch"``, passed to :func:`apply_rotary_qk`.
+        backend: ``"auto"`` (fused kernel where it applies), ``"torch"`` (reference), ``"triton"`` or
+            ``"cpu"`` (that kernel, or an error saying why not); see :func:`apply_rotary_qk`.
 
     Cache: cos/sin tables (float32, ``[cache_len, n]``) are built lazily, one per device and per
     frequency set (plain; LongRoPE short/long; dynamic NTK within the original length). They
