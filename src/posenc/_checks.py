@@ -13,6 +13,17 @@ def check_positive_int(name: str, value: object) -> int:
     return value
 
 
+def resolve_head_dim(dim: int, num_heads: int, head_dim: int | None) -> int:
+    """``head_dim`` if given, else ``dim // num_heads`` (which must divide evenly)."""
+    if head_dim is None:
+        if dim % num_heads:
+            raise ValueError(
+                f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim"
+            )
+        head_dim = dim // num_heads
+    return check_positive_int("head_dim", head_dim)
+
+
 def check_even(name: str, value: int, why: str) -> int:
     check_positive_int(name, value)
     if value % 2:

@@ -54,7 +54,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_choice, check_positions, check_positive_int, default_positions
+from ._checks import (
+    check_choice,
+    check_positions,
+    check_positive_int,
+    default_positions,
+    resolve_head_dim,
+)
 
 ENCODING_FAMILIES = ("none", "absolute", "rotary", "bias", "relative")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex", "explicit")
@@ -433,13 +439,7 @@ class Attention(nn.Module):
             raise ValueError(
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
-        if head_dim is None:
-            if dim % num_heads:
-                raise ValueError(
-                    f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim"
-                )
-            head_dim = dim // num_heads
-        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.head_dim = head_dim = resolve_head_dim(dim, num_heads, head_dim)
         if encoding is not None and not hasattr(encoding, "family"):
             raise TypeError(
                 f"encoding must be a posenc encoding with a 'family' attribute (one of "

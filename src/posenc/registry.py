@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from ._checks import resolve_head_dim
 from .attention import ENCODING_FAMILIES
 
 
@@ -112,12 +113,7 @@ def build(
         raise TypeError(
             f"unknown option(s) {unknown} for encoding {name!r}; allowed: {sorted(allowed) or 'none'}"
         )
-    if head_dim is None:
-        if dim % num_heads:
-            raise ValueError(
-                f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim"
-            )
-        head_dim = dim // num_heads
+    head_dim = resolve_head_dim(dim, num_heads, head_dim)
     ctx = BuildContext(
         dim=dim, num_heads=num_heads, head_dim=head_dim, max_len=max_len, causal=causal
     )

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_positive_int
+from .._checks import check_positive_int, resolve_head_dim
 from ..attention import repeat_kv
 from ..functional.bias import deberta_check_buckets, deberta_log_bucket, relative_position_matrix
 from .common import RelativeEncoding, batch_heads, check_attend_inputs, softmax_probs
@@ -66,13 +66,7 @@ class DeBERTaRelative(RelativeEncoding):
         super().__init__()
         self.dim = check_positive_int("dim", dim)
         self.num_heads = check_positive_int("num_heads", num_heads)
-        if head_dim is None:
-            if dim % num_heads:
-                raise ValueError(
-                    f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim"
-                )
-            head_dim = dim // num_heads
-        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.head_dim = head_dim = resolve_head_dim(dim, num_heads, head_dim)
         self.max_relative_positions = check_positive_int(
             "max_relative_positions", max_relative_positions
         )

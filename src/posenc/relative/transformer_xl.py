@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_positive_int
+from .._checks import check_positive_int, resolve_head_dim
 from ..attention import repeat_kv
 from ..functional.bias import relative_position_matrix
 from ..functional.relative import rel_shift
@@ -47,13 +47,7 @@ class TransformerXLRelative(RelativeEncoding):
         super().__init__()
         self.dim = check_positive_int("dim", dim)
         self.num_heads = check_positive_int("num_heads", num_heads)
-        if head_dim is None:
-            if dim % num_heads:
-                raise ValueError(
-                    f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim"
-                )
-            head_dim = dim // num_heads
-        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.head_dim = head_dim = resolve_head_dim(dim, num_heads, head_dim)
         if dim % 2:
             raise ValueError(f"dim must be even for the sinusoidal R ([sin | cos]), got {dim}")
         self.base = float(base)
