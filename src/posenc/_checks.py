@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -58,9 +60,43 @@ def check_positions(
     if ranks is not None and positions.dim() not in ranks:
         shapes = " or ".join(f"{r}-D" for r in ranks)
         raise ValueError(f"{name} must be {shapes}, got shape {tuple(positions.shape)}")
-    if not allow_negative and positions.numel() and bool((positions < 0).any()):
-        raise ValueError(f"{name} must be non-negative, got minimum {int(positions.min())}")
+    if not allow_negative and positions.numel():
+        check_values(
+            positions >= 0,
+            lambda: f"{name} must be non-negative, got minimum {int(positions.min())}",
+        )
     return positions
+
+
+def host_readable(t: torch.Tensor) -> bool:
+    """Whether reading ``t``'s values on the host is free: eager mode and a CPU tensor.
+
+    Anywhere else (CUDA tensors, ``torch.compile``, CUDA-graph capture) a read is a stream stall,
+    a graph break or an error, so value checks take :func:`check_values`' other branches.
+    """
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def check_values(ok: torch.Tensor, message: Callable[[], str]) -> None:
+    """Raise ``ValueError(message())`` unless every element of the bool tensor ``ok`` is true.
+
+    Capture-safe: on CPU in eager mode the check reads ``ok`` (free); on an accelerator in eager
+    mode it is ``torch._assert_async`` (no host sync: a failure surfaces as a device-side
+    assertion at the next sync, with ``message()`` lost, so the message is computed lazily only
+    where it can be raised); under ``torch.compile`` value checks are skipped (a data-dependent
+    branch would break the graph), and shape/dtype checks alone stand.
+    """
+    if host_readable(ok):
+        if not bool(ok.all()):
+            raise ValueError(message())
+    elif not torch.compiler.is_compiling() and not _capturing(ok):
+        torch._assert_async(ok.all())
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """True while a CUDA graph is being captured (``_assert_async`` is legal there too, but the
+    assertion kernel would then be replayed; keeping captured graphs check-free is simpler)."""
+    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def default_positions(seq_len: int, device: torch.device | None, offset: int = 0) -> torch.Tensor:
