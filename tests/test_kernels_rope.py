@@ -258,7 +258,7 @@ def test_kv_cache_k_has_its_own_positions(kernel) -> None:
     cos, sin = tables(t, d, device)
     q, k = torch.randn(1, 4, s, d, device=device), torch.randn(1, 2, t, d, device=device)
     pos_q, pos_k = torch.arange(t - s, t, device=device), torch.arange(t, device=device)
-    got_q, got_k = rope_qk(q, k, cos, sin, positions=pos_q, positions_k=pos_k, backend=backend)
+    got_q, got_k = rope_qk(q, k, cos, sin, positions=pos_q, k_positions=pos_k, backend=backend)
     assert_close(got_q, expected(q, cos, sin, pos_q, "half", d))
     assert_close(got_k, expected(k, cos, sin, pos_k, "half", d))
     # k's own table instead of positions: the same numbers.
@@ -395,7 +395,7 @@ def test_rotation_preserves_norm_and_scores_depend_on_offset_only() -> None:
     q, k = torch.randn(1, 1, 1, d), torch.randn(1, 1, 1, d)
 
     def score(m: int, n: int) -> float:
-        qm, kn = rope_qk(q, k, cos, sin, positions=torch.tensor([m]), positions_k=torch.tensor([n]))
+        qm, kn = rope_qk(q, k, cos, sin, positions=torch.tensor([m]), k_positions=torch.tensor([n]))
         return float((qm * kn).sum())
 
     qm, _ = rope_qk(q, k, cos, sin, positions=torch.tensor([37]))
@@ -446,6 +446,7 @@ def test_cos_sin_gradients_flow_on_auto() -> None:
 def test_auto_falls_back_to_torch_without_the_cpu_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rope_op, "_cpu_ready", lambda: False)
     monkeypatch.setattr(rope_op, "cpu_kernel_status", lambda: "no C compiler found")
+    monkeypatch.setattr(rope_op, "_AUTO_CHOICE", {})  # auto's memo of the constants patched above
     cos, sin = tables(4, 8)
     x = torch.randn(1, 1, 4, 8)
     assert select_backend("auto", x, (cos, sin)) == "torch"
@@ -463,7 +464,7 @@ def test_functional_apply_rotary_qk_dispatches_to_the_kernels() -> None:
     cos, sin = tables(12, 16)
     pos_q, pos_k = torch.arange(4, 10), torch.arange(10)
     args = (q, k, cos, sin, cos, sin)
-    kw = {"positions_q": pos_q, "positions_k": pos_k}
+    kw = {"positions": pos_q, "k_positions": pos_k}
     want = apply_rotary_qk(*args, backend="torch", **kw)
     for backend in ("auto", *available_backends("cpu")):
         got = apply_rotary_qk(*args, backend=backend, **kw)

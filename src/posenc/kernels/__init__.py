@@ -9,22 +9,35 @@ Rotary embedding (RoPE) of queries and keys in one pass:
 * :mod:`.reference`: the pure-PyTorch reference (``backend="torch"``).
 """
 
+from .constants import (
+    ANGLE_DTYPES,
+    CPU_KERNEL_DTYPES,
+    ROTARY_BACKENDS,
+    ROTARY_LAYOUTS,
+    SEQ_LAYOUTS,
+    TRITON_DTYPES,
+)
 from .reference import (
-    ROPE_LAYOUTS,
     apply_rotary_reference,
+    gather_rows,
     rope_qk_reference,
     rotate_half,
     rotate_interleaved,
 )
-from .rope_op import ROPE_BACKENDS, SEQ_LAYOUTS, available_backends, rope_qk, select_backend
+from .rope_op import available_backends, rope_qk, rope_qk_canonical, select_backend
 
 __all__ = [
-    "ROPE_BACKENDS",
-    "ROPE_LAYOUTS",
+    "ANGLE_DTYPES",
+    "CPU_KERNEL_DTYPES",
+    "ROTARY_BACKENDS",
+    "ROTARY_LAYOUTS",
     "SEQ_LAYOUTS",
+    "TRITON_DTYPES",
     "apply_rotary_reference",
     "available_backends",
+    "gather_rows",
     "rope_qk",
+    "rope_qk_canonical",
     "rope_qk_reference",
     "rotate_half",
     "rotate_interleaved",

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from .constants import CPU_KERNEL_DTYPES
+
 SOURCE = Path(__file__).parent / "csrc" / "rope_cpu.c"
-CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 # Tried in order; the first that compiles wins (the later ones for compilers without
 # -march=native or OpenMP: slower, still correct).
@@ -138,6 +139,8 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         for fn in (lib.posenc_rope_f32, lib.posenc_rope_bf16):
             fn.argtypes = [ctypes.POINTER(_Args)]
             fn.restype = ctypes.c_int
+        lib.posenc_rope_qk.argtypes = [ctypes.POINTER(_Args), ctypes.POINTER(_Args), ctypes.c_int64]
+        lib.posenc_rope_qk.restype = ctypes.c_int
         return lib, ""
     return None, "could not build the CPU rotary kernel: " + " | ".join(errors)
 
@@ -187,7 +190,7 @@ def rope_cpu(
     _check_tensor("out", out)
     if out.shape != x.shape or out.dtype != x.dtype:
         raise ValueError(f"out must match x, got {tuple(out.shape)} {out.dtype} for {x.dtype}")
-    b, h, s, d = x.shape
+    b, _, s, d = x.shape
     if rotary_dim % 2 or not 0 < rotary_dim <= d:
         raise ValueError(f"rotary_dim must be even and in [2, {d}], got {rotary_dim}")
     for name, t in (("cos", cos), ("sin", sin)):
@@ -207,33 +210,62 @@ def rope_cpu(
         raise ValueError(f"without positions the tables need >= s={s} rows, got {cos.shape[1]}")
     if x.numel() == 0:
         return
-    args = _Args(
-        x=x.data_ptr(),
-        out=out.data_ptr(),
-        cos=cos.data_ptr(),
-        sin=sin.data_ptr(),
-        pos=positions.data_ptr() if positions is not None else None,
-        B=b,
-        H=h,
-        S=s,
-        xsb=x.stride(0),
-        xsh=x.stride(1),
-        xss=x.stride(2),
-        osb=out.stride(0),
-        osh=out.stride(1),
-        oss=out.stride(2),
-        # A shared (batch-1) table or position row is read with batch stride 0.
-        csb=cos.stride(0) if cos.shape[0] > 1 else 0,
-        css=cos.stride(1),
-        ssb=sin.stride(0) if sin.shape[0] > 1 else 0,
-        sss=sin.stride(1),
-        psb=positions.stride(0) if positions is not None and positions.shape[0] > 1 else 0,
-        half=rotary_dim // 2,
-        tail=d - rotary_dim,
-        interleaved=int(interleaved),
-        conj=int(conj),
-        nthreads=torch.get_num_threads(),
-    )
+    args = _args(x, out, cos, sin, positions, rotary_dim, interleaved, conj)
     fn = _lib.posenc_rope_bf16 if x.dtype == torch.bfloat16 else _lib.posenc_rope_f32
     if fn(ctypes.byref(args)) != 0:
+        raise MemoryError("the CPU rotary kernel could not allocate its table scratch")
+
+
+def _args(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor | None,
+    rotary_dim: int,
+    interleaved: bool,
+    conj: bool,
+) -> _Args:
+    """The kernel's argument struct (field order of ``posenc_rope_args``). A shared (batch-1)
+    table or position row is read with batch stride 0."""
+    b, h, s, d = x.shape
+    xs, os_, cs, ss = x.stride(), out.stride(), cos.stride(), sin.stride()
+    pos, psb = 0, 0
+    if positions is not None:
+        pos, psb = positions.data_ptr(), positions.stride(0) if positions.shape[0] > 1 else 0
+    return _Args(
+        x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos,
+        b, h, s, xs[0], xs[1], xs[2], os_[0], os_[1], os_[2],
+        cs[0] if cos.shape[0] > 1 else 0, cs[1], ss[0] if sin.shape[0] > 1 else 0, ss[1], psb,
+        rotary_dim // 2, d - rotary_dim, int(interleaved), int(conj), torch.get_num_threads(),
+    )  # fmt: skip
+
+
+def rope_cpu_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    positions_q: torch.Tensor | None,
+    positions_k: torch.Tensor | None,
+    rotary_dim: int,
+    interleaved: bool,
+    conj: bool,
+) -> None:
+    """q and k in one foreign call, on inputs the dispatcher has already checked.
+
+    The forms of :func:`rope_cpu` for each of ``(q, q_out, cos_q, sin_q, positions_q)`` and
+    ``(k, k_out, cos_k, sin_k, positions_k)``, with ``tables = (cos_q, sin_q, cos_k, sin_k)``.
+    Not checked again here: :func:`posenc.kernels.rope_op.rope_qk` checks once, and at decode
+    shapes a second pass of checks would cost more than the rotation.
+    """
+    status = cpu_kernel_status()
+    if status:
+        raise RuntimeError(f"the CPU rotary kernel is unavailable: {status}")
+    assert _lib is not None
+    cos_q, sin_q, cos_k, sin_k = tables
+    qa = _args(q, q_out, cos_q, sin_q, positions_q, rotary_dim, interleaved, conj)
+    ka = _args(k, k_out, cos_k, sin_k, positions_k, rotary_dim, interleaved, conj)
+    if _lib.posenc_rope_qk(qa, ka, int(q.dtype == torch.bfloat16)) != 0:
         raise MemoryError("the CPU rotary kernel could not allocate its table scratch")

@@ -29,12 +29,17 @@ from typing import TypeVar
 
 import torch
 
-from .cpu_rope import CPU_KERNEL_DTYPES, cpu_kernel_status, rope_cpu
-from .reference import ROPE_LAYOUTS, rope_qk_reference
+from .._checks import check_choice, check_values
+from .constants import (
+    CPU_KERNEL_DTYPES,
+    ROTARY_BACKENDS,
+    ROTARY_LAYOUTS,
+    SEQ_LAYOUTS,
+    TRITON_DTYPES,
+)
+from .cpu_rope import cpu_kernel_status, rope_cpu_qk
+from .reference import rope_qk_reference
 
-ROPE_BACKENDS = ("auto", "triton", "cpu", "torch")
-SEQ_LAYOUTS = ("bhsd", "bshd")
-TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 F = TypeVar("F", bound=Callable[..., object])
 
 
@@ -116,8 +121,25 @@ def _why_not(backend: str, x: torch.Tensor, tables: tuple[torch.Tensor, ...]) ->
 
 def select_backend(backend: str, x: torch.Tensor, tables: tuple[torch.Tensor, ...]) -> str:
     """The backend that runs: ``backend`` itself (ValueError if it cannot) or auto's choice."""
-    if backend not in ROPE_BACKENDS:
-        raise ValueError(f"backend must be one of {ROPE_BACKENDS}, got {backend!r}")
+    if backend == "auto" and not torch.compiler.is_compiling():
+        # Memoized for the common case (float32 tables without grad), which leaves only the
+        # input's device and dtype to decide: this runs on every decode step.
+        plain = all(t.dtype == torch.float32 and not t.requires_grad for t in tables)
+        if plain:
+            key = (x.device.type, x.dtype)
+            chosen = _AUTO_CHOICE.get(key)
+            if chosen is None:
+                chosen = _AUTO_CHOICE[key] = _select(backend, x, tables)
+            return chosen
+    return _select(backend, x, tables)
+
+
+# (device type, dtype) -> auto's choice for float32 tables that need no gradient.
+_AUTO_CHOICE: dict[tuple[str, torch.dtype], str] = {}
+
+
+def _select(backend: str, x: torch.Tensor, tables: tuple[torch.Tensor, ...]) -> str:
+    check_choice("backend", backend, ROTARY_BACKENDS)
     if backend == "torch":
         return "torch"
     if backend != "auto":
@@ -134,9 +156,15 @@ def select_backend(backend: str, x: torch.Tensor, tables: tuple[torch.Tensor, ..
 # --- the ops ------------------------------------------------------------------------------------
 
 
-def _unit_last(t: torch.Tensor) -> torch.Tensor:
+def unit_last(t: torch.Tensor) -> torch.Tensor:
     """``t`` with a unit stride on its last dim (the kernels' one layout requirement)."""
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _int64_rows(p: torch.Tensor | None) -> torch.Tensor | None:
+    if p is None or (p.dtype == torch.int64 and p.is_contiguous()):
+        return p
+    return p.to(torch.int64).contiguous()
 
 
 def _launch(
@@ -163,13 +191,12 @@ def _launch(
             rotary_dim, interleaved, conj,
         )  # fmt: skip
     elif backend == "cpu":
-        # The native kernel reads int64 positions.
-        pq = None if positions_q is None else positions_q.to(torch.int64).contiguous()
-        pk = pq if positions_k is positions_q else None
-        if positions_k is not None and pk is None:
-            pk = positions_k.to(torch.int64).contiguous()
-        rope_cpu(q, q_out, cos_q, sin_q, pq, rotary_dim, interleaved, conj)
-        rope_cpu(k, k_out, cos_k, sin_k, pk, rotary_dim, interleaved, conj)
+        # The native kernel reads contiguous int64 positions.
+        pq, pk = _int64_rows(positions_q), _int64_rows(positions_k)
+        if positions_k is positions_q:
+            pk = pq
+        tables = (cos_q, sin_q, cos_k, sin_k)
+        rope_cpu_qk(q, k, q_out, k_out, tables, pq, pk, rotary_dim, interleaved, conj)
     else:
         raise ValueError(f"the rope ops run backend 'triton' or 'cpu', got {backend!r}")
 
@@ -190,7 +217,7 @@ def _rope_qk_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Out-of-place rotation of canonical q ``[b, h, s, d]`` and k ``[b, hk, t, d]``."""
-    q, k = _unit_last(q), _unit_last(k)
+    q, k = unit_last(q), unit_last(k)
     # empty_like keeps a dense input's stride order, so a [b, s, h, d] tensor seen through a
     # transposed [b, h, s, d] view gets a [b, s, h, d]-contiguous output.
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
@@ -205,7 +232,7 @@ def _rope_qk_op(
 def _rope_qk_fake(
     q: torch.Tensor, k: torch.Tensor, *args: object
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    q, k = _unit_last(q), _unit_last(k)
+    q, k = unit_last(q), unit_last(k)
     return torch.empty_like(q), torch.empty_like(k)
 
 
@@ -337,7 +364,7 @@ def _as_table(name: str, t: torch.Tensor, half: int, b: int) -> torch.Tensor:
         raise ValueError(
             f"{name} must be [n, r/2] or [1 or b={b}, n, r/2] with r/2={half}, got {tuple(t.shape)}"
         )
-    return _unit_last(t)
+    return unit_last(t)
 
 
 def _as_positions(name: str, p: torch.Tensor, b: int, s: int) -> torch.Tensor:
@@ -351,11 +378,12 @@ def _as_positions(name: str, p: torch.Tensor, b: int, s: int) -> torch.Tensor:
         p = p.unsqueeze(0)  # [1, s]
     if p.dim() != 2 or p.shape[1] != s or p.shape[0] not in (1, b):
         raise ValueError(f"{name} must be [s={s}] or [1 or b={b}, s], got {tuple(p.shape)}")
-    return _unit_last(p)
+    return unit_last(p)
 
 
 def _check_rows(name: str, p: torch.Tensor | None, seq: int, table: torch.Tensor) -> None:
-    """Every position indexes a row of its table (skipped under torch.compile: data-dependent)."""
+    """Every position indexes a row of its table: checked where reading values is free (eager,
+    CPU), as an async device assertion on accelerators, skipped under torch.compile."""
     n = table.shape[1]
     if p is None:
         if n != seq:
@@ -364,11 +392,14 @@ def _check_rows(name: str, p: torch.Tensor | None, seq: int, table: torch.Tensor
                 f"rows, got {n}; pass {name}= to index a longer table"
             )
         return
-    if torch.compiler.is_compiling() or p.numel() == 0:
-        return
-    lo, hi = int(p.min()), int(p.max())
-    if lo < 0 or hi >= n:
-        raise ValueError(f"{name} must index the table's {n} rows, got values in [{lo}, {hi}]")
+    if p.numel():
+        check_values(
+            (p >= 0) & (p < n),
+            lambda: (
+                f"{name} must index the table's {n} rows, got values in "
+                f"[{int(p.min())}, {int(p.max())}]"
+            ),
+        )
 
 
 def _varlen_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
@@ -389,7 +420,7 @@ def _canonicalize(
     cos_k: torch.Tensor | None,
     sin_k: torch.Tensor | None,
     positions: torch.Tensor | None,
-    positions_k: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
     rotary_dim: int | None,
     seq_layout: str,
@@ -414,22 +445,22 @@ def _canonicalize(
         if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
             raise TypeError(f"cu_seqlens must be a 1-D int32/int64 tensor, got {cu_seqlens.dtype}")
         total = q.shape[0]
-        if not torch.compiler.is_compiling() and (
-            cu_seqlens.numel() < 2
-            or int(cu_seqlens[0]) != 0
-            or int(cu_seqlens[-1]) != total
-            or bool((cu_seqlens[1:] < cu_seqlens[:-1]).any())
-        ):
-            raise ValueError(
-                f"cu_seqlens must rise from 0 to total={total} (one entry per sequence boundary), "
-                f"got {cu_seqlens.tolist()}"
-            )
+        if cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens needs at least 2 entries [0, total], got {cu_seqlens}")
+        bounds = torch.tensor([0, total], device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+        check_values(
+            torch.cat(((cu_seqlens[1:] >= cu_seqlens[:-1]), cu_seqlens[[0, -1]] == bounds)),
+            lambda: (
+                f"cu_seqlens must rise from 0 to total={total} (one entry per sequence "
+                f"boundary), got {cu_seqlens.tolist()}"
+            ),
+        )
         q4 = q.unsqueeze(0).transpose(1, 2)  # [total, h, d] -> [1, h, total, d]
         k4 = k.unsqueeze(0).transpose(1, 2)  # [1, hk, total, d]
         if positions is None:
             positions = _varlen_positions(cu_seqlens, total)  # [total]
-            if positions_k is None:
-                positions_k = positions
+            if k_positions is None:
+                k_positions = positions
     elif q.dim() != 4 or k.dim() != 4:
         raise ValueError(
             f"q and k must be 4-D ({seq_layout}) or packed [total, h, d] with cu_seqlens, got "
@@ -464,22 +495,22 @@ def _canonicalize(
             f"cos and sin must have one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
         )
     pos_q = None if positions is None else _as_positions("positions", positions, b, s)
-    if positions_k is not None:
+    if k_positions is not None:
         # The same object as q's (self-attention) lets the kernels share the loaded table rows.
-        same = positions_k is positions and cos_k is None
-        pos_k = pos_q if same else _as_positions("positions_k", positions_k, b, t)
+        same = k_positions is positions and cos_k is None
+        pos_k = pos_q if same else _as_positions("k_positions", k_positions, b, t)
     elif cos_k is None:
         pos_k = pos_q  # k shares q's table and rows: it must cover the same positions
         if t != s:
             raise ValueError(
-                f"k has {t} positions and q {s}: pass positions_k (rows of the shared table) or "
+                f"k has {t} positions and q {s}: pass k_positions (rows of the shared table) or "
                 "cos_k/sin_k (k's own table)"
             )
     else:
         pos_k = None  # k's own table, row i = position i
     _check_rows("positions", pos_q, s, cos_q3)
     if pos_k is not pos_q or cos_k3 is not cos_q3:
-        _check_rows("positions_k", pos_k, t, cos_k3)
+        _check_rows("k_positions", pos_k, t, cos_k3)
     return _Canonical(q4, k4, cos_q3, sin_q3, cos_k3, sin_k3, pos_q, pos_k, r)
 
 
@@ -524,6 +555,56 @@ def _check_inplace(q: torch.Tensor, k: torch.Tensor) -> None:
         )
 
 
+def rope_qk_canonical(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_q: torch.Tensor,
+    sin_q: torch.Tensor,
+    cos_k: torch.Tensor,
+    sin_k: torch.Tensor,
+    positions_q: torch.Tensor | None,
+    positions_k: torch.Tensor | None,
+    rotary_dim: int,
+    interleaved: bool,
+    backend: str = "auto",
+    *,
+    inplace: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the rotation on inputs already in canonical form, without checking them again.
+
+    For callers that validated their inputs once (:func:`rope_qk`, ``RotaryEmbedding``): ``q
+    [b, h, s, d]``, ``k [b, hk, t, d]`` with a unit stride on ``d``; float32 tables ``[1 or b,
+    n, r/2]`` with a unit last stride; int64 positions ``[1 or b, s]`` whose values index the
+    tables, or None (row ``i`` is position ``i``). Returns ``(q', k')`` as ``[b, h, s, d]``
+    (``q`` and ``k`` themselves when ``inplace``).
+
+    Eager calls that need no gradient launch the kernel directly (the custom op's dispatch costs
+    more than a decode step's whole rotation); under torch.compile or autograd the calls go
+    through the ``posenc::rope_qk`` ops, which Dynamo keeps in the graph as single nodes.
+    """
+    chosen = select_backend(backend, q, (cos_q, sin_q, cos_k, sin_k))
+    args = (cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, interleaved)
+    if chosen == "torch":
+        q_rot, k_rot = rope_qk_reference(q, k, *args)
+        if inplace:
+            q.copy_(q_rot)
+            k.copy_(k_rot)
+            return q, k
+        return q_rot, k_rot
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    if not needs_grad and not torch.compiler.is_compiling():
+        q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
+        _launch(chosen, q, k, q_out, k_out, *args, False)
+        return q_out, k_out
+    if not inplace:
+        return _rope_qk_op(q, k, *args, False, chosen)
+    if needs_grad:
+        _RopeQKInplace.apply(q, k, *args, chosen)
+    else:
+        _rope_qk_inplace_op(q, k, *args, False, chosen)
+    return q, k
+
+
 def rope_qk(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -533,7 +614,7 @@ def rope_qk(
     cos_k: torch.Tensor | None = None,
     sin_k: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
-    positions_k: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     layout: str = "half",
     rotary_dim: int | None = None,
@@ -551,7 +632,7 @@ def rope_qk(
             Without ``positions`` row ``i`` belongs to position ``i`` (``n == s``; for packed
             input, ``i`` counts from each sequence's start). With ``positions``, the rows are
             looked up: ``positions [s]`` or ``[b, s]`` (packed: ``[total]``).
-        cos_k, sin_k, positions_k: k's own table and rows, when k's positions differ from q's
+        cos_k, sin_k, k_positions: k's own table and rows, when k's positions differ from q's
             (a KV cache); default q's.
         cu_seqlens: ``[num_seqs + 1]`` int boundaries of packed sequences (``[0, 3, 5]``: tokens
             0..2 and 3..4).
@@ -567,45 +648,19 @@ def rope_qk(
 
     Returns ``(q', k')`` in the input forms and dtype. The rotation is computed in float32.
     """
-    if layout not in ROPE_LAYOUTS:
-        raise ValueError(f"layout must be one of {ROPE_LAYOUTS}, got {layout!r}")
+    if layout not in ROTARY_LAYOUTS:
+        raise ValueError(f"layout must be one of {ROTARY_LAYOUTS}, got {layout!r}")
     c = _canonicalize(
-        q, k, cos, sin, cos_k, sin_k, positions, positions_k, cu_seqlens, rotary_dim, seq_layout
+        q, k, cos, sin, cos_k, sin_k, positions, k_positions, cu_seqlens, rotary_dim, seq_layout
     )
-    interleaved = layout == "interleaved"
-    tables = (c.cos_q, c.sin_q, c.cos_k, c.sin_k)
-    chosen = select_backend(backend, c.q, tables)
     if inplace:
         _check_inplace(q, k)
-
-    if chosen == "torch":
-        q_rot, k_rot = rope_qk_reference(
-            c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
-            c.rotary_dim, interleaved,
-        )  # fmt: skip
-        if inplace:
-            c.q.copy_(q_rot)
-            c.k.copy_(k_rot)
-            return q, k
-    elif inplace:
-        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-        if needs_grad:
-            _RopeQKInplace.apply(
-                c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
-                c.rotary_dim, interleaved, chosen,
-            )  # fmt: skip
-        else:
-            _rope_qk_inplace_op(
-                c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
-                c.rotary_dim, interleaved, False, chosen,
-            )  # fmt: skip
+    q_rot, k_rot = rope_qk_canonical(
+        c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
+        c.rotary_dim, layout == "interleaved", backend, inplace=inplace,
+    )  # fmt: skip
+    if inplace:
         return q, k
-    else:
-        q_rot, k_rot = _rope_qk_op(
-            c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
-            c.rotary_dim, interleaved, False, chosen,
-        )  # fmt: skip
-
     # Back to the caller's form (views, no copies).
     if cu_seqlens is not None:
         return q_rot.transpose(1, 2).squeeze(0), k_rot.transpose(1, 2).squeeze(0)  # [total, h, d]

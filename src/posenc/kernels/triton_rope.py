@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from .constants import TRITON_DTYPES
+
 # Heads per program once there are enough (position block, batch, head) items to fill a GPU.
 HEADS_PER_PROGRAM = 4
 MIN_PROGRAMS_TO_GROUP_HEADS = 4096

@@ -19,16 +19,12 @@ from .._checks import (
     check_positions,
     check_positive_int,
     default_positions,
+    host_readable,
 )
-from ..functional.rotary import (
-    ANGLE_DTYPES,
-    ROTARY_BACKENDS,
-    ROTARY_LAYOUTS,
-    apply_rotary_qk,
-    normalize_scaling,
-    rope_cos_sin,
-    rope_inv_freq,
-)
+from ..functional.rope_scaling import ROPE_SCALING, check_base, normalize_scaling, rope_inv_freq
+from ..functional.rotary import rope_cos_sin
+from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
+from ..kernels.rope_op import rope_qk_canonical, unit_last
 
 
 def resolve_angle_dtype(angle_dtype: torch.dtype | str) -> torch.dtype:
@@ -74,12 +70,15 @@ def resolve_qk_positions(
     k: torch.Tensor,
     positions: torch.Tensor | None,
     k_positions: torch.Tensor | None,
+    *,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions of the ``s`` queries and ``t`` keys, ``[s]``/``[b, s]`` and ``[t]``/``[b, t]``.
 
     Defaults: keys ``arange(t)`` and queries the last ``s`` of them (``arange(t - s, t)``), so
     ``s == t`` gives ``arange(s)`` for both; ``k_positions`` defaults to ``positions`` when
-    ``s == t``.
+    ``s == t``. ``check_values=False`` leaves the non-negativity check to a caller that reads
+    the positions' range anyway (:func:`position_range`).
     """
     b, s, t = q.shape[0], q.shape[2], k.shape[2]
     if positions is None:
@@ -89,7 +88,7 @@ def resolve_qk_positions(
         given = False
     else:
         given = True
-    positions = _check_pos(positions, "positions", b, s)
+    positions = _check_pos(positions, "positions", b, s, check_values)
     if k_positions is None:
         if t == s:
             k_positions = positions
@@ -100,19 +99,35 @@ def resolve_qk_positions(
                 f"k has {t} keys but q has {s} queries: pass k_positions ([{t}] or [{b}, {t}])"
             )
     else:
-        k_positions = _check_pos(k_positions, "k_positions", b, t)
+        k_positions = _check_pos(k_positions, "k_positions", b, t, check_values)
     return positions, k_positions
 
 
-def _check_pos(p: torch.Tensor, name: str, b: int, n: int) -> torch.Tensor:
-    p = check_positions(p, name, ranks=(1, 2))
+def _check_pos(p: torch.Tensor, name: str, b: int, n: int, values: bool) -> torch.Tensor:
+    p = check_positions(p, name, ranks=(1, 2), allow_negative=not values)
     if p.shape[-1] != n or (p.dim() == 2 and p.shape[0] not in (1, b)):
         raise ValueError(f"{name} must be [{n}] or [{b}, {n}], got {list(p.shape)}")
-    return p
+    # int64 row indices: a uint8 index would be read as a mask, and the kernels read int64.
+    return p if p.dtype == torch.int64 else p.long()
+
+
+def position_range(positions: torch.Tensor, k_positions: torch.Tensor) -> int:
+    """The largest of the query and key positions (-1 when both are empty), after checking that
+    none is negative: one read of each tensor's range. Call it only where reading values is
+    free (:func:`posenc._checks.host_readable`)."""
+    lo, hi = 0, -1
+    for name, p in (("positions", positions), ("k_positions", k_positions)):
+        if p.numel() and (name == "positions" or p is not positions):
+            low, high = p.aminmax()
+            lo, hi = min(lo, int(low)), max(hi, int(high))
+            if lo < 0:
+                raise ValueError(f"{name} must be non-negative, got minimum {lo}")
+    return hi
 
 
 def max_position(*positions: torch.Tensor) -> int:
-    """The largest position of the tensors (one host sync), -1 when all are empty."""
+    """The largest position of the tensors, -1 when all are empty. A host read: call it only
+    where reading is free (:func:`posenc._checks.host_readable`)."""
     return max((int(p.max()) for p in positions if p.numel()), default=-1)
 
 
@@ -171,30 +186,31 @@ class RotaryEmbedding(nn.Module):
         check_even("rotary_dim", rotary_dim, "RoPE")
         if rotary_dim > head_dim:
             raise ValueError(f"rotary_dim ({rotary_dim}) must be <= head_dim ({head_dim})")
-        self.head_dim, self.base, self.layout, self.rotary_dim = (
-            head_dim,
-            float(base),
-            layout,
-            rotary_dim,
-        )
+        self.head_dim, self.layout, self.rotary_dim = head_dim, layout, rotary_dim
+        self.base = check_base(base)
         self.scaling = normalize_scaling(scaling)
         self.rope_type = "default" if self.scaling is None else self.scaling["rope_type"]
+        self.spec = ROPE_SCALING[self.rope_type]
         self.angle_dtype = resolve_angle_dtype(angle_dtype)
         self.cache_len = check_positive_int("cache_len", cache_len)
         self.backend = backend
+        self.interleaved = layout == "interleaved"
         # Channels the rotation touches: proportional spreads its r/2 frequencies over the head.
         self.span = head_dim if self.rope_type == "proportional" else rotary_dim
         # Frequencies live on the CPU as plain attributes, not buffers: ``module.to(bfloat16)``
-        # would round a floating buffer (the classic inv_freq bug). They move with each table.
-        self._inv_freq, self.attention_factor = self._compute(None)
-        self._long: tuple[torch.Tensor, float] | None = None
+        # would round a floating buffer (the classic inv_freq bug). Copies per device are cached.
+        self._sets: dict[str, tuple[torch.Tensor, float]] = {"base": self._compute(None)}
         if self.rope_type == "longrope":
-            self._long = self._compute(self._original_len() + 1)
+            self._sets["long"] = self._compute(self._original_len() + 1)
+        self.attention_factor = self._sets["base"][1]
         self._tables: dict[tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._on_device: dict[tuple[torch.device, str], torch.Tensor] = {}
 
     # --- frequencies ---------------------------------------------------------------------------
 
-    def _compute(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
+    def _compute(
+        self, seq_len: int | torch.Tensor | None, device: Any = None
+    ) -> tuple[torch.Tensor, float]:
         return rope_inv_freq(
             self.rotary_dim,
             self.base,
@@ -202,6 +218,7 @@ class RotaryEmbedding(nn.Module):
             self.head_dim,
             seq_len=seq_len,
             dtype=self.angle_dtype,
+            device=device,
         )
 
     def _original_len(self) -> int:
@@ -222,26 +239,44 @@ class RotaryEmbedding(nn.Module):
         ``inv_freq`` is on the CPU, in ``angle_dtype``; ``n = span / 2``.
         """
         key = "base" if seq_len is None else self._freq_key(seq_len)
-        if key == "grown":
-            return self._compute(seq_len)
-        if key == "long":
-            assert self._long is not None
-            return self._long
-        return self._inv_freq, self.attention_factor
+        return self._compute(seq_len) if key == "grown" else self._sets[key]
+
+    def _inv_freq_on(self, device: torch.device, key: str = "base") -> torch.Tensor:
+        """A frequency set on ``device``, copied there once (a copy per call would be a
+        host-to-device transfer on every step, which CUDA-graph capture forbids)."""
+        if torch.compiler.is_compiling():
+            return self._sets[key][0].to(device)  # a constant of the graph
+        entry = self._on_device.get((device, key))
+        if entry is None:
+            entry = self._on_device[(device, key)] = self._sets[key][0].to(device)
+        return entry
+
+    def _traced_frequencies(
+        self, positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> tuple[torch.Tensor, float]:
+        """The frequencies of a call whose positions cannot be read on the host (an accelerator,
+        torch.compile): the length-dependent types choose on the device from a 0-d length."""
+        device = positions.device
+        if not self.spec.length_dependent or positions.numel() + k_positions.numel() == 0:
+            return self._inv_freq_on(device), self.attention_factor
+        tops = [p.max() for p in (positions, k_positions) if p.numel()]
+        top = tops[0] if len(tops) == 1 else torch.maximum(*tops)  # 0-d, stays on the device
+        if self.rope_type == "longrope":  # the same attention factor for both sets
+            long, short = self._inv_freq_on(device, "long"), self._inv_freq_on(device)
+            return torch.where(top + 1 > self._original_len(), long, short), self.attention_factor
+        return self._compute(top + 1, device)  # dynamic NTK: a where() over both bases
 
     # --- cos/sin -------------------------------------------------------------------------------
 
     def _table(self, device: torch.device, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cached ``[cache_len, n]`` float32 cos/sin table of a frequency set on a device."""
+        """The cached ``[1, cache_len, n]`` float32 cos/sin table of a frequency set on a device
+        (the kernels' canonical table form)."""
         entry = self._tables.get((device, key))
         if entry is None:
-            inv_freq, factor = self._inv_freq, self.attention_factor
-            if key == "long":
-                assert self._long is not None
-                inv_freq, factor = self._long
+            inv_freq, factor = self._sets[key]
             positions = torch.arange(self.cache_len, device=device)
-            entry = rope_cos_sin(positions, inv_freq.to(device), factor)  # [cache_len, n] each
-            self._tables[(device, key)] = entry
+            cos, sin = rope_cos_sin(positions, inv_freq.to(device), factor)  # [cache_len, n]
+            entry = self._tables[(device, key)] = (cos[None], sin[None])
         return entry
 
     def cos_sin(
@@ -253,12 +288,15 @@ class RotaryEmbedding(nn.Module):
         selects the frequencies of the length-dependent types (dynamic NTK, LongRoPE).
         """
         positions = check_positions(positions)
+        if not host_readable(positions):
+            inv_freq, factor = self._traced_frequencies(positions, positions)
+            return rope_cos_sin(positions, inv_freq, factor)
         top = max_position(positions)
         seq_len = top + 1 if seq_len is None else seq_len
         key = self._freq_key(seq_len)
         if key != "grown" and top < self.cache_len:
             cos, sin = self._table(positions.device, key)
-            return cos[positions], sin[positions]  # [*, n]
+            return cos[0][positions], sin[0][positions]  # [*, n]
         inv_freq, factor = self.frequencies(seq_len)
         return rope_cos_sin(positions, inv_freq, factor)
 
@@ -277,27 +315,41 @@ class RotaryEmbedding(nn.Module):
         ``positions [s]`` or ``[b, s]`` and ``k_positions [t]`` or ``[b, t]``, integer. Defaults:
         ``arange``, with the queries at the last ``s`` key positions; ``k_positions`` defaults to
         ``positions`` when ``s == t``. Returns new ``(q', k')``, same shapes and dtypes.
+
+        Inputs are checked once, here. Eager on the CPU, positions are read (free there) to
+        serve them from the cached table, whose rows the kernels gather themselves. Elsewhere
+        (an accelerator, torch.compile, CUDA-graph capture) nothing is read back to the host:
+        cos/sin are computed for the call's positions on the device.
         """
         check_qk(q, k, self.head_dim)
-        positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
-        top = max_position(positions, k_positions)
-        key = self._freq_key(top + 1)
-        if key != "grown" and top < self.cache_len:
-            # One cached table; the rotation gathers its rows (fused kernels do it in-kernel).
-            cos, sin = self._table(q.device, key)  # [cache_len, n]
-            return apply_rotary_qk(
-                q, k, cos, sin, cos, sin, self.layout, self.span,
-                positions_q=positions, positions_k=k_positions, backend=self.backend,
-            )  # fmt: skip
-        inv_freq, factor = self.frequencies(top + 1)
-        cos_q, sin_q = rope_cos_sin(positions, inv_freq, factor)  # [s, n] or [b, s, n]
+        readable = host_readable(q)  # eager CPU: positions are read (free) to pick the table
+        positions, k_positions = resolve_qk_positions(
+            q, k, positions, k_positions, check_values=not readable
+        )
+        q, k = unit_last(q), unit_last(k)
+        if readable and positions.device.type == "cpu" and k_positions.device.type == "cpu":
+            top = position_range(positions, k_positions)
+            key = self._freq_key(top + 1)
+            if key != "grown" and top < self.cache_len:
+                cos, sin = self._table(q.device, key)  # [1, cache_len, n]
+                pq = positions if positions.dim() == 2 else positions[None]  # [1 or b, s]
+                pk = pq if k_positions is positions else k_positions
+                pk = pk if pk.dim() == 2 else pk[None]  # [1 or b, t]
+                return rope_qk_canonical(
+                    q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved, self.backend
+                )
+            inv_freq, factor = self.frequencies(top + 1)
+            inv_freq = inv_freq.to(q.device)
+        else:
+            inv_freq, factor = self._traced_frequencies(positions, k_positions)
+        cos_q, sin_q = _batched(rope_cos_sin(positions, inv_freq, factor))  # [1 or b, s, n]
         cos_k, sin_k = (
             (cos_q, sin_q)
             if k_positions is positions
-            else rope_cos_sin(k_positions, inv_freq, factor)
-        )
-        return apply_rotary_qk(
-            q, k, cos_q, sin_q, cos_k, sin_k, self.layout, self.span, backend=self.backend
+            else _batched(rope_cos_sin(k_positions, inv_freq, factor))
+        )  # [1 or b, t, n]
+        return rope_qk_canonical(
+            q, k, cos_q, sin_q, cos_k, sin_k, None, None, self.span, self.interleaved, self.backend
         )
 
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> RotaryEmbedding:
@@ -323,3 +375,9 @@ class RotaryEmbedding(nn.Module):
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
             f"layout={self.layout!r}{scaling}, angle_dtype={self.angle_dtype}"
         )
+
+
+def _batched(cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token cos/sin ``[s, n]`` or ``[b, s, n]`` as the kernels' ``[1 or b, s, n]``."""
+    cos, sin = cos_sin
+    return (cos[None], sin[None]) if cos.dim() == 2 else (cos, sin)
