@@ -31,11 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..functional.rope_scaling import ROPE_SCALING, extension_scaling
 from .data import IGNORE, LabData
 from .presets import EvalConfig
 from .train import Dist
 
-ROPE_LABELS = {"linear": "PI", "ntk": "NTK", "dynamic": "dyn-NTK", "yarn": "YaRN"}
+#: Table labels of the RoPE rescalings, from the one scaling table.
+ROPE_LABELS = {name: spec.label for name, spec in ROPE_SCALING.items()}
 
 
 def _batches(
@@ -182,22 +184,19 @@ def rotary_encodings(model: nn.Module) -> list[Any]:
     return list(seen.values())
 
 
-# Scaling types whose formula needs the training length (the others take only ``factor``).
-_NEEDS_ORIGINAL = {"dynamic", "yarn", "longrope", "llama3"}
-
-
-def rope_scaling(method: str, eval_len: int, train_len: int) -> dict[str, Any]:
+def rope_scaling(method: str, eval_len: int, train_len: int, pairs: int = 0) -> dict[str, Any]:
     """The Hugging Face style scaling dict for evaluating at ``eval_len`` a model trained at
-    ``train_len``: ``factor = eval_len / train_len``.
+    ``train_len``: ``factor = eval_len / train_len``, built by the scaling table's
+    ``extension`` of ``method`` (``pairs``: rotated pairs, for LongRoPE's per-pair lists).
 
     For ``dynamic`` that is the factor of transformers' formula, which rescales by
     ``factor * seq_len / L - (factor - 1)``: on full windows of ``eval_len`` tokens that is
     ``f^2 - f + 1`` with ``f = eval_len / L``, more than static NTK's ``f``; this is what a user
     setting ``{"rope_type": "dynamic", "factor": f}`` gets.
     """
-    out: dict[str, Any] = {"rope_type": method, "factor": eval_len / train_len}
-    if method in _NEEDS_ORIGINAL:
-        out["original_max_position_embeddings"] = train_len
+    out = extension_scaling(method, eval_len / train_len, train_len, pairs)
+    if out is None:
+        raise ValueError(f"rope_scaling needs a scaling method, got {method!r}")
     return out
 
 
@@ -269,7 +268,8 @@ def evaluate_model(
     longest = max(lengths)
     if rotary and longest > train_len:
         for method in cfg.rope_scalings:
-            probe = rope_scaling(method, longest, train_len)
+            pairs = getattr(rotary[0], "rotary_dim", 0) // 2
+            probe = rope_scaling(method, longest, train_len, pairs)
             if not all(hasattr(enc, "with_scaling") for enc in rotary):
                 skipped[method] = f"{type(rotary[0]).__name__} has no with_scaling()"
                 continue
@@ -280,8 +280,8 @@ def evaluate_model(
                 skipped[method] = f"with_scaling({probe}) failed: {e}"
                 continue
 
-            def rope_prepare(n: int, method: str = method) -> Any:
-                scaling = rope_scaling(method, n, train_len)
+            def rope_prepare(n: int, method: str = method, pairs: int = pairs) -> Any:
+                scaling = rope_scaling(method, n, train_len, pairs)
                 return swapped_inner_encodings(model, lambda e: _rescaled(e, scaling, dist))
 
             run(method, ROPE_LABELS.get(method, method), rope_prepare, base_results)

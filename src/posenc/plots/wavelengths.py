@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .._checks import check_positive_int
+from ..functional.rope_scaling import extension_scaling
 from .common import add_caption, label_axes, new_figure
 
 if TYPE_CHECKING:
@@ -45,47 +46,15 @@ CAPTION = (
 )
 
 
-def longrope_demo_factors(n: int, factor: float) -> list[float]:
-    """An illustrative LongRoPE ``long_factor``: ``1 + (factor - 1) (i / (n - 1))^2`` for pair ``i``.
-
-    Real models ship per-pair factors found by search (Phi-3's are in its config); this smooth
-    ramp has the shape such lists have (high-frequency pairs near 1, low-frequency ones near
-    ``factor``). Not a geometric ramp: that would be NTK-aware scaling exactly, since NTK's
-    stretch of pair ``i`` is ``factor ** (i / (n - 1))``.
-    """
-    ramp = (np.arange(n) / max(n - 1, 1)) ** 2
-    return [float(v) for v in 1.0 + (factor - 1.0) * ramp]
-
-
 def scaling_for(method: str, factor: float, train_len: int, n: int) -> dict[str, Any] | None:
-    """The Hugging Face style ``scaling`` dict of ``method`` (None for plain RoPE)."""
+    """The Hugging Face style ``scaling`` dict of ``method`` (None for plain RoPE): the scaling
+    table's extension by ``factor`` of a model trained at ``train_len`` (LongRoPE with its
+    illustrative per-pair factors, Llama-3 with Llama-3.1's band edges)."""
     if method not in WAVELENGTH_METHODS:
         raise ValueError(
             f"unknown scaling method {method!r}; allowed: {', '.join(WAVELENGTH_METHODS)}"
         )
-    if method == "none":
-        return None
-    orig = {"original_max_position_embeddings": train_len}
-    if method in ("linear", "ntk"):
-        return {"rope_type": method, "factor": factor}
-    if method in ("dynamic", "yarn"):
-        return {"rope_type": method, "factor": factor, **orig}
-    if method == "llama3":
-        # Llama-3.1's published band edges.
-        return {
-            "rope_type": "llama3",
-            "factor": factor,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            **orig,
-        }
-    return {
-        "rope_type": "longrope",
-        "factor": factor,
-        "short_factor": [1.0] * n,
-        "long_factor": longrope_demo_factors(n, factor),
-        **orig,
-    }
+    return extension_scaling("default" if method == "none" else method, factor, train_len, n)
 
 
 def wavelength_data(
