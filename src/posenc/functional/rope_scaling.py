@@ -110,16 +110,19 @@ KEY_CHECKS: dict[str, Callable[[str, Any, str], Any]] = {
 # --- inverse frequencies -----------------------------------------------------------------------
 
 Length = int | torch.Tensor | None  # the current length: an int, a 0-d tensor (traced), or None
+Device = torch.device | str | None
 
 
-def _exponents(num: int, denom: int, dtype: torch.dtype) -> torch.Tensor:
+def _exponents(num: int, denom: int, dtype: torch.dtype, device: Device = None) -> torch.Tensor:
     """``[0, 2, 4, .., num-2] / denom`` in ``dtype``: the ``2i/d`` of ``base ** (-2i/d)``."""
-    return torch.arange(0, num, 2, dtype=torch.int64).to(dtype) / denom  # [num/2]
+    return torch.arange(0, num, 2, dtype=torch.int64, device=device).to(dtype) / denom  # [num/2]
 
 
-def _plain(base: float | torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+def _plain(
+    base: float | torch.Tensor, dim: int, dtype: torch.dtype, device: Device = None
+) -> torch.Tensor:
     """``1 / base ** (2i/dim)``, the operation order of transformers' default RoPE."""
-    return 1.0 / (base ** _exponents(dim, dim, dtype))
+    return 1.0 / (base ** _exponents(dim, dim, dtype, device))
 
 
 @dataclass(frozen=True)
@@ -131,32 +134,39 @@ class Ctx:
     head_dim: int  # d (only ``proportional`` spreads its pairs over it)
     seq_len: Length
     dtype: torch.dtype
+    device: Device = None  # where the tensors are built (a traced length's device)
 
 
 def _default(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
-    return _plain(c.base, c.dim, c.dtype), 1.0
+    return _plain(c.base, c.dim, c.dtype, c.device), 1.0
 
 
 def _linear(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
-    return _plain(c.base, c.dim, c.dtype) / sc["factor"], 1.0
+    return _plain(c.base, c.dim, c.dtype, c.device) / sc["factor"], 1.0
 
 
 def _ntk(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
-    return _plain(c.base * sc["factor"] ** (c.dim / (c.dim - 2)), c.dim, c.dtype), 1.0
+    return _plain(c.base * sc["factor"] ** (c.dim / (c.dim - 2)), c.dim, c.dtype, c.device), 1.0
 
 
 def _dynamic(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
     factor, orig, dim = sc["factor"], sc["original_max_position_embeddings"], c.dim
     plain = _plain(
-        c.base * ((factor * orig / orig) - (factor - 1)) ** (dim / (dim - 2)), dim, c.dtype
+        c.base * ((factor * orig / orig) - (factor - 1)) ** (dim / (dim - 2)),
+        dim,
+        c.dtype,
+        c.device,
     )
     if c.seq_len is None or (isinstance(c.seq_len, int) and c.seq_len <= orig):
         return plain, 1.0
     # transformers recomputes the base from a tensor length, so its arithmetic runs in the
     # tensor's dtype (float32 there); doing the same keeps the frequencies bit-identical.
-    length = torch.as_tensor(c.seq_len).to(c.dtype)
+    length = torch.as_tensor(c.seq_len, device=c.device).to(c.dtype)
     grown = _plain(
-        c.base * ((factor * length / orig) - (factor - 1)) ** (dim / (dim - 2)), dim, c.dtype
+        c.base * ((factor * length / orig) - (factor - 1)) ** (dim / (dim - 2)),
+        dim,
+        c.dtype,
+        c.device,
     )
     if isinstance(c.seq_len, int):
         return grown, 1.0
@@ -194,10 +204,12 @@ def _yarn(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
     if low == high:
         high += 0.001  # avoid a zero-width ramp
 
-    pos_freqs = base ** _exponents(dim, dim, c.dtype)  # [n]
+    pos_freqs = base ** _exponents(dim, dim, c.dtype, c.device)  # [n]
     inv_freq_extrapolation = 1.0 / pos_freqs
     inv_freq_interpolation = 1.0 / (factor * pos_freqs)
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=c.dtype) - low) / (high - low), 0, 1)  # [n]
+    ramp = torch.clamp(
+        (torch.arange(dim // 2, dtype=c.dtype, device=c.device) - low) / (high - low), 0, 1
+    )  # [n]
     extrapolation = 1 - ramp  # 1 for high-frequency pairs (kept), 0 for low ones (interpolated)
     inv_freq = inv_freq_interpolation * (1 - extrapolation) + inv_freq_extrapolation * extrapolation
     return inv_freq, _yarn_factor(sc)
@@ -219,10 +231,10 @@ def _longrope(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
         )
 
     def inv(key: str) -> torch.Tensor:
-        ext = torch.tensor(sc[key], dtype=c.dtype)  # [n]
+        ext = torch.tensor(sc[key], dtype=c.dtype, device=c.device)  # [n]
         return 1.0 / (ext * base_pow)
 
-    base_pow = c.base ** _exponents(dim, dim, c.dtype)
+    base_pow = c.base ** _exponents(dim, dim, c.dtype, c.device)
     if c.seq_len is None or isinstance(c.seq_len, int):
         long = c.seq_len is not None and c.seq_len > orig
         return inv("long_factor" if long else "short_factor"), float(attention_factor)
@@ -233,7 +245,7 @@ def _longrope(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
 
 
 def _llama3(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
-    inv_freq = _plain(c.base, c.dim, c.dtype)  # [n]
+    inv_freq = _plain(c.base, c.dim, c.dtype, c.device)  # [n]
     factor = sc["factor"]
     low_freq_factor, high_freq_factor = sc["low_freq_factor"], sc["high_freq_factor"]
     old_context_len = sc["original_max_position_embeddings"]
@@ -249,8 +261,8 @@ def _llama3(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
 
 
 def _proportional(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
-    rotated = 1.0 / (c.base ** _exponents(c.dim, c.head_dim, c.dtype))  # [r/2]
-    zeros = torch.zeros(c.head_dim // 2 - c.dim // 2, dtype=c.dtype)  # [(d - r)/2]
+    rotated = 1.0 / (c.base ** _exponents(c.dim, c.head_dim, c.dtype, c.device))  # [r/2]
+    zeros = torch.zeros(c.head_dim // 2 - c.dim // 2, dtype=c.dtype, device=c.device)  # [(d - r)/2]
     return torch.cat((rotated, zeros)) / sc.get("factor", 1.0), 1.0  # [d/2]
 
 
@@ -483,6 +495,15 @@ def rope_inv_freq(
     ctx = Ctx(base, rotary_dim, rotary_dim if head_dim is None else head_dim, seq_len, dtype)
     inv_freq, attention_factor = spec.inv_freq(sc or {}, ctx)
     return inv_freq.to(device), float(attention_factor)
+
+
+def scaled_inv_freq(
+    spec: ScalingSpec, scaling: dict[str, Any] | None, ctx: Ctx
+) -> tuple[torch.Tensor, float]:
+    """:func:`rope_inv_freq` without its checks, for a module that checked its arguments once at
+    construction and recomputes length-dependent frequencies in ``forward`` (traceable: the
+    checks read Python values that a compiled graph cannot guard cheaply)."""
+    return spec.inv_freq(scaling or {}, ctx)
 
 
 def extension_scaling(

@@ -21,7 +21,14 @@ from .._checks import (
     default_positions,
     host_readable,
 )
-from ..functional.rope_scaling import ROPE_SCALING, check_base, normalize_scaling, rope_inv_freq
+from ..functional.rope_scaling import (
+    ROPE_SCALING,
+    Ctx,
+    check_base,
+    normalize_scaling,
+    rope_inv_freq,
+    scaled_inv_freq,
+)
 from ..functional.rotary import rope_cos_sin
 from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
 from ..kernels.rope_op import rope_qk_canonical, unit_last
@@ -199,7 +206,11 @@ class RotaryEmbedding(nn.Module):
         self.span = head_dim if self.rope_type == "proportional" else rotary_dim
         # Frequencies live on the CPU as plain attributes, not buffers: ``module.to(bfloat16)``
         # would round a floating buffer (the classic inv_freq bug). Copies per device are cached.
-        self._sets: dict[str, tuple[torch.Tensor, float]] = {"base": self._compute(None)}
+        self._sets: dict[str, tuple[torch.Tensor, float]] = {
+            "base": rope_inv_freq(
+                rotary_dim, self.base, self.scaling, head_dim, dtype=self.angle_dtype
+            )
+        }
         if self.rope_type == "longrope":
             self._sets["long"] = self._compute(self._original_len() + 1)
         self.attention_factor = self._sets["base"][1]
@@ -211,15 +222,9 @@ class RotaryEmbedding(nn.Module):
     def _compute(
         self, seq_len: int | torch.Tensor | None, device: Any = None
     ) -> tuple[torch.Tensor, float]:
-        return rope_inv_freq(
-            self.rotary_dim,
-            self.base,
-            self.scaling,
-            self.head_dim,
-            seq_len=seq_len,
-            dtype=self.angle_dtype,
-            device=device,
-        )
+        # The arguments were checked by the first call (rope_inv_freq in __init__).
+        ctx = Ctx(self.base, self.rotary_dim, self.head_dim, seq_len, self.angle_dtype, device)
+        return scaled_inv_freq(self.spec, self.scaling, ctx)
 
     def _original_len(self) -> int:
         assert self.scaling is not None
@@ -245,7 +250,9 @@ class RotaryEmbedding(nn.Module):
         """A frequency set on ``device``, copied there once (a copy per call would be a
         host-to-device transfer on every step, which CUDA-graph capture forbids)."""
         if torch.compiler.is_compiling():
-            return self._sets[key][0].to(device)  # a constant of the graph
+            # Rebuilt in the graph from Python ints (a few fused ops): a stored tensor would be
+            # a graph input whose size Dynamo may tie to a sequence length and recompile on.
+            return self._compute(self._original_len() + 1 if key == "long" else None, device)[0]
         entry = self._on_device.get((device, key))
         if entry is None:
             entry = self._on_device[(device, key)] = self._sets[key][0].to(device)
