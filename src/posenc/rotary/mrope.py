@@ -7,7 +7,14 @@ split into three groups by ``mrope_section``; each group turns with its own axis
     Qwen3-VL  interleaved sections, e.g. [2, 1, 1] over 4 pairs:  [T H W T]
 
 Text tokens have the same position on all three axes, so on text M-RoPE is plain RoPE. Pairs
-are laid out "half" (x[i] with x[i + d/2]), as in both models.
+are laid out "half" (x[i] with x[i + r/2]), as in both models.
+
+Partial rotary (Qwen3.5, ``partial_rotary_factor=0.25``): only the first ``r = rotary_dim``
+channels turn, and the sections cover their ``r / 2`` pairs; the other ``d - r`` channels pass
+through::
+
+    d = 8, r = 4, mrope_section [1, 1, 0] (interleaved):   [x0 x1 | x2 x3] x4 x5 x6 x7
+                                                             T  H    T  H   (unrotated)
 """
 
 from __future__ import annotations
@@ -28,11 +35,14 @@ class MRoPE(RotaryEmbedding):
     """Multimodal rotary embedding (Qwen2-VL ``mrope_section``; Qwen3-VL ``interleaved``).
 
     Args:
-        head_dim: ``d``; ``sum(mrope_section)`` must equal ``d / 2``.
-        mrope_section: pairs per axis (temporal, height, width), e.g. ``[16, 24, 24]``.
+        head_dim: ``d``.
+        mrope_section: pairs per axis (temporal, height, width), e.g. ``[16, 24, 24]``;
+            ``sum(mrope_section)`` must equal ``rotary_dim / 2``.
         base, scaling, angle_dtype, backend: as for :class:`RotaryEmbedding` (frequencies are
             shared by the three axes).
         interleaved: Qwen3-VL's interleaved section layout (``T H W T H W ... T T``).
+        rotary_dim: ``r``, the rotated channels (default ``head_dim``); Qwen3.5 rotates a quarter
+            of the head (``partial_rotary_factor``).
     """
 
     def __init__(
@@ -43,19 +53,21 @@ class MRoPE(RotaryEmbedding):
         scaling: Mapping[str, Any] | None = None,
         interleaved: bool = False,
         *,
+        rotary_dim: int | None = None,
         angle_dtype: torch.dtype | str = torch.float64,
         backend: str = "auto",
     ) -> None:
         super().__init__(
-            head_dim, base, scaling, "half", None, angle_dtype=angle_dtype, backend=backend
+            head_dim, base, scaling, "half", rotary_dim, angle_dtype=angle_dtype, backend=backend
         )
         self.mrope_section = tuple(mrope_section)
         self.interleaved = bool(interleaved)
         axis = mrope_axis_index(self.mrope_section, self.interleaved)  # validates the sections
         if axis.shape[0] != self.span // 2:
             raise ValueError(
-                f"sum(mrope_section) must equal head_dim / 2 = {self.span // 2}, got "
-                f"{sum(self.mrope_section)} for mrope_section={list(self.mrope_section)}"
+                f"sum(mrope_section) must equal rotary_dim / 2 = {self.span // 2} (rotary_dim "
+                f"{self.span} of head_dim {self.head_dim}), got {sum(self.mrope_section)} for "
+                f"mrope_section={list(self.mrope_section)}"
             )
 
     @staticmethod
@@ -125,6 +137,7 @@ class MRoPE(RotaryEmbedding):
             self.base,
             scaling,
             self.interleaved,
+            rotary_dim=self.rotary_dim,
             angle_dtype=self.angle_dtype,
             backend=self.backend,
         )
