@@ -147,7 +147,7 @@ def test_text_positions_make_mrope_plain_rope() -> None:
 
 
 def test_mrope_errors() -> None:
-    with pytest.raises(ValueError, match="sum\\(mrope_section\\) must equal head_dim / 2 = 8"):
+    with pytest.raises(ValueError, match="sum\\(mrope_section\\) must equal rotary_dim / 2 = 8"):
         MRoPE(16, [2, 2, 2])
     q = torch.randn(1, 2, 4, 16)
     with pytest.raises(ValueError, match=r"\[3, 1, 4\]"):

@@ -1,20 +1,38 @@
-"""Interop with Hugging Face configs: the rotary embedding a transformers model uses.
+"""Interop with Hugging Face configs: the rotary embedding a transformers model uses, exactly.
 
-:func:`rope_from_hf` reads a config object or its ``config.json`` dict in either form:
+:func:`rope_from_hf` reads a transformers config object or a raw ``config.json`` dict (multimodal
+ones with their ``text_config``) and returns the :class:`~posenc.rotary.RotaryEmbedding` (or
+:class:`~posenc.rotary.MRoPE`) that reproduces the model named by ``model_type``:
 
-* transformers 4.x: ``rope_theta``, ``rope_scaling`` (``type`` or ``rope_type``),
-  ``partial_rotary_factor`` (``rotary_pct`` for GPT-NeoX, ``rotary_dim`` for GPT-J), ``head_dim``,
-  ``max_position_embeddings``, ``original_max_position_embeddings`` (Phi-3);
-* transformers 5.x: ``rope_parameters``, flat or one dict per layer type (Gemma 3/4:
-  ``{"sliding_attention": {...}, "full_attention": {...}}``).
+* **Defaults of the config class.** A raw dict is first turned into the model's config object by
+  transformers when it is installed (``CONFIG_MAPPING[model_type].from_dict``), so keys the file
+  omits take the class defaults (Qwen3.5's ``partial_rotary_factor=0.25``, DeepSeek's
+  ``head_dim = qk_rope_head_dim``, GPT-NeoX's ``rotary_pct``, Gemma-3's local base, ...). Without
+  transformers (or with ``use_transformers=False``) a small table of those defaults stands in.
+* **Pair layout by architecture.** ``"interleaved"`` (pairs ``x[2i], x[2i+1]``) for the models
+  whose attention rotates every two channels or multiplies complex numbers (GPT-J, GLM, Cohere,
+  DeepSeek-V2, Llama-4, ...) and for the MLA models whose config sets ``rope_interleave``
+  (DeepSeek-V3 and its kin, default True); ``"half"`` (``x[i], x[i + r/2]``) otherwise.
+* **Rotary dim.** ``int(head_dim * partial_rotary_factor)`` (``rotary_pct``), GPT-J's
+  ``rotary_dim``, MLA's ``qk_rope_head_dim`` (the module then rotates the rope part of the head).
+* **Per-layer-type parameters** (Gemma-3, OLMo-3, Gemma-4): pass ``layer_type=``; scaling that a
+  4.x file gives in ``rope_scaling`` applies to the full-attention layers only, as transformers
+  does.
+* **M-RoPE** (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 with partial rotary).
+* **Attention temperature** (Llama-4, Ministral-3's ``llama_4_scaling_beta``) is not part of the
+  rotation: :func:`attention_temperature_from_hf` returns it as a
+  :class:`~posenc.rotary.temperature.QueryTemperature`.
 
-transformers computes frequencies and angles in float32, so the module is built with
+Bad values raise (``rope_theta <= 0``, NaN, strings where numbers go, unknown keys), naming the
+key. transformers computes frequencies and angles in float32, so the module is built with
 ``angle_dtype=float32`` by default: its cos/sin then equal transformers' bit for bit (up to the
 last ulp of ``cos``).
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,68 +40,95 @@ import torch
 
 from .functional.rotary import ROPE_TYPES, normalize_scaling
 from .rotary import MRoPE, RotaryEmbedding
+from .rotary.temperature import QueryTemperature
 
-# Models whose rotary pairs are (x[2i], x[2i+1]) instead of (x[i], x[i + r/2]).
+# --- what each architecture does (read from transformers' modeling code) -----------------------
+
+# Attention rotates pairs (x[2i], x[2i+1]): rotate_every_two / "interleaved" rotate_half, or a
+# complex product (DeepSeek-V2, Llama-4), or MLA models that always de-interleave.
 INTERLEAVED_MODEL_TYPES = frozenset(
     {
-        "codegen",
-        "cohere",
-        "cohere2",
-        "cohere2_moe",
-        "ernie4_5",
-        "ernie4_5_moe",
-        "glm",
-        "glm4",
-        "gptj",
-        "helium",
-        "moonshine",
+        "axk2", "bailing_hybrid", "blt", "codegen", "cohere", "cohere2", "cohere2_moe",
+        "deepseek_v2", "deepseek_v32", "dots3_note", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
+        "glm_moe_dsa", "gptj", "helium", "llama4", "llama4_text", "longcat_flash",
+        "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
+        "openai_privacy_filter",
     }
-)
-# Models whose M-RoPE sections are interleaved (T H W T H W ...) rather than contiguous.
+)  # fmt: skip
+# MLA models with a ``rope_interleave`` flag (and its class default): True -> interleaved pairs.
+# transformers then writes the rotated channels de-interleaved ([x0 x2 .. | x1 x3 ..]); queries and
+# keys get the same permutation, so attention scores equal those of the interleaved rotation.
+ROPE_INTERLEAVE_MODEL_TYPES: dict[str, bool] = {
+    "axk1": True, "deepseek_v3": True, "glm4_moe_lite": True, "mistral4": True,
+    "sarvam_mla": True, "youtu": True,
+}  # fmt: skip
+# Model types whose M-RoPE posenc reproduces, with the sections their rotary class falls back to
+# when the config has none (None: no fallback, plain RoPE then).
+MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
+    "qwen2_vl": None, "qwen2_vl_text": None, "qwen2_5_vl": None, "qwen2_5_vl_text": None,
+    "qwen3_vl": (24, 20, 20), "qwen3_vl_text": (24, 20, 20),
+    "qwen3_vl_moe": (24, 20, 20), "qwen3_vl_moe_text": (24, 20, 20),
+    "qwen3_5": (11, 11, 10), "qwen3_5_text": (11, 11, 10),
+    "qwen3_5_moe": (11, 11, 10), "qwen3_5_moe_text": (11, 11, 10),
+}  # fmt: skip
+# Their rotary class interleaves the sections (T H W T H W ...) whatever ``mrope_interleaved`` says.
 INTERLEAVED_MROPE_MODEL_TYPES = frozenset(
-    {"qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"}
+    t for t in MROPE_MODEL_TYPES if t.startswith(("qwen3_vl", "qwen3_5"))
 )
+# The rotary dim is the config's ``rotary_dim`` (else hidden_size), not a factor of head_dim.
+ROTARY_DIM_MODEL_TYPES = frozenset({"codegen", "gptj"})
+# Attention that multiplies queries by ``llama_4_scaling_beta``'s scale (rope parameter key).
+LLAMA4_SCALING_MODEL_TYPES = frozenset({"ministral3", "mistral3"})
+LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
+# Architectures whose rotation posenc cannot express.
+UNSUPPORTED_MODEL_TYPES = {
+    "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
+}
 
-# Keys of a rope parameter dict that are not scaling options, besides each type's own keys.
-_GENERAL_KEYS = {
-    "rope_type",
-    "type",
-    "rope_theta",
-    "partial_rotary_factor",
-    "mrope_section",
-    "mrope_interleaved",
+# Keys of a rope parameter dict that are not scaling options: the module's own, and those other
+# posenc functions read. Everything else goes to the scaling dict, which rejects unknown keys.
+_MODULE_KEYS = frozenset(
+    {"rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section",
+     "mrope_interleaved", "llama_4_scaling_beta"}
+)  # fmt: skip
+# Ministral-3's class default stores max_position_embeddings in its rope parameters (unused there).
+_IGNORED_KEYS = {"ministral3": frozenset({"max_position_embeddings"})}
+# transformers fills original_max_position_embeddings of these from the model config.
+_ORIG_FROM_CONFIG = ("llama3", "yarn", "longrope")
+
+# --- defaults of the config classes, for reading a dict without transformers -------------------
+
+_LLAMA4_DEFAULTS = {
+    "rope_theta": 500000.0, "attn_temperature_tuning": True, "floor_scale": 8192,
+    "attn_scale": 0.1, "no_rope_layer_interval": 4, "num_hidden_layers": 48,
+}  # fmt: skip
+FALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt_neox": {"partial_rotary_factor": 0.25},
+    "stablelm": {"partial_rotary_factor": 0.25},
+    "phi": {"partial_rotary_factor": 0.5},
+    "persimmon": {"partial_rotary_factor": 0.5, "rope_theta": 25000.0},
+    "glm": {"partial_rotary_factor": 0.5},
+    "glm4": {"partial_rotary_factor": 0.5},
+    "qwen3_next": {"partial_rotary_factor": 0.25},
+    "qwen3_5_text": {"partial_rotary_factor": 0.25},
+    "qwen3_5_moe_text": {"partial_rotary_factor": 0.25},
+    "gptj": {"rotary_dim": 64},
+    "codegen": {"rotary_dim": 64},
+    "gpt_oss": {"rope_theta": 150000.0},
+    "cohere": {"rope_theta": 500000.0},
+    "ernie4_5": {"rope_theta": 500000.0},
+    "helium": {"rope_theta": 100000.0},
+    "llama4_text": _LLAMA4_DEFAULTS,
+    "gemma3_text": {"rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0},
+    **{t: {"rope_interleave": v} for t, v in ROPE_INTERLEAVE_MODEL_TYPES.items()},
 }
-_TYPE_KEYS: dict[str, set[str]] = {
-    "default": set(),
-    "linear": {"factor"},
-    "dynamic": {"factor"},
-    "yarn": {
-        "factor",
-        "original_max_position_embeddings",
-        "attention_factor",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-        "truncate",
-    },
-    "longrope": {
-        "short_factor",
-        "long_factor",
-        "original_max_position_embeddings",
-        "factor",
-        "attention_factor",
-    },
-    "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
-    "proportional": {"factor"},
-}
-_REQUIRED: dict[str, tuple[str, ...]] = {
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "yarn": ("factor",),
-    "longrope": ("short_factor", "long_factor"),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-}
+# 4.x files of these give one rope_scaling that applies to the full-attention layers only; their
+# sliding-window layers use plain RoPE (Gemma-3 with its own local base).
+_SPLIT_BY_LAYER_TYPE = frozenset({"gemma3_text", "olmo3"})
+_CONFIG_ALIASES = {  # older names, as the config classes' attribute maps read them
+    "n_embd": "hidden_size", "n_head": "num_attention_heads", "n_positions": "max_position_embeddings",
+    "rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta",
+}  # fmt: skip
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
@@ -92,87 +137,177 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
     return getattr(config, key, default)
 
 
-def _rope_params(config: Any) -> tuple[Any, dict[str, Any] | None]:
-    """``(config holding the rope parameters, parameters)``; descends into ``text_config``."""
-    params = _get(config, "rope_parameters")
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _number(value: Any, name: str, allowed: str, ok: Any = lambda v: True) -> float:
+    """``value`` if it is a finite number passing ``ok``, else a ValueError naming ``name``."""
+    if not _is_number(value) or not ok(value):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return float(value)
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if not _is_number(value) or value != int(value) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+# --- from a dict or an object to a transformers-5-shaped config ---------------------------------
+
+
+def _transformers_config(raw: Mapping[str, Any]) -> Any | None:
+    """The model's transformers config built from a ``config.json`` dict, or None without one."""
+    model_type = raw.get("model_type")
+    try:  # transformers is optional: a test dependency of posenc, not a requirement
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        return None
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        return None
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(dict(raw)))
+    except Exception as err:  # strict-dataclass validation errors are not ValueErrors
+        raise ValueError(
+            f"transformers could not build a {model_type!r} config from this dict: {err}"
+        ) from err
+
+
+def _has_rope_keys(cfg: Mapping[str, Any]) -> bool:
+    keys = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base")
+    return any(cfg.get(k) is not None for k in keys)
+
+
+def _standardize(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``config.json`` dict shaped like a transformers 5.x config, with the class defaults of
+    :data:`FALLBACK_DEFAULTS` (the reader without transformers)."""
+    cfg = dict(raw)
+    text = cfg.get("text_config")
+    if isinstance(text, Mapping) and not _has_rope_keys(cfg):
+        cfg = dict(text)
+    for old, new in _CONFIG_ALIASES.items():
+        if cfg.get(new) is None and cfg.get(old) is not None:
+            cfg[new] = cfg[old]
+    model_type = cfg.get("model_type") or ""
+    for key, value in FALLBACK_DEFAULTS.get(model_type, {}).items():
+        if cfg.get(key) is None:
+            cfg[key] = value
+    if cfg.get("qk_rope_head_dim") is not None:  # MLA: the module rotates the rope part only
+        cfg["head_dim"] = cfg["qk_rope_head_dim"]
+    if model_type == "llama4_text" and cfg.get("no_rope_layers") is None:
+        interval = cfg["no_rope_layer_interval"]
+        cfg["no_rope_layers"] = [
+            int((i + 1) % interval != 0) for i in range(cfg["num_hidden_layers"])
+        ]
+    cfg["rope_parameters"] = _standard_params(cfg, model_type)
+    return cfg
+
+
+def _fill(params: dict[str, Any], cfg: Mapping[str, Any], theta: Any, top_orig: bool) -> None:
+    """transformers' ``standardize_rope_params`` on one (flat or per-layer-type) dict."""
+    params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", theta)
+    if cfg.get("partial_rotary_factor") is not None:
+        params.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
+    if params["rope_type"] in _ORIG_FROM_CONFIG:
+        # A config-level original length (Phi-3) wins over the rope dict's, for flat parameters.
+        if top_orig and cfg.get("original_max_position_embeddings") is not None:
+            params["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+        params.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings"))
+
+
+def _standard_params(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    given = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    params: dict[str, Any] = copy.deepcopy(dict(given))
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    nested = _nested_keys(params, cfg.get("layer_types"))
+    split = model_type in _SPLIT_BY_LAYER_TYPE or cfg.get("rope_local_base_freq") is not None
+    if not nested and split:
+        local = cfg.get("rope_local_base_freq", theta)
+        params = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": local},
+            "full_attention": {**params, "rope_theta": theta},
+        }
+        nested = list(params)
+    for key in nested:
+        if params[key] is not None:
+            _fill(params[key], cfg, theta, top_orig=False)
+    if not nested:
+        _fill(params, cfg, theta, top_orig=True)
+    return params
+
+
+def _text_config(config: Any, use_transformers: bool) -> Any:
+    """The decoder's config to read: a transformers 5.x object, or a dict of the same shape."""
+    if isinstance(config, Mapping):
+        obj = _transformers_config(config) if use_transformers else None
+        if obj is None:
+            return _standardize(config)
+        config = obj
+    get_text_config = getattr(config, "get_text_config", None)
+    if callable(get_text_config):
+        config = get_text_config(decoder=True) or config
+    if _get(config, "rope_parameters") is None and hasattr(config, "to_dict"):
+        # transformers 4.x objects, and classes without rope_parameters (GPT-J)
+        return _standardize(config.to_dict())
+    return config
+
+
+def _model_types(config: Any, text: Any) -> frozenset[str]:
+    types = {_get(config, "model_type"), getattr(type(config), "model_type", None)}
+    types |= {_get(text, "model_type"), getattr(type(text), "model_type", None)}
+    return frozenset(t for t in types if isinstance(t, str) and t)
+
+
+def _read(config: Any, use_transformers: bool) -> tuple[Any, frozenset[str]]:
+    """``(text config, model types)`` of a config object or dict."""
+    text = _text_config(config, use_transformers)
+    model_types = _model_types(config, text)
+    for model_type in sorted(model_types & UNSUPPORTED_MODEL_TYPES.keys()):
+        raise ValueError(
+            f"posenc cannot reproduce model_type {model_type!r}: "
+            f"{UNSUPPORTED_MODEL_TYPES[model_type]}"
+        )
+    return text, model_types
+
+
+# --- the parameters of one layer type ----------------------------------------------------------
+
+
+def _nested_keys(params: Mapping[str, Any], labels: Any) -> list[str]:
+    """The layer types ``params`` is nested under (transformers' ``nested_rope_parameter_keys``)."""
+    nested = [k for k in params if k in set(labels or ())]
+    if not nested and params and all(isinstance(v, Mapping) or v is None for v in params.values()):
+        nested = list(params)  # a dict config without layer_types, nested all the same
+    return nested
+
+
+def _layer_params(cfg: Any, layer_type: str | None) -> dict[str, Any]:
+    params = _get(cfg, "rope_parameters")
     if params is None:
-        params = _get(config, "rope_scaling")
-    if params is None and _get(config, "rope_theta") is None:
-        text = _get(config, "text_config")
-        if text is not None:
-            return _rope_params(text)
-    return config, (dict(params) if params is not None else None)
+        raise ValueError(
+            "config has no RoPE parameters (rope_parameters, rope_scaling or rope_theta)"
+        )
+    nested = _nested_keys(params, _get(cfg, "_rope_type_labels") or _get(cfg, "layer_types"))
+    if not nested:
+        return dict(params)
+    if layer_type is None:
+        raise ValueError(
+            f"config has RoPE parameters per layer type {nested}: pass layer_type= (one of them)"
+        )
+    if layer_type not in params:
+        raise ValueError(f"layer_type {layer_type!r} has no RoPE parameters; config has {nested}")
+    if params[layer_type] is None:
+        raise ValueError(f"layer type {layer_type!r} uses no RoPE (its rope parameters are None)")
+    return dict(params[layer_type])
 
 
-def _nested_keys(config: Any, params: Mapping[str, Any]) -> list[str]:
-    layer_types = set(_get(config, "layer_types") or ())
-    keys = [k for k in params if k in layer_types]
-    if not keys and params and all(isinstance(v, Mapping) or v is None for v in params.values()):
-        keys = list(params)  # a dict config without layer_types, nested all the same
-    return keys
-
-
-def _head_dim(config: Any, layer_type: str | None) -> int:
-    head_dim = None
-    if layer_type is not None:
-        per_layer = _get(config, "per_layer_config")
-        if per_layer is not None and not isinstance(per_layer, Mapping):
-            try:  # transformers 5.x heterogeneous configs (Gemma-4: global_head_dim on full layers)
-                head_dim = getattr(per_layer[layer_type], "head_dim", None)
-            except (KeyError, ValueError, TypeError, IndexError):
-                head_dim = None
-        if head_dim is None and layer_type == "full_attention":
-            head_dim = _get(config, "global_head_dim")
-    head_dim = head_dim or _get(config, "head_dim")
-    if head_dim is None:
-        hidden = _get(config, "hidden_size") or _get(config, "n_embd") or _get(config, "d_model")
-        heads = _get(config, "num_attention_heads") or _get(config, "n_head")
-        if hidden is None or heads is None:
-            raise ValueError(
-                "config has no head_dim and no hidden_size / num_attention_heads to derive it"
-            )
-        head_dim = hidden // heads
-    return int(head_dim)
-
-
-def hf_rope_kwargs(config: Any, layer_type: str | None = None) -> dict[str, Any]:
-    """The posenc arguments of a Hugging Face config's RoPE (see :func:`rope_from_hf`).
-
-    Returns a dict with ``head_dim``, ``base``, ``scaling``, ``layout``, ``rotary_dim`` and, for
-    multimodal RoPE, ``mrope_section`` and ``mrope_interleaved``.
-    """
-    config, params = _rope_params(config)
-    model_type = _get(config, "model_type") or getattr(type(config), "model_type", None) or ""
-    base = _get(config, "rope_theta") or _get(config, "rotary_emb_base")  # GPT-NeoX 4.x
-    if params:
-        nested = _nested_keys(config, params)
-        if nested:
-            if layer_type is None:
-                raise ValueError(
-                    f"config has RoPE parameters per layer type {nested}: "
-                    "pass layer_type= (one of them)"
-                )
-            if layer_type not in params:
-                raise ValueError(
-                    f"layer_type {layer_type!r} has no RoPE parameters; config has {nested}"
-                )
-            params = params[layer_type]
-            if params is None:
-                raise ValueError(
-                    f"layer type {layer_type!r} uses no RoPE (its rope parameters are None)"
-                )
-            params = dict(params)
-    params = params or {}
-    local_base = _get(config, "rope_local_base_freq")
-    if (
-        layer_type == "sliding_attention"
-        and local_base is not None
-        and "sliding_attention" not in (_get(config, "rope_parameters") or {})
-    ):
-        # Gemma 3 (transformers 4.x): local layers use plain RoPE with their own base.
-        params, base = {}, local_base
-
-    rope_type = params.get("rope_type") or params.get("type") or "default"
+def _rope_type(params: Mapping[str, Any], model_types: frozenset[str]) -> str:
+    rope_type, alias = params.get("rope_type"), params.get("type")
+    if rope_type is not None and alias is not None and rope_type != alias:
+        raise ValueError(f"rope parameters disagree: rope_type {rope_type!r} but type {alias!r}")
+    rope_type = rope_type or alias or "default"
     if rope_type == "mrope":  # Qwen2-VL's 4.x name for plain frequencies with mrope_section
         rope_type = "default"
     if rope_type == "axial":
@@ -180,90 +315,142 @@ def hf_rope_kwargs(config: Any, layer_type: str | None = None) -> dict[str, Any]
             "rope_type 'axial' (vision towers) has model-specific layouts: build "
             "posenc.rotary.Axial2DRoPE(head_dim, frequencies=..., arrangement=...) directly"
         )
-    if rope_type not in _TYPE_KEYS:
-        hf_types = sorted(_TYPE_KEYS)
+    if rope_type not in ROPE_TYPES or rope_type == "ntk":  # ntk: posenc's own, not a HF type
+        raise ValueError(f"unknown rope_type {rope_type!r} in config; supported: {ROPE_TYPES}")
+    if "llama_4_scaling_beta" in params and not model_types & LLAMA4_SCALING_MODEL_TYPES:
         raise ValueError(
-            f"unknown rope_type {rope_type!r} in config; supported: {hf_types} "
-            f"(posenc: {ROPE_TYPES})"
+            "rope parameter 'llama_4_scaling_beta' is read by the attention of "
+            f"{sorted(LLAMA4_SCALING_MODEL_TYPES)} only; model_type {sorted(model_types)} "
+            "would ignore it"
         )
-    unknown = sorted(set(params) - _GENERAL_KEYS - _TYPE_KEYS[rope_type])
-    if unknown:
-        raise ValueError(
-            f"unknown key(s) {unknown} in the rope parameters for rope_type {rope_type!r}; "
-            f"allowed: {sorted(_GENERAL_KEYS | _TYPE_KEYS[rope_type])}"
-        )
-    missing = [k for k in _REQUIRED.get(rope_type, ()) if k not in params]
-    if missing:
-        raise ValueError(
-            f"rope parameters for rope_type {rope_type!r} are missing required key(s) {missing}"
-        )
+    return rope_type
 
-    base = params.get("rope_theta") or base
-    if base is None:
-        base = (
-            getattr(type(config), "default_theta", 10000.0)
-            if not isinstance(config, Mapping)
-            else 10000.0
-        )
-    head_dim = _head_dim(config, layer_type)
+
+def _head_dim(cfg: Any, layer_type: str | None) -> int:
+    head_dim = None
+    if layer_type is not None:
+        per_layer = _get(cfg, "per_layer_config")
+        if per_layer is not None and not isinstance(per_layer, Mapping):
+            try:  # transformers 5.x heterogeneous configs (Gemma-4: global_head_dim on full layers)
+                head_dim = getattr(per_layer[layer_type], "head_dim", None)
+            except (KeyError, ValueError, TypeError, IndexError):
+                head_dim = None
+        if head_dim is None and layer_type == "full_attention":
+            head_dim = _get(cfg, "global_head_dim")
+    if head_dim is None:
+        head_dim = _get(cfg, "head_dim")
+    if head_dim is None:
+        hidden, heads = _get(cfg, "hidden_size"), _get(cfg, "num_attention_heads")
+        if hidden is None or heads is None:
+            raise ValueError(
+                "config has no head_dim and no hidden_size / num_attention_heads to derive it"
+            )
+        hidden = _positive_int(hidden, "hidden_size")
+        head_dim = hidden // _positive_int(heads, "num_attention_heads")
+    return _positive_int(head_dim, "head_dim")
+
+
+def _rotary_dim(
+    cfg: Any, params: Mapping[str, Any], head_dim: int, model_types: frozenset[str], rope_type: str
+) -> int:
+    if model_types & ROTARY_DIM_MODEL_TYPES:  # GPT-J: ``config.rotary_dim or config.hidden_size``
+        return _positive_int(_get(cfg, "rotary_dim") or _get(cfg, "hidden_size"), "rotary_dim")
     partial = params.get("partial_rotary_factor")
     if partial is None:
-        partial = _get(config, "partial_rotary_factor")
+        partial = _get(cfg, "partial_rotary_factor")
     if partial is None:
-        partial = _get(config, "rotary_pct")  # GPT-NeoX 4.x
-    rotary_dim = (
-        int(head_dim * partial) if partial is not None else (_get(config, "rotary_dim") or head_dim)
-    )
-    if rope_type == "proportional":
-        rotary_dim = 2 * int((1.0 if partial is None else partial) * head_dim // 2)
+        return head_dim
+    partial = _number(partial, "partial_rotary_factor", "a number in (0, 1]", lambda v: 0 < v <= 1)
+    if rope_type == "proportional":  # Gemma-4: an even count of rotated channels
+        return 2 * int(partial * head_dim // 2)
+    return int(head_dim * partial)  # transformers truncates
 
-    max_pos = _get(config, "max_position_embeddings")
-    scaling: dict[str, Any] | None = None
-    if rope_type != "default":
-        scaling = {"rope_type": rope_type}
-        scaling.update({k: v for k, v in params.items() if k in _TYPE_KEYS[rope_type]})
-        if rope_type in ("yarn", "longrope", "llama3"):
-            # transformers: a config-level original_max_position_embeddings (Phi-3) wins, else the
-            # rope parameters', else max_position_embeddings.
-            orig = _get(config, "original_max_position_embeddings") or params.get(
-                "original_max_position_embeddings"
-            )
-            orig = orig or max_pos
-            if orig is None:
-                raise ValueError(
-                    f"rope_type {rope_type!r} needs original_max_position_embeddings or "
-                    "max_position_embeddings"
-                )
-            scaling["original_max_position_embeddings"] = int(orig)
-            if rope_type in ("yarn", "longrope") and scaling.get("factor") is None:
-                if max_pos is None:
-                    raise ValueError(
-                        f"rope_type {rope_type!r} without a factor needs max_position_embeddings"
-                    )
-                scaling["factor"] = max_pos / orig  # DeepSeek-V3, Phi-3: the extension ratio
-        if rope_type == "dynamic":
-            if max_pos is None:
-                raise ValueError(
-                    "rope_type 'dynamic' needs max_position_embeddings (the original length)"
-                )
-            scaling["original_max_position_embeddings"] = int(max_pos)
-        if rope_type == "longrope" and scaling.get("attention_factor") is None:
-            scaling.pop("attention_factor", None)
-        normalize_scaling(scaling)  # same checks as the module will make, with the rope type named
 
-    layout = "interleaved" if model_type in INTERLEAVED_MODEL_TYPES else "half"
+def _scaling(cfg: Any, params: Mapping[str, Any], rope_type: str) -> dict[str, Any] | None:
+    if rope_type == "default":
+        extra = sorted(set(params) - _MODULE_KEYS)
+        normalize_scaling({"rope_type": "default", **{k: params[k] for k in extra}})
+        return None
+    scaling = {k: v for k, v in params.items() if k not in _MODULE_KEYS}
+    scaling["rope_type"] = rope_type
+    max_pos = _get(cfg, "max_position_embeddings")
+    orig_name = "original_max_position_embeddings"
+    if rope_type in _ORIG_FROM_CONFIG and scaling.get(orig_name) is None:
+        scaling[orig_name] = max_pos  # what transformers' standardization fills in
+    if rope_type == "dynamic":  # transformers grows past max_position_embeddings
+        scaling[orig_name] = max_pos
+    if rope_type in ("yarn", "longrope") and scaling.get("factor") is None:
+        # DeepSeek-V3, Phi-3: the factor is the extension ratio of the two lengths.
+        length = _positive_int(max_pos, "max_position_embeddings")
+        scaling["factor"] = length / _positive_int(scaling.get(orig_name), orig_name)
+    if rope_type == "longrope" and scaling.get("attention_factor") is None:
+        scaling.pop("attention_factor", None)
+    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        if scaling.get(key) is not None:
+            _number(scaling[key], key, "a finite number")
+    return normalize_scaling(scaling)  # the checks the module makes, with the rope type named
+
+
+def _mrope(params: Mapping[str, Any], model_types: frozenset[str]) -> dict[str, Any]:
+    known = model_types & MROPE_MODEL_TYPES.keys()
+    section = params.get("mrope_section")
+    if section is None and known:
+        section = next((MROPE_MODEL_TYPES[t] for t in sorted(known) if MROPE_MODEL_TYPES[t]), None)
+    if section is None:
+        return {}
+    if model_types and not known:
+        raise ValueError(
+            f"model_type {sorted(model_types)} has mrope_section but posenc reproduces the "
+            f"M-RoPE of {sorted(MROPE_MODEL_TYPES)} only (other models lay sections out "
+            "differently)"
+        )
+    if model_types & INTERLEAVED_MROPE_MODEL_TYPES:
+        interleaved = True
+    elif known:
+        interleaved = False  # Qwen2-VL and Qwen2.5-VL ignore mrope_interleaved
+    else:
+        interleaved = bool(params.get("mrope_interleaved", False))
+    return {"mrope_section": list(section), "mrope_interleaved": interleaved}
+
+
+def _layout(cfg: Any, model_types: frozenset[str]) -> str:
+    flagged = model_types & ROPE_INTERLEAVE_MODEL_TYPES.keys()
+    if flagged:
+        flag = _get(cfg, "rope_interleave")
+        if flag is None:
+            flag = ROPE_INTERLEAVE_MODEL_TYPES[min(flagged)]
+        return "interleaved" if flag else "half"
+    return "interleaved" if model_types & INTERLEAVED_MODEL_TYPES else "half"
+
+
+def hf_rope_kwargs(
+    config: Any, layer_type: str | None = None, *, use_transformers: bool = True
+) -> dict[str, Any]:
+    """The posenc arguments of a Hugging Face config's RoPE (see :func:`rope_from_hf`).
+
+    Returns a dict with ``head_dim``, ``base``, ``scaling``, ``layout``, ``rotary_dim`` and, for
+    multimodal RoPE, ``mrope_section`` and ``mrope_interleaved``. ``use_transformers=False``
+    reads a dict with posenc's table of class defaults instead of building the transformers
+    config (what happens when transformers is not installed).
+    """
+    cfg, model_types = _read(config, use_transformers)
+    params = _layer_params(cfg, layer_type)
+    rope_type = _rope_type(params, model_types)
+    ignored = set().union(*(_IGNORED_KEYS.get(t, frozenset()) for t in model_types))
+    params = {k: v for k, v in params.items() if k not in ignored}
+    base = params.get("rope_theta")
+    if base is None:
+        base = _get(cfg, "rope_theta", 10000.0)
+    base = _number(base, "rope_theta", "a finite number > 0", lambda v: v > 0)
+    head_dim = _head_dim(cfg, layer_type)
     out: dict[str, Any] = {
         "head_dim": head_dim,
-        "base": float(base),
-        "scaling": scaling,
-        "layout": layout,
-        "rotary_dim": rotary_dim,
+        "base": base,
+        "scaling": _scaling(cfg, params, rope_type),
+        "layout": _layout(cfg, model_types),
+        "rotary_dim": _rotary_dim(cfg, params, head_dim, model_types, rope_type),
     }
-    if params.get("mrope_section") is not None:
-        out["mrope_section"] = list(params["mrope_section"])
-        out["mrope_interleaved"] = bool(
-            params.get("mrope_interleaved", model_type in INTERLEAVED_MROPE_MODEL_TYPES)
-        )
+    out.update(_mrope(params, model_types))
     return out
 
 
@@ -275,30 +462,31 @@ def rope_from_hf(
     angle_dtype: torch.dtype | str = torch.float32,
     cache_len: int = 4096,
     backend: str = "auto",
+    use_transformers: bool = True,
 ) -> RotaryEmbedding:
     """The rotary embedding of a Hugging Face config (object or ``config.json`` dict).
 
-    Returns a :class:`RotaryEmbedding`, or an :class:`MRoPE` when the parameters carry an
-    ``mrope_section`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL). ``layer_type`` selects the entry of
-    per-layer-type parameters (Gemma 3/4: ``"sliding_attention"``, ``"full_attention"``).
-    ``layout`` overrides the pairing inferred from ``model_type`` (interleaved for GPT-J, GLM,
-    Cohere, ...). ``angle_dtype=float32`` (default) reproduces transformers' arithmetic.
+    Returns a :class:`RotaryEmbedding`, or an :class:`MRoPE` for multimodal RoPE (Qwen2-VL,
+    Qwen2.5-VL, Qwen3-VL, Qwen3.5). ``layer_type`` selects the entry of per-layer-type parameters
+    (Gemma-3/4, OLMo-3: ``"sliding_attention"``, ``"full_attention"``). ``layout`` overrides the
+    pairing inferred from ``model_type``. ``angle_dtype=float32`` (default) reproduces
+    transformers' arithmetic. For MLA models (DeepSeek) the module's ``head_dim`` is
+    ``qk_rope_head_dim``: apply it to the rope part of the queries and keys.
 
     >>> from posenc.hf import rope_from_hf
     >>> rope_from_hf({"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 1e4,
     ...               "rope_scaling": {"type": "linear", "factor": 2.0}}).scaling
     {'rope_type': 'linear', 'factor': 2.0}
     """
-    kw = hf_rope_kwargs(config, layer_type)
+    kw = hf_rope_kwargs(config, layer_type, use_transformers=use_transformers)
     if "mrope_section" in kw:
-        if kw["rotary_dim"] != kw["head_dim"]:
-            raise ValueError("M-RoPE with partial rotary is not supported")
         return MRoPE(
             kw["head_dim"],
             kw["mrope_section"],
             kw["base"],
             kw["scaling"],
             kw["mrope_interleaved"],
+            rotary_dim=kw["rotary_dim"],
             angle_dtype=angle_dtype,
             backend=backend,
         )
@@ -312,3 +500,40 @@ def rope_from_hf(
         cache_len=cache_len,
         backend=backend,
     )
+
+
+def attention_temperature_from_hf(
+    config: Any, *, use_transformers: bool = True
+) -> QueryTemperature | None:
+    """The query temperature of a Hugging Face config, or None when the model has none.
+
+    * Llama-4 (``attn_temperature_tuning``): ``log1p(floor((p + 1) / floor_scale)) * attn_scale
+      + 1`` on the layers without RoPE (``layers``), ``p`` the absolute index in the KV cache.
+    * Ministral-3 (rope parameter ``llama_4_scaling_beta``): ``1 + beta * log(1 + floor(p / L))``
+      on every layer, ``L = original_max_position_embeddings``, ``p`` the ``position_ids``.
+
+    Multiply the queries by it after the rotation: ``q = temperature(q, positions)``.
+    """
+    cfg, model_types = _read(config, use_transformers)
+    if model_types & LLAMA4_MODEL_TYPES:
+        if not _get(cfg, "attn_temperature_tuning"):
+            return None
+        no_rope = _get(cfg, "no_rope_layers") or ()
+        layers = tuple(i for i, uses_rope in enumerate(no_rope) if not uses_rope)
+        beta = _get(cfg, "attn_scale")
+        length = _get(cfg, "floor_scale")
+        return QueryTemperature(
+            "llama4_temperature", beta, _positive_int(length, "floor_scale"), layers
+        )
+    params = _layer_params(cfg, None)
+    beta = params.get("llama_4_scaling_beta")
+    if beta is None:
+        return None
+    _rope_type(params, model_types)  # the key must belong to this architecture
+    orig = params.get("original_max_position_embeddings")
+    if orig is None:
+        raise ValueError(
+            "llama_4_scaling_beta needs original_max_position_embeddings in the rope parameters"
+        )
+    length = _positive_int(orig, "original_max_position_embeddings")
+    return QueryTemperature("llama4_scaling", beta, length, None)
