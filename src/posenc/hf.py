@@ -304,12 +304,13 @@ def _layer_params(cfg: Any, layer_type: str | None) -> dict[str, Any]:
 
 
 def _rope_type(params: Mapping[str, Any], model_types: frozenset[str]) -> str:
-    rope_type, alias = params.get("rope_type"), params.get("type")
+    # "mrope": Qwen2-VL's 4.x name for plain frequencies with mrope_section.
+    rope_type, alias = (
+        "default" if t == "mrope" else t for t in (params.get("rope_type"), params.get("type"))
+    )
     if rope_type is not None and alias is not None and rope_type != alias:
         raise ValueError(f"rope parameters disagree: rope_type {rope_type!r} but type {alias!r}")
     rope_type = rope_type or alias or "default"
-    if rope_type == "mrope":  # Qwen2-VL's 4.x name for plain frequencies with mrope_section
-        rope_type = "default"
     if rope_type == "axial":
         raise ValueError(
             "rope_type 'axial' (vision towers) has model-specific layouts: build "

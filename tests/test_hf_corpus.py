@@ -1,0 +1,336 @@
+"""Published model configs against transformers' own rotary classes.
+
+Each file of ``tests/data/hf_configs`` is a real ``config.json`` (its ``_source`` names the Hub
+repository, ``_via`` the public copy the text was taken from, ``_notes`` any edit that copy made;
+the loader strips those three keys). For every file, in both forms (the raw dict and the config
+object transformers builds from it), and for every rope layer type, :func:`posenc.hf.rope_from_hf`
+must give:
+
+* the cos/sin of the model's ``*RotaryEmbedding`` class (float32, <= 1e-6 times the attention
+  factor), at sampled positions up to 4x ``max_position_embeddings`` and at every switch point
+  (``original_max_position_embeddings`` +-1, where LongRoPE changes factors);
+* the rotation of the model's own ``apply_rotary_pos_emb`` (float32), and in bfloat16 an error
+  against transformers' float32 result no larger than transformers' own bfloat16 error.
+
+The negative controls at the end show that a wrong base, swapped YaRN betas, swapped Llama-3
+smoothing factors and a LongRoPE switch moved by one position are each caught.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+from transformers import CONFIG_MAPPING  # noqa: E402
+from transformers.models.auto.configuration_auto import model_type_to_module_name  # noqa: E402
+
+from posenc.hf import ROPE_INTERLEAVE_MODEL_TYPES, hf_rope_kwargs, rope_from_hf  # noqa: E402
+
+CORPUS = Path(__file__).parent / "data" / "hf_configs"
+METADATA = ("_source", "_via", "_notes")
+NAMES = sorted(p.stem for p in CORPUS.glob("*.json"))
+TOL = 1e-6  # float32, cos/sin (times the attention factor) and rotated q, k
+
+
+# --- the corpus and transformers' side ---------------------------------------------------------
+
+
+def load(name: str) -> dict[str, Any]:
+    """The published config of corpus file ``name``, without the provenance keys."""
+    raw = json.loads((CORPUS / f"{name}.json").read_text())
+    return {k: v for k, v in raw.items() if k not in METADATA}
+
+
+def hf_text_config(raw: dict[str, Any]) -> Any:
+    """The decoder config transformers builds from ``raw`` (its class defaults filled in)."""
+    config = CONFIG_MAPPING[raw["model_type"]].from_dict(copy.deepcopy(raw))
+    return config.get_text_config(decoder=True)
+
+
+def modeling(text: Any) -> Any:
+    name = model_type_to_module_name(text.model_type)
+    return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+
+def rotary_class(module: Any) -> type:
+    """The module's text ``*RotaryEmbedding`` class (not a vision or audio one)."""
+    found = [
+        obj
+        for n, obj in vars(module).items()
+        if n.endswith("RotaryEmbedding")
+        and isinstance(obj, type)
+        and obj.__module__ == module.__name__
+        and not any(s in n for s in ("Vision", "Audio", "Vit", "Patch"))
+    ]
+    if len(found) > 1:
+        found = [c for c in found if "Text" in c.__name__] or found
+    assert len(found) == 1, [c.__name__ for c in found]
+    return found[0]
+
+
+def rope_keys(text: Any) -> list[str | None]:
+    """The layer types with their own rope parameters, or ``[None]`` for one set."""
+    params = getattr(text, "rope_parameters", None) or {}
+    labels = set(getattr(text, "layer_types", None) or ())
+    return [k for k in params if k in labels] or [None]
+
+
+def is_flagged_interleave(text: Any) -> bool:
+    """DeepSeek-V3 style: interleaved pairs, written back de-interleaved by transformers."""
+    return text.model_type in ROPE_INTERLEAVE_MODEL_TYPES and bool(
+        getattr(text, "rope_interleave", False)
+    )
+
+
+def reference_cos_sin(out: Any, model_type: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' rotary output as cos, sin ``[b, s, n]`` (one entry per rotated pair)."""
+    if isinstance(out, torch.Tensor) and out.is_complex():  # DeepSeek-V2, Llama-4: e^{i angle}
+        return out.real, out.imag
+    cos, sin = out
+    if model_type in ("gptj", "codegen"):
+        cos, sin = sin, cos  # GPT-J returns (sin, cos)
+    if cos.shape[-1] == n:
+        return cos, sin
+    assert cos.shape[-1] == 2 * n, (cos.shape, n)
+    if torch.equal(cos[..., :n], cos[..., n:]):  # cat(c, c): half layout
+        return cos[..., :n], sin[..., :n]
+    assert torch.equal(cos[..., ::2], cos[..., 1::2])  # repeat_interleave: interleaved layout
+    return cos[..., ::2], sin[..., ::2]
+
+
+def reference_rotation(
+    module: Any, text: Any, r: int, q: torch.Tensor, k: torch.Tensor, out: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own apply function on ``q [b, h, s, d]``, ``k`` (first ``r`` channels)."""
+    mt = text.model_type
+    if isinstance(out, torch.Tensor) and out.is_complex():
+        if mt.startswith("llama4"):  # Llama-4 rotates [b, s, h, d]
+            qr, kr = module.apply_rotary_emb(q.transpose(1, 2), k.transpose(1, 2), out)
+            return qr.transpose(1, 2), kr.transpose(1, 2)
+        return module.apply_rotary_emb(q, k, out)
+    if mt in ("gptj", "codegen"):  # one tensor [b, s, h, r] at a time, (sin, cos)
+        sin, cos = out
+
+        def one(x: torch.Tensor) -> torch.Tensor:
+            rot = module.apply_rotary_pos_emb(x[..., :r].transpose(1, 2), sin, cos)
+            return torch.cat((rot.transpose(1, 2), x[..., r:]), -1)
+
+        return one(q), one(k)
+    cos, sin = out
+    apply = (
+        module.apply_rotary_pos_emb_interleave
+        if is_flagged_interleave(text)
+        else module.apply_rotary_pos_emb
+    )
+    qr, kr = apply(q[..., :r], k[..., :r], cos, sin)
+    return torch.cat((qr, q[..., r:]), -1), torch.cat((kr, k[..., r:]), -1)
+
+
+def in_reference_layout(text: Any, r: int, x: torch.Tensor) -> torch.Tensor:
+    """posenc's rotated ``x`` with the rotated channels ordered as transformers writes them."""
+    if not is_flagged_interleave(text):
+        return x
+    rot = x[..., :r]  # [x0' x1' x2' x3'] -> [x0' x2' | x1' x3']
+    return torch.cat((rot[..., 0::2], rot[..., 1::2], x[..., r:]), -1)
+
+
+def position_batches(text: Any, kw: dict[str, Any], name: str) -> list[torch.Tensor]:
+    """``[1, s]`` position batches: samples up to 4x max_position_embeddings, each batch ending
+    at a switch point (its maximum picks LongRoPE's and dynamic NTK's frequencies)."""
+    length = text.max_position_embeddings
+    orig = (kw["scaling"] or {}).get("original_max_position_embeddings")
+    # GPT-J's sin/cos table has max_position_embeddings rows: nothing exists past it.
+    top = length if text.model_type in ("gptj", "codegen") else 4 * length
+    rng = random.Random(name)
+    sample = {0, 1, 2, 3, 7, 31, 100, 1023, length // 2, length - 1, length, length + 1}
+    sample |= {2 * length, 3 * length + 7, 4 * length - 1} | {rng.randrange(top) for _ in range(16)}
+    ends = {top - 1, length - 1, length}
+    if orig:
+        sample |= {orig - 2, orig - 1, orig, orig + 1, 2 * orig}
+        ends |= {orig - 2, orig - 1, orig, orig + 1}
+    points = sorted(p for p in sample if 0 <= p < top)
+    return [torch.tensor([[p for p in points if p < e] + [e]]) for e in sorted(ends) if e < top]
+
+
+# --- the comparison ----------------------------------------------------------------------------
+
+
+def compare(
+    name: str,
+    mutate: Callable[[dict[str, Any]], None] | None = None,
+    seq_shift: int = 0,
+    forms: tuple[str, ...] = ("dict", "object"),
+) -> dict[str, float]:
+    """Max errors of posenc against transformers over one corpus file.
+
+    ``mutate`` edits posenc's copy of the config (transformers keeps the published one) and
+    ``seq_shift`` moves the length posenc picks its frequencies for: the negative controls.
+    Returns ``{"cos_sin": .., "rotation": .., "bf16_ours": .., "bf16_transformers": ..}``.
+    """
+    raw = load(name)
+    text = hf_text_config(raw)
+    module, rotary = modeling(text), rotary_class(modeling(text))
+    ours_raw = copy.deepcopy(raw)
+    if mutate is not None:
+        mutate(ours_raw)
+    errors = dict.fromkeys(("cos_sin", "rotation", "bf16_ours", "bf16_transformers"), 0.0)
+    torch.manual_seed(0)
+    for layer_type in rope_keys(text):
+        kw = hf_rope_kwargs(raw, layer_type)
+        extra = () if layer_type is None else (layer_type,)
+        for form in forms:
+            src = ours_raw if form == "dict" else hf_text_config(ours_raw)
+            rope = rope_from_hf(src, layer_type)
+            for positions in position_batches(text, kw, name):
+                ref = rotary(text)(torch.zeros(1), positions, *extra)
+                cos_ref, sin_ref = reference_cos_sin(ref, text.model_type, rope.span // 2)
+                top = int(positions.max()) + 1 + seq_shift
+                cos, sin = rope.cos_sin(positions, seq_len=top)
+                scale = max(1.0, rope.attention_factor)
+                err = max((cos - cos_ref).abs().max().item(), (sin - sin_ref).abs().max().item())
+                errors["cos_sin"] = max(errors["cos_sin"], err / scale)
+                _rotations(errors, rope, module, text, kw, positions, ref, rotary, extra)
+    return errors
+
+
+def _rotations(errors, rope, module, text, kw, positions, ref, rotary, extra) -> None:
+    s, d, r = positions.shape[-1], kw["head_dim"], kw["rotary_dim"]
+    q, k = torch.randn(1, 2, s, d), torch.randn(1, 1, s, d)
+    ref_q, ref_k = reference_rotation(module, text, r, q, k, ref)
+    ours = rope(q, k, positions)
+    for o, x in zip(ours, (ref_q, ref_k), strict=True):
+        err = (in_reference_layout(text, r, o) - x).abs().max().item()
+        errors["rotation"] = max(errors["rotation"], err)
+    ref16 = rotary(text)(torch.zeros(1, dtype=torch.bfloat16), positions, *extra)
+    tf16 = reference_rotation(module, text, r, q.bfloat16(), k.bfloat16(), ref16)
+    ours16 = rope(q.bfloat16(), k.bfloat16(), positions)
+    for o, t, x in zip(ours16, tf16, (ref_q, ref_k), strict=True):
+        errors["bf16_ours"] = max(
+            errors["bf16_ours"], (in_reference_layout(text, r, o).float() - x).abs().max().item()
+        )
+        errors["bf16_transformers"] = max(
+            errors["bf16_transformers"], (t.float() - x).abs().max().item()
+        )
+
+
+# --- the corpus itself -------------------------------------------------------------------------
+
+
+def test_corpus_files_name_their_source() -> None:
+    assert len(NAMES) >= 30
+    for name in NAMES:
+        raw = json.loads((CORPUS / f"{name}.json").read_text())
+        assert raw["_source"].endswith("/config.json") and raw["_via"], name
+        assert isinstance(raw.get("model_type"), str), name
+
+
+def test_corpus_covers_the_rope_families() -> None:
+    texts = {name: hf_text_config(load(name)) for name in NAMES}
+    kinds = set()
+    for name, text in texts.items():
+        for layer_type in rope_keys(text):
+            kw = hf_rope_kwargs(load(name), layer_type)
+            kinds.add((kw["scaling"] or {}).get("rope_type", "default"))
+            kinds |= {kw["layout"], "partial" if kw["rotary_dim"] < kw["head_dim"] else "full"}
+            kinds |= {"mrope"} if "mrope_section" in kw else set()
+            kinds |= {"per_layer_type"} if layer_type else set()
+    assert kinds >= {
+        "default", "linear", "yarn", "longrope", "llama3", "half", "interleaved", "partial",
+        "mrope", "per_layer_type",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_corpus_matches_transformers(name: str) -> None:
+    errors = compare(name)
+    assert errors["cos_sin"] <= TOL, errors
+    assert errors["rotation"] <= TOL * 4, errors  # |q| up to ~4: a few float32 ulps
+    assert errors["bf16_ours"] <= errors["bf16_transformers"], errors
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fallback_table_reads_the_corpus_as_transformers_does(name: str) -> None:
+    """Without transformers, the table of class defaults gives the same arguments."""
+    raw = load(name)
+    for layer_type in rope_keys(hf_text_config(raw)):
+        assert hf_rope_kwargs(raw, layer_type, use_transformers=False) == hf_rope_kwargs(
+            raw, layer_type
+        )
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if "vl" in n or "qwen3.6" in n])
+def test_corpus_mrope_with_3d_positions(name: str) -> None:
+    """M-RoPE files with distinct temporal/height/width positions (images, video)."""
+    raw = load(name)
+    text = hf_text_config(raw)
+    module, rotary = modeling(text), rotary_class(modeling(text))
+    kw = hf_rope_kwargs(raw)
+    torch.manual_seed(1)
+    positions = torch.randint(0, 4 * text.max_position_embeddings, (3, 2, 9))  # [3, b, s]
+    q, k = torch.randn(2, 2, 9, kw["head_dim"]), torch.randn(2, 1, 9, kw["head_dim"])
+    ref = reference_rotation(module, text, kw["rotary_dim"], q, k, rotary(text)(q, positions))
+    for form in (raw, hf_text_config(raw)):
+        ours = rope_from_hf(form)(q, k, positions)
+        for o, x in zip(ours, ref, strict=True):
+            assert (o - x).abs().max().item() <= TOL * 4
+
+
+# --- negative controls: each mutation must be caught -------------------------------------------
+
+
+def _caught(name: str, **kwargs: Any) -> bool:
+    """Whether posenc refuses the mutated config or disagrees with transformers."""
+    try:
+        errors = compare(name, forms=("dict",), **kwargs)
+    except ValueError:
+        return True
+    return errors["cos_sin"] > TOL or errors["rotation"] > 4 * TOL
+
+
+def test_negative_control_wrong_base() -> None:
+    def plus_one(raw: dict[str, Any]) -> None:
+        raw["rope_theta"] += 1
+
+    assert not _caught("llama-3.1-8b-instruct")
+    assert _caught("llama-3.1-8b-instruct", mutate=plus_one)
+    assert _caught("qwen3-0.6b", mutate=plus_one)
+
+
+def test_negative_control_swapped_yarn_betas() -> None:
+    def swap(raw: dict[str, Any]) -> None:
+        sc = raw["rope_scaling"]
+        sc["beta_fast"], sc["beta_slow"] = sc["beta_slow"], sc["beta_fast"]
+
+    for name in ("deepseek-v3", "gpt-oss-20b"):
+        assert not _caught(name)
+        assert _caught(name, mutate=swap), name
+
+
+def test_negative_control_swapped_llama3_smoothing_factors() -> None:
+    def swap(raw: dict[str, Any]) -> None:
+        sc = raw["rope_scaling"]
+        sc["low_freq_factor"], sc["high_freq_factor"] = (
+            sc["high_freq_factor"],
+            sc["low_freq_factor"],
+        )
+
+    assert _caught("llama-3.1-8b-instruct", mutate=swap)
+    assert _caught("llama-3.2-1b-instruct", mutate=swap)
+
+
+def test_negative_control_longrope_switch_moved_by_one() -> None:
+    for name in ("phi-3.5-mini-instruct", "phi-4-mini-instruct"):
+        assert not _caught(name)
+        assert _caught(name, seq_shift=1), name
+        assert _caught(name, seq_shift=-1), name
