@@ -43,8 +43,10 @@ def test_bad_options_are_reported() -> None:
 
 
 def test_shapes_and_sections(tmp_path: Path) -> None:
-    a, b, c = parse_shapes("llama")
+    a, b, c, d1, d8 = parse_shapes("llama")
     assert c.d == 64
+    assert (d1.b, d1.h, d1.hk, d1.s, d8.b) == (1, 32, 8, 1, 8) and d1.decode and not a.decode
+    assert parse_shapes("decode,1x2x3x4") == [d1, d8, parse_shapes("1x2x3x4")[0]]
     assert (a.b, a.h, a.hk, a.s, a.d) == (1, 32, 32, 2048, 128)
     assert (b.h, b.hk) == (32, 8) and b.label == "[4, 32/8, 4096, 128]"
     path = tmp_path / "R.md"
@@ -53,3 +55,42 @@ def test_shapes_and_sections(tmp_path: Path) -> None:
     write_section(path, "x", "three")
     text = path.read_text()
     assert "three" in text and "two" in text and "one" not in text
+
+
+def test_summary_fits_80_columns_with_every_column() -> None:
+    from rich.console import Console
+
+    from posenc.bench import rope
+
+    widest = ["12x32/8x4096x128", "bf16", "0.13", "6.39", "0.10", "12.3", "12.5", "12.6", "150",
+              "0.95", "1.05"]  # fmt: skip
+    header, rows = rope.drop_empty_columns(rope.SUMMARY_HEADER, [widest, widest])
+    console = Console(width=80, record=True)
+    console.print(rope.summary_table(header, rows))
+    lines = [line.rstrip() for line in console.export_text().splitlines() if line.strip()]
+    assert max(map(len, lines)) <= 80
+    assert len(lines) == 1 + 1 + 2  # title, header, two rows: nothing wrapped
+    assert all("…" not in line for line in lines) and widest[0] in lines[2]
+
+
+def test_load_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from posenc.bench import harness
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 1.0, 1.0))
+    assert "load average 3.50 exceeds the 2 cores" in harness.load_warning()
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    assert harness.load_warning() == ""
+
+
+def test_decode_run_reports_the_module_comparison(tmp_path: Path) -> None:
+    out = tmp_path / "RESULTS.md"
+    args = ["bench", "rope", "--shapes", "1x4/2x1x16", "--dtypes", "float32", "--repeats", "3",
+            "--skip", "hf-compile,rotary-embedding-torch", "--results", str(out)]  # fmt: skip
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert "| posenc-module |" in text and "| hf-module |" in text and "| fresh |" in text
+    assert "- target [1, 4/2, 1, 16] float32: decode >=2x hf-module" in text

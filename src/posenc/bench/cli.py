@@ -27,8 +27,9 @@ bench_app = typer.Typer(
 
 _SHAPES_HELP = (
     "Comma-separated q/k shapes BxHxSxD or BxH/HKxSxD (GQA: H query, HK key heads), or a "
-    "preset: 'quick' (small, the default) or 'llama' ([1,32,2048,128], [4,32/8,4096,128], "
-    "[4,8,4096,64])."
+    "preset: 'quick' (small, the default), 'llama' ([1,32,2048,128], [4,32/8,4096,128], "
+    "[4,8,4096,64]) or 'decode' (one token: [1,32/8,1,128], [8,32/8,1,128]); 'quick' and "
+    "'llama' include the decode shapes."
 )
 _PACKAGES = (
     "torch",
@@ -104,6 +105,10 @@ def bench_rope(
     console = Console()
     env = harness.environment(dev, _PACKAGES)
     console.print(", ".join(f"{k}: {v}" for k, v in env.items()))
+    warning = harness.load_warning()
+    if warning:
+        console.print(f"[yellow]warning: {escape(warning)}[/yellow]")
+        env["warning"] = warning
 
     cases = []
     for shape in shape_list:
@@ -119,14 +124,16 @@ def bench_rope(
             for name, note in case.notes.items():
                 console.print(escape(f"  {name}: {note}"))
     header, rows = rope.drop_empty_columns(
-        rope.SUMMARY_HEADER, [rope.summary_row(c, dev.type == "cpu") for c in cases]
+        rope.SUMMARY_HEADER, [rope.summary_row(c) for c in cases]
     )
-    summary = Table(*header, title="posenc rope: summary (speedup = ref ms / posenc ms)")
-    for row in rows:
-        summary.add_row(*row)
+    targets = [line for c in cases if (line := rope.target_line(c, dev.type == "cpu"))]
+    summary = rope.summary_table(header, rows)
     if hasattr(os, "getloadavg"):
         env["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     console.print(summary)
+    console.print(escape(rope.SUMMARY_LEGEND))
+    for line in targets:
+        console.print(escape(f"target {line}"))
 
     if results is not None:
         mode = "forward+backward" if backward else "forward"
@@ -143,6 +150,10 @@ def bench_rope(
             "### Summary",
             "",
             harness.markdown_table(header, rows),
+            "",
+            rope.SUMMARY_LEGEND,
+            "",
+            *(f"- target {line}" for line in targets),
         ]
         for case in cases:
             parts += [

@@ -32,23 +32,39 @@ class Shape:
     d: int
 
     @property
+    def decode(self) -> bool:
+        """One query per sequence: a decode step, where per-call overhead is the cost."""
+        return self.s == 1
+
+    @property
+    def short(self) -> str:
+        """``BxH/HKxSxD``, the command-line spelling (narrow, for summary tables)."""
+        heads = f"{self.h}" if self.h == self.hk else f"{self.h}/{self.hk}"
+        return f"{self.b}x{heads}x{self.s}x{self.d}"
+
+    @property
     def label(self) -> str:
         heads = f"{self.h}" if self.h == self.hk else f"{self.h}/{self.hk}"
         return f"[{self.b}, {heads}, {self.s}, {self.d}]"
 
 
+_DECODE = "1x32/8x1x128,8x32/8x1x128"  # one new token per sequence, LLaMA-3-8B heads
 SHAPE_PRESETS = {
-    # LLaMA-7B (32 heads of 128), LLaMA-3-8B (GQA 32/8) at 4K, a small-head GQA variant.
-    "llama": "1x32x2048x128,4x32/8x4096x128,4x8x4096x64",
-    "quick": "1x32x512x128,2x32/8x1024x128",
+    # LLaMA-7B (32 heads of 128), LLaMA-3-8B (GQA 32/8) at 4K, a small-head GQA variant, and
+    # decode steps (a batch of 1 and of 8).
+    "llama": "1x32x2048x128,4x32/8x4096x128,4x8x4096x64," + _DECODE,
+    "quick": "1x32x512x128,2x32/8x1024x128," + _DECODE,
+    "decode": _DECODE,
 }
 _SHAPE_RE = re.compile(r"^(\d+)x(\d+)(?:/(\d+))?x(\d+)x(\d+)$")
 
 
 def parse_shapes(spec: str) -> list[Shape]:
-    """``"1x32x2048x128,4x32/8x4096x128"`` or a preset name (``llama``, ``quick``) -> shapes."""
+    """``"1x32x2048x128,4x32/8x4096x128"`` or a preset name (``llama``, ``quick``, ``decode``)
+    -> shapes."""
     out = []
-    for part in SHAPE_PRESETS.get(spec.strip(), spec).split(","):
+    parts = [SHAPE_PRESETS.get(p.strip(), p) for p in spec.split(",")]  # presets may be mixed in
+    for part in ",".join(parts).split(","):
         m = _SHAPE_RE.match(part.strip())
         if not m:
             raise ValueError(
@@ -218,3 +234,17 @@ def write_section(path: Path, section: str, text: str) -> None:
         new = old.rstrip() + "\n\n" + block
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new)
+
+
+def load_warning() -> str:
+    """A warning when the 1-minute load average exceeds the cores ("" otherwise): timings taken
+    while other work runs are slower and noisier, ratios less so (round-robin timing)."""
+    if not hasattr(os, "getloadavg"):
+        return ""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load <= cores:
+        return ""
+    return (
+        f"load average {load:.2f} exceeds the {cores} cores: other work is running, so times "
+        "are inflated and noisy; compare ratios from one run, or rerun on a quiet machine"
+    )

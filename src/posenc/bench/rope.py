@@ -5,11 +5,18 @@ Candidates (each skipped with a note when not installed or not applicable to the
 =========================  ======================================================================
 ``copy``                   ``q_out.copy_(q); k_out.copy_(k)`` into preallocated buffers: the
                            bandwidth reference (reads q, k once and writes them once)
+``fresh``                  ``torch.empty_like(q).copy_(q)`` and the same for k: the real limit of
+                           any out-of-place rotation, a fresh output written once (on a CPU the
+                           new pages' first touch costs more than the copy)
 ``posenc``                 :func:`posenc.kernels.rope_qk`, out of place, ``backend="auto"``
 ``posenc-inplace``         the same with ``inplace=True``
 ``posenc-torch``           the same with ``backend="torch"`` (the pure-PyTorch reference)
+``posenc-module``          ``RotaryEmbedding(d)(q, k, positions)``: positions to rotated q, k,
+                           checks and cos/sin included (what a model calls each step)
 ``hf-eager``               transformers' LLaMA ``apply_rotary_pos_emb``
 ``hf-compile``             the same under ``torch.compile``
+``hf-module``              ``LlamaRotaryEmbedding.forward`` (cos/sin from ``position_ids``, as
+                           transformers computes them each call) then ``apply_rotary_pos_emb``
 ``rotary-embedding-torch`` ``RotaryEmbedding(d).rotate_queries_or_keys`` on q, then on k
 ``flash-attn``             ``flash_attn.layers.rotary.apply_rotary_emb`` on q, then k (GPU)
 ``liger``                  ``liger_kernel.transformers.rope.liger_rotary_pos_emb`` (GPU)
@@ -30,19 +37,34 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .harness import Shape, Timing, dtype_name, time_round_robin
 
-POSENC = ("posenc", "posenc-inplace", "posenc-torch")
-REFERENCES = ("hf-eager", "hf-compile", "rotary-embedding-torch", "flash-attn", "liger")
-IMPLEMENTATIONS = ("copy", *POSENC, *REFERENCES)
+POSENC = ("posenc", "posenc-inplace", "posenc-torch", "posenc-module")
+REFERENCES = (
+    "hf-eager",
+    "hf-compile",
+    "hf-module",
+    "rotary-embedding-torch",
+    "flash-attn",
+    "liger",
+)
+IMPLEMENTATIONS = ("copy", "fresh", *POSENC, *REFERENCES)
+# Module candidates are compared with each other, the functional ones with posenc's kernel.
+_PAIRED = {"hf-module": "posenc-module"}
+# Where decode steps are timed: deep in a cache, inside the module's table (4096 rows).
+DECODE_POSITION = 1000
 
-# CPU targets of the fast path (issue 5), checked in the summary.
+# CPU targets of the fast path, checked in the summary (prefill: issue 5; decode and the
+# fresh-output limit: the RoPE-core issue).
 TARGET_VS_HF_EAGER = 4.0
 TARGET_VS_HF_COMPILE = 1.2
 TARGET_INPLACE_FRACTION = 0.6
+TARGET_DECODE_VS_HF = 2.0
+TARGET_FRESH_FRACTION = 1.2  # out-of-place float32 within 1.2x of a fresh output's time
 
 
 @dataclass
@@ -64,8 +86,8 @@ class RopeCase:
     def gbps(self, name: str) -> float:
         return self.bytes_moved / (self.ms(name) * 1e-3) / 1e9
 
-    def speedup(self, reference: str, of: str = "posenc") -> float:
-        return self.ms(reference) / self.ms(of)
+    def speedup(self, reference: str, of: str | None = None) -> float:
+        return self.ms(reference) / self.ms(of or _PAIRED.get(reference, "posenc"))
 
 
 _compiled_hf: Callable | None = None
@@ -101,6 +123,8 @@ def _reference_fns(
             if "hf-compile" in names:
                 hfc = _hf_compiled()
                 fns["hf-compile"] = lambda q, k, t: hfc(q, k, t["cos_hf"], t["sin_hf"])
+            if "hf-module" in names:
+                fns["hf-module"] = _hf_module(device)
     if "rotary-embedding-torch" in names:
         try:
             from rotary_embedding_torch import RotaryEmbedding as RET
@@ -140,6 +164,27 @@ def _reference_fns(
     return fns
 
 
+def _hf_module(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """transformers' whole per-step RoPE: ``LlamaRotaryEmbedding`` then ``apply_rotary_pos_emb``."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    modules: dict[int, LlamaRotaryEmbedding] = {}
+
+    def run(q: torch.Tensor, k: torch.Tensor, t: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        d = q.shape[-1]
+        if d not in modules:
+            cfg = LlamaConfig(
+                hidden_size=d * q.shape[1], num_attention_heads=q.shape[1], head_dim=d,
+                num_key_value_heads=k.shape[1], rope_theta=10000.0,
+            )  # fmt: skip
+            modules[d] = LlamaRotaryEmbedding(cfg).to(device)
+        cos, sin = modules[d](q, t["position_ids"])  # [b, s, d] in q's dtype
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+    return run
+
+
 def rope_case(
     shape: Shape,
     dtype: torch.dtype,
@@ -151,6 +196,7 @@ def rope_case(
 ) -> RopeCase:
     """Build inputs for one shape and dtype and time every candidate on them."""
     from ..kernels import rope_qk
+    from ..rotary import RotaryEmbedding
 
     b, h, hk, s, d = shape.b, shape.h, shape.hk, shape.s, shape.d
     names = [n for n in IMPLEMENTATIONS if n not in skip or n == "copy"]
@@ -162,16 +208,21 @@ def rope_case(
     angles = torch.arange(s, dtype=torch.float64)[:, None] * inv_freq  # [s, d/2]
     cos = angles.cos().float().to(device)  # [s, d/2], float32: posenc's tables
     sin = angles.sin().float().to(device)
+    start = DECODE_POSITION if shape.decode else 0
+    position_ids = torch.arange(start, start + s, device=device).repeat(b, 1)  # [b, s]
     tables = {
+        "position_ids": position_ids,
         "cos_hf": torch.cat((cos, cos), -1)[None].to(dtype),  # [1, s, d] in the input dtype
         "sin_hf": torch.cat((sin, sin), -1)[None].to(dtype),
         "cos_x": cos.to(dtype),  # [s, d/2] in the input dtype (flash-attn)
         "sin_x": sin.to(dtype),
     }
 
+    module = RotaryEmbedding(d, 10000.0)
     fns: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
         "posenc": lambda q, k, t: rope_qk(q, k, cos, sin),
         "posenc-torch": lambda q, k, t: rope_qk(q, k, cos, sin, backend="torch"),
+        "posenc-module": lambda q, k, t: module(q, k, t["position_ids"]),
     }
     fns.update(_reference_fns(names, device, notes))
     candidates: dict[str, Callable[[], object]] = {}
@@ -187,7 +238,7 @@ def rope_case(
             q_out.copy_(q), k_out.copy_(k), q_out.copy_(gq), k_out.copy_(gk)
 
         candidates["copy"] = copy_twice
-        notes["posenc-inplace"] = "not timed with --backward"
+        notes["posenc-inplace"] = notes["fresh"] = "not timed with --backward"
 
         def fwd_bwd(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], object]:
             # autograd.grad returns the gradients instead of accumulating into .grad, which
@@ -200,6 +251,7 @@ def rope_case(
     else:
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
         candidates["copy"] = lambda: (q_out.copy_(q), k_out.copy_(k))
+        candidates["fresh"] = lambda: (torch.empty_like(q).copy_(q), torch.empty_like(k).copy_(k))
 
         def forward(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], object]:
             return lambda: fn(q, k, tables)
@@ -243,54 +295,101 @@ def case_rows(case: RopeCase) -> list[list[str]]:
 
 
 CASE_HEADER = ["impl", "median ms", "GB/s", "x copy", "posenc speedup", "first call ms"]
+# Short names: the summary stays readable in an 80-column terminal. Each ratio is reference
+# ms / posenc ms from the same run ("module": hf-module / posenc-module, whole steps).
 SUMMARY_HEADER = [
-    "shape",
-    "dtype",
-    "posenc x copy",
-    "in-place x copy",
-    "vs hf-eager",
-    "vs hf-compile",
-    "vs rotary-embedding-torch",
-    "vs flash-attn",
-    "vs liger",
-    "targets",
-]
+    "shape", "dtype", "copy", "fresh", "inpl", "eager", "comp", "mod", "RET", "flash", "liger",
+]  # fmt: skip
+SUMMARY_LEGEND = (
+    "copy: copy ms / posenc ms (1.00 = copy bandwidth); fresh: posenc ms / fresh-output ms "
+    "(the out-of-place limit, 1.00 = at it); inpl: copy ms / in-place ms. Speedups "
+    "(reference ms / posenc ms): eager, comp: hf-eager, hf-compile; mod: hf-module / "
+    "posenc-module (whole steps, cos/sin from positions included); RET: "
+    "rotary-embedding-torch; flash: flash-attn; liger: Liger."
+)
+SUMMARY_COLUMNS = {
+    "eager": "hf-eager",
+    "comp": "hf-compile",
+    "mod": "hf-module",
+    "RET": "rotary-embedding-torch",
+    "flash": "flash-attn",
+    "liger": "liger",
+}
 
 
-def drop_empty_columns(
-    header: list[str], rows: list[list[str]]
-) -> tuple[list[str], list[list[str]]]:
-    """Leave out the columns with no figure in any row (e.g. GPU-only references on a CPU)."""
-    keep = [i for i in range(len(header)) if any(r[i] != "-" for r in rows)] if rows else []
-    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
+def summary_table(header: list[str], rows: list[list[str]]) -> Any:
+    """The summary as a rich table that fits an 80-column terminal: no vertical rules, one
+    space between columns, nothing wrapped or cut (checked by the tests)."""
+    from rich.table import Table
+
+    table = Table(
+        *header, title="posenc rope: summary", box=None, padding=(0, 1, 0, 0), pad_edge=False,
+    )  # fmt: skip
+    for column in table.columns:
+        column.no_wrap = True
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
-def summary_row(case: RopeCase, cpu: bool) -> list[str]:
-    def ratio(name: str) -> str:
-        v = case.speedup(name)
-        return "-" if math.isnan(v) else f"{v:.2f}x"
+def _ratio(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
 
-    inplace = case.fraction_of_copy("posenc-inplace")
-    checks = []
-    if cpu and not case.backward:
-        checks = [
-            (f">={TARGET_VS_HF_EAGER:g}x eager", case.speedup("hf-eager") >= TARGET_VS_HF_EAGER),
-            (
-                f">={TARGET_VS_HF_COMPILE:g}x compile",
-                case.speedup("hf-compile") >= TARGET_VS_HF_COMPILE,
-            ),
-            (f"in-place >={TARGET_INPLACE_FRACTION:g} copy", inplace >= TARGET_INPLACE_FRACTION),
-        ]
-    targets = "; ".join(f"{n} {'met' if ok else 'MISSED'}" for n, ok in checks) or "-"
+
+def _speedup(value: float) -> str:
+    """Three significant digits, no unit ("2.14", "12.3", "150"): narrow columns."""
+    return "-" if math.isnan(value) else f"{value:.3g}"
+
+
+def summary_row(case: RopeCase) -> list[str]:
+    """One summary row: fractions of the copy and fresh-output times, then the speedups."""
+    fresh = case.ms("posenc") / case.ms("fresh")  # >= 1: how far from a fresh output's time
     return [
-        case.shape.label,
-        dtype_name(case.dtype),
-        f"{case.fraction_of_copy('posenc'):.2f}",
-        "-" if math.isnan(inplace) else f"{inplace:.2f}",
-        ratio("hf-eager"),
-        ratio("hf-compile"),
-        ratio("rotary-embedding-torch"),
-        ratio("flash-attn"),
-        ratio("liger"),
-        targets,
+        case.shape.short,
+        _SHORT_DTYPES.get(case.dtype, dtype_name(case.dtype)),
+        _ratio(case.fraction_of_copy("posenc")),
+        _ratio(fresh),
+        _ratio(case.fraction_of_copy("posenc-inplace")),
+        *(_speedup(case.speedup(SUMMARY_COLUMNS[c])) for c in SUMMARY_HEADER[5:]),
     ]
+
+
+def target_checks(case: RopeCase, cpu: bool) -> list[tuple[str, bool]]:
+    """The CPU targets that apply to a case: (description, met)."""
+    if not cpu or case.backward:
+        return []
+    if case.shape.decode:
+        return [
+            (
+                f"decode >={TARGET_DECODE_VS_HF:g}x hf-module",
+                case.speedup("hf-module") >= TARGET_DECODE_VS_HF,
+            )
+        ]
+    checks = [
+        (
+            f">={TARGET_VS_HF_COMPILE:g}x hf-compile",
+            case.speedup("hf-compile") >= TARGET_VS_HF_COMPILE,
+        ),
+        (
+            f"in-place >={TARGET_INPLACE_FRACTION:g} copy",
+            case.fraction_of_copy("posenc-inplace") >= TARGET_INPLACE_FRACTION,
+        ),
+    ]
+    if case.dtype == torch.bfloat16:
+        checks.insert(
+            0,
+            (f">={TARGET_VS_HF_EAGER:g}x hf-eager", case.speedup("hf-eager") >= TARGET_VS_HF_EAGER),
+        )
+    if case.dtype == torch.float32:
+        fresh = case.ms("posenc") / case.ms("fresh")
+        checks.append((f"<={TARGET_FRESH_FRACTION:g}x fresh", fresh <= TARGET_FRESH_FRACTION))
+    return checks
+
+
+def target_line(case: RopeCase, cpu: bool) -> str:
+    """``shape dtype: target met; target MISSED`` ("" when no target applies)."""
+    checks = target_checks(case, cpu)
+    if not checks:
+        return ""
+    verdicts = "; ".join(f"{n} {'met' if ok else 'MISSED'}" for n, ok in checks)
+    return f"{case.shape.label} {dtype_name(case.dtype)}: {verdicts}"

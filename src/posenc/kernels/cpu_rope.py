@@ -18,10 +18,12 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -139,7 +141,9 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         for fn in (lib.posenc_rope_f32, lib.posenc_rope_bf16):
             fn.argtypes = [ctypes.POINTER(_Args)]
             fn.restype = ctypes.c_int
-        lib.posenc_rope_qk.argtypes = [ctypes.POINTER(_Args), ctypes.POINTER(_Args), ctypes.c_int64]
+        if _PAIR.size != 2 * ctypes.sizeof(_Args):
+            return None, f"packed argument size {_PAIR.size} != 2 x {ctypes.sizeof(_Args)}"
+        lib.posenc_rope_qk.argtypes = [ctypes.c_char_p, ctypes.c_int64]
         lib.posenc_rope_qk.restype = ctypes.c_int
         return lib, ""
     return None, "could not build the CPU rotary kernel: " + " | ".join(errors)
@@ -216,7 +220,7 @@ def rope_cpu(
         raise MemoryError("the CPU rotary kernel could not allocate its table scratch")
 
 
-def _args(
+def _fields(
     x: torch.Tensor,
     out: torch.Tensor,
     cos: torch.Tensor,
@@ -225,20 +229,30 @@ def _args(
     rotary_dim: int,
     interleaved: bool,
     conj: bool,
-) -> _Args:
-    """The kernel's argument struct (field order of ``posenc_rope_args``). A shared (batch-1)
-    table or position row is read with batch stride 0."""
+) -> tuple[int, ...]:
+    """The values of ``posenc_rope_args``, in its field order. A shared (batch-1) table or
+    position row is read with batch stride 0."""
     b, h, s, d = x.shape
     xs, os_, cs, ss = x.stride(), out.stride(), cos.stride(), sin.stride()
     pos, psb = 0, 0
     if positions is not None:
         pos, psb = positions.data_ptr(), positions.stride(0) if positions.shape[0] > 1 else 0
-    return _Args(
+    return (
         x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos,
         b, h, s, xs[0], xs[1], xs[2], os_[0], os_[1], os_[2],
         cs[0] if cos.shape[0] > 1 else 0, cs[1], ss[0] if sin.shape[0] > 1 else 0, ss[1], psb,
         rotary_dim // 2, d - rotary_dim, int(interleaved), int(conj), torch.get_num_threads(),
     )  # fmt: skip
+
+
+def _args(*args: Any) -> _Args:
+    """The kernel's argument struct (arguments of :func:`_fields`)."""
+    return _Args(*_fields(*args))
+
+
+# Two posenc_rope_args back to back (5 pointers, 19 int64 each, no padding), packed in one
+# call: at decode shapes building ctypes structures field by field costs more than the kernel.
+_PAIR = struct.Struct("=5Q19q5Q19q")
 
 
 def rope_cpu_qk(
@@ -265,7 +279,9 @@ def rope_cpu_qk(
         raise RuntimeError(f"the CPU rotary kernel is unavailable: {status}")
     assert _lib is not None
     cos_q, sin_q, cos_k, sin_k = tables
-    qa = _args(q, q_out, cos_q, sin_q, positions_q, rotary_dim, interleaved, conj)
-    ka = _args(k, k_out, cos_k, sin_k, positions_k, rotary_dim, interleaved, conj)
-    if _lib.posenc_rope_qk(qa, ka, int(q.dtype == torch.bfloat16)) != 0:
+    args = _PAIR.pack(
+        *_fields(q, q_out, cos_q, sin_q, positions_q, rotary_dim, interleaved, conj),
+        *_fields(k, k_out, cos_k, sin_k, positions_k, rotary_dim, interleaved, conj),
+    )
+    if _lib.posenc_rope_qk(args, int(q.dtype == torch.bfloat16)) != 0:
         raise MemoryError("the CPU rotary kernel could not allocate its table scratch")

@@ -569,6 +569,7 @@ def rope_qk_canonical(
     backend: str = "auto",
     *,
     inplace: bool = False,
+    checked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the rotation on inputs already in canonical form, without checking them again.
 
@@ -576,13 +577,14 @@ def rope_qk_canonical(
     [b, h, s, d]``, ``k [b, hk, t, d]`` with a unit stride on ``d``; float32 tables ``[1 or b,
     n, r/2]`` with a unit last stride; int64 positions ``[1 or b, s]`` whose values index the
     tables, or None (row ``i`` is position ``i``). Returns ``(q', k')`` as ``[b, h, s, d]``
-    (``q`` and ``k`` themselves when ``inplace``).
+    (``q`` and ``k`` themselves when ``inplace``). ``checked=True``: ``backend`` is a concrete
+    choice the caller made with :func:`select_backend` for these inputs' device and dtype.
 
     Eager calls that need no gradient launch the kernel directly (the custom op's dispatch costs
     more than a decode step's whole rotation); under torch.compile or autograd the calls go
     through the ``posenc::rope_qk`` ops, which Dynamo keeps in the graph as single nodes.
     """
-    chosen = select_backend(backend, q, (cos_q, sin_q, cos_k, sin_k))
+    chosen = backend if checked else select_backend(backend, q, (cos_q, sin_q, cos_k, sin_k))
     args = (cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, interleaved)
     if chosen == "torch":
         q_rot, k_rot = rope_qk_reference(q, k, *args)

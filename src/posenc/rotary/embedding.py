@@ -31,7 +31,7 @@ from ..functional.rope_scaling import (
 )
 from ..functional.rotary import rope_cos_sin
 from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
-from ..kernels.rope_op import rope_qk_canonical, unit_last
+from ..kernels.rope_op import rope_qk_canonical, select_backend, unit_last
 
 
 def resolve_angle_dtype(angle_dtype: torch.dtype | str) -> torch.dtype:
@@ -125,8 +125,13 @@ def position_range(positions: torch.Tensor, k_positions: torch.Tensor) -> int:
     lo, hi = 0, -1
     for name, p in (("positions", positions), ("k_positions", k_positions)):
         if p.numel() and (name == "positions" or p is not positions):
-            low, high = p.aminmax()
-            lo, hi = min(lo, int(low)), max(hi, int(high))
+            if p.numel() <= 64:  # a decode step: a list is cheaper than a reduction kernel
+                values = p.reshape(-1).tolist()
+                low, high = min(values), max(values)
+            else:
+                mn, mx = p.aminmax()
+                low, high = int(mn), int(mx)
+            lo, hi = min(lo, low), max(hi, high)
             if lo < 0:
                 raise ValueError(f"{name} must be non-negative, got minimum {lo}")
     return hi
@@ -216,6 +221,7 @@ class RotaryEmbedding(nn.Module):
         self.attention_factor = self._sets["base"][1]
         self._tables: dict[tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self._on_device: dict[tuple[torch.device, str], torch.Tensor] = {}
+        self._backends: dict[tuple[str, torch.dtype], str] = {}
 
     # --- frequencies ---------------------------------------------------------------------------
 
@@ -286,6 +292,15 @@ class RotaryEmbedding(nn.Module):
             entry = self._tables[(device, key)] = (cos[None], sin[None])
         return entry
 
+    def _backend_for(self, x: torch.Tensor, table: torch.Tensor) -> str:
+        """The backend this module's calls on ``x``'s device and dtype run, chosen (and checked)
+        once: its tables are float32 and never need gradients, so nothing else decides."""
+        key = (x.device.type, x.dtype)
+        chosen = self._backends.get(key)
+        if chosen is None:
+            chosen = self._backends[key] = select_backend(self.backend, x, (table,))
+        return chosen
+
     def cos_sin(
         self, positions: torch.Tensor, seq_len: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -343,8 +358,9 @@ class RotaryEmbedding(nn.Module):
                 pk = pq if k_positions is positions else k_positions
                 pk = pk if pk.dim() == 2 else pk[None]  # [1 or b, t]
                 return rope_qk_canonical(
-                    q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved, self.backend
-                )
+                    q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved,
+                    self._backend_for(q, cos), checked=True,
+                )  # fmt: skip
             inv_freq, factor = self.frequencies(top + 1)
             inv_freq = inv_freq.to(q.device)
         else:

@@ -367,9 +367,9 @@ int posenc_rope_bf16(const posenc_rope_args *a) {
 /* Lets the loader check that the struct it fills has the layout compiled here. */
 int64_t posenc_rope_args_size(void) { return (int64_t)sizeof(posenc_rope_args); }
 
-/* q and k in one call: at decode shapes the caller's cost per foreign call (argument
- * conversion) is larger than the rotation itself. */
-int posenc_rope_qk(const posenc_rope_args *q, const posenc_rope_args *k, int64_t bf16) {
+/* q and k in one call, their argument structs back to back (packed by the caller in one
+ * step): at decode shapes the caller's cost per foreign call is larger than the rotation. */
+int posenc_rope_qk(const posenc_rope_args *qk, int64_t bf16) {
     int (*fn)(const posenc_rope_args *) = bf16 ? posenc_rope_bf16 : posenc_rope_f32;
-    return fn(q) | fn(k);
+    return fn(&qk[0]) | fn(&qk[1]);
 }
