@@ -317,6 +317,14 @@ SUMMARY_COLUMNS = {
 }
 
 
+def drop_empty_columns(
+    header: list[str], rows: list[list[str]]
+) -> tuple[list[str], list[list[str]]]:
+    """Leave out the columns with no figure in any row (e.g. GPU-only references on a CPU)."""
+    keep = [i for i in range(len(header)) if any(r[i] != "-" for r in rows)] if rows else []
+    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
+
+
 def summary_table(header: list[str], rows: list[list[str]]) -> Any:
     """The summary as a rich table that fits an 80-column terminal: no vertical rules, one
     space between columns, nothing wrapped or cut (checked by the tests)."""
