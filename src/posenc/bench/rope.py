@@ -340,6 +340,9 @@ def summary_table(header: list[str], rows: list[list[str]]) -> Any:
     return table
 
 
+_SHORT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
 def _ratio(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.2f}"
 
