@@ -140,13 +140,16 @@ def test_cos_sin_match_llama_rotary(rope_type: str, data: st.DataObject) -> None
         orig = kw["max_position_embeddings"]  # dynamic NTK's original length
     positions = _positions(data.draw, data.draw(st.integers(orig + 1, 4 * orig + 20)))
 
-    hf = modeling_llama.LlamaRotaryEmbedding(LlamaConfig(**kw))
-    ref_cos, ref_sin = _hf_cos_sin(hf, positions)
-    for config in (LlamaConfig(**kw), kw):  # 5.x object and 4.x dict
-        rope = rope_from_hf(config)
-        cos, sin = _ours_full(rope, positions)
-        _assert_close(cos, ref_cos, rope.attention_factor)
-        _assert_close(sin, ref_sin, rope.attention_factor)
+    # Random positions past the original length, then each side of the switch point of the
+    # length-dependent types (largest position orig - 1, then orig).
+    for pos in (positions, torch.tensor([[0, orig - 1]]), torch.tensor([[orig, 1]])):
+        hf = modeling_llama.LlamaRotaryEmbedding(LlamaConfig(**kw))  # fresh: dynamic's history
+        ref_cos, ref_sin = _hf_cos_sin(hf, pos)
+        for config in (LlamaConfig(**kw), kw):  # 5.x object and 4.x dict
+            rope = rope_from_hf(config)
+            cos, sin = _ours_full(rope, pos)
+            _assert_close(cos, ref_cos, rope.attention_factor)
+            _assert_close(sin, ref_sin, rope.attention_factor)
 
 
 @pytest.mark.parametrize(
