@@ -54,6 +54,7 @@ __all__ = [
     "ROTARY_BACKENDS",
     "ROTARY_LAYOUTS",
     "ScalingSpec",
+    "angles_cos_sin",
     "apply_rotary",
     "apply_rotary_qk",
     "extension_scaling",
@@ -81,7 +82,18 @@ def rope_cos_sin(
             "inv_freq must be a 1-D float32 or float64 tensor, "
             f"got {inv_freq.dtype} {tuple(inv_freq.shape)}"
         )
-    angles = positions.to(inv_freq.dtype)[..., None] * inv_freq.to(positions.device)  # [*, n]
+    return angles_cos_sin(positions[..., None], inv_freq, attention_factor)
+
+
+def angles_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unchecked core of :func:`rope_cos_sin`, for callers that checked their inputs once.
+
+    Shapes: integer ``positions`` broadcastable against ``inv_freq [n]`` (``[*, 1]``, or
+    ``[*, n]`` with a position per pair as M-RoPE has) -> float32 ``cos, sin [*, n]``.
+    """
+    angles = positions.to(inv_freq.dtype) * inv_freq.to(positions.device)  # [*, n]
     cos, sin = angles.cos(), angles.sin()
     if attention_factor != 1.0:
         cos, sin = cos * attention_factor, sin * attention_factor
@@ -233,8 +245,4 @@ def mrope_cos_sin(
     if inv_freq.dtype not in ANGLE_DTYPES:
         raise ValueError(f"inv_freq must be float32 or float64, got {inv_freq.dtype}")
     per_pair = positions.movedim(0, -1)[..., axis]  # [*, 3] -> [*, n]: each pair's own axis
-    angles = per_pair.to(inv_freq.dtype) * inv_freq.to(positions.device)  # [*, n]
-    cos, sin = angles.cos(), angles.sin()
-    if attention_factor != 1.0:
-        cos, sin = cos * attention_factor, sin * attention_factor
-    return cos.float(), sin.float()
+    return angles_cos_sin(per_pair, inv_freq, attention_factor)

@@ -29,7 +29,7 @@ from ..functional.rope_scaling import (
     rope_inv_freq,
     scaled_inv_freq,
 )
-from ..functional.rotary import rope_cos_sin
+from ..functional.rotary import angles_cos_sin, rope_cos_sin
 from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
 from ..kernels.rope_op import rope_qk_canonical, select_backend, unit_last
 
@@ -317,7 +317,7 @@ class RotaryEmbedding(nn.Module):
         seq_len = top + 1 if seq_len is None else seq_len
         key = self._freq_key(seq_len)
         if key != "grown" and top < self.cache_len:
-            cos, sin = self._table(positions.device, key)
+            cos, sin = self._table(positions.device, key)  # [1, cache_len, n]
             return cos[0][positions], sin[0][positions]  # [*, n]
         inv_freq, factor = self.frequencies(seq_len)
         return rope_cos_sin(positions, inv_freq, factor)
@@ -365,12 +365,13 @@ class RotaryEmbedding(nn.Module):
             inv_freq = inv_freq.to(q.device)
         else:
             inv_freq, factor = self._traced_frequencies(positions, k_positions)
-        cos_q, sin_q = _batched(rope_cos_sin(positions, inv_freq, factor))  # [1 or b, s, n]
+        # Checked above: the unchecked core (one validation per call).
+        cos_q, sin_q = _batched(angles_cos_sin(positions[..., None], inv_freq, factor))
         cos_k, sin_k = (
             (cos_q, sin_q)
             if k_positions is positions
-            else _batched(rope_cos_sin(k_positions, inv_freq, factor))
-        )  # [1 or b, t, n]
+            else _batched(angles_cos_sin(k_positions[..., None], inv_freq, factor))
+        )  # [1 or b, s, n], [1 or b, t, n]
         return rope_qk_canonical(
             q, k, cos_q, sin_q, cos_k, sin_k, None, None, self.span, self.interleaved, self.backend
         )
