@@ -35,6 +35,16 @@ DEFAULT_ENCODINGS: tuple[str, ...] = (
     "deberta",
 )
 
+#: gpu-small's order: the four encodings of the ALiBi paper's comparison first (a run cut short
+#: by its time limit still has them), then the rest of :data:`DEFAULT_ENCODINGS`.
+GPU_SMALL_ENCODINGS: tuple[str, ...] = (
+    "sinusoidal",
+    "rope",
+    "alibi",
+    "t5",
+    *(e for e in DEFAULT_ENCODINGS if e not in ("sinusoidal", "rope", "alibi", "t5")),
+)
+
 #: Encoding options every preset uses. Sinusoidal: token embeddings times sqrt(dim) before the
 #: table is added, as in Vaswani et al. and fairseq (the ALiBi paper's baseline). Without it the
 #: unit-amplitude table drowns this model's 0.02-std embeddings (measured on cpu-small: 3.75 vs
@@ -155,6 +165,8 @@ class LabConfig:
 # 8x the tokens, 3x the parameters): about an hour on two idle cores with --threads 2 (estimated
 # from measured throughput, 9K tokens/s on one core, 17K on two). gpu is sized for one H100: a
 # ~100M-parameter model at the ALiBi paper's train length of 512, evaluated to 16x (8192).
+# gpu-small is that setting at 25M parameters and 4.9M tokens per encoding, sized for the
+# few minutes `make gpu-check` has (its sizing is written above its entry).
 PRESETS: dict[str, LabConfig] = {
     "cpu-small": LabConfig(
         preset="cpu-small",
@@ -194,11 +206,40 @@ PRESETS: dict[str, LabConfig] = {
         data=DataConfig(include_tests=True),
         ckpt_every=500,
     ),
+    # gpu-small: the ALiBi paper's setting (train at L = 512; evaluate at 512, 1024, 2048 and
+    # 4096, with the RoPE rescalings) small enough to run inside `make gpu-check`: every default
+    # encoding in at most 5 minutes on one H100/H200 (bf16 autocast; FlexAttention for the
+    # biases wherever `Attention`'s "auto" picks it on CUDA: the eval lengths >= 1024; training
+    # at 512 stays below its threshold and uses SDPA). Sized from measured CPU throughput
+    # (benchmarks/gpu_check.py: GPU_SMALL_SIZING and estimate_lab_seconds; method in
+    # benchmarks/README.md): this model (25.3M parameters, ~177 MFLOP per trained token) trained
+    # at 252-427 tokens/s on one thread of the 2-core EPYC VM in float32 (RoPE: 347 tokens/s,
+    # 61 GFLOP/s). Assumed CPU -> H200 factor ~3,200 = 989 dense bf16 TFLOP/s x 20% utilization
+    # (an eager, uncompiled 25M model) / 61 GFLOP/s; plus 10 ms a step of launch overhead
+    # (per-parameter AdamW) and 5 s per FlexAttention compile (5 biases x 3 lengths). Estimate:
+    # 96 s of training (300 steps x 16K tokens = 4.9M tokens per encoding, under half an epoch
+    # of the 12 MB stdlib), 75 s of compiles, 28 s of start-up and evaluation: ~200 s, 1.5x
+    # inside the 5 minutes. The published comparison's encodings come first, so a run cut short
+    # by gpu-check's time limit still has them.
+    "gpu-small": LabConfig(
+        preset="gpu-small",
+        encodings=GPU_SMALL_ENCODINGS,
+        train_len=512,
+        # 8 blocks x 12 x 512^2 = 25.2M parameters (+ a 256 x 512 embedding); head_dim 64.
+        model=ModelShape(dim=512, num_layers=8, num_heads=8),
+        train=TrainConfig(steps=300, batch_size=32, lr=1.5e-3, warmup_steps=30),
+        # 64K test bytes per length: 128 windows at L, 16 at 8L. Eval batches of 32K tokens
+        # keep the explicit (relative-family) scores at 4096 to a few GiB.
+        eval=EvalConfig(lengths=("1x", "2x", "4x", "8x"), tokens=65536, batch_tokens=32768),
+        # No mid-run checkpoints: each would write model + optimizer (~300 MB) for a cell that
+        # takes seconds; the final weights are still saved.
+        ckpt_every=1000,
+    ),
 }
 
 
 def preset(name: str) -> LabConfig:
-    """The named preset (``cpu-small``, ``cpu``, ``gpu``)."""
+    """The named preset (``cpu-small``, ``cpu``, ``gpu``, ``gpu-small``)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]
