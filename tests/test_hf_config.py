@@ -198,3 +198,255 @@ def test_clear_errors() -> None:
         rope_from_hf({"hidden_size": 72, "num_attention_heads": 4, "partial_rotary_factor": 0.5})
     with pytest.raises(ValueError, match="no head_dim"):
         rope_from_hf({"rope_theta": 1e4})
+
+
+# --- model-aware reading -----------------------------------------------------------------------
+
+import math  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+
+from transformers import CONFIG_MAPPING  # noqa: E402
+from transformers.models.auto.configuration_auto import model_type_to_module_name  # noqa: E402
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
+from transformers.models.deepseek_v2.configuration_deepseek_v2 import (  # noqa: E402
+    DeepseekV2Config,
+)
+from transformers.models.ministral3 import modeling_ministral3  # noqa: E402
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig  # noqa: E402
+from transformers.models.qwen3_5.modeling_qwen3_5 import (  # noqa: E402
+    Qwen3_5TextRotaryEmbedding,
+)
+from transformers.models.qwen3_5.modeling_qwen3_5 import (  # noqa: E402
+    apply_rotary_pos_emb as qwen3_5_apply,
+)
+
+from posenc.hf import (  # noqa: E402
+    FALLBACK_DEFAULTS,
+    ROPE_INTERLEAVE_MODEL_TYPES,
+    UNSUPPORTED_MODEL_TYPES,
+    attention_temperature_from_hf,
+)
+from posenc.rotary.temperature import (  # noqa: E402
+    QueryTemperature,
+    llama4_scaling_scale,
+    llama4_temperature_scale,
+)
+
+_MLA = {"hidden_size": 64, "num_attention_heads": 4, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32, "q_lora_rank": None}  # fmt: skip
+
+
+def _rotation_kind(source: str) -> str | None:
+    """How a modeling file rotates pairs, read from its source: "half", "interleaved", "flag"."""
+    if re.search(r"[^m]rope_interleave", source):
+        return "flag"
+    if "view_as_complex" in source:
+        return "interleaved"
+    unconditional = re.search(r"^\s+q_rot, k_rot = apply_rotary_pos_emb_interleave\(", source, re.M)
+    if unconditional and "if self.config.rope_interleave" not in source:
+        return "interleaved"
+    body = re.search(r"def rotate_half\(x\):(.*?)\n\n", source, re.S)
+    if body is None:
+        return None
+    return "interleaved" if "::2" in body.group(1) else "half"
+
+
+def test_layout_table_matches_transformers_source() -> None:
+    """Every causal LM in transformers: posenc's pairing is the one its modeling code uses."""
+    from posenc import hf
+
+    root = os.path.dirname(transformers.models.__file__)
+    wrong = []
+    for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        name = model_type_to_module_name(model_type)
+        path = os.path.join(root, name, f"modeling_{name}.py")
+        if model_type in UNSUPPORTED_MODEL_TYPES or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            kind = _rotation_kind(f.read())
+        if kind == "flag":
+            ok = model_type in ROPE_INTERLEAVE_MODEL_TYPES
+        else:
+            ok = kind is None or hf._layout({}, frozenset({model_type})) == kind
+        if not ok:
+            wrong.append((model_type, kind))
+    assert not wrong
+
+
+def test_rope_interleave_defaults_are_the_config_classes() -> None:
+    for model_type, default in ROPE_INTERLEAVE_MODEL_TYPES.items():
+        if model_type in CONFIG_MAPPING:
+            assert CONFIG_MAPPING[model_type]().rope_interleave is default, model_type
+
+
+def test_fallback_table_is_the_config_classes_defaults() -> None:
+    """The defaults posenc uses without transformers are those of transformers' classes."""
+    for model_type, defaults in FALLBACK_DEFAULTS.items():
+        if model_type not in CONFIG_MAPPING:
+            continue
+        config = CONFIG_MAPPING[model_type]()
+        params = getattr(config, "rope_parameters", None) or {}
+        for key, value in defaults.items():
+            if key in ("partial_rotary_factor", "rope_theta") and "full_attention" in params:
+                got = params["full_attention"][key]  # Gemma-3: the global layers' base
+            elif key in ("partial_rotary_factor", "rope_theta"):
+                got = params.get(key, getattr(config, key, None))
+            elif key == "rope_local_base_freq":
+                got = params["sliding_attention"]["rope_theta"]
+            else:
+                got = getattr(config, key)
+            assert got == value, (model_type, key, got, value)
+
+
+def test_deepseek_layouts() -> None:
+    """DeepSeek-V2 multiplies complex numbers, DeepSeek-V3 follows rope_interleave (default on);
+    both rotate the qk_rope_head_dim part of the head."""
+    v2 = hf_rope_kwargs(DeepseekV2Config(**_MLA))
+    v3 = hf_rope_kwargs(DeepseekV3Config(**_MLA))
+    v3_half = hf_rope_kwargs(DeepseekV3Config(**_MLA, rope_interleave=False))
+    assert (v2["layout"], v3["layout"], v3_half["layout"]) == ("interleaved",) * 2 + ("half",)
+    assert v2["head_dim"] == v2["rotary_dim"] == v3["head_dim"] == v3["rotary_dim"] == 8
+    raw = {"model_type": "deepseek_v3", **_MLA}
+    for use_transformers in (True, False):
+        kw = hf_rope_kwargs(raw, use_transformers=use_transformers)
+        assert (kw["layout"], kw["head_dim"]) == ("interleaved", 8)
+
+
+def test_unsupported_architectures_raise() -> None:
+    with pytest.raises(ValueError, match=r"nanochat.*minus the angle"):
+        rope_from_hf({"model_type": "nanochat", "hidden_size": 64, "num_attention_heads": 4})
+
+
+def test_qwen3_5_partial_mrope_matches_transformers() -> None:
+    """Qwen3.5: M-RoPE over the first quarter of the head (class default 0.25), interleaved."""
+    kw = {"hidden_size": 128, "num_attention_heads": 2, "head_dim": 64, "num_hidden_layers": 4}
+    params = {"rope_type": "default", "rope_theta": 1e7, "mrope_section": [3, 3, 2]}
+    config = Qwen3_5TextConfig(**kw, rope_parameters=dict(params))
+    positions = torch.randint(0, 300000, (3, 2, 7))
+    cos, sin = Qwen3_5TextRotaryEmbedding(config)(torch.zeros(1), positions)
+    q, k = torch.randn(2, 2, 7, 64), torch.randn(2, 1, 7, 64)
+    ref = qwen3_5_apply(q, k, cos, sin)
+    raw = {"model_type": "qwen3_5_text", **kw, "rope_parameters": params}
+    for form, use_transformers in ((config, True), (raw, True), (raw, False)):
+        rope = rope_from_hf(form, use_transformers=use_transformers)
+        assert isinstance(rope, MRoPE) and rope.interleaved and rope.rotary_dim == 16
+        for ours, theirs in zip(rope(q, k, positions), ref, strict=True):
+            assert (ours - theirs).abs().max() <= TOL
+
+
+def test_mrope_of_unverified_architectures_raises() -> None:
+    raw = {"model_type": "glm4v_text", "hidden_size": 64, "num_attention_heads": 4,
+           "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}}  # fmt: skip
+    with pytest.raises(ValueError, match="posenc reproduces the M-RoPE of"):
+        rope_from_hf(raw, use_transformers=False)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("rope_theta", 0, "rope_theta must be a finite number > 0, got 0"),
+        ("rope_theta", -1e4, "rope_theta must be a finite number > 0"),
+        ("rope_theta", float("nan"), "rope_theta must be a finite number > 0, got nan"),
+        ("rope_theta", "1e4", r"\['rope_theta'\] must be a number, got '1e4'"),
+        ("rope_theta", True, r"\['rope_theta'\] must be a number, got True"),
+        ("partial_rotary_factor", 0.0, r"partial_rotary_factor must be a number in \(0, 1\]"),
+        ("partial_rotary_factor", 1.5, r"partial_rotary_factor must be a number in \(0, 1\]"),
+        ("partial_rotary_factor", "half", r"\['partial_rotary_factor'\] must be a number"),
+        ("head_dim", "16", r"\['head_dim'\] must be a number, got '16'"),
+        ("head_dim", 16.5, r"head_dim.*16\.5"),  # transformers' strict field check, or ours
+        ("head_dim", 0, "head_dim must be a positive integer, got 0"),
+    ],
+)
+def test_bad_values_raise(key: str, value: object, message: str) -> None:
+    """Bad values are refused, never replaced by a default."""
+    for model_type in ({}, {"model_type": "llama", "num_hidden_layers": 2}):
+        raw = {**model_type, "hidden_size": 64, "num_attention_heads": 4, key: value}
+        for use_transformers in (True, False):
+            with pytest.raises(ValueError, match=message):
+                rope_from_hf(raw, use_transformers=use_transformers)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "message"),
+    [
+        ({"rope_type": "linear", "factor": float("nan")}, "factor"),
+        ({"rope_type": "linear", "factor": "2"}, r"\['factor'\] must be a number, got '2'"),
+        ({"rope_type": "yarn", "factor": 4.0, "beta_fast": "32"}, r"\['beta_fast'\] must be a number"),
+        ({"rope_type": "yarn", "factor": 4.0, "mscale": float("inf")}, "mscale"),
+        ({"rope_type": "yarn", "factor": 4.0, "bogus": 1}, r"unknown scaling key\(s\) \['bogus'\]"),
+        ({"rope_type": "default", "factor": 2.0}, r"unknown scaling key\(s\) \['factor'\]"),
+        ({"rope_type": "yarn", "factor": 4.0, "llama_4_scaling_beta": 0.1},
+         "'llama_4_scaling_beta' is read by the attention of"),
+    ],
+)  # fmt: skip
+def test_bad_scaling_raises_naming_the_key(scaling: dict, message: str) -> None:
+    raw = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "max_position_embeddings": 64, "rope_scaling": scaling}  # fmt: skip
+    for use_transformers in (True, False):
+        with pytest.raises(ValueError, match=message):
+            rope_from_hf(raw, use_transformers=use_transformers)
+
+
+# --- attention temperature ---------------------------------------------------------------------
+
+
+def test_llama4_scaling_matches_transformers_function() -> None:
+    """Ministral-3's ``get_llama_4_attn_scale``, bit for bit, across many multiples of L."""
+    positions = torch.randint(0, 40 * 16384, (3, 257))
+    positions[0, :5] = torch.tensor([0, 16383, 16384, 16385, 2 * 16384])
+    ref = modeling_ministral3.get_llama_4_attn_scale(positions, 0.1, 16384)  # [b, 1, s, 1]
+    ours = llama4_scaling_scale(positions, 0.1, 16384)
+    assert torch.equal(ours[:, None, :, None], ref)
+
+
+def test_llama4_temperature_matches_the_formula() -> None:
+    """Llama-4's NoPE-layer scale (inline in transformers' attention) against the formula in
+    float64; the tiny Llama-4 model test checks it inside transformers' own attention."""
+    positions = torch.arange(0, 200000, 7)
+    expected = [math.log1p(math.floor((p + 1) / 8192)) * 0.1 + 1 for p in positions.tolist()]
+    ours = llama4_temperature_scale(positions, 0.1, 8192)
+    assert (ours.double() - torch.tensor(expected, dtype=torch.float64)).abs().max() <= 1e-6
+    assert ours[positions < 8191].eq(1).all() and ours[positions >= 8191].gt(1).all()
+
+
+def test_attention_temperature_from_hf() -> None:
+    ministral = {"model_type": "ministral3", "hidden_size": 64, "num_attention_heads": 4,
+                 "num_hidden_layers": 2, "max_position_embeddings": 65536,
+                 "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                     "original_max_position_embeddings": 16384,
+                                     "llama_4_scaling_beta": 0.1, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}}  # fmt: skip
+    llama4 = {"model_type": "llama4_text", "hidden_size": 64, "num_attention_heads": 4,
+              "num_hidden_layers": 8, "head_dim": 16}  # fmt: skip
+    for use_transformers in (True, False):
+        t = attention_temperature_from_hf(ministral, use_transformers=use_transformers)
+        assert t == QueryTemperature("llama4_scaling", 0.1, 16384, None)
+        t = attention_temperature_from_hf(llama4, use_transformers=use_transformers)
+        assert t == QueryTemperature("llama4_temperature", 0.1, 8192, (3, 7))  # NoPE every 4th
+        llama = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}
+        assert attention_temperature_from_hf(llama, use_transformers=use_transformers) is None
+    off = {**llama4, "attn_temperature_tuning": False}
+    assert attention_temperature_from_hf(off) is None
+    # The rope module ignores the key; the query scale goes through QueryTemperature.
+    assert rope_from_hf(ministral).scaling["rope_type"] == "yarn"
+    q = torch.randn(2, 4, 3, 16)
+    positions = torch.tensor([[0, 16384, 40000], [1, 2, 3]])
+    scaled = QueryTemperature("llama4_scaling", 0.1, 16384)(q, positions)
+    assert torch.equal(scaled[1], q[1]) and torch.equal(scaled[0, :, 0], q[0, :, 0])
+    assert torch.allclose(scaled[0, :, 1], q[0, :, 1] * (1 + 0.1 * math.log(2)))
+
+
+def test_query_temperature_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="kind must be one of"):
+        QueryTemperature("yarn", 0.1, 8)
+    with pytest.raises(ValueError, match="beta must be a finite number, got 'x'"):
+        QueryTemperature("llama4_scaling", "x", 8)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="length must be a positive integer, got 0"):
+        QueryTemperature("llama4_scaling", 0.1, 0)
+    ministral = {"model_type": "ministral3", "hidden_size": 64, "num_attention_heads": 4,
+                 "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                     "original_max_position_embeddings": 16,
+                                     "llama_4_scaling_beta": "0.1"}}  # fmt: skip
+    with pytest.raises(ValueError, match=r"\['llama_4_scaling_beta'\] must be a number"):
+        attention_temperature_from_hf(ministral)

@@ -49,7 +49,7 @@ from .rotary.temperature import QueryTemperature
 INTERLEAVED_MODEL_TYPES = frozenset(
     {
         "axk2", "bailing_hybrid", "blt", "codegen", "cohere", "cohere2", "cohere2_moe",
-        "deepseek_v2", "deepseek_v32", "dots3_note", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
+        "deepseek_v2", "deepseek_v32", "dots3_note", "dots3_note_text", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
         "glm_moe_dsa", "gptj", "helium", "llama4", "llama4_text", "longcat_flash",
         "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
         "openai_privacy_filter",
@@ -83,6 +83,8 @@ LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
 # Architectures whose rotation posenc cannot express.
 UNSUPPORTED_MODEL_TYPES = {
     "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
+    "deepseek_v4": "it rotates the trailing rope slice of each head ([nope | rope]) in "
+    "interleaved pairs; posenc rotates the leading channels",
 }
 
 # Keys of a rope parameter dict that are not scaling options: the module's own, and those other
@@ -106,7 +108,7 @@ FALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt_neox": {"partial_rotary_factor": 0.25},
     "stablelm": {"partial_rotary_factor": 0.25},
     "phi": {"partial_rotary_factor": 0.5},
-    "persimmon": {"partial_rotary_factor": 0.5, "rope_theta": 25000.0},
+    "persimmon": {"partial_rotary_factor": 0.5},
     "glm": {"partial_rotary_factor": 0.5},
     "glm4": {"partial_rotary_factor": 0.5},
     "qwen3_next": {"partial_rotary_factor": 0.25},
@@ -137,8 +139,12 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
     return getattr(config, key, default)
 
 
+def _is_real(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
 def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    return _is_real(value) and math.isfinite(value)
 
 
 def _number(value: Any, name: str, allowed: str, ok: Any = lambda v: True) -> float:
@@ -155,6 +161,30 @@ def _positive_int(value: Any, name: str) -> int:
 
 
 # --- from a dict or an object to a transformers-5-shaped config ---------------------------------
+
+
+# Keys whose values must be numbers wherever they appear (top level, rope dicts, text_config):
+# checked before transformers sees the dict, so a string fails naming its key.
+_NUMERIC_KEYS = frozenset(
+    {"rope_theta", "rotary_emb_base", "partial_rotary_factor", "rotary_pct", "rotary_dim",
+     "head_dim", "hidden_size", "num_attention_heads", "max_position_embeddings",
+     "original_max_position_embeddings", "qk_rope_head_dim", "factor", "attention_factor",
+     "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor",
+     "high_freq_factor", "llama_4_scaling_beta", "rope_local_base_freq"}
+)  # fmt: skip
+
+
+def _check_types(raw: Mapping[str, Any], where: str = "config") -> None:
+    """Numbers where numbers go, in ``raw`` and the rope and text dicts nested in it."""
+    for key, value in raw.items():
+        if isinstance(value, Mapping) and key in ("rope_parameters", "rope_scaling", "text_config"):
+            _check_types(value, f"{where}[{key!r}]")
+        elif isinstance(value, Mapping) and where.endswith(
+            ("['rope_parameters']", "['rope_scaling']")
+        ):
+            _check_types(value, f"{where}[{key!r}]")  # per-layer-type rope parameters
+        elif key in _NUMERIC_KEYS and value is not None and not _is_real(value):
+            raise ValueError(f"{where}[{key!r}] must be a number, got {value!r}")
 
 
 def _transformers_config(raw: Mapping[str, Any]) -> Any | None:
@@ -241,6 +271,7 @@ def _standard_params(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
 def _text_config(config: Any, use_transformers: bool) -> Any:
     """The decoder's config to read: a transformers 5.x object, or a dict of the same shape."""
     if isinstance(config, Mapping):
+        _check_types(config)
         obj = _transformers_config(config) if use_transformers else None
         if obj is None:
             return _standardize(config)
@@ -526,10 +557,16 @@ def attention_temperature_from_hf(
         return QueryTemperature(
             "llama4_temperature", beta, _positive_int(length, "floor_scale"), layers
         )
-    params = _layer_params(cfg, None)
-    beta = params.get("llama_4_scaling_beta")
-    if beta is None:
+    every = _get(cfg, "rope_parameters") or {}
+    nested = _nested_keys(every, _get(cfg, "_rope_type_labels") or _get(cfg, "layer_types"))
+    per_type = [every[k] for k in nested if every[k] is not None] if nested else [every]
+    with_beta = [p for p in per_type if p.get("llama_4_scaling_beta") is not None]
+    if not with_beta:
         return None
+    if len(with_beta) < len(per_type):
+        raise ValueError("llama_4_scaling_beta must be in every layer type's rope parameters")
+    params = with_beta[0]
+    beta = params["llama_4_scaling_beta"]
     _rope_type(params, model_types)  # the key must belong to this architecture
     orig = params.get("original_max_position_embeddings")
     if orig is None:
