@@ -205,6 +205,7 @@ def test_clear_errors() -> None:
 import math  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from transformers import CONFIG_MAPPING  # noqa: E402
 from transformers.models.auto.configuration_auto import model_type_to_module_name  # noqa: E402
@@ -450,3 +451,13 @@ def test_query_temperature_rejects_bad_values() -> None:
                                      "llama_4_scaling_beta": "0.1"}}  # fmt: skip
     with pytest.raises(ValueError, match=r"\['llama_4_scaling_beta'\] must be a number"):
         attention_temperature_from_hf(ministral)
+
+
+def test_hf_doc_page_examples_run() -> None:
+    """The examples of docs/api/hf.md (the docs test runs docs/*.md only)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "api" / "hf.md").read_text()
+    blocks = re.findall(r"^```python[ \t]*\n(.*?)^```[ \t]*$", text, re.MULTILINE | re.DOTALL)
+    assert len(blocks) >= 3
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, "docs/api/hf.md", "exec"), namespace)
