@@ -174,10 +174,11 @@ def _hf_module(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.
     def run(q: torch.Tensor, k: torch.Tensor, t: dict) -> tuple[torch.Tensor, torch.Tensor]:
         d = q.shape[-1]
         if d not in modules:
-            cfg = LlamaConfig(
-                hidden_size=d * q.shape[1], num_attention_heads=q.shape[1], head_dim=d,
-                num_key_value_heads=k.shape[1], rope_theta=10000.0,
-            )  # fmt: skip
+            kw: dict[str, Any] = {
+                "hidden_size": d * q.shape[1], "num_attention_heads": q.shape[1], "head_dim": d,
+                "num_key_value_heads": k.shape[1], "rope_theta": 10000.0,
+            }  # fmt: skip
+            cfg = LlamaConfig(**kw)
             modules[d] = LlamaRotaryEmbedding(cfg).to(device)
         cos, sin = modules[d](q, t["position_ids"])  # [b, s, d] in q's dtype
         return apply_rotary_pos_emb(q, k, cos, sin)

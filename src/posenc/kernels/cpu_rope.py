@@ -23,11 +23,11 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from .constants import CPU_KERNEL_DTYPES
+from .reference import RopeArgs
 
 SOURCE = Path(__file__).parent / "csrc" / "rope_cpu.c"
 
@@ -214,24 +214,21 @@ def rope_cpu(
         raise ValueError(f"without positions the tables need >= s={s} rows, got {cos.shape[1]}")
     if x.numel() == 0:
         return
-    args = _args(x, out, cos, sin, positions, rotary_dim, interleaved, conj)
+    a = RopeArgs(x, x, cos, sin, cos, sin, positions, positions, rotary_dim, interleaved)
+    args = _Args(*_fields(a, 0, out, conj))
     fn = _lib.posenc_rope_bf16 if x.dtype == torch.bfloat16 else _lib.posenc_rope_f32
     if fn(ctypes.byref(args)) != 0:
         raise MemoryError("the CPU rotary kernel could not allocate its table scratch")
 
 
-def _fields(
-    x: torch.Tensor,
-    out: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor | None,
-    rotary_dim: int,
-    interleaved: bool,
-    conj: bool,
-) -> tuple[int, ...]:
-    """The values of ``posenc_rope_args``, in its field order. A shared (batch-1) table or
-    position row is read with batch stride 0."""
+def _fields(a: RopeArgs, side: int, out: torch.Tensor, conj: bool) -> tuple[int, ...]:
+    """The values of ``posenc_rope_args`` for q (``side`` 0) or k (1), in its field order. A
+    shared (batch-1) table or position row is read with batch stride 0."""
+    if side:
+        x, cos, sin, positions = a.k, a.cos_k, a.sin_k, a.positions_k
+    else:
+        x, cos, sin, positions = a.q, a.cos_q, a.sin_q, a.positions_q
+    rotary_dim, interleaved = a.rotary_dim, a.interleaved
     b, h, s, d = x.shape
     xs, os_, cs, ss = x.stride(), out.stride(), cos.stride(), sin.stride()
     pos, psb = 0, 0
@@ -245,43 +242,23 @@ def _fields(
     )  # fmt: skip
 
 
-def _args(*args: Any) -> _Args:
-    """The kernel's argument struct (arguments of :func:`_fields`)."""
-    return _Args(*_fields(*args))
-
-
 # Two posenc_rope_args back to back (5 pointers, 19 int64 each, no padding), packed in one
 # call: at decode shapes building ctypes structures field by field costs more than the kernel.
 _PAIR = struct.Struct("=5Q19q5Q19q")
 
 
-def rope_cpu_qk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_out: torch.Tensor,
-    k_out: torch.Tensor,
-    tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-    positions_q: torch.Tensor | None,
-    positions_k: torch.Tensor | None,
-    rotary_dim: int,
-    interleaved: bool,
-    conj: bool,
-) -> None:
+def rope_cpu_qk(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: bool) -> None:
     """q and k in one foreign call, on inputs the dispatcher has already checked.
 
     The forms of :func:`rope_cpu` for each of ``(q, q_out, cos_q, sin_q, positions_q)`` and
-    ``(k, k_out, cos_k, sin_k, positions_k)``, with ``tables = (cos_q, sin_q, cos_k, sin_k)``.
-    Not checked again here: :func:`posenc.kernels.rope_op.rope_qk` checks once, and at decode
-    shapes a second pass of checks would cost more than the rotation.
+    ``(k, k_out, cos_k, sin_k, positions_k)`` (int64 positions). Not checked again here:
+    :func:`posenc.kernels.rope_op.rope_qk` checks once, and at decode shapes a second pass of
+    checks would cost more than the rotation.
     """
     status = cpu_kernel_status()
     if status:
         raise RuntimeError(f"the CPU rotary kernel is unavailable: {status}")
     assert _lib is not None
-    cos_q, sin_q, cos_k, sin_k = tables
-    args = _PAIR.pack(
-        *_fields(q, q_out, cos_q, sin_q, positions_q, rotary_dim, interleaved, conj),
-        *_fields(k, k_out, cos_k, sin_k, positions_k, rotary_dim, interleaved, conj),
-    )
-    if _lib.posenc_rope_qk(args, int(q.dtype == torch.bfloat16)) != 0:
+    args = _PAIR.pack(*_fields(a, 0, q_out, conj), *_fields(a, 1, k_out, conj))
+    if _lib.posenc_rope_qk(args, int(a.q.dtype == torch.bfloat16)) != 0:
         raise MemoryError("the CPU rotary kernel could not allocate its table scratch")

@@ -20,7 +20,31 @@ exact), so float32 results are bit-identical to theirs.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+class RopeArgs(NamedTuple):
+    """One rotation of q and k in the kernels' canonical form (``rope_op.rope_qk`` builds it,
+    after its checks). Fields in the order of the ``posenc::rope_qk`` ops' arguments.
+
+    ``q [b, h, s, d]``, ``k [b, hk, t, d]`` (any strides; the fused kernels need a unit stride on
+    ``d``); ``cos_q``, ``sin_q [bt, n, r/2]`` float32 (``bt`` 1 or ``b``; the reference also
+    takes ``[n, r/2]``), likewise ``cos_k``, ``sin_k``; ``positions_q [bp, s]``, ``positions_k
+    [bp', t]`` integer rows of the tables, or None (row ``i`` is position ``i``).
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    cos_q: torch.Tensor
+    sin_q: torch.Tensor
+    cos_k: torch.Tensor
+    sin_k: torch.Tensor
+    positions_q: torch.Tensor | None
+    positions_k: torch.Tensor | None
+    rotary_dim: int
+    interleaved: bool
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -97,40 +121,19 @@ def gather_rows(table: torch.Tensor, positions: torch.Tensor | None, seq_len: in
     return rows if rows.dim() == 2 else rows.unsqueeze(1)  # [s, r/2] or [b', 1, s, r/2]
 
 
-def rope_qk_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_q: torch.Tensor,
-    sin_q: torch.Tensor,
-    cos_k: torch.Tensor,
-    sin_k: torch.Tensor,
-    positions_q: torch.Tensor | None,
-    positions_k: torch.Tensor | None,
-    rotary_dim: int,
-    interleaved: bool,
-    conj: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The operation the fused kernels implement, on their canonical (already checked) inputs.
-
-    Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]`` (any strides); ``cos_q``, ``sin_q
-    [n, r/2]`` or ``[bt, n, r/2]``, likewise ``cos_k``, ``sin_k``; ``positions_q [s]`` or
-    ``[bp, s]``, ``positions_k`` likewise with ``t``, or None (row ``i`` is position ``i``).
-    Returns new ``(q', k')``.
-    """
-    layout = "interleaved" if interleaved else "half"
-    cq = gather_rows(cos_q, positions_q, q.shape[2])  # [s, r/2] or [b', 1, s, r/2]
-    sq = gather_rows(sin_q, positions_q, q.shape[2])
-    if (
-        cos_k is cos_q
-        and sin_k is sin_q
-        and positions_k is positions_q
-        and k.shape[2] == q.shape[2]
-    ):
+def rope_qk_reference(a: RopeArgs, conj: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operation the fused kernels implement, on their canonical (already checked) inputs
+    (:class:`RopeArgs`). Returns new ``(q', k')``; ``conj`` rotates by the opposite angles."""
+    layout = "interleaved" if a.interleaved else "half"
+    s, t = a.q.shape[2], a.k.shape[2]
+    cq = gather_rows(a.cos_q, a.positions_q, s)  # [s, r/2] or [b', 1, s, r/2]
+    sq = gather_rows(a.sin_q, a.positions_q, s)
+    if a.cos_k is a.cos_q and a.sin_k is a.sin_q and a.positions_k is a.positions_q and t == s:
         ck, sk = cq, sq  # self-attention without a cache: k's rows are q's
     else:
-        ck = gather_rows(cos_k, positions_k, k.shape[2])  # [t, r/2] or [b', 1, t, r/2]
-        sk = gather_rows(sin_k, positions_k, k.shape[2])
+        ck = gather_rows(a.cos_k, a.positions_k, t)  # [t, r/2] or [b', 1, t, r/2]
+        sk = gather_rows(a.sin_k, a.positions_k, t)
     return (
-        apply_rotary_reference(q, cq, sq, layout, rotary_dim, conj),
-        apply_rotary_reference(k, ck, sk, layout, rotary_dim, conj),
+        apply_rotary_reference(a.q, cq, sq, layout, a.rotary_dim, conj),
+        apply_rotary_reference(a.k, ck, sk, layout, a.rotary_dim, conj),
     )

@@ -24,8 +24,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -38,7 +37,7 @@ from .constants import (
     TRITON_DTYPES,
 )
 from .cpu_rope import cpu_kernel_status, rope_cpu_qk
-from .reference import rope_qk_reference
+from .reference import RopeArgs, rope_qk_reference
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -168,64 +167,49 @@ def _int64_rows(p: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _launch(
-    backend: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_out: torch.Tensor,
-    k_out: torch.Tensor,
-    cos_q: torch.Tensor,
-    sin_q: torch.Tensor,
-    cos_k: torch.Tensor,
-    sin_k: torch.Tensor,
-    positions_q: torch.Tensor | None,
-    positions_k: torch.Tensor | None,
-    rotary_dim: int,
-    interleaved: bool,
-    conj: bool,
+    backend: str, a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: bool
 ) -> None:
+    """Write the rotation of ``a.q``, ``a.k`` into ``q_out``, ``k_out`` (may be them: in place)."""
     if backend == "triton":
         from .triton_rope import rope_qk_triton
 
-        rope_qk_triton(
-            q, k, q_out, k_out, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k,
-            rotary_dim, interleaved, conj,
-        )  # fmt: skip
+        rope_qk_triton(a, q_out, k_out, conj)
     elif backend == "cpu":
         # The native kernel reads contiguous int64 positions.
-        pq, pk = _int64_rows(positions_q), _int64_rows(positions_k)
-        if positions_k is positions_q:
-            pk = pq
-        tables = (cos_q, sin_q, cos_k, sin_k)
-        rope_cpu_qk(q, k, q_out, k_out, tables, pq, pk, rotary_dim, interleaved, conj)
+        pq = _int64_rows(a.positions_q)
+        pk = pq if a.positions_k is a.positions_q else _int64_rows(a.positions_k)
+        rope_cpu_qk(a._replace(positions_q=pq, positions_k=pk), q_out, k_out, conj)
     else:
         raise ValueError(f"the rope ops run backend 'triton' or 'cpu', got {backend!r}")
 
 
-@torch.library.custom_op("posenc::rope_qk", mutates_args=())
-def _rope_qk_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_q: torch.Tensor,
-    sin_q: torch.Tensor,
-    cos_k: torch.Tensor,
-    sin_k: torch.Tensor,
-    positions_q: torch.Tensor | None,
-    positions_k: torch.Tensor | None,
-    rotary_dim: int,
-    interleaved: bool,
-    conj: bool,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+# The ops' arguments: RopeArgs' fields, then conj and backend. Written once, for both ops (the
+# in-place one marks q and k as mutated).
+_OP_ARGS = (
+    "Tensor{0} q, Tensor{1} k, Tensor cos_q, Tensor sin_q, Tensor cos_k, Tensor sin_k, "
+    "Tensor? positions_q, Tensor? positions_k, SymInt rotary_dim, bool interleaved, bool conj, "
+    "str backend"
+)
+
+
+@torch.library.custom_op(
+    "posenc::rope_qk", mutates_args=(), schema=f"({_OP_ARGS.format('', '')}) -> (Tensor, Tensor)"
+)
+def _rope_qk_op(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
     """Out-of-place rotation of canonical q ``[b, h, s, d]`` and k ``[b, hk, t, d]``."""
-    q, k = unit_last(q), unit_last(k)
+    a, conj, backend = _unpack(args)
+    a = a._replace(q=unit_last(a.q), k=unit_last(a.k))
     # empty_like keeps a dense input's stride order, so a [b, s, h, d] tensor seen through a
     # transposed [b, h, s, d] view gets a [b, s, h, d]-contiguous output.
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    _launch(
-        backend, q, k, q_out, k_out, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k,
-        rotary_dim, interleaved, conj,
-    )  # fmt: skip
+    q_out, k_out = torch.empty_like(a.q), torch.empty_like(a.k)
+    _launch(backend, a, q_out, k_out, conj)
     return q_out, k_out
+
+
+def _unpack(args: tuple) -> tuple[RopeArgs, bool, str]:
+    """The ops' flat arguments as ``(RopeArgs, conj, backend)``."""
+    *fields, conj, backend = args
+    return RopeArgs(*fields), conj, backend
 
 
 @_rope_qk_op.register_fake
@@ -236,10 +220,27 @@ def _rope_qk_fake(
     return torch.empty_like(q), torch.empty_like(k)
 
 
+def _save(ctx: torch.autograd.function.FunctionCtx, a: RopeArgs, backend: str) -> None:
+    """What a backward needs: the tables and rows (saved tensors) and the parameters."""
+    ctx.save_for_backward(*a[2:8])  # type: ignore[arg-type]
+    ctx.params = (a.rotary_dim, a.interleaved, backend)  # type: ignore[attr-defined]
+
+
+def _backward(
+    ctx: torch.autograd.function.FunctionCtx, gq: torch.Tensor, gk: torch.Tensor, conj: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # A rotation's Jacobian is the rotation, so grad_x = R(-theta) grad_out: the same kernel
+    # with the opposite angles. No gradient flows to cos/sin (the dispatcher routes tables that
+    # require grad to the torch path).
+    rotary_dim, interleaved, backend = ctx.params  # type: ignore[attr-defined]
+    saved = ctx.saved_tensors  # type: ignore[attr-defined]
+    return _rope_qk_op(gq, gk, *saved, rotary_dim, interleaved, conj, backend)
+
+
 def _rope_qk_setup(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: object) -> None:
-    _, _, cos_q, sin_q, cos_k, sin_k, pos_q, pos_k, rotary_dim, interleaved, conj, backend = inputs
-    ctx.save_for_backward(cos_q, sin_q, cos_k, sin_k, pos_q, pos_k)  # type: ignore[attr-defined]
-    ctx.params = (rotary_dim, interleaved, conj, backend)  # type: ignore[attr-defined]
+    a, conj, backend = _unpack(inputs)
+    _save(ctx, a, backend)
+    ctx.conj = conj  # type: ignore[attr-defined]
 
 
 def _rope_qk_backward(
@@ -247,44 +248,21 @@ def _rope_qk_backward(
     grad_q: torch.Tensor | None,
     grad_k: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, ...]:
-    # A rotation's Jacobian is the rotation, so grad_x = R(-theta) grad_out: the same kernel
-    # with the opposite angles. No gradient flows to cos/sin (the dispatcher routes tables that
-    # require grad to the torch path).
-    cos_q, sin_q, cos_k, sin_k, pos_q, pos_k = ctx.saved_tensors  # type: ignore[attr-defined]
-    rotary_dim, interleaved, conj, backend = ctx.params  # type: ignore[attr-defined]
-    gq, gk = grad_q, grad_k
-    if gq is None or gk is None:
+    if grad_q is None or grad_k is None:
         raise RuntimeError("rope_qk backward needs both gradients")  # autograd passes zeros
-    gq, gk = _rope_qk_op(
-        gq, gk, cos_q, sin_q, cos_k, sin_k, pos_q, pos_k, rotary_dim, interleaved, not conj,
-        backend,
-    )  # fmt: skip
-    return (gq, gk) + (None,) * 10
+    return (*_backward(ctx, grad_q, grad_k, not ctx.conj), *(None,) * 10)  # type: ignore[attr-defined]
 
 
 torch.library.register_autograd("posenc::rope_qk", _rope_qk_backward, setup_context=_rope_qk_setup)
 
 
-@torch.library.custom_op("posenc::rope_qk_", mutates_args=("q", "k"))
-def _rope_qk_inplace_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_q: torch.Tensor,
-    sin_q: torch.Tensor,
-    cos_k: torch.Tensor,
-    sin_k: torch.Tensor,
-    positions_q: torch.Tensor | None,
-    positions_k: torch.Tensor | None,
-    rotary_dim: int,
-    interleaved: bool,
-    conj: bool,
-    backend: str,
-) -> None:
+@torch.library.custom_op(
+    "posenc::rope_qk_", mutates_args=("q", "k"), schema=f"({_OP_ARGS.format('(a!)', '(b!)')}) -> ()"
+)
+def _rope_qk_inplace_op(*args: object) -> None:
     """In-place rotation of canonical q and k (checked by :func:`rope_qk`)."""
-    _launch(
-        backend, q, k, q, k, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim,
-        interleaved, conj,
-    )  # fmt: skip
+    a, conj, backend = _unpack(args)
+    _launch(backend, a, a.q, a.k, conj)
 
 
 @_rope_qk_inplace_op.register_fake
@@ -299,57 +277,22 @@ class _RopeQKInplace(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        cos_q: torch.Tensor,
-        sin_q: torch.Tensor,
-        cos_k: torch.Tensor,
-        sin_k: torch.Tensor,
-        positions_q: torch.Tensor | None,
-        positions_k: torch.Tensor | None,
-        rotary_dim: int,
-        interleaved: bool,
-        backend: str,
+        ctx: torch.autograd.function.FunctionCtx, backend: str, *args: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        _rope_qk_inplace_op(
-            q, k, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, interleaved,
-            False, backend,
-        )  # fmt: skip
-        ctx.mark_dirty(q, k)
-        ctx.save_for_backward(cos_q, sin_q, cos_k, sin_k, positions_q, positions_k)  # type: ignore[arg-type]
-        ctx.params = (rotary_dim, interleaved, backend)  # type: ignore[attr-defined]
-        return q, k
+        a = RopeArgs(*args)
+        _rope_qk_inplace_op(*a, False, backend)
+        ctx.mark_dirty(a.q, a.k)
+        _save(ctx, a, backend)
+        return a.q, a.k
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx, grad_q: torch.Tensor, grad_k: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        cos_q, sin_q, cos_k, sin_k, pos_q, pos_k = ctx.saved_tensors  # type: ignore[attr-defined]
-        rotary_dim, interleaved, backend = ctx.params  # type: ignore[attr-defined]
-        gq, gk = _rope_qk_op(
-            grad_q, grad_k, cos_q, sin_q, cos_k, sin_k, pos_q, pos_k, rotary_dim, interleaved,
-            True, backend,
-        )  # fmt: skip
-        return (gq, gk) + (None,) * 9
+        return (None, *_backward(ctx, grad_q, grad_k, True), *(None,) * 8)
 
 
 # --- the entry point ----------------------------------------------------------------------------
-
-
-@dataclass
-class _Canonical:
-    """Inputs in the one form the kernels take (see the module docstring)."""
-
-    q: torch.Tensor  # [b, h, s, d] view of the caller's q
-    k: torch.Tensor  # [b, hk, t, d]
-    cos_q: torch.Tensor  # [1 or b, n, r/2]
-    sin_q: torch.Tensor
-    cos_k: torch.Tensor  # [1 or b, n', r/2]
-    sin_k: torch.Tensor
-    positions_q: torch.Tensor | None  # [1 or b, s] rows of cos_q, or None for row i = position i
-    positions_k: torch.Tensor | None  # [1 or b, t]
-    rotary_dim: int
 
 
 def _as_table(name: str, t: torch.Tensor, half: int, b: int) -> torch.Tensor:
@@ -424,7 +367,9 @@ def _canonicalize(
     cu_seqlens: torch.Tensor | None,
     rotary_dim: int | None,
     seq_layout: str,
-) -> _Canonical:
+    interleaved: bool,
+) -> RopeArgs:
+    """Check every accepted input form and return the canonical one (module docstring)."""
     for name, x in (("q", q), ("k", k)):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(
@@ -511,7 +456,7 @@ def _canonicalize(
     _check_rows("positions", pos_q, s, cos_q3)
     if pos_k is not pos_q or cos_k3 is not cos_q3:
         _check_rows("k_positions", pos_k, t, cos_k3)
-    return _Canonical(q4, k4, cos_q3, sin_q3, cos_k3, sin_k3, pos_q, pos_k, r)
+    return RopeArgs(q4, k4, cos_q3, sin_q3, cos_k3, sin_k3, pos_q, pos_k, r, interleaved)
 
 
 def _may_overlap(x: torch.Tensor) -> bool:
@@ -556,38 +501,25 @@ def _check_inplace(q: torch.Tensor, k: torch.Tensor) -> None:
 
 
 def rope_qk_canonical(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_q: torch.Tensor,
-    sin_q: torch.Tensor,
-    cos_k: torch.Tensor,
-    sin_k: torch.Tensor,
-    positions_q: torch.Tensor | None,
-    positions_k: torch.Tensor | None,
-    rotary_dim: int,
-    interleaved: bool,
-    backend: str = "auto",
-    *,
-    inplace: bool = False,
-    checked: bool = False,
+    a: RopeArgs, backend: str = "auto", *, inplace: bool = False, checked: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the rotation on inputs already in canonical form, without checking them again.
 
-    For callers that validated their inputs once (:func:`rope_qk`, ``RotaryEmbedding``): ``q
-    [b, h, s, d]``, ``k [b, hk, t, d]`` with a unit stride on ``d``; float32 tables ``[1 or b,
-    n, r/2]`` with a unit last stride; int64 positions ``[1 or b, s]`` whose values index the
-    tables, or None (row ``i`` is position ``i``). Returns ``(q', k')`` as ``[b, h, s, d]``
-    (``q`` and ``k`` themselves when ``inplace``). ``checked=True``: ``backend`` is a concrete
-    choice the caller made with :func:`select_backend` for these inputs' device and dtype.
+    For callers that validated their inputs once (:func:`rope_qk`, ``RotaryEmbedding``), in the
+    form of :class:`RopeArgs` with: a unit stride on ``d``; float32 tables ``[1 or b, n, r/2]``
+    with a unit last stride; integer positions ``[1 or b, s]`` whose values index the tables,
+    or None. Returns ``(q', k')`` as ``[b, h, s, d]`` (``q`` and ``k`` themselves when
+    ``inplace``). ``checked=True``: ``backend`` is a concrete choice the caller made with
+    :func:`select_backend` for these inputs' device and dtype.
 
     Eager calls that need no gradient launch the kernel directly (the custom op's dispatch costs
     more than a decode step's whole rotation); under torch.compile or autograd the calls go
     through the ``posenc::rope_qk`` ops, which Dynamo keeps in the graph as single nodes.
     """
-    chosen = backend if checked else select_backend(backend, q, (cos_q, sin_q, cos_k, sin_k))
-    args = (cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, interleaved)
+    q, k = a.q, a.k
+    chosen = backend if checked else select_backend(backend, q, a[2:6])
     if chosen == "torch":
-        q_rot, k_rot = rope_qk_reference(q, k, *args)
+        q_rot, k_rot = rope_qk_reference(a)
         if inplace:
             q.copy_(q_rot)
             k.copy_(k_rot)
@@ -596,14 +528,14 @@ def rope_qk_canonical(
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if not needs_grad and not torch.compiler.is_compiling():
         q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
-        _launch(chosen, q, k, q_out, k_out, *args, False)
+        _launch(chosen, a, q_out, k_out, False)
         return q_out, k_out
     if not inplace:
-        return _rope_qk_op(q, k, *args, False, chosen)
+        return _rope_qk_op(*a, False, chosen)
     if needs_grad:
-        _RopeQKInplace.apply(q, k, *args, chosen)
+        _RopeQKInplace.apply(chosen, *a)
     else:
-        _rope_qk_inplace_op(q, k, *args, False, chosen)
+        _rope_qk_inplace_op(*a, False, chosen)
     return q, k
 
 
@@ -652,15 +584,13 @@ def rope_qk(
     """
     if layout not in ROTARY_LAYOUTS:
         raise ValueError(f"layout must be one of {ROTARY_LAYOUTS}, got {layout!r}")
-    c = _canonicalize(
-        q, k, cos, sin, cos_k, sin_k, positions, k_positions, cu_seqlens, rotary_dim, seq_layout
-    )
+    a = _canonicalize(
+        q, k, cos, sin, cos_k, sin_k, positions, k_positions, cu_seqlens, rotary_dim, seq_layout,
+        layout == "interleaved",
+    )  # fmt: skip
     if inplace:
         _check_inplace(q, k)
-    q_rot, k_rot = rope_qk_canonical(
-        c.q, c.k, c.cos_q, c.sin_q, c.cos_k, c.sin_k, c.positions_q, c.positions_k,
-        c.rotary_dim, layout == "interleaved", backend, inplace=inplace,
-    )  # fmt: skip
+    q_rot, k_rot = rope_qk_canonical(a, backend, inplace=inplace)
     if inplace:
         return q, k
     # Back to the caller's form (views, no copies).

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .constants import TRITON_DTYPES
+from .reference import RopeArgs
 
 # Heads per program once there are enough (position block, batch, head) items to fill a GPU.
 HEADS_PER_PROGRAM = 4
@@ -253,29 +254,16 @@ def _bstride(t: torch.Tensor) -> int:
     return t.stride(0) if t.shape[0] > 1 else 0
 
 
-def rope_qk_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_out: torch.Tensor,
-    k_out: torch.Tensor,
-    cos_q: torch.Tensor,
-    sin_q: torch.Tensor,
-    cos_k: torch.Tensor,
-    sin_k: torch.Tensor,
-    positions_q: torch.Tensor | None,
-    positions_k: torch.Tensor | None,
-    rotary_dim: int,
-    interleaved: bool,
-    conj: bool,
-) -> None:
-    """Write the rotations of ``q`` and ``k`` into ``q_out`` and ``k_out`` in one launch.
+def rope_qk_triton(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: bool) -> None:
+    """Write the rotations of ``a.q`` and ``a.k`` into ``q_out`` and ``k_out`` in one launch.
 
-    ``q_out`` may be ``q`` and ``k_out`` may be ``k`` (in place). Shapes: ``q, q_out
-    [b, h, s, d]``; ``k, k_out [b, hk, t, d]``; ``cos_q``, ``sin_q [bt, n, r/2]`` float32 (``bt``
-    1 or ``b``), likewise for k; ``positions_q [bp, s]``, ``positions_k [bp, t]`` int32/int64
-    table rows (the caller checks they are in range) or None for row ``i`` = position ``i``.
-    ``conj`` rotates by the opposite angles (the backward).
+    ``q_out`` may be ``q`` and ``k_out`` may be ``k`` (in place). Shapes (:class:`RopeArgs`):
+    ``q, q_out [b, h, s, d]``; ``k, k_out [b, hk, t, d]``; ``cos_q``, ``sin_q [bt, n, r/2]``
+    float32 (``bt`` 1 or ``b``), likewise for k; ``positions_q [bp, s]``, ``positions_k [bp,
+    t]`` int32/int64 table rows (the caller checks they are in range) or None for row ``i`` =
+    position ``i``. ``conj`` rotates by the opposite angles (the backward).
     """
+    q, k, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, interleaved = a
     device = q.device
     for name, x in (("q", q), ("k", k), ("q_out", q_out), ("k_out", k_out)):
         _check(name, x, device)

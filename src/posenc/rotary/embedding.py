@@ -31,6 +31,7 @@ from ..functional.rope_scaling import (
 )
 from ..functional.rotary import angles_cos_sin, rope_cos_sin
 from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
+from ..kernels.reference import RopeArgs
 from ..kernels.rope_op import rope_qk_canonical, select_backend, unit_last
 
 
@@ -357,10 +358,8 @@ class RotaryEmbedding(nn.Module):
                 pq = positions if positions.dim() == 2 else positions[None]  # [1 or b, s]
                 pk = pq if k_positions is positions else k_positions
                 pk = pk if pk.dim() == 2 else pk[None]  # [1 or b, t]
-                return rope_qk_canonical(
-                    q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved,
-                    self._backend_for(q, cos), checked=True,
-                )  # fmt: skip
+                args = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved)
+                return rope_qk_canonical(args, self._backend_for(q, cos), checked=True)
             inv_freq, factor = self.frequencies(top + 1)
             inv_freq = inv_freq.to(q.device)
         else:
@@ -372,9 +371,8 @@ class RotaryEmbedding(nn.Module):
             if k_positions is positions
             else _batched(angles_cos_sin(k_positions[..., None], inv_freq, factor))
         )  # [1 or b, s, n], [1 or b, t, n]
-        return rope_qk_canonical(
-            q, k, cos_q, sin_q, cos_k, sin_k, None, None, self.span, self.interleaved, self.backend
-        )
+        args = RopeArgs(q, k, cos_q, sin_q, cos_k, sin_k, None, None, self.span, self.interleaved)
+        return rope_qk_canonical(args, self.backend)
 
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> RotaryEmbedding:
         """A copy with the same head_dim, base, layout, rotary_dim and options, but ``scaling``.
