@@ -461,3 +461,55 @@ def test_hf_doc_page_examples_run() -> None:
     namespace: dict[str, object] = {}
     for block in blocks:
         exec(compile(block, "docs/api/hf.md", "exec"), namespace)
+
+
+def _cos_sin_error(rope, hf_rotary, positions: torch.Tensor, *extra: str) -> float:
+    """Max |posenc - transformers| over cos and sin (transformers' cat(c, c) or repeat layout)."""
+    ref_cos, ref_sin = hf_rotary(torch.zeros(1), positions, *extra)
+    cos, sin = rope.cos_sin(positions)
+    n = cos.shape[-1]
+    if ref_cos.shape[-1] == 2 * n:
+        pick = slice(0, n) if torch.equal(ref_cos[..., :n], ref_cos[..., n:]) else slice(0, None, 2)
+        ref_cos, ref_sin = ref_cos[..., pick], ref_sin[..., pick]
+    return max((cos - ref_cos).abs().max().item(), (sin - ref_sin).abs().max().item())
+
+
+def test_olmo3_scaling_applies_to_full_attention_only() -> None:
+    """OLMo-3's 4.x rope_scaling (YaRN) goes to its full-attention layers; the sliding-window
+    layers keep plain RoPE with the same base."""
+    from transformers.models.olmo3.modeling_olmo3 import Olmo3RotaryEmbedding
+
+    raw = {"model_type": "olmo3", "hidden_size": 128, "num_attention_heads": 2,
+           "num_hidden_layers": 4, "max_position_embeddings": 65536, "rope_theta": 500000,
+           "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "attention_factor": 1.2079441541679836,
+                            "original_max_position_embeddings": 8192}}  # fmt: skip
+    config = CONFIG_MAPPING["olmo3"].from_dict(raw)
+    positions = torch.tensor([[0, 1, 8191, 8192, 60000, 262143]])
+    for layer_type in ("sliding_attention", "full_attention"):
+        for form, use_transformers in ((config, True), (raw, True), (raw, False)):
+            rope = rope_from_hf(form, layer_type, use_transformers=use_transformers)
+            assert (rope.scaling is None) == (layer_type == "sliding_attention")
+            hf = Olmo3RotaryEmbedding(config)
+            assert _cos_sin_error(rope, hf, positions, layer_type) <= 2 * TOL
+
+
+def test_qwen3_yarn_recipe_and_glm4_partial_interleaved() -> None:
+    """Qwen3's model-card YaRN recipe, and GLM-4's half-rotary interleaved RoPE."""
+    from transformers.models.glm4.modeling_glm4 import Glm4RotaryEmbedding
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    qwen3 = {"model_type": "qwen3", "hidden_size": 256, "num_attention_heads": 2, "head_dim": 128,
+             "max_position_embeddings": 131072, "rope_theta": 1000000,
+             "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                              "original_max_position_embeddings": 32768}}  # fmt: skip
+    glm4 = {"model_type": "glm4", "hidden_size": 256, "num_attention_heads": 2, "head_dim": 128,
+            "max_position_embeddings": 32768, "rope_theta": 10000,
+            "partial_rotary_factor": 0.5}  # fmt: skip
+    positions = torch.tensor([[0, 5, 32767, 32768, 100000, 524287]])
+    for raw, rotary in ((qwen3, Qwen3RotaryEmbedding), (glm4, Glm4RotaryEmbedding)):
+        config = CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
+        for use_transformers in (True, False):
+            rope = rope_from_hf(raw, use_transformers=use_transformers)
+            assert _cos_sin_error(rope, rotary(config), positions) <= 2 * TOL
+    assert (rope.layout, rope.rotary_dim) == ("interleaved", 64)
