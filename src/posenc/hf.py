@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from .functional.rotary import ROPE_TYPES, normalize_scaling
+from .functional.rope_scaling import ORIG, ROPE_SCALING
+from .functional.rotary import normalize_scaling
 from .rotary import MRoPE, RotaryEmbedding
 from .rotary.temperature import QueryTemperature
 
@@ -96,7 +97,15 @@ _MODULE_KEYS = frozenset(
 # Ministral-3's class default stores max_position_embeddings in its rope parameters (unused there).
 _IGNORED_KEYS = {"ministral3": frozenset({"max_position_embeddings"})}
 # transformers fills original_max_position_embeddings of these from the model config.
-_ORIG_FROM_CONFIG = ("llama3", "yarn", "longrope")
+#: The rope types a Hugging Face config may name, from the one scaling table.
+HF_ROPE_TYPES = tuple(name for name, spec in ROPE_SCALING.items() if spec.in_transformers)
+# Types whose original length transformers fills in from max_position_embeddings when the rope
+# parameters leave it out (dynamic NTK always takes max_position_embeddings instead).
+_ORIG_FROM_CONFIG = tuple(
+    name
+    for name, spec in ROPE_SCALING.items()
+    if ORIG in spec.derived and not spec.original_is_max_position
+)
 
 # --- defaults of the config classes, for reading a dict without transformers -------------------
 
@@ -347,8 +356,8 @@ def _rope_type(params: Mapping[str, Any], model_types: frozenset[str]) -> str:
             "rope_type 'axial' (vision towers) has model-specific layouts: build "
             "posenc.rotary.Axial2DRoPE(head_dim, frequencies=..., arrangement=...) directly"
         )
-    if rope_type not in ROPE_TYPES or rope_type == "ntk":  # ntk: posenc's own, not a HF type
-        raise ValueError(f"unknown rope_type {rope_type!r} in config; supported: {ROPE_TYPES}")
+    if rope_type not in HF_ROPE_TYPES:
+        raise ValueError(f"unknown rope_type {rope_type!r} in config; supported: {HF_ROPE_TYPES}")
     if "llama_4_scaling_beta" in params and not model_types & LLAMA4_SCALING_MODEL_TYPES:
         raise ValueError(
             "rope parameter 'llama_4_scaling_beta' is read by the attention of "
@@ -409,9 +418,10 @@ def _scaling(cfg: Any, params: Mapping[str, Any], rope_type: str) -> dict[str, A
     orig_name = "original_max_position_embeddings"
     if rope_type in _ORIG_FROM_CONFIG and scaling.get(orig_name) is None:
         scaling[orig_name] = max_pos  # what transformers' standardization fills in
-    if rope_type == "dynamic":  # transformers grows past max_position_embeddings
+    spec = ROPE_SCALING[rope_type]
+    if spec.original_is_max_position:  # transformers' dynamic NTK grows past max_position
         scaling[orig_name] = max_pos
-    if rope_type in ("yarn", "longrope") and scaling.get("factor") is None:
+    if "factor" in spec.derived and scaling.get("factor") is None:
         # DeepSeek-V3, Phi-3: the factor is the extension ratio of the two lengths.
         length = _positive_int(max_pos, "max_position_embeddings")
         scaling["factor"] = length / _positive_int(scaling.get(orig_name), orig_name)

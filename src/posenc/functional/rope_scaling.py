@@ -289,7 +289,11 @@ class ScalingSpec:
 
     ``required``/``optional``: its scaling keys (posenc form: ``original_max_position_embeddings``
     is explicit wherever the formula reads it). ``derived``: required keys that a Hugging Face
-    config may leave out because transformers derives them from the model config.
+    config may leave out because transformers derives them from the model config
+    (``original_max_position_embeddings`` from ``max_position_embeddings``, then ``factor`` as
+    the ratio of the two). ``original_is_max_position``: the type always takes
+    ``max_position_embeddings`` as its original length (transformers' dynamic NTK).
+    ``in_transformers``: a Hugging Face config may name the type (``ntk`` is posenc's own).
     ``inv_freq(sc, ctx) -> (inv_freq [n], attention_factor)``. ``length_dependent``: the
     frequencies change with the current length. ``label``: short name for tables and legends.
     ``extension(factor, L, n)``: the scaling dict that extends a model trained at ``L`` by
@@ -305,6 +309,8 @@ class ScalingSpec:
     derived: tuple[str, ...] = ()
     length_dependent: bool = False
     min_rotary_dim: int = 2
+    original_is_max_position: bool = False
+    in_transformers: bool = True
 
 
 def _with_factor(rope_type: str, orig: bool = False) -> Extension:
@@ -340,20 +346,24 @@ ROPE_SCALING: dict[str, ScalingSpec] = {
     for spec in (
         ScalingSpec("default", _default, "RoPE", lambda f, L, n: {"rope_type": "default"}),
         ScalingSpec("linear", _linear, "PI", _with_factor("linear"), ("factor",)),
-        ScalingSpec("ntk", _ntk, "NTK", _with_factor("ntk"), ("factor",), min_rotary_dim=4),
+        ScalingSpec(
+            "ntk", _ntk, "NTK", _with_factor("ntk"), ("factor",), min_rotary_dim=4,
+            in_transformers=False,
+        ),
         ScalingSpec(
             "dynamic", _dynamic, "dyn-NTK", _with_factor("dynamic", orig=True), ("factor", ORIG),
             derived=(ORIG,), length_dependent=True, min_rotary_dim=4,
+            original_is_max_position=True,
         ),
         ScalingSpec(
             "yarn", _yarn, "YaRN", _with_factor("yarn", orig=True), ("factor", ORIG),
             ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
-            derived=(ORIG,),
+            derived=(ORIG, "factor"),
         ),
         ScalingSpec(
             "longrope", _longrope, "LongRoPE", _longrope_extension,
             ("short_factor", "long_factor", ORIG), ("factor", "attention_factor"),
-            derived=(ORIG,), length_dependent=True,
+            derived=(ORIG, "factor"), length_dependent=True,
         ),
         ScalingSpec(
             "llama3", _llama3, "Llama-3", _llama3_extension,
