@@ -120,3 +120,16 @@ def test_cuda_graph_captures_and_replays_a_decode_step() -> None:
         want_q, want_k = rope(q, k, pos)
         torch.testing.assert_close(out_q, want_q, rtol=0, atol=0)
         torch.testing.assert_close(out_k, want_k, rtol=0, atol=0)
+
+
+def test_mrope_compiles_fullgraph_with_one_graph() -> None:
+    from posenc.rotary import MRoPE
+
+    rope = MRoPE(16, [2, 3, 3], scaling=SCALINGS["dynamic"])
+    compiled = _compiled(rope)
+    for s in (8, 33, 100):
+        q, k = torch.randn(1, 2, s, 16), torch.randn(1, 2, s, 16)
+        pos = torch.stack([torch.arange(s), torch.arange(s) // 2, torch.arange(s) % 5])[:, None]
+        torch.testing.assert_close(compiled(q, k, pos), rope(q, k, pos), rtol=0, atol=2e-6)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])

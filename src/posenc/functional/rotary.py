@@ -203,18 +203,20 @@ def mrope_axis_index(
     n = sum(sections)
     if n < 1:
         raise ValueError(f"mrope_section must not be all zero, got {mrope_section!r}")
+    # Built from Python ints: sizes known to a tracer (no data-dependent repeat_interleave).
     if not interleaved:
-        return torch.repeat_interleave(torch.arange(3), torch.tensor(sections))  # [n]
-    j = torch.arange(n)
-    axis = torch.zeros(n, dtype=torch.long)
-    axis[(j % 3 == 1) & (j < 3 * sections[1])] = 1
-    axis[(j % 3 == 2) & (j < 3 * sections[2])] = 2
-    if int((axis == 1).sum()) != sections[1] or int((axis == 2).sum()) != sections[2]:
+        axis = [a for a, count in enumerate(sections) for _ in range(count)]
+        return torch.tensor(axis, dtype=torch.long)  # [n]
+    axis = [
+        1 if j % 3 == 1 and j < 3 * sections[1] else 2 if j % 3 == 2 and j < 3 * sections[2] else 0
+        for j in range(n)
+    ]
+    if axis.count(1) != sections[1] or axis.count(2) != sections[2]:
         raise ValueError(
             f"interleaved mrope_section {mrope_section!r} does not fit {n} pairs: H and W need "
             "3 * section pairs each"
         )
-    return axis
+    return torch.tensor(axis, dtype=torch.long)  # [n]
 
 
 def mrope_cos_sin(

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_positions, check_positive_int
+from .._checks import check_positions, check_positive_int, host_readable
 from ..functional.rotary import apply_rotary_qk, mrope_axis_index, mrope_cos_sin
 from .embedding import RotaryEmbedding, check_qk, max_position, resolve_qk_positions
 
@@ -115,7 +115,10 @@ class MRoPE(RotaryEmbedding):
             if k_positions is None or k_positions is positions
             else self._as_3d(k_positions, "k_positions", b, t)
         )
-        inv_freq, factor = self.frequencies(max_position(pos3, kpos3) + 1)
+        if host_readable(pos3) and host_readable(kpos3):  # eager CPU: reading is free
+            inv_freq, factor = self.frequencies(max_position(pos3, kpos3) + 1)
+        else:  # an accelerator or torch.compile: frequencies chosen on the device
+            inv_freq, factor = self._traced_frequencies(pos3, kpos3)
         cos_q, sin_q = mrope_cos_sin(
             pos3, inv_freq, self.mrope_section, self.interleaved, factor
         )  # [(b,) s, n]
