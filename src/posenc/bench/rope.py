@@ -186,22 +186,15 @@ def _hf_module(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.
     return run
 
 
-def rope_case(
-    shape: Shape,
-    dtype: torch.dtype,
-    device: torch.device,
-    repeats: int,
-    skip: tuple[str, ...] = (),
-    backward: bool = False,
-    budget_s: float = 20.0,
-) -> RopeCase:
-    """Build inputs for one shape and dtype and time every candidate on them."""
-    from ..kernels import rope_qk
-    from ..rotary import RotaryEmbedding
+_Fn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
+
+def _inputs(
+    shape: Shape, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """``(q, k, cos, sin, tables)``: seeded q, k; posenc's float32 tables; ``tables`` holds the
+    other consumers' forms (module docstring) and the position ids."""
     b, h, hk, s, d = shape.b, shape.h, shape.hk, shape.s, shape.d
-    names = [n for n in IMPLEMENTATIONS if n not in skip or n == "copy"]
-    notes: dict[str, str] = {}
     gen = torch.Generator(device="cpu").manual_seed(0)
     q = torch.randn(b, h, s, d, generator=gen).to(device=device, dtype=dtype)  # [b, h, s, d]
     k = torch.randn(b, hk, s, d, generator=gen).to(device=device, dtype=dtype)  # [b, hk, s, d]
@@ -218,54 +211,101 @@ def rope_case(
         "cos_x": cos.to(dtype),  # [s, d/2] in the input dtype (flash-attn)
         "sin_x": sin.to(dtype),
     }
+    return q, k, cos, sin, tables
 
-    module = RotaryEmbedding(d, 10000.0)
-    fns: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+
+def _backward_candidates(
+    names: list[str],
+    fns: dict[str, _Fn],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    tables: dict[str, torch.Tensor],
+    notes: dict[str, str],
+) -> dict[str, Callable[[], object]]:
+    """Forward+backward of each candidate, after ``copy`` (two copies: the bandwidth bound)."""
+    qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+
+    def copy_twice() -> None:
+        # forward and backward each read and write q and k once
+        q_out.copy_(q), k_out.copy_(k), q_out.copy_(gq), k_out.copy_(gk)
+
+    candidates: dict[str, Callable[[], object]] = {"copy": copy_twice}
+    notes["posenc-inplace"] = notes["fresh"] = "not timed with --backward"
+
+    def fwd_bwd(fn: _Fn) -> Callable[[], object]:
+        # autograd.grad returns the gradients instead of accumulating into .grad, which
+        # would add a read-modify-write of q and k to every call after the first.
+        return lambda: torch.autograd.grad(fn(qg, kg, tables), (qg, kg), (gq, gk))
+
+    for name in names:
+        if name in fns:
+            candidates[name] = fwd_bwd(fns[name])
+    return candidates
+
+
+def _forward_candidates(
+    names: list[str],
+    fns: dict[str, _Fn],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    tables: dict[str, torch.Tensor],
+) -> dict[str, Callable[[], object]]:
+    """The forward of each candidate, after ``copy`` and ``fresh`` (and posenc in place, which
+    needs its own buffers)."""
+    from ..kernels import rope_qk
+
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    candidates: dict[str, Callable[[], object]] = {
+        "copy": lambda: (q_out.copy_(q), k_out.copy_(k)),
+        "fresh": lambda: (torch.empty_like(q).copy_(q), torch.empty_like(k).copy_(k)),
+    }
+
+    def forward(fn: _Fn) -> Callable[[], object]:
+        return lambda: fn(q, k, tables)
+
+    if "posenc-inplace" in names:
+        # Rotating the same buffers again each call: values stay bounded (a rotation).
+        q_ip, k_ip = q.clone(), k.clone()
+        candidates["posenc-inplace"] = lambda: rope_qk(q_ip, k_ip, cos, sin, inplace=True)
+    for name in names:
+        if name in fns:
+            candidates[name] = forward(fns[name])
+    return candidates
+
+
+def rope_case(
+    shape: Shape,
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
+    skip: tuple[str, ...] = (),
+    backward: bool = False,
+    budget_s: float = 20.0,
+) -> RopeCase:
+    """Build inputs for one shape and dtype and time every candidate on them."""
+    from ..kernels import rope_qk, select_backend
+    from ..rotary import RotaryEmbedding
+
+    names = [n for n in IMPLEMENTATIONS if n not in skip or n == "copy"]
+    notes: dict[str, str] = {}
+    q, k, cos, sin, tables = _inputs(shape, dtype, device)
+    module = RotaryEmbedding(shape.d, 10000.0)
+    fns: dict[str, _Fn] = {
         "posenc": lambda q, k, t: rope_qk(q, k, cos, sin),
         "posenc-torch": lambda q, k, t: rope_qk(q, k, cos, sin, backend="torch"),
         "posenc-module": lambda q, k, t: module(q, k, t["position_ids"]),
     }
     fns.update(_reference_fns(names, device, notes))
-    candidates: dict[str, Callable[[], object]] = {}
     bytes_moved = 2 * (q.numel() + k.numel()) * q.element_size()
     if backward:
         bytes_moved *= 2
-        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
-        gq, gk = torch.randn_like(q), torch.randn_like(k)
-        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-
-        def copy_twice() -> None:
-            # forward and backward each read and write q and k once
-            q_out.copy_(q), k_out.copy_(k), q_out.copy_(gq), k_out.copy_(gk)
-
-        candidates["copy"] = copy_twice
-        notes["posenc-inplace"] = notes["fresh"] = "not timed with --backward"
-
-        def fwd_bwd(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], object]:
-            # autograd.grad returns the gradients instead of accumulating into .grad, which
-            # would add a read-modify-write of q and k to every call after the first.
-            return lambda: torch.autograd.grad(fn(qg, kg, tables), (qg, kg), (gq, gk))
-
-        for name in names:
-            if name in fns:
-                candidates[name] = fwd_bwd(fns[name])
+        candidates = _backward_candidates(names, fns, q, k, tables, notes)
     else:
-        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-        candidates["copy"] = lambda: (q_out.copy_(q), k_out.copy_(k))
-        candidates["fresh"] = lambda: (torch.empty_like(q).copy_(q), torch.empty_like(k).copy_(k))
-
-        def forward(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], object]:
-            return lambda: fn(q, k, tables)
-
-        if "posenc-inplace" in names:
-            # Rotating the same buffers again each call: values stay bounded (a rotation).
-            q_ip, k_ip = q.clone(), k.clone()
-            candidates["posenc-inplace"] = lambda: rope_qk(q_ip, k_ip, cos, sin, inplace=True)
-        for name in names:
-            if name in fns:
-                candidates[name] = forward(fns[name])
-    from ..kernels import select_backend
-
+        candidates = _forward_candidates(names, fns, q, k, cos, sin, tables)
     notes.setdefault("posenc", f"backend {select_backend('auto', q, (cos, sin))}")
     timings = time_round_robin(candidates, device, repeats, budget_s=budget_s)
     for name, t in timings.items():

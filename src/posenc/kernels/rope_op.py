@@ -355,21 +355,8 @@ def _varlen_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return idx - cu_seqlens[seq]  # [total]
 
 
-def _canonicalize(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    cos_k: torch.Tensor | None,
-    sin_k: torch.Tensor | None,
-    positions: torch.Tensor | None,
-    k_positions: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    rotary_dim: int | None,
-    seq_layout: str,
-    interleaved: bool,
-) -> RopeArgs:
-    """Check every accepted input form and return the canonical one (module docstring)."""
+def _check_qk(q: torch.Tensor, k: torch.Tensor, seq_layout: str) -> None:
+    """q and k are floating-point tensors of one dtype and device; ``seq_layout`` is known."""
     for name, x in (("q", q), ("k", k)):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(
@@ -381,47 +368,89 @@ def _canonicalize(
         )
     if seq_layout not in SEQ_LAYOUTS:
         raise ValueError(f"seq_layout must be one of {SEQ_LAYOUTS}, got {seq_layout!r}")
-    if cu_seqlens is not None:
-        if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0]:
-            raise ValueError(
-                "with cu_seqlens, q and k must be packed [total, h, d] with the same total, got "
-                f"{tuple(q.shape)} and {tuple(k.shape)}"
-            )
-        if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
-            raise TypeError(f"cu_seqlens must be a 1-D int32/int64 tensor, got {cu_seqlens.dtype}")
-        total = q.shape[0]
-        if cu_seqlens.numel() < 2:
-            raise ValueError(f"cu_seqlens needs at least 2 entries [0, total], got {cu_seqlens}")
-        bounds = torch.tensor([0, total], device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-        check_values(
-            torch.cat(((cu_seqlens[1:] >= cu_seqlens[:-1]), cu_seqlens[[0, -1]] == bounds)),
-            lambda: (
-                f"cu_seqlens must rise from 0 to total={total} (one entry per sequence "
-                f"boundary), got {cu_seqlens.tolist()}"
-            ),
+
+
+def _check_cu_seqlens(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
+    """Packed q and k ``[total, h, d]`` and boundaries that rise from 0 to ``total``."""
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0]:
+        raise ValueError(
+            "with cu_seqlens, q and k must be packed [total, h, d] with the same total, got "
+            f"{tuple(q.shape)} and {tuple(k.shape)}"
         )
-        q4 = q.unsqueeze(0).transpose(1, 2)  # [total, h, d] -> [1, h, total, d]
-        k4 = k.unsqueeze(0).transpose(1, 2)  # [1, hk, total, d]
-        if positions is None:
-            positions = _varlen_positions(cu_seqlens, total)  # [total]
-            if k_positions is None:
-                k_positions = positions
-    elif q.dim() != 4 or k.dim() != 4:
+    if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
+        raise TypeError(f"cu_seqlens must be a 1-D int32/int64 tensor, got {cu_seqlens.dtype}")
+    total = q.shape[0]
+    if cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens needs at least 2 entries [0, total], got {cu_seqlens}")
+    bounds = torch.tensor([0, total], device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    check_values(
+        torch.cat(((cu_seqlens[1:] >= cu_seqlens[:-1]), cu_seqlens[[0, -1]] == bounds)),
+        lambda: (
+            f"cu_seqlens must rise from 0 to total={total} (one entry per sequence "
+            f"boundary), got {cu_seqlens.tolist()}"
+        ),
+    )
+
+
+_Views = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+def _packed_views(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+) -> _Views:
+    """Packed q, k as one batch row ``[1, h, total, d]``, with positions counted from each
+    sequence's start when none are given: ``(q4, k4, positions, k_positions)``."""
+    _check_cu_seqlens(q, k, cu_seqlens)
+    q4 = q.unsqueeze(0).transpose(1, 2)  # [total, h, d] -> [1, h, total, d]
+    k4 = k.unsqueeze(0).transpose(1, 2)  # [1, hk, total, d]
+    if positions is None:
+        positions = _varlen_positions(cu_seqlens, q.shape[0])  # [total]
+        if k_positions is None:
+            k_positions = positions  # the same object: q and k share the table rows
+    return q4, k4, positions, k_positions
+
+
+def _bhsd_views(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    seq_layout: str,
+    positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+) -> _Views:
+    """q ``[b, h, s, d]`` and k ``[b, hk, t, d]`` views of any accepted form, and the positions
+    (packed input without positions gets its own): ``(q4, k4, positions, k_positions)``."""
+    if cu_seqlens is not None:
+        return _packed_views(q, k, cu_seqlens, positions, k_positions)
+    if q.dim() != 4 or k.dim() != 4:
         raise ValueError(
             f"q and k must be 4-D ({seq_layout}) or packed [total, h, d] with cu_seqlens, got "
             f"{tuple(q.shape)} and {tuple(k.shape)}"
         )
-    elif seq_layout == "bshd":
-        q4 = q.transpose(1, 2)  # [b, s, h, d] -> [b, h, s, d] view
-        k4 = k.transpose(1, 2)  # [b, hk, t, d]
-    else:
-        q4, k4 = q, k
-    b, _, s, d = q4.shape
-    if k4.shape[0] != b or k4.shape[3] != d:
-        raise ValueError(
-            f"q and k must agree on batch and head_dim, got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    t = k4.shape[2]
+    if seq_layout == "bshd":
+        # [b, s, h, d] -> [b, h, s, d] view; k likewise -> [b, hk, t, d]
+        return q.transpose(1, 2), k.transpose(1, 2), positions, k_positions
+    return q, k, positions, k_positions
+
+
+_Tables = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _canonical_tables(
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cos_k: torch.Tensor | None,
+    sin_k: torch.Tensor | None,
+    rotary_dim: int | None,
+    b: int,
+    d: int,
+) -> _Tables:
+    """``(r, cos_q, sin_q, cos_k, sin_k)``, each table ``[1 or b, n, r/2]``; k's are q's
+    (the same objects) without ``cos_k``/``sin_k``."""
     if not isinstance(cos, torch.Tensor) or cos.dim() == 0:
         raise TypeError(f"cos must be a tensor [n, r/2] or [b, n, r/2], got {type(cos).__name__}")
     r = 2 * cos.shape[-1] if rotary_dim is None else rotary_dim
@@ -439,20 +468,62 @@ def _canonicalize(
         raise ValueError(
             f"cos and sin must have one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
         )
+    return r, cos_q3, sin_q3, cos_k3, sin_k3
+
+
+def _canonical_positions(
+    positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+    own_k_table: bool,
+    b: int,
+    s: int,
+    t: int,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(pos_q [1 or b, s], pos_k [1 or b, t])``, either None for row i = position i; pos_k is
+    pos_q (the same object) where k shares q's table and rows."""
     pos_q = None if positions is None else _as_positions("positions", positions, b, s)
     if k_positions is not None:
         # The same object as q's (self-attention) lets the kernels share the loaded table rows.
-        same = k_positions is positions and cos_k is None
+        same = k_positions is positions and not own_k_table
         pos_k = pos_q if same else _as_positions("k_positions", k_positions, b, t)
-    elif cos_k is None:
-        pos_k = pos_q  # k shares q's table and rows: it must cover the same positions
-        if t != s:
-            raise ValueError(
-                f"k has {t} positions and q {s}: pass k_positions (rows of the shared table) or "
-                "cos_k/sin_k (k's own table)"
-            )
-    else:
-        pos_k = None  # k's own table, row i = position i
+        return pos_q, pos_k
+    if own_k_table:
+        return pos_q, None  # k's own table, row i = position i
+    if t != s:  # k shares q's table and rows: it must cover the same positions
+        raise ValueError(
+            f"k has {t} positions and q {s}: pass k_positions (rows of the shared table) or "
+            "cos_k/sin_k (k's own table)"
+        )
+    return pos_q, pos_q
+
+
+def _canonicalize(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cos_k: torch.Tensor | None,
+    sin_k: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    rotary_dim: int | None,
+    seq_layout: str,
+    interleaved: bool,
+) -> RopeArgs:
+    """Check every accepted input form and return the canonical one (module docstring)."""
+    _check_qk(q, k, seq_layout)
+    q4, k4, positions, k_positions = _bhsd_views(
+        q, k, cu_seqlens, seq_layout, positions, k_positions
+    )
+    b, _, s, d = q4.shape
+    if k4.shape[0] != b or k4.shape[3] != d:
+        raise ValueError(
+            f"q and k must agree on batch and head_dim, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    t = k4.shape[2]
+    r, cos_q3, sin_q3, cos_k3, sin_k3 = _canonical_tables(cos, sin, cos_k, sin_k, rotary_dim, b, d)
+    pos_q, pos_k = _canonical_positions(positions, k_positions, cos_k is not None, b, s, t)
     _check_rows("positions", pos_q, s, cos_q3)
     if pos_k is not pos_q or cos_k3 is not cos_q3:
         _check_rows("k_positions", pos_k, t, cos_k3)

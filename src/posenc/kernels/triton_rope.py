@@ -17,6 +17,8 @@ store.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -254,16 +256,9 @@ def _bstride(t: torch.Tensor) -> int:
     return t.stride(0) if t.shape[0] > 1 else 0
 
 
-def rope_qk_triton(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: bool) -> None:
-    """Write the rotations of ``a.q`` and ``a.k`` into ``q_out`` and ``k_out`` in one launch.
-
-    ``q_out`` may be ``q`` and ``k_out`` may be ``k`` (in place). Shapes (:class:`RopeArgs`):
-    ``q, q_out [b, h, s, d]``; ``k, k_out [b, hk, t, d]``; ``cos_q``, ``sin_q [bt, n, r/2]``
-    float32 (``bt`` 1 or ``b``), likewise for k; ``positions_q [bp, s]``, ``positions_k [bp,
-    t]`` int32/int64 table rows (the caller checks they are in range) or None for row ``i`` =
-    position ``i``. ``conj`` rotates by the opposite angles (the backward).
-    """
-    q, k, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, interleaved = a
+def _check_args(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor) -> None:
+    """The launcher's input checks (see :func:`rope_qk_triton` for the shapes)."""
+    q, k, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, _ = a
     device = q.device
     for name, x in (("q", q), ("k", k), ("q_out", q_out), ("k_out", k_out)):
         _check(name, x, device)
@@ -271,8 +266,8 @@ def rope_qk_triton(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: 
         raise ValueError("q_out and k_out must have the shapes of q and k")
     if len({q.dtype, k.dtype, q_out.dtype, k_out.dtype}) != 1:
         raise TypeError(f"q, k and the outputs must share a dtype, got {q.dtype} and {k.dtype}")
-    b, hq, s, d = q.shape
-    bk, hk, t, dk = k.shape
+    b, _, s, d = q.shape
+    bk, _, t, dk = k.shape
     if bk != b or dk != d:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on b and d")
     if rotary_dim % 2 or not 0 < rotary_dim <= d:
@@ -284,11 +279,22 @@ def rope_qk_triton(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: 
     _check_positions("positions_k", positions_k, b, t, device)
     if (positions_q is None and cos_q.shape[1] < s) or (positions_k is None and cos_k.shape[1] < t):
         raise ValueError("without positions the tables need a row for every position")
-    if q.numel() == 0 and k.numel() == 0:
-        return
 
-    copy_tail = rotary_dim < d and (q_out is not q or k_out is not k)
-    block_r = triton.next_power_of_2(half)
+
+class _Launch(NamedTuple):
+    """How the kernel is launched for one call."""
+
+    block_s: int  # positions per program
+    block_r: int  # rotated pairs, padded to a power of 2
+    block_t: int  # pass-through dims r..d-1, padded to a power of 2
+    heads_per_program: int
+    q_groups: int  # programs along the head axis that take q's heads (the rest take k's)
+    grid: tuple[int, int, int]  # (position blocks, batch, q groups + k groups)
+
+
+def _geometry(b: int, hq: int, hk: int, s: int, t: int, d: int, rotary_dim: int) -> _Launch:
+    """Block sizes and grid for q ``[b, hq, s, d]`` and k ``[b, hk, t, d]``."""
+    block_r = triton.next_power_of_2(rotary_dim // 2)
     block_t = triton.next_power_of_2(max(d - rotary_dim, 1))
     # About 2K pairs per head step: 16 per thread at 4 warps.
     block_s = max(1, min(triton.next_power_of_2(max(s, t)), max(1, 2048 // block_r)))
@@ -300,12 +306,32 @@ def rope_qk_triton(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: 
     q_groups = triton.cdiv(hq, heads_per_program)
     k_groups = triton.cdiv(hk, heads_per_program)
     grid = (s_blocks, b, q_groups + k_groups)
+    return _Launch(block_s, block_r, block_t, heads_per_program, q_groups, grid)
+
+
+def rope_qk_triton(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: bool) -> None:
+    """Write the rotations of ``a.q`` and ``a.k`` into ``q_out`` and ``k_out`` in one launch.
+
+    ``q_out`` may be ``q`` and ``k_out`` may be ``k`` (in place). Shapes (:class:`RopeArgs`):
+    ``q, q_out [b, h, s, d]``; ``k, k_out [b, hk, t, d]``; ``cos_q``, ``sin_q [bt, n, r/2]``
+    float32 (``bt`` 1 or ``b``), likewise for k; ``positions_q [bp, s]``, ``positions_k [bp,
+    t]`` int32/int64 table rows (the caller checks they are in range) or None for row ``i`` =
+    position ``i``. ``conj`` rotates by the opposite angles (the backward).
+    """
+    _check_args(a, q_out, k_out)
+    q, k, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, interleaved = a
+    if q.numel() == 0 and k.numel() == 0:
+        return
+    b, hq, s, d = q.shape
+    _, hk, t, _ = k.shape
+    g = _geometry(b, hq, hk, s, t, d, rotary_dim)
+    copy_tail = rotary_dim < d and (q_out is not q or k_out is not k)
     dummy = cos_q  # stands in for absent position tensors (never read: HAS_POS is False)
     pq = positions_q if positions_q is not None else dummy
     pk = positions_k if positions_k is not None else dummy
-    _rope_qk_kernel[grid](
+    _rope_qk_kernel[g.grid](
         q, k, q_out, k_out, cos_q, sin_q, cos_k, sin_k, pq, pk,
-        hq, hk, s, t, heads_per_program, q_groups,
+        hq, hk, s, t, g.heads_per_program, g.q_groups,
         q.stride(0), q.stride(1), q.stride(2),
         q_out.stride(0), q_out.stride(1), q_out.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -315,10 +341,10 @@ def rope_qk_triton(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: 
         _bstride(pq) if positions_q is not None else 0,
         _bstride(pk) if positions_k is not None else 0,
         d,
-        HALF=half,
-        BLOCK_S=block_s,
-        BLOCK_R=block_r,
-        BLOCK_T=block_t,
+        HALF=rotary_dim // 2,
+        BLOCK_S=g.block_s,
+        BLOCK_R=g.block_r,
+        BLOCK_T=g.block_t,
         INTERLEAVED=interleaved,
         CONJ=conj,
         HAS_POS_Q=positions_q is not None,

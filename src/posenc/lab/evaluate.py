@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -207,6 +208,89 @@ def learned_limit(model: nn.Module) -> int | None:
     return int(limit) if isinstance(limit, int) else None
 
 
+@dataclass
+class _Evaluation:
+    """One :func:`evaluate_model` call: what every variant is scored with, and what it found."""
+
+    model: nn.Module
+    data: LabData
+    train_len: int
+    lengths: list[int]
+    cfg: EvalConfig
+    dist: Dist
+    log: Callable[[str], None] | None
+    variants: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def run(
+        self,
+        name: str,
+        label: str,
+        prepare: Callable[[int], Any] | None,
+        base: dict[str, Any] | None,
+    ) -> None:
+        """Score variant ``name`` at every length; ``prepare(n)`` gives the context that makes
+        the variant (None: the model as is; a string: not applicable, why)."""
+        t0 = time.perf_counter()
+        results: dict[str, Any] = {}
+        for n in self.lengths:
+            if base is not None and n <= self.train_len:
+                # factor <= 1: the variant is the model as trained.
+                results[str(n)] = {**base[str(n)], "note": "same as base (factor <= 1)"}
+                continue
+            results[str(n)] = _score_one(
+                self.model, self.data, n, self.train_len, self.cfg, self.dist, prepare
+            )
+        self.variants[name] = {
+            "label": label,
+            "results": results,
+            "seconds": time.perf_counter() - t0,
+        }
+        if self.log:
+            self.log(f"  {name:<8s} " + "  ".join(_fmt(n, results[str(n)]) for n in self.lengths))
+
+
+def _run_interp(ev: _Evaluation, limit: int | None, base_results: dict[str, Any]) -> None:
+    """The ``interp`` variant, where the model has a learned table that can be resized."""
+    model, dist = ev.model, ev.dist
+    absolute: Any = getattr(model, "absolute", None)
+    if ev.cfg.learned_interp and limit is not None and hasattr(absolute, "resized"):
+        assert absolute is not None
+
+        def interp_prepare(n: int) -> Any:
+            return swapped_absolute(model, absolute.resized(n).to(dist.device))
+
+        ev.run("interp", "interp", interp_prepare, base_results)
+
+
+def _run_rope_scalings(ev: _Evaluation, base_results: dict[str, Any]) -> None:
+    """One variant per RoPE rescaling of ``ev.cfg`` that every rotary encoding accepts (the
+    others are recorded in ``ev.skipped`` with the reason)."""
+    model, train_len, dist = ev.model, ev.train_len, ev.dist
+    rotary = rotary_encodings(model)
+    longest = max(ev.lengths)
+    if not rotary or longest <= train_len:
+        return
+    for method in ev.cfg.rope_scalings:
+        pairs = getattr(rotary[0], "rotary_dim", 0) // 2
+        probe = rope_scaling(method, longest, train_len, pairs)
+        if not all(hasattr(enc, "with_scaling") for enc in rotary):
+            ev.skipped[method] = f"{type(rotary[0]).__name__} has no with_scaling()"
+            continue
+        try:
+            for enc in rotary:
+                enc.with_scaling(probe)
+        except (ValueError, TypeError, NotImplementedError, KeyError) as e:
+            ev.skipped[method] = f"with_scaling({probe}) failed: {e}"
+            continue
+
+        def rope_prepare(n: int, method: str = method, pairs: int = pairs) -> Any:
+            scaling = rope_scaling(method, n, train_len, pairs)
+            return swapped_inner_encodings(model, lambda e: _rescaled(e, scaling, dist))
+
+        ev.run(method, ROPE_LABELS.get(method, method), rope_prepare, base_results)
+
+
 def evaluate_model(
     model: nn.Module,
     data: LabData,
@@ -223,28 +307,7 @@ def evaluate_model(
     "skipped": {name: reason}}``; ``bits`` is None where a length does not apply, with the
     reason in ``note``.
     """
-    dist = dist or Dist()
-    variants: dict[str, Any] = {}
-    skipped: dict[str, str] = {}
-
-    def run(
-        name: str,
-        label: str,
-        prepare: Callable[[int], Any] | None,
-        base: dict[str, Any] | None,
-    ) -> None:
-        t0 = time.perf_counter()
-        results: dict[str, Any] = {}
-        for n in lengths:
-            if base is not None and n <= train_len:
-                # factor <= 1: the variant is the model as trained.
-                results[str(n)] = {**base[str(n)], "note": "same as base (factor <= 1)"}
-                continue
-            results[str(n)] = _score_one(model, data, n, train_len, cfg, dist, prepare)
-        variants[name] = {"label": label, "results": results, "seconds": time.perf_counter() - t0}
-        if log:
-            log(f"  {name:<8s} " + "  ".join(_fmt(n, results[str(n)]) for n in lengths))
-
+    ev = _Evaluation(model, data, train_len, lengths, cfg, dist or Dist(), log)
     limit = learned_limit(model)
 
     def base_prepare(n: int) -> Any:
@@ -252,47 +315,17 @@ def evaluate_model(
             return f"n/a: the learned table has {limit} positions"
         return None
 
-    run("base", "", base_prepare, None)
-    base_results = variants["base"]["results"]
-
-    absolute: Any = getattr(model, "absolute", None)
-    if cfg.learned_interp and limit is not None and hasattr(absolute, "resized"):
-        assert absolute is not None
-
-        def interp_prepare(n: int) -> Any:
-            return swapped_absolute(model, absolute.resized(n).to(dist.device))
-
-        run("interp", "interp", interp_prepare, base_results)
-
-    rotary = rotary_encodings(model)
-    longest = max(lengths)
-    if rotary and longest > train_len:
-        for method in cfg.rope_scalings:
-            pairs = getattr(rotary[0], "rotary_dim", 0) // 2
-            probe = rope_scaling(method, longest, train_len, pairs)
-            if not all(hasattr(enc, "with_scaling") for enc in rotary):
-                skipped[method] = f"{type(rotary[0]).__name__} has no with_scaling()"
-                continue
-            try:
-                for enc in rotary:
-                    enc.with_scaling(probe)
-            except (ValueError, TypeError, NotImplementedError, KeyError) as e:
-                skipped[method] = f"with_scaling({probe}) failed: {e}"
-                continue
-
-            def rope_prepare(n: int, method: str = method, pairs: int = pairs) -> Any:
-                scaling = rope_scaling(method, n, train_len, pairs)
-                return swapped_inner_encodings(model, lambda e: _rescaled(e, scaling, dist))
-
-            run(method, ROPE_LABELS.get(method, method), rope_prepare, base_results)
-
+    ev.run("base", "", base_prepare, None)
+    base_results = ev.variants["base"]["results"]
+    _run_interp(ev, limit, base_results)
+    _run_rope_scalings(ev, base_results)
     return {
         "mode": "nonoverlap" if cfg.stride is None else f"sliding:{cfg.stride}",
         "unit": data.unit,
         "train_len": train_len,
         "lengths": lengths,
-        "variants": variants,
-        "skipped": skipped,
+        "variants": ev.variants,
+        "skipped": ev.skipped,
     }
 
 
