@@ -105,6 +105,27 @@ def test_presets_are_sized_as_documented():
         P.preset("tpu")
 
 
+def test_compile_changes_no_hash_and_gpu_small_compiles():
+    """``compile`` says how a cell trains, not what it is: like ``threads``, it is in no hash, so a
+    finished cell is found again (and its checkpoint reused) whichever way it was trained."""
+    base = P.preset("gpu-small")
+    assert base.compile and not P.preset("cpu-small").compile and not P.LabConfig().compile
+
+    def hashes(c: P.LabConfig) -> list[str]:
+        train = P.train_identity(c, "rope", 0, 256, "fp")
+        cell = P.cell_identity(train, P.eval_identity(c))
+        return [P.stable_hash(x) for x in (train, cell, P.group_identity(c, "fp"))]
+
+    for cfg in (base, P.preset("cpu-small")):
+        assert hashes(replace(cfg, compile=True)) == hashes(replace(cfg, compile=False))
+    # The CLI flag overrides the preset either way.
+    from posenc.lab.cli import build_config
+
+    assert not build_config("gpu-small", None, None, None, 1, 0, compile_model=False).compile
+    assert build_config("cpu-small", None, None, None, 1, 0, compile_model=True).compile
+    assert build_config("gpu-small", None, None, None, 1, 0).compile
+
+
 # --- grid ----------------------------------------------------------------------------------
 
 
@@ -122,6 +143,10 @@ def test_grid_runs_skips_finished_cells_and_reports(corpus_dir, tmp_path):
 
     second = run_grid(cfg, RunOptions(out=out, quiet=True))
     assert second.trained == [] and len(second.skipped) == 2
+    assert not any(r["runtime"]["compiled"] for r in rows)  # on the CPU, never
+    # compile is in no hash: the cells trained eagerly are the compiled configuration's too.
+    compiled = run_grid(replace(cfg, compile=True), RunOptions(out=out, quiet=True))
+    assert compiled.trained == [] and len(compiled.skipped) == 2
     # A new eval length is a new cell, but the trained weights are reused.
     longer = replace(cfg, eval=replace(cfg.eval, lengths=("1x", "2x", "4x")))
     third = run_grid(longer, RunOptions(out=out, quiet=True))

@@ -164,3 +164,65 @@ def test_diverging_loss_is_an_error(corpus, tmp_path):
     cfg = TrainConfig(steps=3, batch_size=4, lr=float("inf"), warmup_steps=1)
     with pytest.raises(FloatingPointError, match="loss became"):
         T.train_model(TINY, cfg, corpus, seed=0, identity=identity(), ckpt_dir=tmp_path / "c")
+
+
+# --- compile and the optimizer's device path --------------------------------------------------
+
+
+def test_adamw_is_multi_tensor_on_cuda_and_per_parameter_elsewhere():
+    from posenc.model import TransformerLM
+
+    model = TransformerLM(TINY)
+    assert T.make_optimizer(model, STEPS).defaults["foreach"] is False  # CPU: bit-exact as before
+    assert T.make_optimizer(model, STEPS, torch.device("cpu")).defaults["foreach"] is False
+    assert T.make_optimizer(model, STEPS, torch.device("cuda")).defaults["foreach"] is True
+
+
+def test_compile_is_ignored_on_the_cpu(corpus, tmp_path):
+    assert not T.compiles(True, torch.device("cpu")) and T.compiles(True, torch.device("cuda"))
+    assert not T.compiles(False, torch.device("cuda"))
+    eager = _train(corpus, tmp_path / "eager")
+    asked = _train(corpus, tmp_path / "asked", compile_model=True)
+    assert asked.stats["loss_curve_bits"] == eager.stats["loss_curve_bits"]
+    for k, v in eager.model.state_dict().items():
+        assert torch.equal(v, asked.model.state_dict()[k]), k
+
+
+def test_compiled_training_checkpoints_load_into_a_plain_model(corpus, tmp_path, monkeypatch):
+    """The CUDA path on the CPU: ``compiles`` forced on, and torch.compile given the eager backend
+    (dynamo traces, no code generation), so the test exercises the plumbing in seconds."""
+    import functools
+
+    from posenc.model import TransformerLM
+
+    real = torch.compile
+    calls = []
+
+    def eager_compile(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **{**kwargs, "backend": "eager"})
+
+    monkeypatch.setattr(T, "compiles", lambda asked, device: asked)
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    ref = _train(corpus, tmp_path / "ref")  # compile_model=False: eager
+    assert calls == []
+    train = functools.partial(_train, corpus, tmp_path / "run", ckpt_every=5, compile_model=True)
+    with pytest.raises(T.Interrupted):
+        train(stop=T.StopFlag(signum=15))
+    assert len(calls) == TINY.num_layers  # each block, in place
+    # Checkpoints hold the plain module's keys (no `_orig_mod.`): they load into an eager model.
+    plain = TransformerLM(TINY)
+    plain.load_state_dict(torch.load(tmp_path / "run" / T.LAST, weights_only=True)["model"])
+    resumed = train(resume=True)
+    assert len(calls) == 2 * TINY.num_layers
+    final = torch.load(tmp_path / "run" / T.FINAL, weights_only=True)["model"]
+    assert list(final) == list(plain.state_dict())
+    # Same numbers as eager training, and the model handed to evaluation is not compiled.
+    got, want = (torch.tensor(r.stats["loss_curve_bits"]) for r in (resumed, ref))
+    torch.testing.assert_close(got, want)
+    for k, v in ref.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[k], v)
+    assert all(getattr(b, "_compiled_call_impl", None) is None for b in resumed.model.blocks)
+    n = len(calls)
+    resumed.model(torch.zeros(1, 8, dtype=torch.long))
+    assert len(calls) == n

@@ -49,10 +49,13 @@ class Shape:
 
 
 _DECODE = "1x32/8x1x128,8x32/8x1x128"  # one new token per sequence, LLaMA-3-8B heads
+# LLaMA-7B (32 heads of 128), LLaMA-3-8B (GQA 32/8) at 4K and a small-head GQA variant.
+_PREFILL = "1x32x2048x128,4x32/8x4096x128,4x8x4096x64"
 SHAPE_PRESETS = {
-    # LLaMA-7B (32 heads of 128), LLaMA-3-8B (GQA 32/8) at 4K, a small-head GQA variant, and
-    # decode steps (a batch of 1 and of 8).
-    "llama": "1x32x2048x128,4x32/8x4096x128,4x8x4096x64," + _DECODE,
+    # The prefill shapes and decode steps (a batch of 1 and of 8).
+    "llama": _PREFILL + "," + _DECODE,
+    # The prefill shapes alone: the forward+backward set (a decode step has no backward).
+    "prefill": _PREFILL,
     "quick": "1x32x512x128,2x32/8x1024x128," + _DECODE,
     "decode": _DECODE,
 }
@@ -60,8 +63,8 @@ _SHAPE_RE = re.compile(r"^(\d+)x(\d+)(?:/(\d+))?x(\d+)x(\d+)$")
 
 
 def parse_shapes(spec: str) -> list[Shape]:
-    """``"1x32x2048x128,4x32/8x4096x128"`` or a preset name (``llama``, ``quick``, ``decode``)
-    -> shapes."""
+    """``"1x32x2048x128,4x32/8x4096x128"`` or a preset name (``llama``, ``prefill``, ``quick``,
+    ``decode``) -> shapes."""
     out = []
     parts = [SHAPE_PRESETS.get(p.strip(), p) for p in spec.split(",")]  # presets may be mixed in
     for part in ",".join(parts).split(","):

@@ -60,6 +60,7 @@ def build_config(
     task: str | None = None,
     include_tests: bool | None = None,
     ckpt_every: int | None = None,
+    compile_model: bool | None = None,
 ) -> Any:
     """CLI options -> :class:`LabConfig` (the preset with the given fields replaced)."""
     from dataclasses import replace
@@ -106,6 +107,7 @@ def build_config(
         data=data,
         eval=ev,
         ckpt_every=ckpt_every if ckpt_every is not None else cfg.ckpt_every,
+        compile=compile_model if compile_model is not None else cfg.compile,
     )
 
 
@@ -119,7 +121,9 @@ def lab(
         help="Comma-separated names from `posenc list` (name:key=value sets an option), "
         "'default' (the standard set that is registered) or 'all'.",
     ),
-    preset: str = typer.Option("cpu-small", "--preset", "-p", help="cpu-small, cpu or gpu."),
+    preset: str = typer.Option(
+        "cpu-small", "--preset", "-p", help="cpu-small, cpu, gpu or gpu-small."
+    ),
     train_len: int | None = typer.Option(None, "--train-len", "-L", help="Train length L."),
     eval_lens: str | None = typer.Option(
         None, "--eval-lens", help="Comma-separated eval lengths: tokens (256) or multiples (4x)."
@@ -155,6 +159,12 @@ def lab(
     threads: int | None = typer.Option(None, "--threads", help="torch CPU threads."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     ckpt_every: int | None = typer.Option(None, "--ckpt-every", help="Checkpoint interval."),
+    compile_model: bool | None = typer.Option(
+        None,
+        "--compile/--no-compile",
+        help="Train through torch.compile, on CUDA only (default: the preset's; gpu-small "
+        "compiles). Not part of any hash.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or log."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
 ) -> None:
@@ -171,7 +181,7 @@ def lab(
         cfg = build_config(
             preset, encodings, train_len, eval_lens, seeds, seed, steps, batch_size, lr, dim,
             layers, heads, eval_tokens, sliding, rope_scalings, text, dataset, task,
-            include_tests, ckpt_every,
+            include_tests, ckpt_every, compile_model,
         )  # fmt: skip
         opts = RunOptions(
             out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet

@@ -33,6 +33,7 @@ from .data import LabData, load_data
 from .evaluate import evaluate_model
 from .presets import (
     DEFAULT_ENCODINGS,
+    GPU_PRESETS,
     LabConfig,
     cell_identity,
     eval_identity,
@@ -51,6 +52,7 @@ from .train import (
     Interrupted,
     ResumeRequired,
     StopFlag,
+    compiles,
     config_diff,
     init_distributed,
     load_checkpoint_identity,
@@ -234,10 +236,16 @@ def run_grid(
         f"{cfg.train_len}, eval lengths {lengths}, data {data.name} ({data.fingerprint}), "
         f"group {group}, {dist.world} process(es) on {dist.device}, "
         f"{torch.get_num_threads()} thread(s)"
+        + (", training compiled" if compiles(cfg.compile, dist.device) else "")
     )
 
-    if cfg.preset == "gpu" and dist.device.type != "cuda":
-        log("warning: the gpu preset (a ~100M-parameter model) is running on the CPU; expect days")
+    if cfg.preset in GPU_PRESETS and dist.device.type != "cuda":
+        # gpu-small's 4.9M tokens take hours per encoding on a CPU core, gpu's 330M days.
+        tokens = cfg.train.steps * cfg.train.batch_size * cfg.train_len
+        log(
+            f"warning: the {cfg.preset} preset is sized for a GPU and is running on the CPU "
+            f"({tokens:,} training tokens per encoding)"
+        )
     stop = StopFlag()
     restore = stop.install() if not dist.enabled else (lambda: None)
     try:
@@ -340,6 +348,7 @@ def _run_cell(
         dist=dist,
         progress=on_step,
         stop=stop,
+        compile_model=cfg.compile,
     )
     if progress is not None and task_id is not None:
         progress.update(task_id, completed=cfg.train.steps, visible=False)
@@ -378,6 +387,7 @@ def _run_cell(
             "world_size": dist.world,
             "device": str(dist.device),
             "threads": torch.get_num_threads(),
+            "compiled": compiles(cfg.compile, dist.device) and not result.reused,
             "resumed_from": result.resumed_from,
             "reused_weights": result.reused,
             "eval_seconds": eval_seconds,

@@ -4,8 +4,8 @@ into a :class:`posenc.model.ModelConfig`.
 A :class:`LabConfig` describes a whole grid (encodings x seeds); a *cell* is one
 ``(encoding, seed)`` pair of it. Everything that changes what a cell computes goes into its hash
 (:func:`train_identity`, :func:`cell_identity`); everything that only changes how fast or where it
-runs (threads, output folder, progress bar, checkpoint interval) stays out, so a finished cell is
-found again whatever those are.
+runs (threads, compile, output folder, progress bar, checkpoint interval) stays out, so a finished
+cell is found again whatever those are.
 """
 
 from __future__ import annotations
@@ -137,7 +137,11 @@ class LabConfig:
     ``encoding_kwargs`` maps an encoding label or name to its registry options (``posenc list``);
     options in the label itself (``sinusoidal:scale_input=false``) override them.
     ``ckpt_every``: a resumable checkpoint every this many steps. ``threads``: torch CPU
-    threads (None: torch's default, every core). Neither is part of any hash.
+    threads (None: torch's default, every core). ``compile``: train through ``torch.compile``,
+    on CUDA only (ignored on the CPU, where the compile would cost more than the CPU presets'
+    training; :func:`posenc.lab.train.compiles`). None of the three is part of any hash: they
+    change how fast a cell trains, not what it means (a compiled model computes the same
+    function, up to kernel rounding, like another thread count).
     """
 
     preset: str = "cpu-small"
@@ -153,6 +157,7 @@ class LabConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     ckpt_every: int = 100
     threads: int | None = None
+    compile: bool = False
 
     def eval_lengths(self) -> list[int]:
         """The eval lengths as absolute token counts, sorted and deduplicated."""
@@ -165,8 +170,8 @@ class LabConfig:
 # 8x the tokens, 3x the parameters): about an hour on two idle cores with --threads 2 (estimated
 # from measured throughput, 9K tokens/s on one core, 17K on two). gpu is sized for one H100: a
 # ~100M-parameter model at the ALiBi paper's train length of 512, evaluated to 16x (8192).
-# gpu-small is that setting at 25M parameters and 4.9M tokens per encoding, sized for the
-# few minutes `make gpu-check` has (its sizing is written above its entry).
+# gpu-small is that setting at 25M parameters and 4.9M tokens per encoding, compiled, sized for
+# the few minutes `make gpu-check` has (its sizing is written above its entry).
 PRESETS: dict[str, LabConfig] = {
     "cpu-small": LabConfig(
         preset="cpu-small",
@@ -208,19 +213,22 @@ PRESETS: dict[str, LabConfig] = {
     ),
     # gpu-small: the ALiBi paper's setting (train at L = 512; evaluate at 512, 1024, 2048 and
     # 4096, with the RoPE rescalings) small enough to run inside `make gpu-check`: every default
-    # encoding in at most 5 minutes on one H100/H200 (bf16 autocast; FlexAttention for the
-    # biases wherever `Attention`'s "auto" picks it on CUDA: the eval lengths >= 1024; training
+    # encoding in at most 5 minutes on one H100/H200, trained as the issue asks: bf16 autocast,
+    # compiled blocks (compile=True: posenc.lab.train.compile_blocks), FlexAttention for the
+    # biases wherever `Attention`'s "auto" picks it on CUDA (the eval lengths >= 1024; training
     # at 512 stays below its threshold and uses SDPA). Sized from measured CPU throughput
     # (benchmarks/gpu_check.py: GPU_SMALL_SIZING and estimate_lab_seconds; method in
     # benchmarks/README.md): this model (25.3M parameters, ~177 MFLOP per trained token) trained
     # at 252-427 tokens/s on one thread of the 2-core EPYC VM in float32 (RoPE: 347 tokens/s,
     # 61 GFLOP/s). Assumed CPU -> H200 factor ~3,200 = 989 dense bf16 TFLOP/s x 20% utilization
-    # (an eager, uncompiled 25M model) / 61 GFLOP/s; plus 10 ms a step of launch overhead
-    # (per-parameter AdamW) and 5 s per FlexAttention compile (5 biases x 3 lengths). Estimate:
-    # 96 s of training (300 steps x 16K tokens = 4.9M tokens per encoding, under half an epoch
-    # of the 12 MB stdlib), 75 s of compiles, 28 s of start-up and evaluation: ~200 s, 1.5x
-    # inside the 5 minutes. The published comparison's encodings come first, so a run cut short
-    # by gpu-check's time limit still has them.
+    # (an eager 25M model) / 61 GFLOP/s, times 1.3 compiled; plus 5 ms a step of host overhead
+    # (multi-tensor AdamW on CUDA), 8 s per encoding to compile its block and 5 s per
+    # FlexAttention compile (5 biases x 3 lengths). Estimate: 63 s of training (300 steps x 16K
+    # tokens = 4.9M tokens per encoding, under half an epoch of the 12 MB stdlib), 104 s of model
+    # compiles, 75 s of FlexAttention compiles, 28 s of start-up and evaluation: ~270 s, 1.1x
+    # inside the 5 minutes. Eager it would be ~180 s: at 300 steps per encoding the compile costs
+    # more time than it saves. The published comparison's encodings come first, so a run cut
+    # short by gpu-check's time limit still has them.
     "gpu-small": LabConfig(
         preset="gpu-small",
         encodings=GPU_SMALL_ENCODINGS,
@@ -234,8 +242,12 @@ PRESETS: dict[str, LabConfig] = {
         # No mid-run checkpoints: each would write model + optimizer (~300 MB) for a cell that
         # takes seconds; the final weights are still saved.
         ckpt_every=1000,
+        compile=True,
     ),
 }
+
+#: The presets sized for a GPU (the lab warns when one runs on the CPU).
+GPU_PRESETS: tuple[str, ...] = ("gpu", "gpu-small")
 
 
 def preset(name: str) -> LabConfig:
