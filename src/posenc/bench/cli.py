@@ -32,9 +32,9 @@ bench_app = typer.Typer(
 
 _SHAPES_HELP = (
     "Comma-separated q/k shapes BxHxSxD or BxH/HKxSxD (GQA: H query, HK key heads), or a "
-    "preset: 'quick' (small, the default), 'llama' ([1,32,2048,128], [4,32/8,4096,128], "
-    "[4,8,4096,64]) or 'decode' (one token: [1,32/8,1,128], [8,32/8,1,128]); 'quick' and "
-    "'llama' include the decode shapes."
+    "preset: 'quick' (small, the default), 'prefill' ([1,32,2048,128], [4,32/8,4096,128], "
+    "[4,8,4096,64]), 'decode' (one token: [1,32/8,1,128], [8,32/8,1,128]) or 'llama' "
+    "(prefill + decode); 'quick' includes the decode shapes. Presets and shapes mix."
 )
 _PACKAGES = (
     "torch",
