@@ -146,7 +146,7 @@ def test_sandwich_table_is_the_paper_sum() -> None:
         (
             lambda: relative_position_matrix(torch.zeros(2, 3, 1).long(), torch.zeros(4).long()),
             ValueError,
-            "q_positions must be 1-D or 2-D",
+            "positions must be 1-D or 2-D",
         ),
         (lambda: sandwich_distance_table(10, 15), ValueError, "d_prime must be even"),
     ],

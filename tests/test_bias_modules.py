@@ -11,6 +11,7 @@ from transformers.models.t5.modeling_t5 import T5Attention
 
 from posenc import Attention, KVCache
 from posenc.bias import FIRE, KERPLE, ALiBi, Sandwich, T5RelativeBias
+from posenc.functional.bias import sandwich_distance_table
 from test_bias_functional import paper_alibi_slopes
 
 QP = torch.tensor([3, 4, 5, 9])  # query positions (a gap: any positions work)
@@ -83,8 +84,7 @@ def test_sandwich_is_the_paper_formula() -> None:
         )
         return (dot - d_prime / 2) / (8 * (hh + 1) / h)
 
-    # cache_len=8 < the largest distance: the table is extended on the fly, same values.
-    got = Sandwich(h, d_prime=d_prime, cache_len=8).bias(QP, KP)
+    got = Sandwich(h, d_prime=d_prime).bias(QP, KP)
     torch.testing.assert_close(got.double(), formula(sandwich, h), rtol=1e-5, atol=1e-5)
     assert Sandwich(h).state_dict() == {}
 
@@ -144,7 +144,7 @@ BIASES = {
     "kerple-log": lambda: KERPLE(4, "log"),
     "kerple-power": lambda: KERPLE(4, "power"),
     "fire": lambda: FIRE(4, mlp_width=6, init_threshold=3.0),
-    "sandwich": lambda: Sandwich(4, d_prime=8, cache_len=4),
+    "sandwich": lambda: Sandwich(4, d_prime=8),
 }
 
 
@@ -228,7 +228,7 @@ def test_gradcheck_through_attention_with_t5_bias() -> None:
         (
             lambda: ALiBi(4).bias(torch.zeros(3), torch.zeros(4).long()),
             TypeError,
-            "q_positions must have an integer",
+            "positions must have an integer",
         ),
         (
             lambda: FIRE(4).score_mod(torch.arange(3), torch.zeros(1, 1, 4).long()),
@@ -250,3 +250,74 @@ def test_reduced_precision_module_keeps_exact_tables(name: str) -> None:
         return ALiBi(12) if name == "alibi" else Sandwich(12, d_prime=16)
 
     torch.testing.assert_close(make().to(torch.bfloat16).bias(QP, KP), make().bias(QP, KP))
+
+
+# --- costs follow the work, not the values -----------------------------------------------------
+
+
+def score_mod_grid(mod, h: int, s: int, t: int) -> torch.Tensor:
+    """A ``score_mod`` evaluated on every ``(h, q_idx, kv_idx)`` at once: ``[h, s, t]``."""
+    hi = torch.arange(h)[:, None, None]
+    qi, ki = torch.arange(s)[None, :, None], torch.arange(t)[None, None, :]
+    return mod(torch.zeros(h, s, t), torch.zeros((), dtype=torch.long), hi, qi, ki)
+
+
+def sandwich_formula(q: torch.Tensor, k: torch.Tensor, h: int, d_prime: int) -> torch.Tensor:
+    """Sandwich in float64 from the distance table (the paper's sum): ``[h, s, t]``."""
+    dist = (k[None, :] - q[:, None]).abs()  # [s, t]
+    table = sandwich_distance_table(int(dist.max()), d_prime)  # [n] float64
+    ratio = 8 * torch.arange(1, h + 1, dtype=torch.float64) / h  # [h]
+    return table[dist][None] / ratio[:, None, None]
+
+
+@pytest.mark.parametrize("offset", [0, 10**6])
+def test_sandwich_at_full_width_and_large_positions(offset: int) -> None:
+    """d' = 128 and positions near a million: the bias is the float64 formula rounded to float32
+    (what the old distance table stored), and both score_mods are within a few float32 ulps."""
+    h, s, t = 8, 40, 96
+    q, k = torch.arange(t - s, t) + offset, torch.arange(t) + offset
+    enc = Sandwich(h, cache_len=64)  # t > cache_len: the index table is built per call
+    want = sandwich_formula(q, k, h, 128)  # entries down to about -35
+    got = enc.bias(q, k)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=4e-6)
+    by_index = score_mod_grid(enc.score_mod(q, k, index_layout=True), h, s, t)
+    torch.testing.assert_close(by_index.double(), want, rtol=0, atol=4e-6)
+    by_dot = score_mod_grid(enc.score_mod(q, k), h, s, t)
+    torch.testing.assert_close(by_dot.double(), want, rtol=0, atol=1.5e-5)
+
+
+def test_sandwich_cost_does_not_follow_position_values() -> None:
+    """No table sized by a position: the same work at position 0 and at 10^9."""
+    enc = Sandwich(4, d_prime=16, cache_len=8)
+    q = torch.tensor([10**9 + 5, 10**9 + 8])
+    got = enc.bias(q, q - 5)
+    torch.testing.assert_close(got, enc.bias(q - 10**9, q - 10**9 - 5), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple-log", "fire", "sandwich"])
+def test_score_mod_equals_bias_in_both_layouts(name: str) -> None:
+    enc = BIASES[name]()
+    q, k = torch.arange(5, 12), torch.arange(12)  # the index layout: queries are the last keys
+    want = enc.bias(q, k)
+    with torch.no_grad():
+        for index_layout in (True, False):
+            got = score_mod_grid(enc.score_mod(q, k, index_layout=index_layout), 4, 7, 12)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_broken_index_layout_promise_is_refused() -> None:
+    with pytest.raises(ValueError, match="index_layout=True needs"):
+        Sandwich(4, d_prime=8).score_mod(QP, KP, index_layout=True)  # QP has a gap
+    with pytest.raises(ValueError, match="s <= t"):
+        Sandwich(4, d_prime=8).score_mod(KP, QP, index_layout=True)
+
+
+def test_constants_move_with_the_module_and_keep_their_dtype() -> None:
+    """Slopes, ratios and tables are buffers of a DeviceConstants: ``.to(bfloat16)`` or
+    ``.half()`` would round a plain buffer; these keep float32/float64 and follow the device."""
+    enc = Sandwich(12, d_prime=16).to(torch.bfloat16).half()
+    assert enc.constants.inv_ratio.dtype == enc.constants.table.dtype == torch.float32
+    assert enc.to("meta").constants.table.device.type == "meta"
+    alibi = ALiBi(8).double().bfloat16()
+    assert alibi.slopes().dtype == torch.float32 and alibi.state_dict() == {}

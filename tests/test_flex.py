@@ -23,7 +23,7 @@ BIASES = {
     "kerple-log": lambda c: KERPLE(4, "log"),
     "kerple-power": lambda c: KERPLE(4, "power"),
     "fire": lambda c: FIRE(4, mlp_width=6, init_threshold=10.0),
-    "sandwich": lambda c: Sandwich(4, d_prime=16, cache_len=16),
+    "sandwich": lambda c: Sandwich(4, d_prime=16, cache_len=16),  # t > 16: a table per call
 }
 
 
@@ -143,6 +143,11 @@ def test_auto_choice_rules(monkeypatch) -> None:
         assert Attention(32, 4, 2).choose_backend(*_qkv(64)) == "sdpa"  # SDPA is already fused
         forced = Attention(32, 4, 2, encoding=ALiBi(4), backend="explicit")
         assert forced.choose_backend(*_qkv(64)) == "explicit"
+        # Sandwich's score_mod is one gather in the index layout, d' multiply-adds otherwise.
+        sandwich = Attention(32, 4, 2, encoding=Sandwich(4, d_prime=16))
+        assert sandwich.choose_backend(*_qkv(64)) == expect_flex
+        assert sandwich.choose_backend(*_qkv(64), index_layout=False) == "sdpa"
+        assert bias.choose_backend(*_qkv(64), index_layout=False) == expect_flex
 
 
 def test_forced_flex_refuses_what_it_cannot_do() -> None:

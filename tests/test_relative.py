@@ -13,6 +13,7 @@ from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfA
 from posenc import Attention, KVCache
 from posenc.functional import rel_shift
 from posenc.relative import DeBERTaRelative, ShawRelative, TransformerXLRelative
+from posenc.relative.transformer_xl import rel_shift_is_cheaper
 
 F64 = torch.float64
 
@@ -259,7 +260,7 @@ def test_deberta_query_length_differs_from_key_length() -> None:
         q,
         k,
         v,
-        q_positions=torch.arange(7),
+        positions=torch.arange(7),
         k_positions=torch.arange(30),
         scale=attn.scale,
         attention=attn,
@@ -359,16 +360,16 @@ def test_dropout_runs_in_training_only() -> None:
         (
             lambda: ShawRelative(4).attend(
                 *(torch.randn(1, 2, 3, 4) for _ in range(3)),
-                q_positions=torch.arange(4),
+                positions=torch.arange(4),
                 k_positions=torch.arange(3),
             ),
             ValueError,
-            "q_positions must end in s=3",
+            "positions must end in s=3",
         ),
         (
             lambda: DeBERTaRelative(16, 4).attend(
                 *(torch.randn(1, 4, 3, 4) for _ in range(3)),
-                q_positions=torch.arange(3),
+                positions=torch.arange(3),
                 k_positions=torch.arange(3),
             ),
             ValueError,
@@ -379,3 +380,94 @@ def test_dropout_runs_in_training_only() -> None:
 def test_bad_input(call, error, words) -> None:
     with pytest.raises(error, match=words):
         call()
+
+
+# --- Transformer-XL's two position terms -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("s", "t"), [(1, 1), (1, 9), (4, 4), (3, 10)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_transformer_xl_rel_shift_equals_angle_addition(s: int, t: int, causal: bool) -> None:
+    """The index layout's rel-shift and the any-positions product give the same position term
+    (where the causal rel-shift is defined: on and below the causal diagonal), at any offset."""
+    enc = TransformerXLRelative(16, 4, init_std=0.5).double()
+    qv = torch.randn(2, 4, s, 4, dtype=F64)
+    shifted = enc.rel_shift_scores(qv, t, causal)
+    keep = torch.arange(t)[None, :] <= torch.arange(s)[:, None] + (t - s)  # [s, t]
+    for offset in (0, 1000, 10**6):
+        k = torch.arange(t) + offset
+        direct = enc.position_scores(qv, k[t - s :], k)
+        if causal:
+            direct, want = direct.masked_fill(~keep, 0), shifted.masked_fill(~keep, 0)
+        else:
+            want = shifted
+        torch.testing.assert_close(direct, want)
+
+
+def test_transformer_xl_float32_at_large_positions() -> None:
+    """float32 angle addition at positions near a million: within float32 rounding of float64."""
+    enc = TransformerXLRelative(64, 4, init_std=0.5)
+    qv = torch.randn(1, 4, 6, 16)
+    k = torch.arange(20) + 10**6
+    got = enc.position_scores(qv, k[14:], k)
+    want = enc.double().position_scores(qv.double(), k[14:], k)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_xl_path_rule_follows_shapes() -> None:
+    """Rel-shift for prefill and training (s = t), angle addition for one decoded token."""
+    assert rel_shift_is_cheaper(b=8, h=8, s=512, t=512, d=64, dim=512, causal=True)
+    assert rel_shift_is_cheaper(b=1, h=1, s=1, t=1, d=64, dim=64, causal=False)
+    assert not rel_shift_is_cheaper(b=1, h=8, s=1, t=4096, d=64, dim=512, causal=True)
+
+
+def test_transformer_xl_gradcheck_with_explicit_positions() -> None:
+    """Gradients through the angle-addition path (explicit positions with gaps)."""
+    enc = TransformerXLRelative(16, 4)
+    attn = Attention(16, 4, 2, causal=True, encoding=enc).double()
+    names = [f"encoding.{n}" for n, p in enc.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_(True) for p in enc.parameters())
+    x = torch.randn(1, 4, 16, dtype=F64, requires_grad=True)
+    pos = torch.tensor([0, 3, 4, 9])
+
+    def run(x: torch.Tensor, *ps: torch.Tensor) -> torch.Tensor:
+        return functional_call(attn, dict(zip(names, ps, strict=True)), (x, pos))
+
+    assert torch.autograd.gradcheck(run, (x, *params))
+
+
+@pytest.mark.parametrize("name", list(RELATIVE))
+def test_index_layout_promise_is_checked_and_kept(name: str) -> None:
+    enc = RELATIVE[name]()
+    attn = Attention(16, 4, causal=True, encoding=enc)
+    q = attn._heads(torch.randn(1, 5, 16), attn.q_proj, 4)
+    kw = {"mask": None, "scale": 0.5, "attention": attn}
+    shifted = torch.arange(5) + 7  # the index layout up to a shift: the same distances
+    got = enc.attend(q, q, q, positions=shifted, k_positions=shifted, index_layout=True, **kw)
+    torch.testing.assert_close(got, enc.attend(q, q, q, **kw))
+    gaps = torch.tensor([0, 1, 2, 4, 5])
+    with pytest.raises(ValueError, match="index_layout=True needs"):
+        enc.attend(q, q, q, positions=gaps, k_positions=gaps, index_layout=True, **kw)
+
+
+def test_attention_passes_the_index_layout_from_its_arguments() -> None:
+    """Default positions (plain, cached, memory) keep the index layout; given ones do not."""
+    seen = []
+
+    class Spy(ShawRelative):
+        def attend(self, q, k, v, **kw):
+            seen.append(kw["index_layout"])
+            return super().attend(q, k, v, **kw)
+
+    attn = Attention(16, 4, encoding=Spy(4))
+    x = torch.randn(1, 3, 16)
+    cache = KVCache()
+    attn(x, cache=cache)
+    attn(x[:, :1], cache=cache)
+    attn(x, memory=x)
+    attn(x, torch.arange(3))
+    attn(x, memory=x, memory_positions=torch.arange(3))
+    given = KVCache()
+    attn(x, torch.arange(3), cache=given)
+    attn(x[:, :1], cache=given)  # default positions after given ones: no longer the layout
+    assert seen == [True, True, True, False, False, False, False]

@@ -4,13 +4,16 @@ Where position enters (DESIGN.md): an ``encoding`` module declares its ``family`
 
 * ``"rotary"``: ``encoding(q, k, positions, k_positions=None) -> (q, k)`` rotates queries and
   keys before the scores (and before keys enter the KV cache).
-* ``"bias"``: ``encoding.bias(q_positions, k_positions) -> [h, s, t]`` or ``[b, h, s, t]``
+* ``"bias"``: ``encoding.bias(positions, k_positions) -> [h, s, t]`` or ``[b, h, s, t]``
   (float32) is added to the logits. Content-free, so it can be fused into SDPA's float mask;
-  ``encoding.score_mod(q_positions, k_positions)`` gives the same bias entry by entry as a
+  ``encoding.score_mod(positions, k_positions)`` gives the same bias entry by entry as a
   FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` (see :mod:`posenc.bias`).
 * ``"relative"``: content-dependent schemes own the score computation:
-  ``encoding.attend(q, k, v, q_positions=, k_positions=, mask=, scale=, dropout_p=, attention=)``
+  ``encoding.attend(q, k, v, positions=, k_positions=, mask=, scale=, dropout_p=, attention=)``
   returns ``[b, h, s, d]``; ``attention`` is this module (DeBERTa reuses its projections).
+  Both positions are None when every key sits at its index (the index layout of
+  :mod:`posenc.relative`), which Transformer-XL's rel-shift needs and nobody has to read
+  position values to know.
 * ``"absolute"`` and ``"none"``: nothing happens here; absolute encodings are added to the token
   embeddings by the model.
 
@@ -19,9 +22,15 @@ shared rotary key head, and changes the softmax scale under YaRN: the recipe, wi
 ``DecoupledRoPE``, ``expand_shared_key`` and ``mla_softmax_scale``, is in :mod:`posenc.rotary.mla`
 (pass its scale as ``Attention(..., scale=mla_softmax_scale(...))``).
 
-Positions are integer ``[s]`` or ``[b, s]`` (Hugging Face ``position_ids``). Causality is by index
-(query ``i`` of ``s`` sees key ``j`` of ``t`` when ``j <= t - s + i``), so left padding, packing and
-cache offsets change positions without changing the mask.
+Positions are integer ``[s]`` or ``[b, s]`` (Hugging Face ``position_ids``); every family names
+the queries' ``positions`` and the keys' ``k_positions``. Causality is by index (query ``i`` of
+``s`` sees key ``j`` of ``t`` when ``j <= t - s + i``), so left padding, packing and cache offsets
+change positions without changing the mask.
+
+Capture-safe: no forward path reads tensor values back to the host (no ``.item()``, ``.any()``,
+``bool(t)``), so a forward traces into one graph under ``torch.compile(fullgraph=True)`` and a
+decode step can be captured in a CUDA graph. Value checks (non-negative positions) run only where
+they are free (eager CPU) or as device assertions (:func:`posenc._checks.check_values`).
 
 Execution paths (``Attention(backend=...)``):
 
@@ -36,8 +45,10 @@ Execution paths (``Attention(backend=...)``):
   content-dependent ``relative`` family (its ``attend``), and a reference for the others.
 * ``"auto"`` (default): ``explicit`` for the relative family; for the bias family ``flex`` when
   FlexAttention can run the call (available for the device, no gradient needed on CPU, no
-  dropout, float32/16/bf16) and the problem is large (``s * t >= FLEX_MIN_SCORES``, where a
-  materialized bias costs more than a kernel compile); ``sdpa`` otherwise.
+  dropout, float32/16/bf16), the problem is large (``s * t >= FLEX_MIN_SCORES``, where a
+  materialized bias costs more than a kernel compile) and the encoding's ``score_mod`` is cheap
+  for these positions (Sandwich's is, in the index layout only: ``flex_any_positions``);
+  ``sdpa`` otherwise.
 """
 
 from __future__ import annotations
@@ -67,32 +78,80 @@ ATTENTION_BACKENDS = ("auto", "sdpa", "flex", "explicit")
 # "auto" takes FlexAttention for a bias family from this many scores (s * t) up. Measured on CPU
 # (2 threads, h = 8, d = 64, inference): the compiled ALiBi kernel is 4.6x faster than SDPA with
 # a materialized bias at s = 512 and 11x at s = 2048; whole Attention layers at s = 2048 are
-# 3.6x (Sandwich) to 5.8x (ALiBi) faster. But each new (s, t) costs a kernel compile (seconds),
+# 3.6x (Sandwich, default positions) to 5.8x (ALiBi) faster. But each new (s, t) costs a kernel compile (seconds),
 # so short and decode-sized calls stay on SDPA.
 FLEX_MIN_SCORES = 1024 * 1024
+
+
+class DeviceConstants(nn.Module):
+    """Constant tensors of an encoding (frequencies, slopes, distance tables): non-persistent
+    buffers that move with the module and keep their dtype.
+
+    ``module.to(bfloat16)`` (or ``.half()``, ``.float()``) casts every floating buffer, and a
+    rounded ``inv_freq`` or slope shifts every position (the classic ``inv_freq`` bug); these
+    take the device of such a conversion and never its dtype. Being on the module's device, they
+    cost no host-to-device copy per call (a stall, and forbidden in CUDA-graph capture), and as
+    buffers ``torch.compile`` sizes them statically. ``state_dict`` does not hold them.
+    """
+
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        super().__init__()
+        for name, tensor in tensors.items():
+            self.register_buffer(name, tensor, persistent=False)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        for name, buf in self._buffers.items():
+            if buf is not None:
+                moved = fn(buf)  # [x] -> [x] on the new device, maybe in a new dtype
+                self._buffers[name] = moved if moved.dtype == buf.dtype else buf.to(moved.device)
+        return self
+
+    def get(self, name: str, device: torch.device) -> torch.Tensor:
+        """The constant ``name`` on ``device``: a copy only when the module was not moved there."""
+        tensor = self._buffers[name]
+        assert tensor is not None
+        return tensor if tensor.device == device else tensor.to(device)
 
 
 class KVCache:
     """Keys (already rotated), values and key positions of one attention layer.
 
-    Shapes: ``k, v [b, hk, t, d]``; ``positions [t]`` or ``[b, t]``.
+    Shapes: ``k, v [b, hk, t, d]``; ``positions [t]`` or ``[b, t]``. ``index_layout`` (a Python
+    bool, known without reading positions) is True while every key sits at its index: all
+    positions so far were the defaults ``arange(length, length + s)``.
     """
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
+        self.index_layout = True
 
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
     def update(
-        self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        index_layout: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Append and return the whole cache ``(k, v, positions)``."""
+        """Append and return the whole cache ``(k, v, positions)``.
+
+        ``index_layout``: the caller promises ``positions`` are ``arange(length, length + s)``.
+        """
+        self.index_layout = self.index_layout and index_layout
         if self.k is None or self.v is None or self.positions is None:
-            self.k, self.v, self.positions = k, v, positions
+            # Copies laid out as every later torch.cat result is, so that a compiled decode step
+            # sees the same strides at every length (a transposed view, even one contiguous but
+            # for the stride of a size-1 dim, or a view of the caller's positions, would
+            # recompile it once).
+            fmt = torch.contiguous_format
+            k, v = k.clone(memory_format=fmt), v.clone(memory_format=fmt)  # [b, hk, s, d]
+            self.k, self.v, self.positions = k, v, positions.clone(memory_format=fmt)
         else:
             self.k = torch.cat((self.k, k), dim=2)  # [b, hk, t + s, d]
             self.v = torch.cat((self.v, v), dim=2)
@@ -112,10 +171,10 @@ def cat_positions(a: torch.Tensor, b: torch.Tensor, batch: int) -> torch.Tensor:
 class BiasFamily(Protocol):
     """What Attention calls on a ``family = "bias"`` encoding (see ``posenc.bias``)."""
 
-    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor: ...
+    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor: ...
 
     def score_mod(
-        self, q_positions: torch.Tensor, k_positions: torch.Tensor
+        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
     ) -> Callable[..., torch.Tensor]: ...
 
 
@@ -128,8 +187,9 @@ class RelativeFamily(Protocol):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
+        positions: torch.Tensor | None,
+        k_positions: torch.Tensor | None,
+        index_layout: bool,
         mask: torch.Tensor | None,
         scale: float | None,
         dropout_p: float,
@@ -295,27 +355,9 @@ def flex_block_mask(
     from torch.nn.attention.flex_attention import create_block_mask
 
     _check_attn_mask(attn_mask, batch, s, t)
-    offset = t - s
     heads: int | None = None
     if attn_mask.dim() == 2:
-        pad = attn_mask.to(device)  # [b, t]
-        if causal:
-            # Query i sees keys 0 .. i + offset: it sees some key iff one of those is kept.
-            seen = pad.long().cumsum(dim=1) > 0  # [b, t]: any kept key at or before j
-            last = (torch.arange(s, device=device) + offset).clamp(0, t - 1)  # [s]
-            row_open = ~seen[:, last]  # [b, s]
-        else:
-            row_open = (~pad.any(dim=1, keepdim=True)).expand(batch, s)  # [b, s]
-
-        def keep_mod(
-            b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor
-        ) -> torch.Tensor:
-            keep = pad[b, ki]
-            if causal:
-                keep = keep & (ki <= qi + offset)
-            return keep | row_open[b, qi]
-
-        mask_mod = keep_mod
+        mask_mod = _padding_mask_mod(attn_mask.to(device), s, t, causal)
     else:
         # A dense user mask exists already: combine it with causality once, densely.
         dense = build_mask(s, t, causal, attn_mask, batch, device)
@@ -340,6 +382,29 @@ def flex_block_mask(
 
             mask_mod = dense_head_mod
     return create_block_mask(mask_mod, batch, heads, s, t, device=device)
+
+
+def _padding_mask_mod(pad: torch.Tensor, s: int, t: int, causal: bool) -> Callable[..., Any]:
+    """The ``mask_mod`` of a key padding mask ``pad [b, t]`` (and causality), with rows that see
+    no key opened to every key as :func:`build_mask` does."""
+    offset = t - s
+    if causal:
+        # Query i sees keys 0 .. i + offset: it sees some key iff one of those is kept.
+        seen = pad.long().cumsum(dim=1) > 0  # [b, t]: any kept key at or before j
+        last = (torch.arange(s, device=pad.device) + offset).clamp(0, t - 1)  # [s]
+        row_open = ~seen[:, last]  # [b, s]
+    else:
+        row_open = (~pad.any(dim=1, keepdim=True)).expand(pad.shape[0], s)  # [b, s]
+
+    def keep_mod(
+        b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor
+    ) -> torch.Tensor:
+        keep = pad[b, ki]
+        if causal:
+            keep = keep & (ki <= qi + offset)
+        return keep | row_open[b, qi]
+
+    return keep_mod
 
 
 def masked_softmax(
@@ -440,22 +505,9 @@ class Attention(nn.Module):
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
         self.head_dim = head_dim = resolve_head_dim(dim, num_heads, head_dim)
-        if encoding is not None and not hasattr(encoding, "family"):
-            raise TypeError(
-                f"encoding must be a posenc encoding with a 'family' attribute (one of "
-                f"{ENCODING_FAMILIES}), or None for NoPE; got {type(encoding).__name__}"
-            )
-        family = getattr(encoding, "family", "none") if encoding is not None else "none"
-        if family not in ENCODING_FAMILIES:
-            raise ValueError(f"encoding.family must be one of {ENCODING_FAMILIES}, got {family!r}")
-        self.family: str = family
+        self.family: str = _encoding_family(encoding, backend)
         self.encoding = encoding
-        self.backend = check_choice("backend", backend, ATTENTION_BACKENDS)
-        if family == "relative" and backend in ("sdpa", "flex"):
-            raise ValueError(
-                f"backend {backend!r} cannot run a relative-family encoding (its position term "
-                "depends on the content, so it computes its own scores): use 'auto' or 'explicit'"
-            )
+        self.backend = backend
         self.compile_flex = bool(compile_flex)
         self.block_mask_cache = (
             block_mask_cache if block_mask_cache is not None else DEFAULT_BLOCK_MASK_CACHE
@@ -508,37 +560,9 @@ class Attention(nn.Module):
                 "pass either cache (decoding) or memory (Transformer-XL segments), not both"
             )
         b, s, _ = x.shape
-        past = cache.length if cache is not None else (memory.shape[1] if memory is not None else 0)
-        if positions is None:
-            positions = default_positions(s, x.device, offset=past)
-        else:
-            positions = check_positions(positions, ranks=(1, 2))
-            if positions.shape[-1] != s or (
-                positions.dim() == 2 and positions.shape[0] not in (1, b)
-            ):
-                raise ValueError(
-                    f"positions must be [{s}] or [{b}, {s}], got {list(positions.shape)}"
-                )
-
-        kv_input, k_positions = x, positions
-        if memory is not None:
-            if memory.dim() != 3 or memory.shape[0] != b or memory.shape[2] != self.dim:
-                raise ValueError(f"memory must be [{b}, m, {self.dim}], got {tuple(memory.shape)}")
-            m = memory.shape[1]
-            if memory_positions is None:
-                memory_positions = default_positions(m, x.device)
-            else:
-                memory_positions = check_positions(memory_positions, "memory_positions", (1, 2))
-                if memory_positions.shape[-1] != m or (
-                    memory_positions.dim() == 2 and memory_positions.shape[0] not in (1, b)
-                ):
-                    raise ValueError(
-                        f"memory_positions must be [{m}] or [{b}, {m}], "
-                        f"got {list(memory_positions.shape)}"
-                    )
-            kv_input = torch.cat((memory.detach(), x), dim=1)  # [b, m + s, dim]
-            k_positions = cat_positions(memory_positions, positions, b)
-
+        kv_input, positions, k_positions, index_layout = self._positions(
+            x, positions, cache, memory, memory_positions
+        )
         q = self._heads(x, self.q_proj, self.num_heads)  # [b, h, s, d]
         k = self._heads(kv_input, self.k_proj, self.num_kv_heads)  # [b, hk, t, d]
         v = self._heads(kv_input, self.v_proj, self.num_kv_heads)  # [b, hk, t, d]
@@ -547,37 +571,83 @@ class Attention(nn.Module):
             assert self.encoding is not None
             q, k = self.encoding(q, k, positions, k_positions=k_positions)
         if cache is not None:
-            k, v, k_positions = cache.update(k, v, k_positions)
-        t = k.shape[2]
-        path = self.choose_backend(q, k, v)
-        if path == "flex":
-            out = self._flex(q, k, v, positions, k_positions, attn_mask, s, t)
-        else:
-            plain_causal = (
-                self.causal and s == t and attn_mask is None and path == "sdpa"
-                and self.family not in ("bias", "relative")
-            )  # fmt: skip
-            # The plain causal case goes to SDPA's is_causal kernel: no [s, t] mask is built.
-            keep = None if plain_causal else build_mask(s, t, self.causal, attn_mask, b, x.device)
-            if self.family == "relative":
-                assert self.encoding is not None
-                out = cast(RelativeFamily, self.encoding).attend(
-                    q,
-                    k,
-                    v,
-                    q_positions=positions,
-                    k_positions=k_positions,
-                    mask=keep,
-                    scale=self.scale,
-                    dropout_p=self.dropout if self.training else 0.0,
-                    attention=self,
-                )
-            elif path == "explicit":
-                out = self._explicit(q, k, v, positions, k_positions, keep)
-            else:
-                out = self._sdpa(q, k, v, positions, k_positions, keep, s, t)
+            k, v, k_positions = cache.update(k, v, k_positions, index_layout=index_layout)
+            index_layout = cache.index_layout
+        out = self._attend(q, k, v, positions, k_positions, attn_mask, index_layout)
         out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)  # [b, s, h*d]
         return self.o_proj(out)
+
+    def _positions(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None,
+        cache: KVCache | None,
+        memory: torch.Tensor | None,
+        memory_positions: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """``(kv_input [b, m + s, dim], positions, k_positions, index_layout)`` of a call.
+
+        ``index_layout`` (known from which arguments were given, never from their values): every
+        key of this call sits at its index, as when all positions are defaults.
+        """
+        b, s, _ = x.shape
+        past = cache.length if cache is not None else (memory.shape[1] if memory is not None else 0)
+        index_layout = positions is None
+        if positions is None:
+            positions = default_positions(s, x.device, offset=past)
+        else:
+            positions = _check_seq_positions(positions, "positions", b, s)
+        if memory is None:
+            return x, positions, positions, index_layout
+        if memory.dim() != 3 or memory.shape[0] != b or memory.shape[2] != self.dim:
+            raise ValueError(f"memory must be [{b}, m, {self.dim}], got {tuple(memory.shape)}")
+        m = memory.shape[1]
+        if memory_positions is None:
+            memory_positions = default_positions(m, x.device)
+        else:
+            memory_positions = _check_seq_positions(memory_positions, "memory_positions", b, m)
+            index_layout = False
+        kv_input = torch.cat((memory.detach(), x), dim=1)  # [b, m + s, dim]
+        return kv_input, positions, cat_positions(memory_positions, positions, b), index_layout
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        index_layout: bool,
+    ) -> torch.Tensor:
+        """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]`` on the chosen path."""
+        b, s, t = q.shape[0], q.shape[2], k.shape[2]
+        path = self.choose_backend(q, k, v, index_layout=index_layout)
+        if path == "flex":
+            return self._flex(q, k, v, positions, k_positions, attn_mask, index_layout)
+        plain_causal = (
+            self.causal and s == t and attn_mask is None and path == "sdpa"
+            and self.family not in ("bias", "relative")
+        )  # fmt: skip
+        # The plain causal case goes to SDPA's is_causal kernel: no [s, t] mask is built.
+        keep = None if plain_causal else build_mask(s, t, self.causal, attn_mask, b, q.device)
+        if self.family == "relative":
+            assert self.encoding is not None
+            return cast(RelativeFamily, self.encoding).attend(
+                q,
+                k,
+                v,
+                positions=positions,
+                k_positions=k_positions,
+                index_layout=index_layout,
+                mask=keep,
+                scale=self.scale,
+                dropout_p=self.dropout if self.training else 0.0,
+                attention=self,
+            )
+        if path == "explicit":
+            return self._explicit(q, k, v, positions, k_positions, keep)
+        return self._sdpa(q, k, v, positions, k_positions, keep, s, t)
 
     def _needs_grad(self, *tensors: torch.Tensor) -> bool:
         if not torch.is_grad_enabled():
@@ -588,11 +658,13 @@ class Attention(nn.Module):
             p.requires_grad for p in self.encoding.parameters()
         )
 
-    def choose_backend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    def choose_backend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, index_layout: bool = True
+    ) -> str:
         """The path this call takes: ``"sdpa"``, ``"flex"`` or ``"explicit"`` (module docstring).
 
-        Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]``. Raises if a forced ``"flex"`` cannot
-        run this call.
+        Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]``. ``index_layout``: the call's keys sit
+        at their indices (default positions). Raises if a forced ``"flex"`` cannot run this call.
         """
         if self.family == "relative":
             return "explicit"
@@ -618,6 +690,7 @@ class Attention(nn.Module):
             or dropout_on
             or grad_on_cpu
             or q.dtype not in (torch.float32, torch.float16, torch.bfloat16)
+            or not (index_layout or getattr(self.encoding, "flex_any_positions", True))
             or not flex_available(q.device.type)
         ):
             return "sdpa"
@@ -628,17 +701,19 @@ class Attention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        q_positions: torch.Tensor,
+        positions: torch.Tensor,
         k_positions: torch.Tensor,
         attn_mask: torch.Tensor | None,
-        s: int,
-        t: int,
+        index_layout: bool,
     ) -> torch.Tensor:
         """FlexAttention: the bias (if any) as a ``score_mod``, the mask as a block mask."""
+        s, t = q.shape[2], k.shape[2]
         score_mod = None
         if self.family == "bias":
             assert self.encoding is not None
-            score_mod = cast(BiasFamily, self.encoding).score_mod(q_positions, k_positions)
+            score_mod = cast(BiasFamily, self.encoding).score_mod(
+                positions, k_positions, index_layout=index_layout
+            )
         block_mask = flex_block_mask(
             s, t, self.causal, attn_mask, q.shape[0], q.device, self.block_mask_cache
         )
@@ -658,7 +733,7 @@ class Attention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        q_positions: torch.Tensor,
+        positions: torch.Tensor,
         k_positions: torch.Tensor,
         keep: torch.Tensor | None,
     ) -> torch.Tensor:
@@ -667,7 +742,7 @@ class Attention(nn.Module):
         scores = (q @ k.transpose(-1, -2)) * self.scale  # [b, h, s, t]
         if self.family == "bias":
             assert self.encoding is not None
-            bias = cast(BiasFamily, self.encoding).bias(q_positions, k_positions)  # [(b,) h, s, t]
+            bias = cast(BiasFamily, self.encoding).bias(positions, k_positions)  # [(b,) h, s, t]
             scores = scores + bias.to(scores.dtype)
         probs = masked_softmax(scores, keep, self.dropout if self.training else 0.0)
         return probs @ v  # [b, h, s, d]
@@ -677,7 +752,7 @@ class Attention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        q_positions: torch.Tensor,
+        positions: torch.Tensor,
         k_positions: torch.Tensor,
         keep: torch.Tensor | None,
         s: int,
@@ -688,7 +763,7 @@ class Attention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if self.family == "bias":
             assert self.encoding is not None
-            bias = cast(BiasFamily, self.encoding).bias(q_positions, k_positions)  # [(b,) h, s, t]
+            bias = cast(BiasFamily, self.encoding).bias(positions, k_positions)  # [(b,) h, s, t]
             if keep is not None:
                 bias = bias.masked_fill(~keep, float("-inf"))
             return F.scaled_dot_product_attention(
@@ -704,6 +779,33 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=keep, dropout_p=dropout_p, scale=self.scale
         )
+
+
+def _encoding_family(encoding: nn.Module | None, backend: str) -> str:
+    """The family of ``encoding`` ("none" for None), checked against the backend."""
+    check_choice("backend", backend, ATTENTION_BACKENDS)
+    if encoding is not None and not hasattr(encoding, "family"):
+        raise TypeError(
+            f"encoding must be a posenc encoding with a 'family' attribute (one of "
+            f"{ENCODING_FAMILIES}), or None for NoPE; got {type(encoding).__name__}"
+        )
+    family = getattr(encoding, "family", "none") if encoding is not None else "none"
+    if family not in ENCODING_FAMILIES:
+        raise ValueError(f"encoding.family must be one of {ENCODING_FAMILIES}, got {family!r}")
+    if family == "relative" and backend in ("sdpa", "flex"):
+        raise ValueError(
+            f"backend {backend!r} cannot run a relative-family encoding (its position term "
+            "depends on the content, so it computes its own scores): use 'auto' or 'explicit'"
+        )
+    return str(family)
+
+
+def _check_seq_positions(p: torch.Tensor, name: str, b: int, n: int) -> torch.Tensor:
+    """Check ``p`` is integer ``[n]`` or ``[1|b, n]`` (values only where free)."""
+    p = check_positions(p, name, ranks=(1, 2))
+    if p.shape[-1] != n or (p.dim() == 2 and p.shape[0] not in (1, b)):
+        raise ValueError(f"{name} must be [{n}] or [{b}, {n}], got {list(p.shape)}")
+    return p
 
 
 def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:

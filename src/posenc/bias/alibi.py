@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ..attention import DeviceConstants
 from ..functional.bias import alibi_slopes, relative_position_matrix
-from .common import PositionBias, ScoreMod, check_pair, exact_buffer, per_head, position_reader
+from .common import PositionBias, ScoreMod, check_pair, per_head, position_reader
 
 
 class ALiBi(PositionBias):
@@ -22,26 +23,28 @@ class ALiBi(PositionBias):
     ) -> None:
         super().__init__(num_heads)
         self.causal = bool(causal)
-        # Recomputable, so non-persistent: state_dict stays empty.
-        self.register_buffer("slopes", alibi_slopes(num_heads).to(device), persistent=False)  # [h]
+        # Moves with the module, never cast (module.to(bfloat16) would round it); not in state_dict.
+        self.constants = DeviceConstants(slopes=alibi_slopes(num_heads)).to(device)  # [h] float32
 
-    def _slopes(self) -> torch.Tensor:
-        slopes: torch.Tensor = self.slopes  # type: ignore[assignment]
-        return exact_buffer(slopes, lambda: alibi_slopes(self.num_heads))  # [h]
+    def slopes(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The head slopes ``m_h`` on ``device``, float32 ``[h]``."""
+        return self.constants.get("slopes", torch.device(device))
 
-    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(q_positions, k_positions)
+        q, k = check_pair(positions, k_positions)
         rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]: j - i
-        m = self._slopes().to(rel.device).view(-1, *([1] * rel.dim()))  # [h, 1, 1(, 1)]
+        m = self.slopes(rel.device).view(-1, *([1] * rel.dim()))  # [h, 1, 1(, 1)]
         dist = rel.float()  # exact for |j - i| < 2**24
         out = m * dist if self.causal else -m * dist.abs()  # [h, s, t] or [h, b, s, t]
         return per_head(out, rel)
 
-    def score_mod(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> ScoreMod:
-        q, k = check_pair(q_positions, k_positions)
+    def score_mod(
+        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
+    ) -> ScoreMod:
+        q, k = check_pair(positions, k_positions)
         read_q, read_k = position_reader(q), position_reader(k)
-        slopes = self._slopes().to(q.device)
+        slopes = self.slopes(q.device)
         causal = self.causal
 
         def alibi(

@@ -4,10 +4,14 @@
   float mask and for the explicit path.
 * :meth:`PositionBias.score_mod` returns a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)``
   that computes one entry at a time from small tensors: the position vectors
-  (``q_positions[q_idx]``, ``k_positions[kv_idx]``) and per-head parameters or per-distance
-  tables of size ``O(s + t)``. It never builds an ``[h, s, t]`` bias.
+  (``positions[q_idx]``, ``k_positions[kv_idx]``), per-head parameters, tables indexed by query
+  or key index (``O(s + t)``) or by clamped distance (a size fixed at construction). It never
+  builds an ``[h, s, t]`` bias.
 
 Both read integer positions, so KV-cache offsets, left padding and packing work unchanged.
+``positions`` are the queries' and ``k_positions`` the keys' (the names every family uses).
+Neither reads position values back to the host (no ``.item()``, ``.max()``): no table is
+sized by a position value, so they trace into one graph and capture into CUDA graphs.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_positions, check_positive_int
+from .._checks import check_positions, check_positive_int, check_values
 
 ScoreMod = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
@@ -27,10 +31,10 @@ PositionReader = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def check_pair(
-    q_positions: torch.Tensor, k_positions: torch.Tensor
+    positions: torch.Tensor, k_positions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate query/key positions: integer, ``[s]`` or ``[b, s]``, batch sizes that broadcast."""
-    q = check_positions(q_positions, "q_positions", ranks=(1, 2))
+    q = check_positions(positions, "positions", ranks=(1, 2))
     k = check_positions(k_positions, "k_positions", ranks=(1, 2))
     if (
         q.dim() == 2
@@ -39,10 +43,26 @@ def check_pair(
         and 1 not in (q.shape[0], k.shape[0])
     ):
         raise ValueError(
-            "q_positions [b, s] and k_positions [b, t] must have the same batch size (or 1), got "
+            "positions [b, s] and k_positions [b, t] must have the same batch size (or 1), got "
             f"{list(q.shape)} and {list(k.shape)}"
         )
     return q, k
+
+
+def check_index_layout(positions: torch.Tensor, k_positions: torch.Tensor) -> None:
+    """Check the index-layout promise (``k_positions = c + arange(t)``, ``positions`` the last
+    ``s`` of them) where that is free (eager CPU; a device assertion elsewhere, skipped under
+    torch.compile). Shapes: ``[s]|[b, s]``, ``[t]|[b, t]``."""
+    s, t = positions.shape[-1], k_positions.shape[-1]
+    if s > t:
+        raise ValueError(f"the index layout has s <= t (queries are the last keys), got {s} > {t}")
+    if t == 0:
+        return
+    expected = k_positions[..., :1] + torch.arange(t, device=k_positions.device)  # [(b,) t]
+    ok = (k_positions == expected).all() & (positions == expected[..., t - s :]).all()
+    check_values(
+        ok, lambda: "index_layout=True needs k_positions = c + arange(t) and positions their last s"
+    )
 
 
 def position_reader(positions: torch.Tensor) -> PositionReader:
@@ -67,6 +87,15 @@ def position_reader(positions: torch.Tensor) -> PositionReader:
     return read_2d
 
 
+def column_readers(table: torch.Tensor) -> list[PositionReader]:
+    """One :func:`position_reader` per column of a table with a row per query (or key) index.
+
+    Shapes: ``table [n, w]`` or ``[b, n, w]`` -> ``w`` readers ``read(b, idx) -> table[.., idx, c]``
+    (a ``score_mod`` indexes 1-D or 2-D tensors by index tensors only).
+    """
+    return [position_reader(table[..., c].contiguous()) for c in range(table.shape[-1])]
+
+
 class PositionBias(nn.Module):
     """Base class of the content-free biases (``family = "bias"``).
 
@@ -74,34 +103,33 @@ class PositionBias(nn.Module):
     """
 
     family: ClassVar[str] = "bias"
+    # Whether Attention's backend="auto" may take FlexAttention for any positions; False when
+    # the score_mod is fast only in the index layout (Sandwich).
+    flex_any_positions: ClassVar[bool] = True
 
     def __init__(self, num_heads: int) -> None:
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
 
-    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Shapes: ``q_positions [s]|[b, s]``, ``k_positions [t]|[b, t]`` -> ``[h, s, t]`` or
-        ``[b, h, s, t]`` float32 (batched when either position tensor is)."""
+    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """Shapes: ``positions [s]|[b, s]`` (queries), ``k_positions [t]|[b, t]`` (keys) ->
+        ``[h, s, t]`` or ``[b, h, s, t]`` float32 (batched when either position tensor is)."""
         raise NotImplementedError
 
-    def score_mod(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> ScoreMod:
-        """A FlexAttention ``score_mod`` adding the same bias entry by entry (no ``[h, s, t]``)."""
+    def score_mod(
+        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
+    ) -> ScoreMod:
+        """A FlexAttention ``score_mod`` adding the same bias entry by entry (no ``[h, s, t]``).
+
+        ``index_layout``: the caller promises the index layout (``k_positions = c + arange(t)``,
+        ``positions`` their last ``s``), known from how the call was made, never from the
+        values; an encoding may then index by ``q_idx``/``kv_idx`` instead of positions.
+        """
         raise NotImplementedError
 
-    def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        return self.bias(q_positions, k_positions)
-
-
-def exact_buffer(buffer: torch.Tensor, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """A recomputable float buffer in at least float32.
-
-    ``module.to(torch.bfloat16)`` casts buffers too, and a bf16 slope or distance table would
-    shift every bias (a Sandwich entry near -64 by up to 0.25); recompute it then.
-    """
-    if buffer.dtype in (torch.float32, torch.float64):
-        return buffer
-    return make().to(buffer.device, torch.float32)
+        return self.bias(positions, k_positions)
 
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:

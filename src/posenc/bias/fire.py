@@ -50,9 +50,9 @@ class FIRE(PositionBias):
         """The learned threshold ``L`` (a scalar tensor)."""
         return torch.abs(self.L_multiplier * self.init_threshold)
 
-    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(q_positions, k_positions)
+        q, k = check_pair(positions, k_positions)
         dtype = torch.promote_types(self.c.dtype, torch.float32)
         dist = -relative_position_matrix(q, k).to(dtype)  # [(b,) s, t]: i - j
         qpos = q.to(dtype)[..., :, None]  # [(b,) s, 1]
@@ -60,8 +60,10 @@ class FIRE(PositionBias):
         out = self.mlp(x.unsqueeze(-1).to(self.c.dtype))  # [(b,) s, t, h]
         return out.movedim(-1, -3).to(dtype)  # [(b,) h, s, t]
 
-    def score_mod(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> ScoreMod:
-        q, k = check_pair(q_positions, k_positions)
+    def score_mod(
+        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
+    ) -> ScoreMod:
+        q, k = check_pair(positions, k_positions)
         read_q, read_k = position_reader(q), position_reader(k)
         lin1, lin2 = self.mlp[0], self.mlp[2]
         assert isinstance(lin1, nn.Linear) and isinstance(lin2, nn.Linear)

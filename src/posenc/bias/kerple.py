@@ -77,16 +77,18 @@ class KERPLE(PositionBias):
         self.r1.clamp_(min=self.eps)
         self.r2.clamp_(min=self.eps, max=self._r2_max)
 
-    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(q_positions, k_positions)
+        q, k = check_pair(positions, k_positions)
         rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]
         r1, r2 = (at_least_float32(p) for p in self.constrained())  # [h] each
         kernel = kerple_log_bias if self.variant == "log" else kerple_power_bias
         return per_head(kernel(rel, r1, r2), rel)  # [h, (b,) s, t] -> [(b,) h, s, t]
 
-    def score_mod(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> ScoreMod:
-        q, k = check_pair(q_positions, k_positions)
+    def score_mod(
+        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
+    ) -> ScoreMod:
+        q, k = check_pair(positions, k_positions)
         read_q, read_k = position_reader(q), position_reader(k)
         r1, r2 = (p.float() for p in self.constrained())  # [h] each
         log = self.variant == "log"

@@ -5,8 +5,16 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_positive_int
-from ..functional.bias import relative_position_matrix, sandwich_distance_table
-from .common import PositionBias, ScoreMod, check_pair, exact_buffer, per_head, position_reader
+from ..attention import DeviceConstants
+from ..functional.bias import sandwich_distance_table, sandwich_embedding
+from .common import (
+    PositionBias,
+    ScoreMod,
+    check_index_layout,
+    check_pair,
+    column_readers,
+    per_head,
+)
 
 
 class Sandwich(PositionBias):
@@ -16,10 +24,22 @@ class Sandwich(PositionBias):
     :func:`~posenc.functional.bias.sandwich_distance_table`), compressed per head by ALiBi's
     ratios ``8h/H`` (``h = 1..H``) so that heads decay at different rates. No parameters.
 
-    The distance table (float64 formula, stored float32) for distances below ``cache_len`` is a
-    non-persistent buffer; longer distances extend it on the fly, rounded up to a multiple of
-    ``cache_len`` so a compiled FlexAttention kernel sees few distinct table sizes.
+    Costs follow ``s * t``, never the position values (a table indexed by distance would be as
+    long as the largest position, and sizing it would read the positions back to the host):
+
+    * :meth:`bias` computes it as what it is, a dot product ``e(i) . e(j) - d'/2`` of the
+      embeddings ``e [*, d']`` of the query and key positions
+      (:func:`~posenc.functional.bias.sandwich_embedding`): one ``[s, d'] @ [d', t]`` product.
+    * :meth:`score_mod` in the index layout (the default positions of a plain, cached or
+      memory call) reads a table by *index* distance ``|t - s + q_idx - kv_idx| < t``: one
+      gather per entry. The first ``cache_len`` distances are computed once (float64 formula,
+      stored float32); longer calls build a ``[t]`` table on the device. Other positions take
+      the dot product unrolled per entry (``d'`` multiply-adds: exact but slower, and a slow
+      kernel compile, so ``backend="auto"`` keeps such calls on SDPA).
     """
+
+    # FlexAttention's "auto" choice: only in the index layout (class docstring).
+    flex_any_positions = False
 
     def __init__(
         self,
@@ -33,44 +53,68 @@ class Sandwich(PositionBias):
         self.d_prime, self.base = d_prime, float(base)
         self.cache_len = check_positive_int("cache_len", cache_len)
         table = sandwich_distance_table(cache_len - 1, d_prime, base).float()  # validates d_prime
-        # Recomputable, so non-persistent: state_dict stays empty.
-        self.register_buffer("table", table.to(device), persistent=False)  # [cache_len]
-        self.register_buffer("inv_ratio", self._inv_ratio().to(device), persistent=False)  # [h]
+        # 1 / r_h with ALiBi's compression ratios r_h = 8h/H, h = 1..H. Both move with the
+        # module, never cast (module.to(bfloat16) would round them); not in state_dict.
+        ratio = 8.0 * torch.arange(1, num_heads + 1, dtype=torch.float64) / num_heads
+        inv_ratio = (1.0 / ratio).float()  # [h]
+        self.constants = DeviceConstants(inv_ratio=inv_ratio, table=table).to(device)
 
-    def _inv_ratio(self) -> torch.Tensor:
-        """``1 / r_h`` with ALiBi's compression ratios ``r_h = 8h/H``, ``h = 1..H``, float32."""
-        ratio = 8.0 * torch.arange(1, self.num_heads + 1, dtype=torch.float64) / self.num_heads
-        return (1.0 / ratio).float()
+    def inv_ratio(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``1 / r_h`` on ``device``, float32 ``[h]``."""
+        return self.constants.get("inv_ratio", torch.device(device))
 
-    def distance_table(self, max_distance: int, device: torch.device) -> torch.Tensor:
-        """Head-independent bias for ``|i - j| = 0 .. >= max_distance``, float32 ``[n]``."""
-        table: torch.Tensor = self.table  # type: ignore[assignment]
-        if max_distance < table.shape[0]:
-            return exact_buffer(table, lambda: self._table(table.shape[0])).to(device)
-        n = -(-(max_distance + 1) // self.cache_len) * self.cache_len  # round up
-        return self._table(n).to(device)
+    def distance_table(self, n: int, device: torch.device) -> torch.Tensor:
+        """Head-independent bias of the distances ``0 .. n - 1``, float32 ``[>= n]``, on ``device``."""
+        if n <= self.cache_len:
+            return self.constants.get("table", device)  # [cache_len]
+        return sandwich_distance_table(n - 1, self.d_prime, self.base, device).float()  # [n]
 
-    def _table(self, n: int) -> torch.Tensor:
-        return sandwich_distance_table(n - 1, self.d_prime, self.base).float()  # [n]
+    def embedding(
+        self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """Shapes: ``positions [*]`` -> ``e [*, d']`` (``e(i) . e(j) - d'/2 = B(i - j)``)."""
+        return sandwich_embedding(positions, self.d_prime, self.base, dtype)
 
-    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(q_positions, k_positions)
-        dist = relative_position_matrix(q, k).abs()  # [(b,) s, t]
-        max_distance = int(dist.max()) if dist.numel() else 0
-        table = self.distance_table(max_distance, dist.device)
-        inv_ratio = exact_buffer(self.inv_ratio, self._inv_ratio)  # type: ignore[arg-type]
-        shared = table[dist]  # [(b,) s, t]
-        ratio = inv_ratio.to(dist.device).view(-1, *([1] * dist.dim()))  # [h, 1, 1(, 1)]
-        return per_head(ratio * shared, dist)  # [(b,) h, s, t]
+        q, k = check_pair(positions, k_positions)
+        # float64: a float32 product of d' terms near 1 minus d'/2 loses ~15x the float32
+        # rounding of the result (3e-5 at d' = 128); float64 makes it the rounding alone.
+        eq, ek = self.embedding(q, torch.float64), self.embedding(k, torch.float64)
+        # [(b,) s, d'] @ [(b,) d', t] -> [(b,) s, t]; a [1, *] side broadcasts like the positions.
+        shared = (eq @ ek.transpose(-1, -2) - self.d_prime // 2).float()
+        ratio = self.inv_ratio(shared.device).view(-1, *([1] * shared.dim()))  # [h, 1, 1(, 1)]
+        return per_head(ratio * shared, shared)  # [h, (b,) s, t] -> [(b,) h, s, t]
 
-    def score_mod(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> ScoreMod:
-        q, k = check_pair(q_positions, k_positions)
-        read_q, read_k = position_reader(q), position_reader(k)
-        # Positions are non-negative, so |i - j| <= max position: one O(max position) table.
-        max_distance = max(int(q.max()) if q.numel() else 0, int(k.max()) if k.numel() else 0)
-        table = self.distance_table(max_distance, q.device)  # [n]
-        inv_ratio = exact_buffer(self.inv_ratio, self._inv_ratio).to(q.device)  # type: ignore[arg-type]
+    def score_mod(
+        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
+    ) -> ScoreMod:
+        q, k = check_pair(positions, k_positions)
+        inv_ratio = self.inv_ratio(q.device)  # [h]
+        if index_layout:
+            check_index_layout(q, k)
+            s, t = q.shape[-1], k.shape[-1]
+            table = self.distance_table(t, q.device)  # [>= t]: index distances are < t
+            offset = t - s  # query q_idx sits at key index q_idx + offset
+
+            def sandwich_by_index(
+                score: torch.Tensor,
+                b: torch.Tensor,
+                h: torch.Tensor,
+                qi: torch.Tensor,
+                ki: torch.Tensor,
+            ) -> torch.Tensor:
+                shared = table[(qi + offset - ki).abs()]
+                return score + (shared * inv_ratio[h]).to(score.dtype)
+
+            return sandwich_by_index
+        return self._dot_score_mod(q, k, inv_ratio)
+
+    def _dot_score_mod(self, q: torch.Tensor, k: torch.Tensor, inv_ratio: torch.Tensor) -> ScoreMod:
+        """The score_mod for any positions: the embeddings' dot product, entry by entry."""
+        # Embeddings by query and key index: O((s + t) d') whatever the position values.
+        read_q, read_k = column_readers(self.embedding(q)), column_readers(self.embedding(k))
+        half = self.d_prime // 2
 
         def sandwich(
             score: torch.Tensor,
@@ -79,8 +123,19 @@ class Sandwich(PositionBias):
             qi: torch.Tensor,
             ki: torch.Tensor,
         ) -> torch.Tensor:
-            dist = (read_k(b, ki) - read_q(b, qi)).abs()
-            return score + (table[dist] * inv_ratio[h]).to(score.dtype)
+            # The dot product unrolled (score_mod sees one scalar entry at a time, and a fused
+            # kernel loads scalars), one term cos(i f_k) cos(j f_k) + sin sin - 1 = cos((i - j)
+            # f_k) - 1 per frequency, summed pairwise: float32 error ~4 ulp instead of ~15.
+            terms = [
+                read_q[c](b, qi) * read_k[c](b, ki)
+                + read_q[c + half](b, qi) * read_k[c + half](b, ki)
+                - 1.0
+                for c in range(half)
+            ]
+            while len(terms) > 1:
+                pairs = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)]
+                terms = pairs + terms[len(terms) - len(terms) % 2 :]
+            return score + (terms[0] * inv_ratio[h]).to(score.dtype)
 
         return sandwich
 

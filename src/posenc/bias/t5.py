@@ -43,9 +43,9 @@ class T5RelativeBias(PositionBias):
     def _buckets(self, rel: torch.Tensor) -> torch.Tensor:
         return t5_relative_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
 
-    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(q_positions, k_positions)
+        q, k = check_pair(positions, k_positions)
         rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]
         values = self.relative_attention_bias(self._buckets(rel))  # [(b,) s, t, h]
         return at_least_float32(values.movedim(-1, -3))  # [(b,) h, s, t]
@@ -62,8 +62,10 @@ class T5RelativeBias(PositionBias):
         rel = torch.arange(-m, m + 1, device=weight.device)  # [2m + 1]
         return at_least_float32(weight[self._buckets(rel)].t())  # [h, 2m + 1]
 
-    def score_mod(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> ScoreMod:
-        q, k = check_pair(q_positions, k_positions)
+    def score_mod(
+        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
+    ) -> ScoreMod:
+        q, k = check_pair(positions, k_positions)
         read_q, read_k = position_reader(q), position_reader(k)
         table = self.distance_table()  # [h, 2m + 1]: O(max_distance), not O(s * t)
         m = self.max_distance

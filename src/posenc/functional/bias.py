@@ -30,17 +30,20 @@ __all__ = [
     "kerple_power_bias",
     "relative_position_matrix",
     "sandwich_distance_table",
+    "sandwich_embedding",
+    "sandwich_inv_freq",
     "t5_relative_bucket",
 ]
 
 
-def relative_position_matrix(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+def relative_position_matrix(positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
     """``key - query`` for every (query, key) pair, int64.
 
-    Shapes: ``q_positions [s]`` and ``k_positions [t]`` -> ``[s, t]``; if either is ``[b, *]``
-    (``[1, *]`` broadcasts) -> ``[b, s, t]``. Entry ``[.., i, j] = k_positions[j] - q_positions[i]``.
+    Shapes: ``positions [s]`` (queries) and ``k_positions [t]`` (keys) -> ``[s, t]``; if either is
+    ``[b, *]`` (``[1, *]`` broadcasts) -> ``[b, s, t]``. Entry
+    ``[.., i, j] = k_positions[j] - positions[i]``.
     """
-    q = check_positions(q_positions, "q_positions", ranks=(1, 2))
+    q = check_positions(positions, "positions", ranks=(1, 2))
     k = check_positions(k_positions, "k_positions", ranks=(1, 2))
     if (
         q.dim() == 2
@@ -49,7 +52,7 @@ def relative_position_matrix(q_positions: torch.Tensor, k_positions: torch.Tenso
         and 1 not in (q.shape[0], k.shape[0])
     ):
         raise ValueError(
-            "q_positions and k_positions must have the same batch size (or 1), got "
+            "positions and k_positions must have the same batch size (or 1), got "
             f"{list(q.shape)} and {list(k.shape)}"
         )
     q, k = q.long(), k.long()
@@ -217,7 +220,7 @@ def kerple_power_bias(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor
 
 
 def fire_normalized_distance(
-    q_pos: torch.Tensor,
+    positions: torch.Tensor,
     distance: torch.Tensor,
     c: torch.Tensor,
     threshold: torch.Tensor,
@@ -225,32 +228,68 @@ def fire_normalized_distance(
 ) -> torch.Tensor:
     """FIRE's input ``psi(i - j) / psi(max(L, i))`` with ``psi(x) = log(|c x| + 1)`` (Li et al., 2024).
 
-    ``q_pos`` is the query position ``i`` and ``distance`` is ``i - j`` (broadcastable float
+    ``positions`` is the query position ``i`` and ``distance`` is ``i - j`` (broadcastable float
     tensors); ``c`` and the threshold ``L`` are scalars. ``eps`` keeps the denominator positive.
     """
     num = torch.log(torch.abs(c * distance) + 1)
-    den = torch.log(torch.abs(c * torch.maximum(q_pos, threshold)) + 1) + eps
+    den = torch.log(torch.abs(c * torch.maximum(positions, threshold)) + 1) + eps
     return num / den
 
 
 # --- Sandwich ----------------------------------------------------------------------------------
 
 
-def sandwich_distance_table(max_distance: int, d_prime: int, base: float = 10000.0) -> torch.Tensor:
+def sandwich_inv_freq(
+    d_prime: int, base: float = 10000.0, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Sandwich's ``d'/2`` frequencies ``base ** (-2k / d')`` for ``k = 1 .. d'/2``, float64.
+
+    ``k`` starts at 1: ``k = 0`` would add the constant ``cos(0) = 1`` to every entry. Computed
+    on ``device`` (no host-to-device copy: capture-safe).
+    """
+    check_positive_int("d_prime", d_prime)
+    if d_prime % 2:
+        raise ValueError(f"d_prime must be even for Sandwich (d'/2 frequencies), got {d_prime}")
+    k = torch.arange(1, d_prime // 2 + 1, dtype=torch.float64, device=device)
+    return base ** (-2.0 * k / d_prime)  # [d'/2]
+
+
+def sandwich_distance_table(
+    max_distance: int,
+    d_prime: int,
+    base: float = 10000.0,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
     """Sandwich's head-independent bias for distances ``0 .. max_distance``, float64 ``[max_distance + 1]``.
 
     ``B(r) = sum_{k=1}^{d'/2} cos(r / base^(2k/d')) - d'/2`` (Chi et al., 2023): the dot product
     of two sinusoidal embeddings ``p_m . p_n`` depends on ``r = m - n`` only, and subtracting
     ``d'/2`` makes it 0 at ``r = 0`` and negative elsewhere. Even in ``r``, so a table over
     ``|r|`` serves both directions. Each head then divides it by its compression ratio.
+    Computed on ``device``. For positions in general the module computes the same sum as a dot
+    product of :func:`sandwich_embedding` s, whose cost does not depend on the position values.
     """
-    check_positive_int("d_prime", d_prime)
-    if d_prime % 2:
-        raise ValueError(f"d_prime must be even for Sandwich (d'/2 frequencies), got {d_prime}")
+    inv_freq = sandwich_inv_freq(d_prime, base, device)  # [d'/2], validates d_prime
     if max_distance < 0:
         raise ValueError(f"max_distance must be >= 0, got {max_distance}")
-    half = d_prime // 2
-    # k = 1 .. d'/2 (k = 0 would add the constant cos(0) = 1).
-    inv_freq = base ** (-2.0 * torch.arange(1, half + 1, dtype=torch.float64) / d_prime)  # [d'/2]
-    r = torch.arange(max_distance + 1, dtype=torch.float64)
-    return torch.cos(r[:, None] * inv_freq).sum(-1) - half  # [max_distance + 1]
+    r = torch.arange(max_distance + 1, dtype=torch.float64, device=device)
+    return torch.cos(r[:, None] * inv_freq).sum(-1) - d_prime // 2  # [max_distance + 1]
+
+
+def sandwich_embedding(
+    positions: torch.Tensor,
+    d_prime: int,
+    base: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The sinusoidal embedding whose dot products are Sandwich's bias, ``[*] -> [*, d']``.
+
+    ``e(p) = [cos(p f_1) .. cos(p f_{d'/2}) | sin(p f_1) .. sin(p f_{d'/2})]`` with ``f_k`` from
+    :func:`sandwich_inv_freq`, so that ``e(m) . e(n) = sum_k cos((m - n) f_k)``
+    (``cos a cos b + sin a sin b = cos(a - b)``) and ``B(m - n) = e(m) . e(n) - d'/2``. Angles in
+    float64 from the integer positions, rounded once to ``dtype``.
+    """
+    positions = check_positions(positions, allow_negative=True)
+    inv_freq = sandwich_inv_freq(d_prime, base, positions.device)  # [d'/2]
+    angles = positions.to(torch.float64)[..., None] * inv_freq  # [*, d'/2]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).to(dtype)  # [*, d']

@@ -108,9 +108,9 @@ class DeBERTaRelative(RelativeEncoding):
         """``1 + `` the number of position terms (DeBERTa's ``scale_factor``)."""
         return 1 + len(self.pos_att_type)
 
-    def relative_index(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    def relative_index(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Row of the relative table for each pair: ``[s, t]`` or ``[b, s, t]`` in ``[0, 2 span)``."""
-        rel = -relative_position_matrix(q_positions, k_positions)  # [(b,) s, t]: i - j
+        rel = -relative_position_matrix(positions, k_positions)  # [(b,) s, t]: i - j
         if self.position_buckets > 0:
             rel = deberta_log_bucket(rel, self.position_buckets, self.max_relative_positions)
         return (rel + self.span).clamp(0, 2 * self.span - 1)
@@ -142,15 +142,16 @@ class DeBERTaRelative(RelativeEncoding):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        index_layout: bool = False,
         mask: torch.Tensor | None = None,
         scale: float | None = None,
         dropout_p: float = 0.0,
         attention: nn.Module | None = None,
     ) -> torch.Tensor:
         """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``."""
-        qp, kp = check_attend_inputs(q, k, v, q_positions, k_positions)
+        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout)
         b, h, _, d = q.shape
         if d != self.head_dim:
             raise ValueError(f"q's head_dim must be {self.head_dim}, got {d}")

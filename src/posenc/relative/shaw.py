@@ -46,15 +46,16 @@ class ShawRelative(RelativeEncoding):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        index_layout: bool = False,
         mask: torch.Tensor | None = None,
         scale: float | None = None,
         dropout_p: float = 0.0,
         attention: nn.Module | None = None,
     ) -> torch.Tensor:
         """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``."""
-        qp, kp = check_attend_inputs(q, k, v, q_positions, k_positions)
+        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout)
         b, h, s, d = q.shape
         if d != self.head_dim:
             raise ValueError(f"q's head_dim must be {self.head_dim}, got {d}")

@@ -8,11 +8,10 @@ import torch
 from torch import nn
 
 from .._checks import check_positive_int, resolve_head_dim
-from ..attention import repeat_kv
-from ..functional.bias import relative_position_matrix
+from ..attention import DeviceConstants, repeat_kv
 from ..functional.relative import rel_shift
 from ..functional.sinusoidal import sinusoidal_inv_freq
-from .common import RelativeEncoding, batch_heads, check_attend_inputs, softmax_probs
+from .common import RelativeEncoding, check_attend_inputs, softmax_probs
 
 
 class TransformerXLRelative(RelativeEncoding):
@@ -26,12 +25,23 @@ class TransformerXLRelative(RelativeEncoding):
     Segment recurrence is in :class:`~posenc.attention.Attention`: ``memory`` (the previous
     segment's layer input) is prepended to the keys and values, detached.
 
-    The position term is computed once per distance, ``(q + v) . W_R R`` for every distance,
-    ``[b, h, s, L]``, and moved into place with the rel-shift trick
-    (:func:`~posenc.functional.relative.rel_shift`) when positions are contiguous (the usual
-    case, with or without memory or cache); other positions (``[b, s]``, packing, gaps) take
-    a gather over the same per-distance scores. A causal module only computes the distances
-    ``>= 0`` that its mask keeps.
+    The position term ``(q_i + v) . W_R R_{i-j}`` is computed one of two ways, both exact and
+    neither reading position values (so one traced graph and CUDA-graph capture serve any
+    positions), with costs that follow ``s`` and ``t`` only:
+
+    * **rel-shift** (the paper's), for the index layout (``index_layout=True`` or no
+      positions: keys ``c .. c + t - 1``, queries the last ``s``): ``(q + v) . W_R R`` for each
+      of the ``L``
+      distances (``L = s + t - 1``, or ``t`` when causal: only distances ``>= 0`` are kept),
+      ``[b, h, s, L]``, moved into place by
+      :func:`~posenc.functional.relative.rel_shift`. Costs ``L dim^2 + b h s L d``.
+    * **angle addition**, for any positions: ``sin((p_i - p_j) f)`` and ``cos((p_i - p_j) f)``
+      expand into products of ``sin``/``cos`` of ``p_i f`` and ``p_j f``, so the term is a
+      product ``[b, h, s, dim] @ [dim, t]`` (:meth:`position_scores`). Costs
+      ``b h s t dim``; cheaper for decoding (``s = 1``), where rel-shift projects all ``t``
+      distances per step.
+
+    The index layout takes whichever costs less (a rule on shapes, :func:`rel_shift_is_cheaper`).
     """
 
     def __init__(
@@ -55,19 +65,59 @@ class TransformerXLRelative(RelativeEncoding):
         self.r_net = nn.Linear(dim, num_heads * head_dim, bias=False, **kw)  # type: ignore[arg-type]
         self.r_w_bias = nn.Parameter(torch.randn(num_heads, head_dim, **kw) * init_std)  # type: ignore[arg-type]
         self.r_r_bias = nn.Parameter(torch.randn(num_heads, head_dim, **kw) * init_std)  # type: ignore[arg-type]
+        # The dim/2 frequencies of R, float64: moves with the module, never cast.
+        inv_freq = sinusoidal_inv_freq(dim, self.base, "concat")  # [dim/2]
+        self.constants = DeviceConstants(inv_freq=inv_freq).to(device)
+
+    def _angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """Shapes: ``[*]`` integer -> ``r f [*, dim/2]`` float64."""
+        inv_freq = self.constants.get("inv_freq", positions.device)  # [dim/2]
+        return positions.to(torch.float64)[..., None] * inv_freq  # [*, dim/2]
 
     def sinusoid(self, distances: torch.Tensor) -> torch.Tensor:
         """Shapes: ``distances [L]`` (integer, any sign) -> ``R [L, dim]`` ``[sin | cos]``.
 
-        Angles in float64, rounded once to the projection's dtype. The ``dim / 2`` frequencies
-        are recomputed per call rather than kept in a buffer, which ``module.to(bfloat16)`` would
-        round.
+        Angles in float64, rounded once to the projection's dtype.
         """
-        inv_freq = sinusoidal_inv_freq(self.dim, self.base, "concat").to(distances.device)
-        angles = distances.to(torch.float64)[:, None] * inv_freq  # [L, dim/2]
-        return torch.cat((angles.sin(), angles.cos()), dim=-1).to(
-            self.r_net.weight.dtype
-        )  # [L, dim]
+        angles = self._angles(distances)  # [L, dim/2]
+        return torch.cat((angles.sin(), angles.cos()), dim=-1).to(self.r_net.weight.dtype)
+
+    def position_scores(
+        self, qv: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """``(q_i + v) . W_R R_{p_i - p_j}`` for any positions, by angle addition.
+
+        Shapes: ``qv = q + v [b, h, s, d]``, ``positions [s]|[b, s]``, ``k_positions [t]|[b, t]``
+        -> ``[b, h, s, t]``. With ``[a | c] = (q + v) W_R`` (the coefficients of ``sin`` and
+        ``cos`` in ``R``), ``a sin(x - y) + c cos(x - y) = cos y (a sin x + c cos x)
+        + sin y (c sin x - a cos x)``: a product of a query side and a key side.
+        """
+        h, d = self.num_heads, self.head_dim
+        dtype = self.r_net.weight.dtype
+        w = self.r_net.weight.view(h, d, self.dim)  # [h, d, dim]
+        a, c = (qv @ w).chunk(2, dim=-1)  # [b, h, s, d] @ [h, d, dim] -> 2 x [b, h, s, dim/2]
+        ang_q = self._angles(positions)  # [(b,) s, dim/2]
+        ang_q = ang_q[:, None] if ang_q.dim() == 3 else ang_q  # [b, 1, s, dim/2] or [s, dim/2]
+        cos_q, sin_q = ang_q.cos().to(dtype), ang_q.sin().to(dtype)
+        query = torch.cat((a * sin_q + c * cos_q, c * sin_q - a * cos_q), dim=-1)  # [b, h, s, dim]
+        ang_k = self._angles(k_positions)  # [(b,) t, dim/2]
+        ang_k = ang_k[:, None] if ang_k.dim() == 3 else ang_k  # [b, 1, t, dim/2] or [t, dim/2]
+        key = torch.cat((ang_k.cos(), ang_k.sin()), dim=-1).to(dtype)  # [(b, 1,) t, dim]
+        return query @ key.transpose(-1, -2)  # [b, h, s, t]
+
+    def rel_shift_scores(self, qv: torch.Tensor, t: int, causal: bool) -> torch.Tensor:
+        """``(q_i + v) . W_R R_{i-j}`` for the index layout, by rel-shift.
+
+        Shapes: ``qv = q + v [b, h, s, d]`` -> ``[b, h, s, t]``; query ``i`` sits at key index
+        ``t - s + i``. ``causal``: entries above the causal diagonal are garbage (masked).
+        """
+        s, h, d = qv.shape[2], self.num_heads, self.head_dim
+        # Distances t-1 down to 1-s (or to 0 when causal): column c is distance t - 1 - c.
+        last = 0 if causal else 1 - s
+        distances = torch.arange(t - 1, last - 1, -1, device=qv.device)  # [L]
+        r = self.r_net(self.sinusoid(distances))  # [L, h*d]
+        r = r.view(-1, h, d).transpose(0, 1)  # [h, L, d]
+        return rel_shift(qv @ r.transpose(-1, -2), t)  # [b, h, s, L] -> [b, h, s, t]
 
     def attend(
         self,
@@ -75,8 +125,9 @@ class TransformerXLRelative(RelativeEncoding):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        index_layout: bool = False,
         mask: torch.Tensor | None = None,
         scale: float | None = None,
         dropout_p: float = 0.0,
@@ -84,10 +135,12 @@ class TransformerXLRelative(RelativeEncoding):
     ) -> torch.Tensor:
         """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``.
 
-        ``attention.causal`` (if given and True) promises that ``mask`` hides keys after the
+        ``index_layout`` (or both positions None): the index layout, module docstring of
+        :mod:`posenc.relative` (rel-shift when cheaper). ``attention.causal`` (if given and True) promises that ``mask`` hides keys after the
         query by index; only then are negative distances skipped.
         """
-        qp, kp = check_attend_inputs(q, k, v, q_positions, k_positions)
+        index_layout = index_layout or (positions is None and k_positions is None)
+        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout)
         b, h, s, d = q.shape
         if (h, d) != (self.num_heads, self.head_dim):
             raise ValueError(
@@ -98,24 +151,12 @@ class TransformerXLRelative(RelativeEncoding):
         k, v = repeat_kv(k, h), repeat_kv(v, h)  # [b, h, t, d]
         causal = bool(getattr(attention, "causal", False)) and mask is not None
 
-        contiguous = _contiguous(qp, kp)
-        if contiguous:
-            # Distances t-1 down to 1-s (or to 0 when causal): column c is distance t - 1 - c.
-            last = 0 if causal else 1 - s
-            distances = torch.arange(t - 1, last - 1, -1, device=q.device)  # [L]
-        else:
-            rel = -relative_position_matrix(qp, kp)  # [(b,) s, t]: i - j
-            lo, hi = (int(x) for x in torch.stack((rel.min(), rel.max())).tolist())
-            distances = torch.arange(hi, lo - 1, -1, device=q.device)  # [L], column c = hi - c
-        r = self.r_net(self.sinusoid(distances))  # [L, h*d]
-        r = r.view(-1, h, d).transpose(0, 1)  # [h, L, d]
-
         content = (q + self.r_w_bias[:, None, :]) @ k.transpose(-1, -2)  # [b, h, s, t]
-        by_distance = (q + self.r_r_bias[:, None, :]) @ r.transpose(-1, -2)  # [b, h, s, L]
-        if contiguous:
-            position = rel_shift(by_distance, t)  # [b, h, s, t]
+        qv = q + self.r_r_bias[:, None, :]  # [b, h, s, d]
+        if index_layout and rel_shift_is_cheaper(b, h, s, t, d, self.dim, causal):
+            position = self.rel_shift_scores(qv, t, causal)  # [b, h, s, t]
         else:
-            position = by_distance.gather(-1, batch_heads(hi - rel, b, h))  # [b, h, s, t]
+            position = self.position_scores(qv, qp, kp)  # [b, h, s, t]
         probs = softmax_probs((content + position) * scale, mask, dropout_p)
         return probs @ v  # [b, h, s, d]
 
@@ -123,16 +164,15 @@ class TransformerXLRelative(RelativeEncoding):
         return f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, base={self.base}"
 
 
-def _contiguous(qp: torch.Tensor, kp: torch.Tensor) -> bool:
-    """True when keys are ``k0, k0 + 1, ..., k0 + t - 1`` and queries are the last ``s`` keys.
+def rel_shift_is_cheaper(b: int, h: int, s: int, t: int, d: int, dim: int, causal: bool) -> bool:
+    """Whether rel-shift costs no more multiply-adds than angle addition for this shape.
 
-    That is the layout the rel-shift trick assumes (query ``i`` at key index ``t - s + i``).
-    One host sync for the check; the alternative, a gather, needs one too (the distance range).
+    Rel-shift: ``L dim (h d)`` to project ``L`` distances, ``b h s L d`` to score them.
+    Angle addition: ``b h s d dim`` for the query side, ``b h s t dim`` for the product. With
+    ``s = t`` (training, prefill) rel-shift is never dearer; for one decoded token it is, unless
+    the batch is large. A rule on shapes alone, so it never reads a tensor.
     """
-    qp = qp[0] if qp.dim() == 2 and qp.shape[0] == 1 else qp
-    kp = kp[0] if kp.dim() == 2 and kp.shape[0] == 1 else kp
-    s, t = qp.shape[-1], kp.shape[-1]
-    if qp.dim() != 1 or kp.dim() != 1 or s > t or t == 0:
-        return False
-    expected = kp[:1] + torch.arange(t, device=kp.device)  # [t]
-    return bool(((kp == expected).all() & (qp == kp[t - s :]).all()).item())
+    length = t if causal else s + t - 1
+    rel_shift_cost = length * dim * h * d + b * h * s * length * d
+    angle_cost = b * h * s * d * dim + b * h * s * t * dim
+    return rel_shift_cost <= angle_cost
