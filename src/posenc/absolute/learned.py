@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_positive_int
+from .._checks import check_positive_int, check_values
 from ..functional.resample import resample_1d, resample_2d
 from .common import resolve_positions
 
@@ -38,12 +38,16 @@ class LearnedEncoding(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Shapes: ``x [b, s, dim]``, ``positions [s]`` or ``[b, s]`` -> ``[b, s, dim]``."""
         positions = resolve_positions(x, positions, self.dim)
-        if positions.numel() and int(positions.max()) >= self.max_positions:
-            raise ValueError(
+        # Checked where it is free (eager CPU), a device assertion elsewhere, skipped under
+        # torch.compile (where an out-of-range index fails in the gather instead).
+        check_values(
+            positions < self.max_positions,
+            lambda: (
                 f"position {int(positions.max())} is out of range for a learned table of "
                 f"max_positions={self.max_positions} (allowed 0..{self.max_positions - 1}); "
                 "use .resized(new_max) for an interpolated longer table"
-            )
+            ),
+        )
         return x + self.weight[positions].to(x.dtype)
 
     @torch.no_grad()

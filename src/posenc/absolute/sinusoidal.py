@@ -8,8 +8,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_choice, check_positive_int
-from ..functional.sinusoidal import SINUSOIDAL_LAYOUTS, sinusoidal_table
+from .._checks import check_choice, check_positions, check_positive_int, host_readable
+from ..attention import DeviceConstants
+from ..functional.sinusoidal import SINUSOIDAL_LAYOUTS, sinusoidal_inv_freq, sinusoidal_table
 from .common import resolve_positions
 
 
@@ -40,19 +41,45 @@ class SinusoidalEncoding(nn.Module):
         if isinstance(cache_len, bool) or not isinstance(cache_len, int) or cache_len < 0:
             raise ValueError(f"cache_len must be a non-negative integer, got {cache_len!r}")
         self.dim, self.base, self.layout, self.scale_input = dim, base, layout, scale_input
-        cache = sinusoidal_table(torch.arange(cache_len, device=device), dim, base, layout)
-        # Recomputable, so non-persistent: state_dict holds learned weights only.
-        self.register_buffer("cache", cache, persistent=False)  # [cache_len, dim] float32
+        cache = sinusoidal_table(torch.arange(cache_len), dim, base, layout)  # [cache_len, dim]
+        # The float32 table's first rows and the float64 frequencies: recomputable, so not in
+        # state_dict; moved with the module, never cast (module.to(bfloat16) would round them).
+        inv_freq = sinusoidal_inv_freq(dim, base, layout)  # [dim//2]
+        self.constants = DeviceConstants(cache=cache, inv_freq=inv_freq).to(device)
 
     def table(self, positions: torch.Tensor) -> torch.Tensor:
-        """Shapes: ``positions [*]`` -> ``[*, dim]`` float32."""
-        cache: torch.Tensor = self.cache  # type: ignore[assignment]
-        # `module.to(bfloat16)` also casts this buffer; a cast cache is not the float32 table,
-        # so it is bypassed rather than served.
-        exact = cache.dtype == torch.float32
-        if exact and positions.numel() and int(positions.max()) < cache.shape[0]:
-            return cache.to(positions.device)[positions]
+        """Shapes: ``positions [*]`` -> ``[*, dim]`` float32.
+
+        The cached rows serve a call only where checking that the positions fall inside the
+        cache is free (eager, CPU tensors). Elsewhere (a GPU, ``torch.compile``, CUDA-graph
+        capture) the table is computed from the formula, ``O(s dim)``, which reads no position
+        value back to the host and gives the same numbers.
+        """
+        if not host_readable(positions):
+            return self._formula(positions)
+        cache = self.constants.get("cache", positions.device)  # [cache_len, dim]
+        if positions.numel() and int(positions.max()) < len(cache):
+            return cache[positions]
         return sinusoidal_table(positions, self.dim, self.base, self.layout)
+
+    def _formula(self, positions: torch.Tensor) -> torch.Tensor:
+        """:func:`~posenc.functional.sinusoidal_table` with frequencies already on the device.
+
+        The functional form copies its frequencies to the device on every call, a synchronous
+        transfer that CUDA-graph capture forbids; this one reads a per-device copy. Same float64
+        angles and layouts (tested equal).
+        """
+        positions = check_positions(positions)
+        inv_freq = self.constants.get("inv_freq", positions.device)  # [dim//2] float64
+        angles = positions.to(torch.float64)[..., None] * inv_freq  # [*, dim//2]
+        sin, cos = angles.sin(), angles.cos()
+        if self.layout == "interleaved":
+            table = torch.stack((sin, cos), dim=-1).flatten(-2)  # [*, dim//2, 2] -> [*, dim]
+        else:
+            table = torch.cat((sin, cos), dim=-1)  # [*, dim - dim % 2]
+            if self.dim % 2:
+                table = torch.nn.functional.pad(table, (0, 1))  # [*, dim]: fairseq's zero column
+        return table.float()
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Shapes: ``x [b, s, dim]``, ``positions [s]`` or ``[b, s]`` -> ``[b, s, dim]``."""

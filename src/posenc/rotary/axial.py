@@ -26,7 +26,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_choice, check_positions, check_positive_int
+from .._checks import check_choice, check_positions, check_positive_int, check_values
+from ..attention import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
 from .embedding import check_qk, resolve_angle_dtype, resolve_qk_positions
 
@@ -112,8 +113,12 @@ class Axial2DRoPE(nn.Module):
         self.frequencies, self.arrangement, self.backend = frequencies, arrangement, backend
         self.angle_dtype = resolve_angle_dtype(angle_dtype)
         rows, cols = axial_inv_freq(head_dim, base, frequencies, self.angle_dtype)
-        self._inv_freq = torch.cat((rows, cols))  # [d/2]: row pairs then column pairs (CPU)
-        self._axis = torch.arange(2).repeat_interleave(head_dim // 4)  # [d/2]: 0 0 .. 1 1 ..
+        # Buffers that move with the module and are never cast (module.to(bfloat16) would round
+        # them); not in state_dict.
+        self.constants = DeviceConstants(
+            inv_freq=torch.cat((rows, cols)).cpu(),  # [d/2]: row pairs then column pairs
+            axis=torch.arange(2).repeat_interleave(head_dim // 4),  # [d/2]: 0 0 .. 1 1 ..
+        )
 
     def cos_sin(self, coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 ``cos``, ``sin`` of (row, column) coordinates: ``[*, 2]`` -> ``[*, d/2]``.
@@ -123,10 +128,9 @@ class Axial2DRoPE(nn.Module):
         coords = check_positions(coords, "coords")
         if coords.dim() < 1 or coords.shape[-1] != 2:
             raise ValueError(f"coords must end in 2 (row, column), got shape {tuple(coords.shape)}")
-        per_pair = coords[
-            ..., self._axis.to(coords.device)
-        ]  # [*, d/2]: row for row pairs, else column
-        angles = per_pair.to(self.angle_dtype) * self._inv_freq.to(coords.device)  # [*, d/2]
+        dev = coords.device
+        per_pair = coords[..., self.constants.get("axis", dev)]  # [*, d/2]: row or column
+        angles = per_pair.to(self.angle_dtype) * self.constants.get("inv_freq", dev)  # [*, d/2]
         return angles.cos().float(), angles.sin().float()
 
     def _rotate(
@@ -230,10 +234,7 @@ class Axial2DRoPE(nn.Module):
         p = self.num_prefix_tokens
         tables = []
         for idx in (positions, k_positions):
-            if idx.numel() and int(idx.max()) >= p + gh * gw:
-                raise ValueError(
-                    f"token index {int(idx.max())} is outside {p} prefix tokens + a {gh}x{gw} grid"
-                )
+            _check_in_grid(idx, p, gh, gw)
             cell = (idx - p).clamp(min=0)
             coords = torch.stack((cell // gw, cell % gw), dim=-1)  # [(b,) n, 2]
             tables.append(self._tables(coords, idx < p if p else None))
@@ -246,3 +247,13 @@ class Axial2DRoPE(nn.Module):
             f"num_prefix_tokens={self.num_prefix_tokens}, layout={self.layout!r}, "
             f"frequencies={self.frequencies!r}, arrangement={self.arrangement!r}"
         )
+
+
+def _check_in_grid(idx: torch.Tensor, prefix: int, gh: int, gw: int) -> None:
+    """Token indices must fall in the prefix tokens or the grid (checked where that is free)."""
+    check_values(
+        idx < prefix + gh * gw,
+        lambda: (
+            f"token index {int(idx.max())} is outside {prefix} prefix tokens + a {gh}x{gw} grid"
+        ),
+    )

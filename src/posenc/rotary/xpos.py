@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_even, check_positions
+from ..attention import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
 from .embedding import check_qk, resolve_angle_dtype, resolve_qk_positions
 
@@ -80,8 +81,13 @@ class XPos(nn.Module):
         )
         self.layout, self.center, self.backend = layout, center, backend
         self.angle_dtype = resolve_angle_dtype(angle_dtype)
-        self._inv_freq, _ = rope_inv_freq(head_dim, base, dtype=self.angle_dtype)  # [d/2] (CPU)
-        self._log_zeta = xpos_zeta(head_dim, gamma).log()  # [d/2] float64 (CPU)
+        inv_freq, _ = rope_inv_freq(head_dim, base, dtype=self.angle_dtype)  # [d/2]
+        # Buffers that move with the module and are never cast (module.to(bfloat16) would round
+        # them); not in state_dict.
+        self.constants = DeviceConstants(
+            inv_freq=inv_freq.cpu(),
+            log_zeta=xpos_zeta(head_dim, gamma).log(),  # [d/2] each
+        )
 
     def cos_sin(
         self, positions: torch.Tensor, downscale: bool = False
@@ -92,13 +98,14 @@ class XPos(nn.Module):
         """
         positions = check_positions(positions)
         dev = positions.device
-        angles = positions.to(self.angle_dtype)[..., None] * self._inv_freq.to(dev)  # [*, d/2]
+        inv_freq = self.constants.get("inv_freq", dev)  # [d/2]
+        angles = positions.to(self.angle_dtype)[..., None] * inv_freq  # [*, d/2]
         exponent = (positions.to(torch.float64) - self.center)[
             ..., None
         ] / self.scale_base  # [*, 1]
         if downscale:
             exponent = -exponent
-        scale = torch.exp(self._log_zeta.to(dev) * exponent)  # [*, d/2] float64
+        scale = torch.exp(self.constants.get("log_zeta", dev) * exponent)  # [*, d/2] float64
         return (angles.cos() * scale).float(), (angles.sin() * scale).float()
 
     def forward(
