@@ -332,7 +332,7 @@ def test_attention_weights_reproduce_the_attention_output(encoding: str) -> None
             q = attn.q_proj(x).view(1, 12, 4, attn.head_dim).transpose(1, 2)
             k = attn.k_proj(x).view(1, 12, 2, attn.head_dim).transpose(1, 2)
             mixed = mixed + attn.encoding.attend(
-                q, k, zero, q_positions=pos, k_positions=pos, mask=torch.ones(12, 12).tril().bool(),
+                q, k, zero, positions=pos, k_positions=pos, mask=torch.ones(12, 12).tril().bool(),
                 scale=attn.scale, dropout_p=0.0, attention=attn,
             )  # fmt: skip
         rebuilt = attn.o_proj(mixed.transpose(1, 2).reshape(1, 12, -1))

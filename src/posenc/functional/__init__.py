@@ -8,13 +8,17 @@ from .bias import (
     kerple_power_bias,
     relative_position_matrix,
     sandwich_distance_table,
+    sandwich_embedding,
+    sandwich_inv_freq,
     t5_relative_bucket,
 )
 from .relative import clipped_relative_index, rel_shift
 from .resample import resample_1d, resample_2d
+from .rope_scaling import ROPE_SCALING, extension_scaling
 from .rotary import (
     ROPE_TYPES,
     ROTARY_LAYOUTS,
+    angles_cos_sin,
     apply_rotary,
     apply_rotary_qk,
     mrope_axis_index,
@@ -27,14 +31,17 @@ from .rotary import (
 from .sinusoidal import SINUSOIDAL_LAYOUTS, sincos_2d, sinusoidal_inv_freq, sinusoidal_table
 
 __all__ = [
+    "ROPE_SCALING",
     "ROPE_TYPES",
     "ROTARY_LAYOUTS",
     "SINUSOIDAL_LAYOUTS",
     "alibi_slopes",
+    "angles_cos_sin",
     "apply_rotary",
     "apply_rotary_qk",
     "clipped_relative_index",
     "deberta_log_bucket",
+    "extension_scaling",
     "fire_normalized_distance",
     "kerple_log_bias",
     "kerple_power_bias",
@@ -48,6 +55,8 @@ __all__ = [
     "rope_cos_sin",
     "rope_inv_freq",
     "sandwich_distance_table",
+    "sandwich_embedding",
+    "sandwich_inv_freq",
     "sincos_2d",
     "sinusoidal_inv_freq",
     "sinusoidal_table",

@@ -12,14 +12,14 @@ __all__ = ["clipped_relative_index", "rel_shift"]
 
 
 def clipped_relative_index(
-    q_positions: torch.Tensor, k_positions: torch.Tensor, max_distance: int
+    positions: torch.Tensor, k_positions: torch.Tensor, max_distance: int
 ) -> torch.Tensor:
     """Shaw et al.'s table row of each (query, key) pair: ``clip(j - i, -k, k) + k`` in ``[0, 2k]``.
 
     Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[s, t]`` or ``[b, s, t]`` int64.
     """
     check_positive_int("max_distance", max_distance)
-    rel = relative_position_matrix(q_positions, k_positions)  # [(b,) s, t]: j - i
+    rel = relative_position_matrix(positions, k_positions)  # [(b,) s, t]: j - i
     return rel.clamp(-max_distance, max_distance) + max_distance
 
 

@@ -62,7 +62,7 @@ def attention_weights(
     k = repeat_kv(k, h)  # [b, h, s, d]
     scores = (q @ k.transpose(-1, -2)) * attn.scale  # [b, h, s, s]
     if attn.family == "bias":
-        bias_encoding: Any = attn.encoding  # a bias module: .bias(q_positions, k_positions)
+        bias_encoding: Any = attn.encoding  # a bias module: .bias(positions, k_positions)
         scores = scores + bias_encoding.bias(pos, pos).to(scores.dtype)  # + [h|b,h, s, s]
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -91,7 +91,7 @@ def relative_weights(
     encoding: Any = attn.encoding  # a relative module: .attend(q, k, v, ...)
     t, d = k.shape[2], k.shape[3]
     kw: dict[str, Any] = {
-        "q_positions": positions,
+        "positions": positions,
         "k_positions": positions,
         "mask": keep,
         "scale": attn.scale,
