@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_choice, check_positions, check_positive_int, host_readable
+from .._checks import check_choice, check_positive_int, host_readable
 from ..attention import DeviceConstants
 from ..functional.sinusoidal import SINUSOIDAL_LAYOUTS, sinusoidal_inv_freq, sinusoidal_table
 from .common import resolve_positions
@@ -63,23 +63,10 @@ class SinusoidalEncoding(nn.Module):
         return sinusoidal_table(positions, self.dim, self.base, self.layout)
 
     def _formula(self, positions: torch.Tensor) -> torch.Tensor:
-        """:func:`~posenc.functional.sinusoidal_table` with frequencies already on the device.
-
-        The functional form copies its frequencies to the device on every call, a synchronous
-        transfer that CUDA-graph capture forbids; this one reads a per-device copy. Same float64
-        angles and layouts (tested equal).
-        """
-        positions = check_positions(positions)
+        """:func:`~posenc.functional.sinusoidal_table` with the frequencies this module keeps on
+        the device (no host-to-device copy per call: CUDA-graph capture forbids one)."""
         inv_freq = self.constants.get("inv_freq", positions.device)  # [dim//2] float64
-        angles = positions.to(torch.float64)[..., None] * inv_freq  # [*, dim//2]
-        sin, cos = angles.sin(), angles.cos()
-        if self.layout == "interleaved":
-            table = torch.stack((sin, cos), dim=-1).flatten(-2)  # [*, dim//2, 2] -> [*, dim]
-        else:
-            table = torch.cat((sin, cos), dim=-1)  # [*, dim - dim % 2]
-            if self.dim % 2:
-                table = torch.nn.functional.pad(table, (0, 1))  # [*, dim]: fairseq's zero column
-        return table.float()
+        return sinusoidal_table(positions, self.dim, self.base, self.layout, inv_freq=inv_freq)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Shapes: ``x [b, s, dim]``, ``positions [s]`` or ``[b, s]`` -> ``[b, s, dim]``."""

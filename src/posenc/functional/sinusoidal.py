@@ -47,10 +47,14 @@ def sinusoidal_table(
     base: float = 10000.0,
     layout: str = "interleaved",
     dtype: torch.dtype = torch.float32,
+    inv_freq: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sinusoidal encodings of integer ``positions``.
 
-    Shapes: ``positions [*]`` (any shape, integer) -> ``[*, dim]``.
+    Shapes: ``positions [*]`` (any shape, integer) -> ``[*, dim]``. ``inv_freq``: the float64
+    frequencies of :func:`sinusoidal_inv_freq` already on ``positions``' device (a module keeps
+    a copy there: building them on the host and copying each call is a synchronous transfer,
+    which CUDA-graph capture forbids).
 
     Layouts (``f_i`` from :func:`sinusoidal_inv_freq`, ``p`` the position)::
 
@@ -67,7 +71,8 @@ def sinusoidal_table(
             "(only layout='fairseq' allows an odd dim, with a zero last column)"
         )
     positions = check_positions(positions)
-    inv_freq = sinusoidal_inv_freq(dim, base, layout).to(positions.device)
+    if inv_freq is None:
+        inv_freq = sinusoidal_inv_freq(dim, base, layout).to(positions.device)
     angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # [*, dim//2]
     sin, cos = angles.sin(), angles.cos()
     if layout == "interleaved":
