@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 
 import numpy as np
 import pytest
 import torch
 
+from _checkpoint_helpers import flip_tensor_byte
 from posenc.lab import data as D
 from posenc.lab import train as T
 from posenc.lab.presets import DataConfig, TrainConfig
@@ -226,3 +228,42 @@ def test_compiled_training_checkpoints_load_into_a_plain_model(corpus, tmp_path,
     n = len(calls)
     resumed.model(torch.zeros(1, 8, dtype=torch.long))
     assert len(calls) == n
+
+
+# --- checkpoint integrity --------------------------------------------------------------------
+
+
+def test_a_flipped_byte_inside_a_tensor_is_caught_naming_the_file(corpus, tmp_path):
+    with pytest.raises(T.Interrupted):
+        _train(corpus, tmp_path / "c", stop=T.StopFlag(signum=15))
+    last = tmp_path / "c" / T.LAST
+    flip_tensor_byte(last)
+    raw = torch.load(last, weights_only=True)  # the container itself still loads
+    assert raw["format"] == T.CKPT_FORMAT
+    with pytest.raises(T.CheckpointError, match=re.escape(str(last)) + ".*do not match the SHA-256 digest"):
+        _train(corpus, tmp_path / "c", resume=True)
+    # The same for the trained weights a rerun would reuse.
+    _train(corpus, tmp_path / "f")
+    flip_tensor_byte(tmp_path / "f" / T.FINAL)
+    with pytest.raises(T.CheckpointError, match="digest"):
+        _train(corpus, tmp_path / "f")
+
+
+def test_digest_covers_every_value_and_a_checkpoint_without_one_is_refused(tmp_path):
+    base = {"identity": {"seed": 0}, "w": torch.arange(4.0), "losses": [1.0, 2.0]}
+    d = T.payload_digest(base)
+    assert d == T.payload_digest({**base, "w": torch.arange(4.0)})
+    for changed in (
+        {**base, "w": torch.tensor([0.0, 1.0, 2.0, 3.5])},
+        {**base, "w": torch.arange(4.0).double()},  # same values, another dtype
+        {**base, "losses": [1.0, 2.0000001]},
+        {**base, "identity": {"seed": 1}},
+    ):
+        assert T.payload_digest(changed) != d
+    T.save_checkpoint(tmp_path / "ok.pt", base)
+    assert torch.equal(T.read_checkpoint(tmp_path / "ok.pt")["w"], base["w"])
+    stripped = torch.load(tmp_path / "ok.pt", weights_only=True)
+    del stripped["sha256"]
+    torch.save(stripped, tmp_path / "bare.pt")
+    with pytest.raises(T.CheckpointError, match=r"bare\.pt is corrupt"):
+        T.read_checkpoint(tmp_path / "bare.pt")

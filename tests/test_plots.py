@@ -432,10 +432,40 @@ def test_attention_from_a_lab_checkpoint(lab_run: Path) -> None:
     assert data["lengths"] == (16, 64) and data["layer"] == 1
     assert data["maps"]["long"].shape == (4, 64, 64)
     np.testing.assert_allclose(data["maps"]["long"].sum(-1), 1.0, atol=1e-5)
-    with pytest.raises(ValueError, match="not a posenc lab checkpoint"):
+    from posenc.lab.train import CheckpointError
+
+    with pytest.raises(CheckpointError, match="not a posenc lab checkpoint"):
         bad = lab_run / "bad.pt"
         torch.save({"model": {}}, bad)
         load_checkpoint_model(bad)
+
+
+def test_plot_attention_with_a_bad_checkpoint_is_a_one_line_error(
+    lab_run: Path, tmp_path: Path
+) -> None:
+    """Garbage, a missing file, and a real checkpoint with one flipped byte inside a tensor: each
+    a single ``error: ...`` line naming the file, exit code 2, no traceback, no figure."""
+    import shutil
+
+    from _checkpoint_helpers import flip_tensor_byte
+
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    flipped = tmp_path / "flipped.pt"
+    shutil.copy(next((lab_run / "ckpt").glob("rope-s0-*/final.pt")), flipped)
+    flip_tensor_byte(flipped)
+    for path, why in (
+        (garbage, "unreadable or corrupt"),
+        (tmp_path / "missing.pt", "does not exist"),
+        (flipped, "do not match the SHA-256 digest"),
+    ):
+        out = tmp_path / "a.png"
+        r = runner.invoke(app, ["plot", "attention", "--checkpoint", str(path), "--out", str(out)])
+        assert r.exit_code == 2, r.output
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+        assert str(path) in lines[0] and why in lines[0] and "Traceback" not in r.output
+        assert not out.exists()
 
 
 # --- the command line: every kind writes a non-blank image --------------------------------

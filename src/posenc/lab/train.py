@@ -11,6 +11,7 @@ and, through :func:`posenc.lab.data.step_generator`, the next batch) and the RNG
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import pickle
@@ -33,7 +34,7 @@ from .data import IGNORE, LabData
 from .presets import TrainConfig
 
 CKPT_FORMAT = "posenc-lab-checkpoint"
-CKPT_VERSION = 1
+CKPT_VERSION = 2  # 2: a SHA-256 digest of the payload is stored with it
 LAST, FINAL = "last.pt", "final.pt"
 
 
@@ -227,14 +228,52 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # --- checkpoints ---------------------------------------------------------------------------
 
 
+def payload_digest(payload: Any) -> str:
+    """SHA-256 of a checkpoint payload: every tensor's dtype, shape and bytes, and every plain
+    value, walked in order (dict keys in insertion order, which ``torch.load`` keeps).
+
+    Stored with the checkpoint (key ``sha256``) and recomputed on load, so a flipped byte inside
+    a tensor, which the zip container does not check, is caught.
+    """
+    h = hashlib.sha256()
+    _digest_feed(h, payload)
+    return h.hexdigest()
+
+
+def _digest_feed(h: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().to("cpu").contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, any dtype
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)};".encode())
+        for k, v in obj.items():
+            _digest_feed(h, k)
+            _digest_feed(h, v)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)};".encode())
+        for v in obj:
+            _digest_feed(h, v)
+    elif isinstance(obj, float):
+        h.update(f"F{obj.hex()};".encode())
+    elif isinstance(obj, str):
+        data = obj.encode()
+        h.update(f"S{len(data)};".encode() + data)
+    else:  # None, bool, int: repr is exact
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """``torch.save`` to a temporary file beside ``path``, fsync, then ``os.replace``: a crash
-    leaves the old checkpoint or the new one, never half of one."""
+    leaves the old checkpoint or the new one, never half of one. The payload's digest
+    (:func:`payload_digest`) is stored with it."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    full = {"format": CKPT_FORMAT, "version": CKPT_VERSION, **payload}
+    full["sha256"] = payload_digest(full)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save({"format": CKPT_FORMAT, "version": CKPT_VERSION, **payload}, f)
+            torch.save(full, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -243,19 +282,27 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
             tmp.unlink()
 
 
-def load_checkpoint(path: Path, identity: dict[str, Any]) -> dict[str, Any]:
-    """Load ``path`` with ``weights_only=True`` and check it belongs to ``identity``.
+def read_checkpoint(path: str | os.PathLike[str], hint: str | None = None) -> dict[str, Any]:
+    """Load a lab checkpoint with ``weights_only=True`` and verify it: a posenc lab checkpoint,
+    of this format version, whose contents match the digest stored with it.
 
-    Raises :class:`CheckpointError` naming the file and what to do when it is unreadable, not a
-    lab checkpoint, of another version, or of another configuration.
+    Raises :class:`CheckpointError` naming the file (and ``hint``, what to do) otherwise.
+    Returns the payload without its digest.
     """
-    hint = f"delete {path} to train this cell from step 0, or point --out at the right folder"
+    path = Path(path)
+    hint = (
+        f"delete {path} to train this cell from step 0, or point --out at the right folder"
+        if hint is None
+        else hint
+    )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # torch's first sentence says what failed; the rest (e.g. advice to load with
+        # weights_only=False, which would run the file's code) is not for this reader.
+        first = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""
         raise CheckpointError(
-            f"checkpoint {path} is unreadable or corrupt ({first}); {hint}"
+            f"checkpoint {path} is unreadable or corrupt ({first or type(e).__name__}); {hint}"
         ) from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
         raise CheckpointError(f"{path} is not a posenc lab checkpoint; {hint}")
@@ -264,6 +311,23 @@ def load_checkpoint(path: Path, identity: dict[str, Any]) -> dict[str, Any]:
             f"checkpoint {path} has format version {ckpt.get('version')}, this posenc reads "
             f"version {CKPT_VERSION}; {hint}"
         )
+    stored = ckpt.pop("sha256", None)
+    if stored != payload_digest(ckpt):
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: its contents do not match the SHA-256 digest stored "
+            f"with it (a changed or lost byte); {hint}"
+        )
+    return ckpt
+
+
+def load_checkpoint(path: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """:func:`read_checkpoint`, then check the checkpoint belongs to ``identity``.
+
+    Raises :class:`CheckpointError` naming the file and what to do when it is unreadable, not a
+    lab checkpoint, of another version, corrupt, or of another configuration.
+    """
+    hint = f"delete {path} to train this cell from step 0, or point --out at the right folder"
+    ckpt = read_checkpoint(path, hint)
     stored = ckpt.get("identity")
     if stored != identity:
         diff = ", ".join(config_diff(stored, identity)[:8]) or "unknown fields"
@@ -274,14 +338,10 @@ def load_checkpoint(path: Path, identity: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_checkpoint_identity(path: Path) -> dict[str, Any]:
-    """The configuration a checkpoint was written for (weights-only load)."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError) as e:
-        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt ({e})") from e
-    identity = ckpt.get("identity") if isinstance(ckpt, dict) else None
+    """The configuration a checkpoint was written for (verified by :func:`read_checkpoint`)."""
+    identity = read_checkpoint(path).get("identity")
     if not isinstance(identity, dict):
-        raise CheckpointError(f"{path} is not a posenc lab checkpoint")
+        raise CheckpointError(f"{path} is not a posenc lab checkpoint (it has no identity)")
     return identity
 
 
@@ -340,6 +400,35 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: bool) ->
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
 
 
+@dataclass
+class _Run:
+    """One training run in progress: the model, its optimizer, what the loop has recorded."""
+
+    model: TransformerLM
+    opt: torch.optim.Optimizer
+    identity: dict[str, Any]
+    seed: int
+    start: int = 0
+    resumed_from: int | None = None
+    losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+
+    def payload(self, step: int) -> dict[str, Any]:
+        """A resumable checkpoint at ``step``. Always ``model``, never a wrapper: DDP's
+        ``module.`` or torch.compile's ``_orig_mod.`` would prefix every key and the checkpoint
+        would not load into a plain TransformerLM."""
+        return {
+            "identity": self.identity,
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "rng": rng_state(),
+            "sampler": {"kind": "step-seeded", "seed": self.seed, "next_step": step},
+            "losses": self.losses,
+            "step_times": self.step_times,
+        }
+
+
 def train_model(
     model_cfg: ModelConfig,
     cfg: TrainConfig,
@@ -347,7 +436,7 @@ def train_model(
     *,
     seed: int,
     identity: dict[str, Any],
-    ckpt_dir: Path,
+    ckpt_dir: Path | None,
     ckpt_every: int = 100,
     resume: bool = False,
     restart: bool = False,
@@ -360,7 +449,8 @@ def train_model(
 
     ``ckpt_dir/final.pt`` (the trained weights) is reused when present. ``ckpt_dir/last.pt``
     (an interrupted run) is continued when ``resume``, discarded when ``restart``, and otherwise
-    an error: an interrupted run is never silently started over.
+    an error: an interrupted run is never silently started over. ``ckpt_dir=None`` trains
+    without writing or reading any checkpoint (the figures' tiny models).
 
     ``compile_model``: train with compiled blocks (CUDA only, :func:`compiles`;
     :func:`compile_blocks`). The compile happens in the first step (its time is in that step's,
@@ -368,106 +458,25 @@ def train_model(
     plain module's keys, and the returned model is an eager copy of the trained weights.
     """
     dist = dist or Dist()
-    seq_len = model_cfg.max_len
-    final_path, last_path = ckpt_dir / FINAL, ckpt_dir / LAST
-
-    if final_path.exists():
-        ckpt = load_checkpoint(final_path, identity)
+    if ckpt_dir is not None and (ckpt_dir / FINAL).exists():
+        ckpt = load_checkpoint(ckpt_dir / FINAL, identity)
         model = TransformerLM(model_cfg)
-        _load_weights(model, ckpt["model"], final_path)
+        _load_weights(model, ckpt["model"], ckpt_dir / FINAL)
         return TrainResult(model.to(dist.device), ckpt["stats"], reused=True)
-
     seed_everything(seed)
     model = TransformerLM(model_cfg).to(dist.device)
-    opt = make_optimizer(model, cfg, dist.device)
-    start = 0
-    losses: list[float] = []
-    step_times: list[float] = []
-    resumed_from: int | None = None
-    if last_path.exists():
-        if restart:
-            dist.barrier()
-            if dist.main:
-                last_path.unlink()
-        elif not resume:
-            raise ResumeRequired(
-                f"{last_path} holds an interrupted run of this cell; pass --resume to continue "
-                "it, or --restart to discard it and train from step 0"
-            )
-        else:
-            ckpt = load_checkpoint(last_path, identity)
-            _load_weights(model, ckpt["model"], last_path)
-            opt.load_state_dict(ckpt["optimizer"])
-            set_rng_state(ckpt["rng"])
-            start = resumed_from = int(ckpt["step"])
-            losses, step_times = list(ckpt["losses"]), list(ckpt["step_times"])
-
-    net: nn.Module = model
-    if dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [dist.device.index] if dist.device.type == "cuda" else None
-        # static_graph: the same parameters take part in every step, whatever the encoding
-        # (some encodings own parameters a short sequence never reaches, e.g. far T5 buckets).
-        net = DistributedDataParallel(model, device_ids=ids, static_graph=True)
+    run = _Run(model, make_optimizer(model, cfg, dist.device), identity, seed)
+    last_path = ckpt_dir / LAST if ckpt_dir is not None else None
+    if last_path is not None and last_path.exists():
+        _resume_or_restart(run, last_path, resume, restart, dist)
     compiled = compiles(compile_model, dist.device)
-    if compiled:
-        compile_blocks(model)  # in place: `net` (and DDP) call the compiled blocks
-    autocast = dist.device.type == "cuda"
-    local_batch = cfg.batch_size // dist.world
-
-    def payload(step: int) -> dict[str, Any]:
-        # `model`, never `net`: a wrapper (DDP's `module.`, torch.compile's `_orig_mod.`) would
-        # prefix every key and the checkpoint would not load into a plain TransformerLM.
-        return {
-            "identity": identity,
-            "step": step,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "rng": rng_state(),
-            "sampler": {"kind": "step-seeded", "seed": seed, "next_step": step},
-            "losses": losses,
-            "step_times": step_times,
-        }
-
-    net.train()
-    for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
-        x, y = data.train_batch(step, cfg.batch_size, seq_len, seed, dist.rank, dist.world)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss = _loss(net, x.to(dist.device), y.to(dist.device), autocast)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        mean = dist.sum_(loss.detach().float().reshape(1)) / dist.world
-        value = float(mean)
-        if not math.isfinite(value):
-            raise FloatingPointError(f"the training loss became {value} at step {step}")
-        step_times.append(time.perf_counter() - t0)
-        losses.append(value)
-        done = step + 1
-        if progress is not None:
-            recent = step_times[-20:]  # a short moving window: single steps are noisy
-            tps = local_batch * dist.world * seq_len * len(recent) / sum(recent)
-            progress(done, value / math.log(2), tps)
-        interrupted = stop is not None and stop.signum is not None and not dist.enabled
-        if interrupted or (done % ckpt_every == 0 and done < cfg.steps):
-            if dist.main:
-                save_checkpoint(last_path, payload(done))
-            dist.barrier()
-        if interrupted:
-            assert stop is not None and stop.signum is not None
-            raise Interrupted(stop.signum, done)
-
-    stats = _stats(cfg, seq_len, losses, step_times, model)
-    if dist.main:
-        save_checkpoint(
-            final_path, {"identity": identity, "model": model.state_dict(), "stats": stats}
-        )
-        if last_path.exists():
+    net = _wrap(model, dist, compiled)
+    _loop(run, net, cfg, data, dist, _Checkpoints(last_path, ckpt_every), progress, stop)
+    stats = _stats(cfg, model_cfg.max_len, run.losses, run.step_times, model)
+    if dist.main and ckpt_dir is not None:
+        final = {"identity": identity, "model": model.state_dict(), "stats": stats}
+        save_checkpoint(ckpt_dir / FINAL, final)
+        if last_path is not None and last_path.exists():
             last_path.unlink()
     dist.barrier()
     if compiled:
@@ -477,7 +486,97 @@ def train_model(
             eager = TransformerLM(model_cfg)
         eager.load_state_dict(model.state_dict())
         model = eager.to(dist.device)
-    return TrainResult(model, stats, resumed_from=resumed_from)
+    return TrainResult(model, stats, resumed_from=run.resumed_from)
+
+
+def _resume_or_restart(run: _Run, last_path: Path, resume: bool, restart: bool, dist: Dist) -> None:
+    """An interrupted run's checkpoint exists: continue it, discard it, or refuse to choose."""
+    if restart:
+        dist.barrier()
+        if dist.main:
+            last_path.unlink()
+        return
+    if not resume:
+        raise ResumeRequired(
+            f"{last_path} holds an interrupted run of this cell; pass --resume to continue "
+            "it, or --restart to discard it and train from step 0"
+        )
+    ckpt = load_checkpoint(last_path, run.identity)
+    _load_weights(run.model, ckpt["model"], last_path)
+    run.opt.load_state_dict(ckpt["optimizer"])
+    set_rng_state(ckpt["rng"])
+    run.start = run.resumed_from = int(ckpt["step"])
+    run.losses, run.step_times = list(ckpt["losses"]), list(ckpt["step_times"])
+
+
+def _wrap(model: TransformerLM, dist: Dist, compiled: bool) -> nn.Module:
+    """What the loop calls: DDP around the model under torchrun, compiled blocks when asked."""
+    net: nn.Module = model
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [dist.device.index] if dist.device.type == "cuda" else None
+        # static_graph: the same parameters take part in every step, whatever the encoding
+        # (some encodings own parameters a short sequence never reaches, e.g. far T5 buckets).
+        net = DistributedDataParallel(model, device_ids=ids, static_graph=True)
+    if compiled:
+        compile_blocks(model)  # in place: `net` (and DDP) call the compiled blocks
+    return net
+
+
+@dataclass(frozen=True)
+class _Checkpoints:
+    """Where and how often the loop writes a resumable checkpoint (``path`` None: never)."""
+
+    path: Path | None
+    every: int
+
+
+def _loop(
+    run: _Run,
+    net: nn.Module,
+    cfg: TrainConfig,
+    data: LabData,
+    dist: Dist,
+    ckpt: _Checkpoints,
+    progress: ProgressFn | None,
+    stop: StopFlag | None,
+) -> None:
+    """Steps ``run.start .. cfg.steps - 1``; a checkpoint every ``ckpt.every`` steps, and one
+    before raising :class:`Interrupted` when ``stop`` was set by a signal."""
+    seq_len = run.model.cfg.max_len
+    autocast = dist.device.type == "cuda"
+    tokens_per_step = cfg.batch_size * seq_len
+    net.train()
+    for step in range(run.start, cfg.steps):
+        t0 = time.perf_counter()
+        x, y = data.train_batch(step, cfg.batch_size, seq_len, run.seed, dist.rank, dist.world)
+        for group in run.opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = _loss(net, x.to(dist.device), y.to(dist.device), autocast)
+        run.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+        run.opt.step()
+        value = float(dist.sum_(loss.detach().float().reshape(1)) / dist.world)
+        if not math.isfinite(value):
+            raise FloatingPointError(f"the training loss became {value} at step {step}")
+        run.step_times.append(time.perf_counter() - t0)
+        run.losses.append(value)
+        done = step + 1
+        if progress is not None:
+            recent = run.step_times[-20:]  # a short moving window: single steps are noisy
+            progress(done, value / math.log(2), tokens_per_step * len(recent) / sum(recent))
+        interrupted = stop is not None and stop.signum is not None and not dist.enabled
+        due = interrupted or (done % ckpt.every == 0 and done < cfg.steps)
+        if due and ckpt.path is not None:
+            if dist.main:
+                save_checkpoint(ckpt.path, run.payload(done))
+            dist.barrier()
+        if interrupted:
+            assert stop is not None and stop.signum is not None
+            raise Interrupted(stop.signum, done)
 
 
 def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:

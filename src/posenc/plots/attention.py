@@ -213,33 +213,33 @@ def train_tiny_model(
 def load_checkpoint_model(path: str | Path) -> tuple[TransformerLM, dict[str, Any]]:
     """A :class:`TransformerLM` from a lab checkpoint (``final.pt`` or ``last.pt`` of a cell).
 
-    Read with ``torch.load(weights_only=True)`` (tensors and plain containers only: a checkpoint
-    from elsewhere cannot run code). The model's shape comes from the checkpoint's identity
-    (``identity["model"]``, a :class:`ModelConfig` as a dict). Returns ``(model, info)`` with
-    ``info["data"]`` the data configuration it was trained on.
+    Read and verified by :func:`posenc.lab.train.read_checkpoint` (``weights_only=True``, so a
+    checkpoint from elsewhere cannot run code; its stored digest checked). The model's shape
+    comes from the checkpoint's identity (``identity["model"]``, a :class:`ModelConfig` as a
+    dict). Returns ``(model, info)`` with ``info["data"]`` the data configuration it was trained
+    on. Raises :class:`posenc.lab.train.CheckpointError` naming the file when it is missing,
+    unreadable, corrupt or not a lab checkpoint.
     """
+    from ..lab.train import CheckpointError, read_checkpoint
+
     p = Path(path)
     if p.is_dir():
-        candidates = [p / "final.pt", p / "last.pt"]
-        found = [c for c in candidates if c.exists()]
+        found = [c for c in (p / "final.pt", p / "last.pt") if c.exists()]
         if not found:
-            raise FileNotFoundError(f"no final.pt or last.pt in {p}")
+            raise CheckpointError(f"no final.pt or last.pt in {p}")
         p = found[0]
     if not p.exists():
-        raise FileNotFoundError(f"checkpoint {p} does not exist")
-    ckpt = torch.load(p, map_location="cpu", weights_only=True)
-    if not isinstance(ckpt, dict) or ckpt.get("format") != "posenc-lab-checkpoint":
-        raise ValueError(
-            f"{p} is not a posenc lab checkpoint (expected the final.pt/last.pt a `posenc lab` "
-            "run writes under <out>/ckpt/<cell>/)"
-        )
+        raise CheckpointError(f"checkpoint {p} does not exist")
+    hint = "pass the final.pt/last.pt a `posenc lab` run writes under <out>/ckpt/<cell>/"
+    ckpt = read_checkpoint(p, hint)
     identity = ckpt.get("identity") or {}
     try:
         cfg = ModelConfig(**identity["model"])
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"checkpoint {p} has no usable model configuration ({e})") from e
-    model = TransformerLM(cfg)
-    model.load_state_dict(ckpt["model"])
+        model = TransformerLM(cfg)
+        model.load_state_dict(ckpt["model"])
+    except (KeyError, TypeError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {p} has no usable model ({first}); {hint}") from e
     model.eval()
     info = {"path": str(p), "step": ckpt.get("step"), "data": identity.get("data", {})}
     return model, info

@@ -54,11 +54,16 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _make(kind: str, **options: Any) -> Figure:
-    """Build a figure, turning bad options into a usage error instead of a traceback."""
+    """Build a figure, turning bad options into a usage error instead of a traceback, and a bad
+    checkpoint into a one-line error (exit code 2)."""
+    from ..lab.train import CheckpointError
     from .figures import make_figure
 
     try:
         return make_figure(kind, **options)
+    except CheckpointError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from None
 
