@@ -588,3 +588,18 @@ def test_bad_functional_input() -> None:
         rope_inv_freq(5)
     with pytest.raises(TypeError, match=r"dtype must be torch\.float32 or torch\.float64"):
         rope_inv_freq(8, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("top", [10, 5000])  # inside the cached table, and past it
+def test_q_and_k_of_different_dtypes_rotate_each_in_its_own(top: int) -> None:
+    """One fused launch takes one dtype: a float32 q with a bf16 k (or the reverse) goes to the
+    reference, never to a kernel reading k's bf16 bytes as float32."""
+    positions = torch.arange(top - 3, top)
+    for dq, dk in ((torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)):
+        q, k = torch.randn(2, 4, 3, 16).to(dq), torch.randn(2, 2, 3, 16).to(dk)
+        got = RotaryEmbedding(16)(q, k, positions)
+        want = RotaryEmbedding(16, backend="torch")(q, k, positions)
+        assert got[0].dtype == dq and got[1].dtype == dk
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match="backend='cpu' needs q and k of one dtype"):
+        RotaryEmbedding(16, backend="cpu")(q, k, positions)

@@ -133,6 +133,20 @@ def select_backend(backend: str, x: torch.Tensor, tables: tuple[torch.Tensor, ..
     return _select(backend, x, tables)
 
 
+def mixed_backend(backend: str, q: torch.Tensor, k: torch.Tensor) -> str:
+    """``"torch"`` when q and k differ in dtype or device (one fused launch takes one of each;
+    the reference rotates each in its own dtype), ``""`` when they agree. A fused backend asked
+    for by name cannot run such a call: ValueError."""
+    if q.dtype == k.dtype and q.device == k.device:
+        return ""
+    if backend not in ("auto", "torch"):
+        raise ValueError(
+            f"backend={backend!r} needs q and k of one dtype and device, got {q.dtype}/{q.device} "
+            f"and {k.dtype}/{k.device}; use backend='auto' or 'torch'"
+        )
+    return "torch"
+
+
 # (device type, dtype) -> auto's choice for float32 tables that need no gradient.
 _AUTO_CHOICE: dict[tuple[str, torch.dtype], str] = {}
 
@@ -588,7 +602,9 @@ def rope_qk_canonical(
     through the ``posenc::rope_qk`` ops, which Dynamo keeps in the graph as single nodes.
     """
     q, k = a.q, a.k
-    chosen = backend if checked else select_backend(backend, q, a[2:6])
+    chosen = (
+        backend if checked else mixed_backend(backend, q, k) or select_backend(backend, q, a[2:6])
+    )
     if chosen == "torch":
         q_rot, k_rot = rope_qk_reference(a)
         if inplace:

@@ -32,7 +32,7 @@ from ..functional.rope_scaling import (
 from ..functional.rotary import angles_cos_sin, rope_cos_sin
 from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
 from ..kernels.reference import RopeArgs
-from ..kernels.rope_op import rope_qk_canonical, select_backend, unit_last
+from ..kernels.rope_op import mixed_backend, rope_qk_canonical, select_backend, unit_last
 
 
 def resolve_angle_dtype(angle_dtype: torch.dtype | str) -> torch.dtype:
@@ -222,7 +222,7 @@ class RotaryEmbedding(nn.Module):
         self.attention_factor = self._sets["base"][1]
         self._tables: dict[tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self._on_device: dict[tuple[torch.device, str], torch.Tensor] = {}
-        self._backends: dict[tuple[str, torch.dtype], str] = {}
+        self._backends: dict[tuple[str, torch.dtype, torch.dtype], str] = {}
 
     # --- frequencies ---------------------------------------------------------------------------
 
@@ -293,13 +293,15 @@ class RotaryEmbedding(nn.Module):
             entry = self._tables[(device, key)] = (cos[None], sin[None])
         return entry
 
-    def _backend_for(self, x: torch.Tensor, table: torch.Tensor) -> str:
-        """The backend this module's calls on ``x``'s device and dtype run, chosen (and checked)
-        once: its tables are float32 and never need gradients, so nothing else decides."""
-        key = (x.device.type, x.dtype)
+    def _backend_for(self, q: torch.Tensor, k: torch.Tensor, table: torch.Tensor) -> str:
+        """The backend this module's calls on q's and k's device and dtypes run, chosen (and
+        checked) once: its tables are float32 and never need gradients, so nothing else decides."""
+        key = (q.device.type, q.dtype, k.dtype)
         chosen = self._backends.get(key)
         if chosen is None:
-            chosen = self._backends[key] = select_backend(self.backend, x, (table,))
+            chosen = self._backends[key] = mixed_backend(self.backend, q, k) or select_backend(
+                self.backend, q, (table,)
+            )
         return chosen
 
     def cos_sin(
@@ -359,7 +361,7 @@ class RotaryEmbedding(nn.Module):
                 pk = pq if k_positions is positions else k_positions
                 pk = pk if pk.dim() == 2 else pk[None]  # [1 or b, t]
                 args = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved)
-                return rope_qk_canonical(args, self._backend_for(q, cos), checked=True)
+                return rope_qk_canonical(args, self._backend_for(q, k, cos), checked=True)
             inv_freq, factor = self.frequencies(top + 1)
             inv_freq = inv_freq.to(q.device)
         else:
