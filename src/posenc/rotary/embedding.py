@@ -165,10 +165,14 @@ class RotaryEmbedding(nn.Module):
         backend: ``"auto"`` (fused kernel where it applies), ``"torch"`` (reference), ``"triton"`` or
             ``"cpu"`` (that kernel, or an error saying why not); see :func:`apply_rotary_qk`.
 
-    Cache: cos/sin tables (float32, ``[cache_len, n]``) are built lazily, one per device and per
-    frequency set (plain; LongRoPE short/long; dynamic NTK within the original length). They
-    depend only on those keys, so they are never stale. Dynamic NTK beyond the original length
-    and positions past ``cache_len`` are computed on the fly for the call.
+    Cache: on the CPU in eager mode, where reading the positions is free, calls are served from
+    cos/sin tables (float32, ``[1, cache_len, n]``) built lazily, one per device and frequency set
+    (plain; LongRoPE short/long; dynamic NTK within the original length); they depend only on
+    those keys, so they are never stale, and the fused kernel gathers their rows itself. Dynamic
+    NTK beyond the original length and positions past ``cache_len`` are computed for the call.
+    Elsewhere (a GPU, torch.compile, CUDA-graph capture) no position is read back to the host:
+    cos/sin are computed on the device for the call's positions, from frequencies copied to the
+    device once, and the length-dependent types choose theirs with a ``where`` on the device.
 
     Dynamic NTK follows transformers: the frequencies for a call are those of its length
     ``max(position) + 1`` when it exceeds ``original_max_position_embeddings``, and the original
