@@ -117,3 +117,19 @@ def test_sincos_2d_bad_input() -> None:
         sincos_2d(4, 4, 18)
     with pytest.raises(ValueError, match="grid_h must be a positive integer"):
         sincos_2d(0, 4, 16)
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda: LearnedEncoding(8, 4, init_std=float("nan")), "init_std must be a finite"),
+        (lambda: LearnedEncoding(8, 4, init_std=-0.5), "init_std must be a finite number >= 0"),
+        (lambda: Learned2D(2, 2, 4, init_std=float("inf")), "init_std must be a finite"),
+        # A table sized past 2**28 values is an error naming the option, not a 17 GB allocation.
+        (lambda: LearnedEncoding(2**40, 4), "max_positions must be <= 67108864"),
+        (lambda: Learned2D(2**20, 2**20, 4), r"grid_h \* grid_w must be <= 67108864"),
+    ],
+)
+def test_bad_options_are_clear_errors(call, words) -> None:
+    with pytest.raises(ValueError, match=words):
+        call()

@@ -137,6 +137,17 @@ def test_scale_input_multiplies_by_sqrt_dim() -> None:
         ),
         (lambda: SinusoidalEncoding(8)(torch.randn(1, 3, 6)), ValueError, "last dimension"),
         (lambda: SinusoidalEncoding(8, cache_len=-1), ValueError, "cache_len must be a non-neg"),
+        # Options that used to give NaN tables, or a 17 GB allocation, without a word.
+        (lambda: SinusoidalEncoding(8, base=float("nan")), ValueError, "base must be a finite"),
+        (lambda: SinusoidalEncoding(8, base=float("inf")), ValueError, "base must be a finite"),
+        (lambda: SinusoidalEncoding(8, base="1e4"), TypeError, "base must be a finite number"),
+        (lambda: sinusoidal_table(torch.arange(3), 8, base=math.nan), ValueError, "base must"),
+        (lambda: SinusoidalEncoding(8, cache_len=2**31), ValueError, "cache_len must be <= "),
+        (
+            lambda: SinusoidalEncoding(8)(torch.arange(24).view(1, 3, 8)),
+            TypeError,
+            "x must be a floating-point tensor",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error(call, exc, words) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -102,3 +103,45 @@ def _capturing(t: torch.Tensor) -> bool:
 def default_positions(seq_len: int, device: torch.device | None, offset: int = 0) -> torch.Tensor:
     """``arange(offset, offset + seq_len)`` as int64: the positions when none are given."""
     return torch.arange(offset, offset + seq_len, device=device, dtype=torch.long)
+
+
+def check_number(
+    name: str,
+    value: object,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """``value`` as a float if it is a finite real number within the bounds, else an error naming
+    ``name`` and the allowed range (TypeError for a non-number, ValueError for a bad value).
+
+    ``low``/``high`` are inclusive unless ``low_open``/``high_open``. NaN and infinities are never
+    allowed: an option that takes them silently turns every output into NaN.
+    """
+    lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+    hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+    allowed = "a finite number" + (f" {lo}" if lo else "") + (" and" if lo and hi else "")
+    allowed += f" {hi}" if hi else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    number = float(value)
+    bad = not math.isfinite(number)
+    if low is not None:
+        bad = bad or (number <= low if low_open else number < low)
+    if high is not None:
+        bad = bad or (number >= high if high_open else number > high)
+    if bad:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return number
+
+
+def check_int_at_most(name: str, value: object, limit: int, why: str) -> int:
+    """A positive integer no larger than ``limit`` (an option that sizes a buffer): the error says
+    what would be built."""
+    check_positive_int(name, value)
+    assert isinstance(value, int)
+    if value > limit:
+        raise ValueError(f"{name} must be <= {limit} ({why}), got {value}")
+    return value

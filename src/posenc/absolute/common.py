@@ -6,9 +6,27 @@ import torch
 
 from .._checks import check_positions, default_positions
 
+# The most values an absolute table (a learned weight or a cache of sinusoidal rows) may hold:
+# 2**28 float32 values are 1 GiB. A larger option is an error naming it, not an allocation that
+# fails (or succeeds and swaps) far from the cause.
+MAX_TABLE_ELEMENTS = 1 << 28
+
+
+def check_table_size(name: str, rows: int, dim: int, what: str) -> None:
+    """``rows * dim`` within :data:`MAX_TABLE_ELEMENTS`; the error names ``name`` and its limit."""
+    if rows * dim > MAX_TABLE_ELEMENTS:
+        raise ValueError(
+            f"{name} must be <= {MAX_TABLE_ELEMENTS // dim} for dim={dim} ({what} has that "
+            f"many rows of dim values, at most 2**28 in all), got {rows}"
+        )
+
 
 def resolve_positions(x: torch.Tensor, positions: torch.Tensor | None, dim: int) -> torch.Tensor:
     """Check ``x [b, s, dim]`` and return positions ``[s]`` or ``[b, s]`` (default ``arange(s)``)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"x must be a floating-point tensor [batch, seq, dim], got {getattr(x, 'dtype', x)!r}"
+        )
     if x.dim() != 3:
         raise ValueError(f"x must be 3-D [batch, seq, dim], got shape {tuple(x.shape)}")
     if x.shape[-1] != dim:

@@ -7,9 +7,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_positive_int, check_values
+from .._checks import check_number, check_positive_int, check_values
 from ..functional.resample import resample_1d, resample_2d
-from .common import resolve_positions
+from .common import check_table_size, resolve_positions
 
 
 class LearnedEncoding(nn.Module):
@@ -32,6 +32,8 @@ class LearnedEncoding(nn.Module):
         super().__init__()
         self.max_positions = check_positive_int("max_positions", max_positions)
         self.dim = check_positive_int("dim", dim)
+        init_std = check_number("init_std", init_std, low=0.0)
+        check_table_size("max_positions", max_positions, dim, "the learned table")
         self.weight = nn.Parameter(torch.empty(max_positions, dim, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=init_std)
 
@@ -92,7 +94,9 @@ class Learned2D(nn.Module):
                 f"num_prefix_tokens must be an integer >= 0, got {num_prefix_tokens!r}"
             )
         self.num_prefix_tokens = num_prefix_tokens
+        init_std = check_number("init_std", init_std, low=0.0)
         n = num_prefix_tokens + grid_h * grid_w
+        check_table_size("num_prefix_tokens + grid_h * grid_w", n, dim, "the learned table")
         self.weight = nn.Parameter(torch.empty(n, dim, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=init_std)
 

@@ -8,10 +8,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_choice, check_positive_int, host_readable
+from .._checks import check_choice, check_number, check_positive_int, host_readable
 from ..attention import DeviceConstants
 from ..functional.sinusoidal import SINUSOIDAL_LAYOUTS, sinusoidal_inv_freq, sinusoidal_table
-from .common import resolve_positions
+from .common import check_table_size, resolve_positions
 
 
 class SinusoidalEncoding(nn.Module):
@@ -40,7 +40,11 @@ class SinusoidalEncoding(nn.Module):
             raise ValueError(f"dim must be even for the {layout!r} layout, got {dim}")
         if isinstance(cache_len, bool) or not isinstance(cache_len, int) or cache_len < 0:
             raise ValueError(f"cache_len must be a non-negative integer, got {cache_len!r}")
-        self.dim, self.base, self.layout, self.scale_input = dim, base, layout, scale_input
+        # Positions past the cache are computed on the fly: a cache is never needed for range.
+        check_table_size("cache_len", cache_len, dim, "the cache of first rows")
+        base = check_number("base", base, low=1.0, low_open=True)
+        self.dim, self.base, self.layout = dim, base, layout
+        self.scale_input = bool(scale_input)
         cache = sinusoidal_table(torch.arange(cache_len), dim, base, layout)  # [cache_len, dim]
         # The float32 table's first rows and the float64 frequencies: recomputable, so not in
         # state_dict; moved with the module, never cast (module.to(bfloat16) would round them).

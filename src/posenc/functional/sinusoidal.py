@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .._checks import check_choice, check_positions, check_positive_int
+from .._checks import check_choice, check_number, check_positions, check_positive_int
 
 SINUSOIDAL_LAYOUTS = ("interleaved", "concat", "fairseq")
 SINCOS_2D_LAYOUTS = ("mae", "timm")
@@ -28,8 +28,7 @@ def sinusoidal_inv_freq(
     """
     check_positive_int("dim", dim)
     check_choice("layout", layout, SINUSOIDAL_LAYOUTS)
-    if base <= 1.0:
-        raise ValueError(f"base must be > 1, got {base}")
+    base = check_number("base", base, low=1.0, low_open=True)
     half = dim // 2
     i = torch.arange(half, dtype=torch.float64)
     if layout == "fairseq":
