@@ -105,6 +105,35 @@ def test_presets_are_sized_as_documented():
         P.preset("tpu")
 
 
+def test_every_preset_scales_the_sinusoidal_models_embeddings():
+    """The lab's sinusoidal cell multiplies token embeddings by sqrt(dim) before adding the table
+    (Vaswani et al.; fairseq): checked on the model the default grid builds against the paper's
+    formula in float64, and in every preset's configuration."""
+    import math
+
+    import torch
+
+    from posenc.model import TransformerLM
+
+    for name in P.PRESETS:
+        assert P.model_config(P.preset(name), "sinusoidal", 256).encoding_kwargs == {
+            "scale_input": True
+        }, name
+    cfg = P.model_config(P.preset("cpu-small"), "sinusoidal", 256)
+    model = TransformerLM(cfg)
+    d, s = cfg.dim, 10
+    x = torch.randn(2, s, d)
+    pos = torch.arange(s, dtype=torch.float64)[:, None]
+    w = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
+    table = torch.zeros(s, d, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = torch.sin(pos * w), torch.cos(pos * w)
+    want = x.double() * math.sqrt(d) + table
+    torch.testing.assert_close(model.absolute(x).double(), want, rtol=1e-5, atol=1e-5)
+    # The label's own option still wins: the unscaled model is one flag away.
+    off = P.model_config(P.preset("cpu-small"), "sinusoidal:scale_input=false", 256)
+    assert off.encoding_kwargs == {"scale_input": False}
+
+
 def test_compile_changes_no_hash_and_gpu_small_compiles():
     """``compile`` says how a cell trains, not what it is: like ``threads``, it is in no hash, so a
     finished cell is found again (and its checkpoint reused) whichever way it was trained."""
@@ -119,11 +148,11 @@ def test_compile_changes_no_hash_and_gpu_small_compiles():
     for cfg in (base, P.preset("cpu-small")):
         assert hashes(replace(cfg, compile=True)) == hashes(replace(cfg, compile=False))
     # The CLI flag overrides the preset either way.
-    from posenc.lab.cli import build_config
+    from posenc.lab.cli import Overrides, build_config
 
-    assert not build_config("gpu-small", None, None, None, 1, 0, compile_model=False).compile
-    assert build_config("cpu-small", None, None, None, 1, 0, compile_model=True).compile
-    assert build_config("gpu-small", None, None, None, 1, 0).compile
+    assert not build_config("gpu-small", Overrides(compile_model=False)).compile
+    assert build_config("cpu-small", Overrides(compile_model=True)).compile
+    assert build_config("gpu-small").compile
 
 
 # --- grid ----------------------------------------------------------------------------------
@@ -137,7 +166,10 @@ def test_grid_runs_skips_finished_cells_and_reports(corpus_dir, tmp_path):
     rows = ResultStore(out / RESULTS_FILE).rows()
     assert [r["encoding"] for r in rows] == ["none", "learned"]
     r0 = rows[0]
-    assert r0["eval"]["variants"]["base"]["results"]["32"]["bits"] < 8
+    for n in (16, 32):  # the stored number is the naive one, recomputed here from the weights
+        want, count = naive_bits(out, cfg, r0, n)
+        got = r0["eval"]["variants"]["base"]["results"][str(n)]
+        assert got["tokens"] == count and got["bits"] == pytest.approx(want, rel=1e-6, abs=0)
     assert r0["train"]["tokens_per_s"] > 0 and r0["versions"]["torch"]
     assert rows[1]["eval"]["variants"]["base"]["results"]["32"]["bits"] is None  # learned past L
 
@@ -158,7 +190,7 @@ def test_grid_runs_skips_finished_cells_and_reports(corpus_dir, tmp_path):
     )
 
     written = R.write_report(out, group=first.group)
-    assert {"table", "csv", "lengths_plot", "positions_plot"} <= set(written)
+    assert set(written) == {"table", "csv", "plot"} and written["plot"].name == "lab.png"
     assert all(p.exists() and p.stat().st_size > 0 for p in written.values())
     table = written["table"].read_text()
     assert (
@@ -167,6 +199,34 @@ def test_grid_runs_skips_finished_cells_and_reports(corpus_dir, tmp_path):
     csv_lines = written["csv"].read_text().splitlines()
     assert len(csv_lines) == 1 + 2 * 2 + 2  # none, learned, learned+interp at 2 lengths
     assert len(R.groups(out)) == 2
+
+
+def naive_bits(out, cfg, row, n):
+    """Test bits per byte of a stored cell at eval length ``n``, the naive way: the trained
+    weights from its final.pt, the test split's bytes read directly, non-overlapping windows of
+    ``n`` from its start, and sum of -log2 p(next byte) over every scored byte / the bytes."""
+    import math
+
+    import torch
+
+    from posenc.lab.data import load_data
+    from posenc.model import ModelConfig, TransformerLM
+
+    ckpt = torch.load(next(out.glob(f"ckpt/{row['encoding']}-s0-*/final.pt")), weights_only=True)
+    model = TransformerLM(ModelConfig(**ckpt["identity"]["model"]))
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    test = load_data(cfg.data).split("test")
+    total = min(cfg.eval.tokens, len(test) - 1) // n * n  # whole windows of the scored stretch
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, total, n):
+            window = torch.tensor(test[start : start + n + 1].tolist())
+            logp = torch.log_softmax(model(window[None, :-1]).double()[0], dim=-1)  # [n, 256]
+            for i in range(n):
+                nll -= float(logp[i, window[i + 1]]) / math.log(2)
+                count += 1
+    return nll / count, count
 
 
 def test_a_failing_cell_does_not_stop_the_grid(corpus_dir, tmp_path):
@@ -292,6 +352,94 @@ def test_killed_grid_resumes_to_the_uninterrupted_result(reference_run, tmp_path
     for got, want in zip(rows, ref_rows, strict=True):
         assert got["config_hash"] == want["config_hash"]
         assert _metrics(got) == _metrics(want)  # bit for bit
+
+
+# --- one run per folder --------------------------------------------------------------------
+
+
+def test_folder_lock_refuses_a_second_holder_and_takes_over_a_stale_one(tmp_path):
+    import json
+    import socket
+
+    from posenc.lab import lock
+
+    with lock.folder_lock(tmp_path) as stale:
+        assert stale is None
+        holder = json.loads((tmp_path / lock.LOCK_FILE).read_text())
+        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        # A second open of the file is a second holder, even in this process (flock).
+        with pytest.raises(
+            lock.FolderLocked, match=f"in use by another posenc lab run.*pid {os.getpid()}"
+        ):
+            lock.acquire(tmp_path)
+    assert (tmp_path / lock.LOCK_FILE).read_text() == ""  # a clean exit leaves no holder
+    # What a killed run leaves: its description, no flock. Taken over, and said so.
+    dead = {"pid": 999999, "host": socket.gethostname(), "command": "posenc lab"}
+    (tmp_path / lock.LOCK_FILE).write_text(json.dumps(dead))
+    with lock.folder_lock(tmp_path) as stale:
+        assert stale == dead
+    # A holder on another host cannot be checked from here: refused, naming the file.
+    (tmp_path / lock.LOCK_FILE).write_text(json.dumps({**dead, "host": "elsewhere"}))
+    with pytest.raises(lock.FolderLocked, match=r"another host.*delete .*lab\.lock"):
+        lock.acquire(tmp_path)
+
+
+LOCK_ARGS = ["-e", "none", "-L", "16", "--dim", "32", "--layers", "1", "--heads", "2",
+             "--steps", "2000", "--batch-size", "4", "--eval-tokens", "256", "--eval-lens",
+             "1x,2x", "--ckpt-every", "50", "--threads", "1", "--no-plots"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_second_process_on_a_live_run_is_refused_and_a_killed_run_is_taken_over(
+    corpus_dir, tmp_path
+):
+    """Two real processes on one folder: the second (with --resume, which before the lock
+    took the live run's checkpoint for an interrupted one and trained the same cell) is refused
+    naming the first; once the first is killed, a resume takes its stale lock over and
+    finishes the cell from its last checkpoint."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    base = [sys.executable, "-m", "posenc", "lab", *LOCK_ARGS, "--text", str(corpus_dir),
+            "--out", str(out)]  # fmt: skip
+    first = subprocess.Popen(
+        [*base, "-q"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and first.poll() is None:
+            if list(out.glob("ckpt/none-*/last.pt")):
+                break  # the first run holds the lock and is training
+            time.sleep(0.02)
+        assert first.poll() is None, first.communicate()[0].decode()
+        t0 = time.perf_counter()
+        second = subprocess.run(
+            [*base, "-q", "--resume"], cwd=ROOT, env=env, capture_output=True, timeout=120
+        )
+        refused_after = time.perf_counter() - t0
+        alive = first.poll() is None
+    finally:
+        first.kill()
+        first.wait()
+    said = (second.stdout + second.stderr).decode()
+    assert alive, "the first run finished before the second was refused: the test raced"
+    assert second.returncode == 2, said
+    assert "in use by another posenc lab run" in said and f"pid {first.pid}" in said, said
+    assert "interrupted" not in said
+    assert not (out / RESULTS_FILE).exists()
+    step = int(
+        __import__("torch").load(next(out.glob("ckpt/none-*/last.pt")), weights_only=True)["step"]
+    )
+    assert 0 < step < 2000
+    third = subprocess.run([*base, "--resume"], cwd=ROOT, env=env, capture_output=True, timeout=240)
+    said = (third.stdout + third.stderr).decode()
+    assert third.returncode == 0, said
+    assert "took over the lock of a run that is no longer running" in said
+    assert f"pid {first.pid}" in said
+    rows = ResultStore(out / RESULTS_FILE).rows()
+    assert [r["encoding"] for r in rows] == ["none"]
+    assert rows[0]["runtime"]["resumed_from"] == step
+    assert (out / "lab.lock").read_text() == ""
+    print(f"second process refused in {refused_after:.1f} s; resumed at step {step}")
 
 
 # --- torchrun ------------------------------------------------------------------------------

@@ -9,17 +9,20 @@ happen inside the commands so ``posenc --help`` stays fast.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from . import DEFAULT_RUN_TIME
 
 lab_app = typer.Typer(
     help=(
         "Train short, test long: every encoding trained at length L on real text (the Python "
         "standard library's source, as bytes) and measured at L, 2L, 4L, 8L, with "
         "inference-time RoPE rescaling. Bare `posenc lab` runs the default grid "
-        "(about ten minutes on two CPU cores)."
+        f"({DEFAULT_RUN_TIME})."
     ),
     invoke_without_command=True,
     no_args_is_help=False,
@@ -35,80 +38,95 @@ def _csv(value: str | None) -> list[str] | None:
 def _fail(msg: str, code: int = 2) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False)
+    # soft_wrap: one line whatever the width (a log file, a terminal, a test reading it)
+    Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
-def build_config(
-    preset: str,
-    encodings: str | None,
-    train_len: int | None,
-    eval_lens: str | None,
-    seeds: int,
-    seed: int,
-    steps: int | None = None,
-    batch_size: int | None = None,
-    lr: float | None = None,
-    dim: int | None = None,
-    layers: int | None = None,
-    heads: int | None = None,
-    eval_tokens: int | None = None,
-    sliding: int | None = None,
-    rope_scalings: str | None = None,
-    text: str | None = None,
-    dataset: str | None = None,
-    task: str | None = None,
-    include_tests: bool | None = None,
-    ckpt_every: int | None = None,
-    compile_model: bool | None = None,
-) -> Any:
-    """CLI options -> :class:`LabConfig` (the preset with the given fields replaced)."""
-    from dataclasses import replace
+@dataclass(frozen=True)
+class Overrides:
+    """What ``posenc lab``'s options change in a preset, by name; None keeps the preset's value.
 
+    ``encodings``, ``eval_lens`` and ``rope_scalings`` are comma-separated (``rope_scalings``
+    ``"none"``: no rescaling); ``text``, ``dataset`` and ``task`` pick the data (at most one);
+    ``seeds`` seeds from ``seed`` on.
+    """
+
+    encodings: str | None = None
+    train_len: int | None = None
+    eval_lens: str | None = None
+    seeds: int = 1
+    seed: int = 0
+    steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    dim: int | None = None
+    layers: int | None = None
+    heads: int | None = None
+    eval_tokens: int | None = None
+    sliding: int | None = None
+    rope_scalings: str | None = None
+    text: str | None = None
+    dataset: str | None = None
+    task: str | None = None
+    include_tests: bool | None = None
+    ckpt_every: int | None = None
+    compile_model: bool | None = None
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def build_config(preset: str, over: Overrides | None = None) -> Any:
+    """The preset named ``preset`` (a :class:`~posenc.lab.presets.LabConfig`) with ``over``'s
+    fields replaced."""
     from .presets import preset as get_preset
 
+    over = over or Overrides()
     cfg = get_preset(preset)
-    if seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    sources = [s for s, v in (("text", text), ("hf", dataset), ("task", task)) if v]
-    if len(sources) > 1:
-        raise ValueError("pass at most one of --text, --dataset, --task")
-    data = cfg.data
-    if sources:
-        data = replace(data, source=sources[0], path=text, dataset=dataset, task=task)
-    if include_tests is not None:
-        data = replace(data, include_tests=include_tests)
-    model = replace(
-        cfg.model,
-        **{k: v for k, v in (("dim", dim), ("num_layers", layers), ("num_heads", heads)) if v},
-    )
-    train_over: dict[str, Any] = {"steps": steps, "batch_size": batch_size, "lr": lr}
-    train = replace(cfg.train, **{k: v for k, v in train_over.items() if v is not None})
+    if over.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {over.seeds}")
+    train = replace(cfg.train, **_given(steps=over.steps, batch_size=over.batch_size, lr=over.lr))
     if train.warmup_steps >= train.steps:
         train = replace(train, warmup_steps=max(1, train.steps // 10))
-    ev = cfg.eval
-    lens = _csv(eval_lens)
-    if lens is not None:
-        ev = replace(ev, lengths=tuple(int(v) if v.isdigit() else v for v in lens))
-    if eval_tokens is not None:
-        ev = replace(ev, tokens=eval_tokens)
-    if sliding is not None:
-        ev = replace(ev, stride=sliding)
-    scal = _csv(rope_scalings)
-    if scal is not None:
-        ev = replace(ev, rope_scalings=() if scal == ["none"] else tuple(scal))
     return replace(
         cfg,
-        encodings=tuple(_csv(encodings) or cfg.encodings),
-        train_len=train_len if train_len is not None else cfg.train_len,
-        seeds=tuple(range(seed, seed + seeds)),
-        model=model,
+        encodings=tuple(_csv(over.encodings) or cfg.encodings),
+        seeds=tuple(range(over.seed, over.seed + over.seeds)),
+        model=_model_shape(cfg.model, over),
         train=train,
-        data=data,
-        eval=ev,
-        ckpt_every=ckpt_every if ckpt_every is not None else cfg.ckpt_every,
-        compile=compile_model if compile_model is not None else cfg.compile,
+        data=_data_config(cfg.data, over),
+        eval=_eval_config(cfg.eval, over),
+        **_given(train_len=over.train_len, ckpt_every=over.ckpt_every, compile=over.compile_model),
     )
+
+
+def _model_shape(model: Any, over: Overrides) -> Any:
+    sizes = {"dim": over.dim, "num_layers": over.layers, "num_heads": over.heads}
+    return replace(model, **{k: v for k, v in sizes.items() if v})
+
+
+def _data_config(data: Any, over: Overrides) -> Any:
+    sources = [s for s, v in (("text", over.text), ("hf", over.dataset), ("task", over.task)) if v]
+    if len(sources) > 1:
+        raise ValueError("pass at most one of --text, --dataset, --task")
+    if sources:
+        data = replace(
+            data, source=sources[0], path=over.text, dataset=over.dataset, task=over.task
+        )
+    return replace(data, **_given(include_tests=over.include_tests))
+
+
+def _eval_config(ev: Any, over: Overrides) -> Any:
+    lens = _csv(over.eval_lens)
+    if lens is not None:
+        ev = replace(ev, lengths=tuple(int(v) if v.isdigit() else v for v in lens))
+    ev = replace(ev, **_given(tokens=over.eval_tokens, stride=over.sliding))
+    scal = _csv(over.rope_scalings)
+    if scal is not None:
+        ev = replace(ev, rope_scalings=() if scal == ["none"] else tuple(scal))
+    return ev
 
 
 @lab_app.callback(invoke_without_command=True)
@@ -169,20 +187,32 @@ def lab(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
 ) -> None:
     """Run the grid: every encoding x seed, skipping finished cells, then print the table."""
-    if ctx.invoked_subcommand is not None:
-        return
+    if ctx.invoked_subcommand is None:  # every option below, passed on by name
+        _run_lab(**{k: v for k, v in locals().items() if k != "ctx"})
+
+
+def _run_lab(
+    *,
+    preset: str,
+    out: Path,
+    resume: bool,
+    restart: bool,
+    threads: int | None,
+    device: str,
+    quiet: bool,
+    plots: bool,
+    **options: Any,
+) -> None:
+    """Bare ``posenc lab``: run the grid (``options``: :class:`Overrides`' fields), then print
+    and write its report."""
     from .experiment import RunOptions, run_grid
-    from .report import load_rows, print_table, write_report
+    from .lock import FolderLocked
     from .train import CheckpointError, Interrupted, ResumeRequired
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
     try:
-        cfg = build_config(
-            preset, encodings, train_len, eval_lens, seeds, seed, steps, batch_size, lr, dim,
-            layers, heads, eval_tokens, sliding, rope_scalings, text, dataset, task,
-            include_tests, ckpt_every, compile_model,
-        )  # fmt: skip
+        cfg = build_config(preset, Overrides(**options))
         opts = RunOptions(
             out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
         )
@@ -190,17 +220,13 @@ def lab(
     except Interrupted as e:
         _fail(f"{e}; rerun the same command with --resume to continue", 128 + e.signum)
         return
-    except (ResumeRequired, CheckpointError, ValueError, FileNotFoundError) as e:
+    except (ResumeRequired, CheckpointError, FolderLocked, ValueError, FileNotFoundError) as e:
         _fail(str(e))
         return
-    import torch.distributed as tdist
+    if not _leave_process_group():
+        return  # a torchrun rank other than 0: rank 0 reports
+    from .report import load_rows, print_table, write_report
 
-    if tdist.is_available() and tdist.is_initialized():
-        main = tdist.get_rank() == 0
-        tdist.barrier()
-        tdist.destroy_process_group()
-        if not main:
-            return
     rows = load_rows(out, summary.group)
     if rows and not quiet:
         print_table(rows)
@@ -212,6 +238,19 @@ def lab(
         _fail("failed cells: " + "; ".join(f"{k}: {v}" for k, v in summary.failed.items()), code=1)
 
 
+def _leave_process_group() -> bool:
+    """Under torchrun: wait for every rank, leave the group, and say whether this is rank 0.
+    True in a single process."""
+    import torch.distributed as tdist
+
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return True
+    main = tdist.get_rank() == 0
+    tdist.barrier()
+    tdist.destroy_process_group()
+    return main
+
+
 @lab_app.command("report")
 def report(
     out: Path = typer.Option(Path("runs/lab"), "--out", "-o", help="Output folder of a run."),
@@ -220,10 +259,18 @@ def report(
     ),
     all_groups: bool = typer.Option(False, "--all", help="One table per group."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
+    readme: Path | None = typer.Option(
+        None,
+        "--readme",
+        help="Also write the table into this Markdown file (e.g. README.md), between its "
+        "<!-- lab:table --> and <!-- /lab:table --> lines.",
+    ),
 ) -> None:
-    """Print the results table and write table.md, results.csv and the plots."""
-    from .report import groups, load_rows, print_table, write_report
+    """Print the results table and write table.md, results.csv and the figure."""
+    from .report import groups, load_rows, print_table, write_readme_table, write_report
 
+    if all_groups and readme is not None:
+        _fail("--readme writes one table: pass --group (or nothing, for the newest), not --all")
     try:
         names = list(groups(out)) if all_groups else [group]
         if not names:
@@ -235,8 +282,10 @@ def report(
             print_table(rows)
             if not all_groups:
                 written = write_report(out, rows, plots=plots)
+                if readme is not None:
+                    written["readme"] = write_readme_table(readme, rows)
                 print("wrote " + ", ".join(str(p) for p in written.values()))
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
 
 

@@ -4,9 +4,10 @@ results store.
 
 Layout of an output folder (``--out``, default ``runs/lab``)::
 
+    lab.lock                          held while a run is going (posenc.lab.lock)
     results.jsonl                     one row per finished cell (posenc.lab.store)
     ckpt/<encoding>-s<seed>-<hash>/   last.pt while training, final.pt once trained
-    report/                           table.md, results.csv, *.png (posenc.lab.report)
+    report/                           table.md, results.csv, lab.png (posenc.lab.report)
 
 Under ``torchrun`` every rank walks the same grid; rank 0 decides what is finished, writes the
 checkpoints and the store, and the others follow (training with DDP, evaluation sharded).
@@ -21,7 +22,7 @@ import platform
 import re
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ import torch
 from .. import registry
 from .data import LabData, load_data
 from .evaluate import evaluate_model
+from .lock import FolderLocked, describe
+from .lock import acquire as acquire_lock
+from .lock import release as release_lock
 from .presets import (
     DEFAULT_ENCODINGS,
     GPU_PRESETS,
@@ -43,6 +47,7 @@ from .presets import (
     stable_hash,
     train_identity,
 )
+from .progress import progress_bars, step_task
 from .store import RESULTS_FILE, ResultStore
 from .train import (
     FINAL,
@@ -70,7 +75,6 @@ class RunOptions:
     threads: int | None = None  # None: the preset's (LabConfig.threads)
     device: str = "auto"
     quiet: bool = False
-    report: bool = True
 
 
 @dataclass
@@ -81,6 +85,7 @@ class GridSummary:
     failed: dict[str, str] = field(default_factory=dict)
     wall_seconds: float = 0.0
     rows: list[dict[str, Any]] = field(default_factory=list)
+    stale_lock: str | None = None  # the killed run whose lock this one took over, if any
 
 
 def resolve_encodings(encodings: tuple[str, ...] | list[str]) -> list[str]:
@@ -199,7 +204,9 @@ def run_grid(
 ) -> GridSummary:
     """Run every unfinished cell of ``cfg`` and return what happened.
 
-    Raises :class:`ResumeRequired` / :class:`CheckpointError` (the user must choose), and
+    The output folder is locked for the run (:mod:`posenc.lab.lock`): a second run on it raises
+    :class:`~posenc.lab.lock.FolderLocked`; a lock left by a killed run is taken over. Raises
+    :class:`ResumeRequired` / :class:`CheckpointError` (the user must choose), and
     :class:`Interrupted` after a signal (a checkpoint was written; ``--resume`` continues).
     A cell that fails otherwise (an encoding that cannot be built at this shape, a diverged
     loss) is reported in ``failed`` and the grid goes on, in a single process.
@@ -220,83 +227,22 @@ def run_grid(
 
     lengths = check_config(cfg)
     encodings = resolve_encodings(cfg.encodings)
-    if data is None:
-        # Rank 0 builds the corpus cache first; the others then find it.
-        if dist.main:
-            data = load_data(cfg.data)
-        dist.barrier()
+    with _grid_lock(opts.out, dist) as stale:
+        if stale is not None:
+            log(f"took over the lock of a run that is no longer running ({describe(stale)})")
         if data is None:
-            data = load_data(cfg.data)
-    group = stable_hash(group_identity(cfg, data.fingerprint))
-    store = ResultStore(opts.out / RESULTS_FILE)
-    summary = GridSummary(group=group)
-    eval_id = eval_identity(cfg)
-    log(
-        f"lab: {len(encodings)} encodings x {len(cfg.seeds)} seed(s), train length "
-        f"{cfg.train_len}, eval lengths {lengths}, data {data.name} ({data.fingerprint}), "
-        f"group {group}, {dist.world} process(es) on {dist.device}, "
-        f"{torch.get_num_threads()} thread(s)"
-        + (", training compiled" if compiles(cfg.compile, dist.device) else "")
-    )
-
-    if cfg.preset in GPU_PRESETS and dist.device.type != "cuda":
-        # gpu-small's 4.9M tokens take hours per encoding on a CPU core, gpu's 330M days.
-        tokens = cfg.train.steps * cfg.train.batch_size * cfg.train_len
-        log(
-            f"warning: the {cfg.preset} preset is sized for a GPU and is running on the CPU "
-            f"({tokens:,} training tokens per encoding)"
-        )
-    stop = StopFlag()
-    restore = stop.install() if not dist.enabled else (lambda: None)
-    try:
-        with _progress(dist.main and not opts.quiet) as progress:
-            grid_task = None
-            if progress is not None:
-                cells = len(cfg.seeds) * len(encodings)
-                grid_task = progress.add_task("grid (cells)", total=cells, stats="")
-            for seed in cfg.seeds:
-                for enc in encodings:
-                    if stop.signum is not None:  # a signal that arrived outside training
-                        raise Interrupted(stop.signum)
-                    label = f"{enc} (seed {seed})"
-                    train_id = _jsonable(
-                        train_identity(cfg, enc, seed, data.vocab_size, data.fingerprint)
-                    )
-                    train_hash = stable_hash(train_id)
-                    config_hash = stable_hash(cell_identity(train_id, _jsonable(eval_id)))
-                    done = dist.broadcast(store.has(enc, seed, config_hash) if dist.main else None)
-                    if done:
-                        summary.skipped.append(label)
-                        log(f"skip {label}: finished already ({config_hash})")
-                        if grid_task is not None:
-                            progress.advance(grid_task)
-                        continue
-                    try:
-                        row = _run_cell(
-                            cfg, enc, seed, data, lengths, train_id, train_hash, config_hash,
-                            group, opts, dist, stop, progress, log,
-                        )  # fmt: skip
-                    except (ResumeRequired, CheckpointError, Interrupted, KeyboardInterrupt):
-                        raise
-                    except Exception as e:
-                        if dist.enabled:
-                            raise
-                        summary.failed[label] = f"{type(e).__name__}: {e}"
-                        log(f"FAILED {label}: {type(e).__name__}: {e}")
-                        if grid_task is not None:
-                            progress.advance(grid_task)
-                        continue
-                    if dist.main:
-                        store.append(row)
-                    dist.barrier()
-                    summary.trained.append(label)
-                    summary.rows.append(row)
-                    if grid_task is not None:
-                        progress.advance(grid_task)
-            if stop.signum is not None:
-                raise Interrupted(stop.signum)
-    finally:
-        restore()
+            data = _load_data(cfg, dist)
+        group = stable_hash(group_identity(cfg, data.fingerprint))
+        summary = GridSummary(group=group, stale_lock=describe(stale) if stale else None)
+        _log_start(cfg, encodings, lengths, data, group, dist, log)
+        stop = StopFlag()
+        restore = stop.install() if not dist.enabled else (lambda: None)
+        try:
+            with progress_bars(dist.main and not opts.quiet) as progress:
+                grid = _Grid(cfg, opts, data, lengths, group, dist, stop, progress, log)
+                grid.run(encodings, summary)
+        finally:
+            restore()
     summary.wall_seconds = time.perf_counter() - t_start
     log(
         f"grid done in {summary.wall_seconds:.1f} s: {len(summary.trained)} cell(s) run, "
@@ -305,123 +251,214 @@ def run_grid(
     return summary
 
 
-def _run_cell(
+@contextmanager
+def _grid_lock(out: Path, dist: Dist) -> Iterator[dict[str, Any] | None]:
+    """The output folder's lock, taken by rank 0; every rank raises if it is held elsewhere."""
+    fd, stale, error = None, None, None
+    if dist.main:
+        try:
+            fd, stale = acquire_lock(out)
+        except FolderLocked as e:
+            error = str(e)
+    error = dist.broadcast(error)
+    if error is not None:
+        raise FolderLocked(error)
+    try:
+        yield stale
+    finally:
+        if fd is not None:
+            release_lock(fd)
+
+
+def _load_data(cfg: LabConfig, dist: Dist) -> LabData:
+    """Rank 0 builds the corpus cache first; the others then find it."""
+    data = load_data(cfg.data) if dist.main else None
+    dist.barrier()
+    return data if data is not None else load_data(cfg.data)
+
+
+def _log_start(
     cfg: LabConfig,
-    enc: str,
-    seed: int,
-    data: LabData,
+    encodings: list[str],
     lengths: list[int],
-    train_id: dict[str, Any],
-    train_hash: str,
-    config_hash: str,
+    data: LabData,
     group: str,
-    opts: RunOptions,
     dist: Dist,
-    stop: StopFlag,
-    progress: Any,
     log: Callable[[str], None],
-) -> dict[str, Any]:
+) -> None:
+    log(
+        f"lab: {len(encodings)} encodings x {len(cfg.seeds)} seed(s), train length "
+        f"{cfg.train_len}, eval lengths {lengths}, data {data.name} ({data.fingerprint}), "
+        f"group {group}, {dist.world} process(es) on {dist.device}, "
+        f"{torch.get_num_threads()} thread(s)"
+        + (", training compiled" if compiles(cfg.compile, dist.device) else "")
+    )
+    if cfg.preset in GPU_PRESETS and dist.device.type != "cuda":
+        # gpu-small's 4.9M tokens take hours per encoding on a CPU core, gpu's 330M days.
+        tokens = cfg.train.steps * cfg.train.batch_size * cfg.train_len
+        log(
+            f"warning: the {cfg.preset} preset is sized for a GPU and is running on the CPU "
+            f"({tokens:,} training tokens per encoding)"
+        )
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """One ``(encoding, seed)`` of the grid and its identities."""
+
+    encoding: str
+    seed: int
+    train_id: dict[str, Any]
+    train_hash: str
+    config_hash: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.encoding} (seed {self.seed})"
+
+
+@dataclass
+class _Grid:
+    """What every cell of one :func:`run_grid` call shares."""
+
+    cfg: LabConfig
+    opts: RunOptions
+    data: LabData
+    lengths: list[int]
+    group: str
+    dist: Dist
+    stop: StopFlag
+    progress: Any  # a rich Progress, or None
+    log: Callable[[str], None]
+
+    def run(self, encodings: list[str], summary: GridSummary) -> None:
+        """Every cell in order (seeds outer), each finished, skipped or failed."""
+        grid_task = None
+        if self.progress is not None:
+            cells = len(self.cfg.seeds) * len(encodings)
+            grid_task = self.progress.add_task("grid (cells)", total=cells, stats="")
+        for seed in self.cfg.seeds:
+            for enc in encodings:
+                if self.stop.signum is not None:  # a signal that arrived outside training
+                    raise Interrupted(self.stop.signum)
+                self.one(self.cell(enc, seed), summary)
+                if grid_task is not None:
+                    self.progress.advance(grid_task)
+        if self.stop.signum is not None:
+            raise Interrupted(self.stop.signum)
+
+    def cell(self, enc: str, seed: int) -> _Cell:
+        data = self.data
+        train_id = _jsonable(train_identity(self.cfg, enc, seed, data.vocab_size, data.fingerprint))
+        config_hash = stable_hash(cell_identity(train_id, _jsonable(eval_identity(self.cfg))))
+        return _Cell(enc, seed, train_id, stable_hash(train_id), config_hash)
+
+    def one(self, cell: _Cell, summary: GridSummary) -> None:
+        """Skip ``cell`` if its row is stored, else run it and store the row (rank 0)."""
+        dist, store = self.dist, ResultStore(self.opts.out / RESULTS_FILE)
+        key = (cell.encoding, cell.seed, cell.config_hash)
+        if dist.broadcast(store.has(*key) if dist.main else None):
+            summary.skipped.append(cell.label)
+            self.log(f"skip {cell.label}: finished already ({cell.config_hash})")
+            return
+        try:
+            row = _run_cell(self, cell)
+        except (ResumeRequired, CheckpointError, Interrupted, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            if dist.enabled:
+                raise
+            summary.failed[cell.label] = f"{type(e).__name__}: {e}"
+            self.log(f"FAILED {cell.label}: {type(e).__name__}: {e}")
+            return
+        if dist.main:
+            store.append(row)
+        dist.barrier()
+        summary.trained.append(cell.label)
+        summary.rows.append(row)
+
+
+def _run_cell(grid: _Grid, cell: _Cell) -> dict[str, Any]:
+    """Train (or resume, or reuse) and evaluate one cell; its result row."""
     t0 = time.perf_counter()
-    mcfg = model_config(cfg, enc, data.vocab_size)
-    task_id = None
-    on_step = None
-    if progress is not None:
-        task_id = progress.add_task(f"{enc} s{seed}", total=cfg.train.steps, stats="")
-
-        def on_step(done: int, bits: float, tps: float) -> None:
-            stats = f"{bits:.3f} bits {tps:>7,.0f} tok/s"
-            progress.update(task_id, completed=done, stats=stats)
-
-    ckpt_dir = cell_dir(opts.out, enc, seed, train_hash)
+    cfg, opts, dist = grid.cfg, grid.opts, grid.dist
+    mcfg = model_config(cfg, cell.encoding, grid.data.vocab_size)
+    on_step, finish = step_task(grid.progress, f"{cell.encoding} s{cell.seed}", cfg.train.steps)
+    ckpt_dir = cell_dir(opts.out, cell.encoding, cell.seed, cell.train_hash)
     if opts.resume:
-        check_resumable(ckpt_dir, train_id)
+        check_resumable(ckpt_dir, cell.train_id)
     result = train_model(
         mcfg,
         cfg.train,
-        data,
-        seed=seed,
-        identity=train_id,
+        grid.data,
+        seed=cell.seed,
+        identity=cell.train_id,
         ckpt_dir=ckpt_dir,
         ckpt_every=cfg.ckpt_every,
         resume=opts.resume,
         restart=opts.restart,
         dist=dist,
         progress=on_step,
-        stop=stop,
+        stop=grid.stop,
         compile_model=cfg.compile,
     )
-    if progress is not None and task_id is not None:
-        progress.update(task_id, completed=cfg.train.steps, visible=False)
+    finish()
     stats = result.stats
     how = (
         "reused trained weights"
         if result.reused
         else (f"resumed at step {result.resumed_from}" if result.resumed_from else "trained")
     )
-    log(
-        f"{enc} (seed {seed}): {how}; {stats['params']:,} params, train loss "
+    grid.log(
+        f"{cell.label}: {how}; {stats['params']:,} params, train loss "
         f"{stats['final_loss_bits']:.3f} bits, {stats['tokens_per_s']:,.0f} tok/s"
     )
     t_eval = time.perf_counter()
-    evaluation = evaluate_model(result.model, data, cfg.train_len, lengths, cfg.eval, dist, log=log)
-    eval_seconds = time.perf_counter() - t_eval
-    name, _ = parse_encoding(enc)
+    evaluation = evaluate_model(
+        result.model, grid.data, cfg.train_len, grid.lengths, cfg.eval, dist, log=grid.log
+    )
+    runtime = {
+        "world_size": dist.world,
+        "device": str(dist.device),
+        "threads": torch.get_num_threads(),
+        "compiled": compiles(cfg.compile, dist.device) and not result.reused,
+        "resumed_from": result.resumed_from,
+        "reused_weights": result.reused,
+        "eval_seconds": time.perf_counter() - t_eval,
+        "cell_seconds": time.perf_counter() - t0,
+    }
+    return _row(grid, cell, mcfg.encoding_kwargs, stats, evaluation, runtime)
+
+
+def _row(
+    grid: _Grid,
+    cell: _Cell,
+    encoding_kwargs: dict[str, Any],
+    stats: dict[str, Any],
+    evaluation: dict[str, Any],
+    runtime: dict[str, Any],
+) -> dict[str, Any]:
+    """The result row the store keeps for one finished cell."""
+    cfg, data = grid.cfg, grid.data
+    name, _ = parse_encoding(cell.encoding)
     return {
-        "schema": train_id["schema"],
-        "encoding": enc,
+        "schema": cell.train_id["schema"],
+        "encoding": cell.encoding,
         "encoding_name": name,
-        "encoding_kwargs": mcfg.encoding_kwargs,
+        "encoding_kwargs": encoding_kwargs,
         "family": registry.entry(name).family,
-        "seed": seed,
-        "config_hash": config_hash,
-        "train_hash": train_hash,
-        "group": group,
+        "seed": cell.seed,
+        "config_hash": cell.config_hash,
+        "train_hash": cell.train_hash,
+        "group": grid.group,
         "preset": cfg.preset,
         "train_len": cfg.train_len,
         "data": {"name": data.name, "fingerprint": data.fingerprint, "unit": data.unit},
-        "identity": cell_identity(train_id, _jsonable(eval_identity(cfg))),
+        "identity": cell_identity(cell.train_id, _jsonable(eval_identity(cfg))),
         "params": stats["params"],
         "train": {k: v for k, v in stats.items() if k != "config"},
         "eval": evaluation,
-        "runtime": {
-            "world_size": dist.world,
-            "device": str(dist.device),
-            "threads": torch.get_num_threads(),
-            "compiled": compiles(cfg.compile, dist.device) and not result.reused,
-            "resumed_from": result.resumed_from,
-            "reused_weights": result.reused,
-            "eval_seconds": eval_seconds,
-            "cell_seconds": time.perf_counter() - t0,
-        },
+        "runtime": runtime,
         "versions": versions(),
         "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-@contextmanager
-def _progress(enabled: bool) -> Iterator[Any]:
-    """A rich progress display (step, loss, tokens/s, ETA), or None when disabled."""
-    if not enabled:
-        with nullcontext():
-            yield None
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (
-        TextColumn("{task.description:<18}"),
-        BarColumn(bar_width=16),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[stats]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, transient=False) as progress:
-        yield progress

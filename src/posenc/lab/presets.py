@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..model import ModelConfig
@@ -165,8 +165,8 @@ class LabConfig:
 
 
 # Presets. cpu-small is the README's first command: every default encoding (13 with the rotary,
-# bias and relative families) trained and evaluated in under ten minutes on two CPU cores (the
-# measured wall time is in each result row and the report). cpu is the same study larger (L=128,
+# bias and relative families) trained and evaluated in posenc.lab.DEFAULT_RUN_TIME (measured;
+# the wall time of each cell is in its result row and the report). cpu is the same study larger (L=128,
 # 8x the tokens, 3x the parameters): about an hour on two idle cores with --threads 2 (estimated
 # from measured throughput, 9K tokens/s on one core, 17K on two). gpu is sized for one H100: a
 # ~100M-parameter model at the ALiBi paper's train length of 512, evaluated to 16x (8192).
@@ -373,8 +373,3 @@ def group_identity(cfg: LabConfig, data_fingerprint: str) -> dict[str, Any]:
         "data": {**asdict(cfg.data), "fingerprint": data_fingerprint},
         "eval": eval_identity(cfg),
     }
-
-
-def with_overrides(cfg: LabConfig, **overrides: Any) -> LabConfig:
-    """``cfg`` with top-level fields replaced, ignoring ``None`` values (CLI defaults)."""
-    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
