@@ -610,13 +610,13 @@ def ordering_checks(rows: list[dict[str, Any]]) -> list[Target]:
 
 def lab_section(rows: list[dict[str, Any]], dry: bool) -> str:
     """The lab table with the published comparison next to it (Markdown)."""
-    from posenc.lab.report import markdown_table
+    from posenc.lab.report import results_markdown
 
     checks = ordering_checks(rows)
     parts = [
         f"## lab gpu-small ({'dry run: tiny sizes on the CPU, plumbing only' if dry else 'GPU'})",
         "",
-        markdown_table(rows).rstrip() if rows else "(no finished cells)",
+        results_markdown(rows).rstrip() if rows else "(no finished cells)",
         "",
         "### Against the published ordering",
         "",
@@ -1202,8 +1202,7 @@ def merge(run: Path, force: bool = False) -> int:
             "comparison.md",
             "report/table.md",
             "report/results.csv",
-            "report/bpb_vs_length.png",
-            "report/per_position.png",
+            "report/lab.png",
         ):
             if (lab / rel).exists():
                 shutil.copy2(lab / rel, REPO_LAB / Path(rel).name)

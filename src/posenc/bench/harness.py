@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from .._markdown import markdown_table as markdown_table  # re-exported: the one formatter
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -212,12 +214,6 @@ def fmt(x: float, digits: int = 2) -> str:
     if x != x:  # NaN
         return "-"
     return f"{x:.{digits}f}"
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def write_section(path: Path, section: str, text: str) -> None:

@@ -1,5 +1,6 @@
-"""Reports from the results store: the table (terminal and Markdown), a CSV of every number,
-and plots (loss vs eval length per encoding, as in the ALiBi paper's figure; per-position loss).
+"""Reports from the results store: the table (terminal, Markdown, and the README's block), a
+CSV of every number, and the lab figure (:func:`posenc.plots.lab.draw_lab`, the same figure as
+``posenc plot lab``).
 
 One table shows one *group*: cells that share everything but encoding and seed
 (:func:`posenc.lab.presets.group_identity`). By default the group of the latest row.
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._markdown import markdown_table, replace_block
 from .store import RESULTS_FILE, ResultStore
 
 REPORT_DIR = "report"
@@ -110,7 +112,13 @@ def nope_throughput(lines: list[TableRow]) -> float | None:
 
 
 def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and body of the results table as strings."""
+    """Header and body of the results table as strings.
+
+    Columns: the encoding (or ``encoding +variant``), test bits per byte (or token) at each eval
+    length (``n/a`` where a length does not apply), ``train tok/s`` (mean training throughput,
+    tokens per second), ``×NoPE`` (fast-decile throughput relative to NoPE's), ``params`` and
+    ``seeds`` (how many seeds the means are over). Variant lines leave the last four empty.
+    """
     lines = table_rows(rows)
     lengths = lengths_of(rows)
     train_len = rows[0]["train_len"] if rows else 0
@@ -118,7 +126,7 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     unit = rows[0]["eval"]["unit"] if rows else "byte"
     header = ["encoding"]
     header += [f"{n}" + (" (L)" if n == train_len else f" ({n / train_len:g}L)") for n in lengths]
-    header += ["tok/s", "×NoPE", "params", "seeds"]
+    header += ["train tok/s", "×NoPE", "params", "seeds"]
     body = []
     for line in lines:
         cells = [line.label] + [fmt_bits(line.bits.get(n, [None])) for n in lengths]
@@ -127,17 +135,16 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
                 acc, _ = _mean_std(line.acc.get(n, [None]))
                 if acc is not None:
                     cells[i] += f" ({acc:.0%})"
+        cells += ["", "", "", ""]
         if line.variant == "base":
             tps = statistics.fmean(line.tokens_per_s) if line.tokens_per_s else None
             fast = statistics.fmean(line.tokens_per_s_fast) if line.tokens_per_s_fast else None
-            cells += [
+            cells[-4:] = [
                 f"{tps:,.0f}" if tps else "",
                 f"{fast / nope:.2f}" if fast and nope else "",
                 f"{line.params:,}" if line.params else "",
-                ",".join(map(str, sorted(set(line.seeds)))),
+                str(len(set(line.seeds))),
             ]
-        else:
-            cells += ["", "", "", ",".join(map(str, sorted(set(line.seeds))))]
         body.append(cells)
     return header, body
 
@@ -160,8 +167,8 @@ def describe(rows: list[dict[str, Any]]) -> str:
         {f"{r['encoding']} {r['encoding_kwargs']}" for r in rows if r["encoding_kwargs"]}
     )
     return (
-        "tok/s: mean training throughput; ×NoPE: ratio of fast-decile step throughput to "
-        "NoPE's (robust to other load on the machine). "
+        "train tok/s: mean training throughput in tokens per second; ×NoPE: ratio of "
+        "fast-decile step throughput to NoPE's (robust to other load on the machine). "
         + (f"encoding options: {'; '.join(options)}. " if options else "")
         + f"group {r0['group']} (preset {r0['preset']}): data {r0['data']['name']} "
         f"({r0['data']['fingerprint']}), model dim {model['dim']} x {model['num_layers']} layers "
@@ -197,13 +204,32 @@ def print_table(rows: list[dict[str, Any]], console: Any = None) -> None:
     console.print(table)
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
+def results_markdown(rows: list[dict[str, Any]]) -> str:
     """The table in Markdown (bits per byte or token at each eval length), with its caption."""
     header, body = table_cells(rows)
     header[0] = f"encoding (bits/{rows[0]['eval']['unit']})"
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(cells) + " |" for cells in body]
-    return "\n".join(out) + "\n\n" + describe(rows) + "\n"
+    return markdown_table(header, body) + "\n\n" + describe(rows) + "\n"
+
+
+#: The lines around the README's lab table (``posenc lab report --readme README.md``).
+README_START, README_END = "<!-- lab:table -->", "<!-- /lab:table -->"
+
+
+def readme_table(rows: list[dict[str, Any]]) -> str:
+    """The README's lab table: every column of :func:`table_cells` but ``params`` and
+    ``seeds`` (the README's text above the table gives the model and the seed)."""
+    header, body = table_cells(rows)
+    return markdown_table(header[:-2], [cells[:-2] for cells in body]) + "\n"
+
+
+def write_readme_table(path: str | Path, rows: list[dict[str, Any]]) -> Path:
+    """Write :func:`readme_table` between the :data:`README_START` and :data:`README_END` lines
+    of ``path``, leaving the rest of the file as it was; returns the path."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    replace_block(path, README_START, README_END, readme_table(rows))
+    return path
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
@@ -245,131 +271,15 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
                     )
 
 
-_MARKERS = "os^vDP*Xhp<>"
-_DASHES = ["--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
-
-
-def _styles(lines: list[TableRow]) -> dict[str, dict[str, Any]]:
-    """Matplotlib styles: one colour per encoding (tab20), its variants dashed in that colour."""
-    import matplotlib
-
-    cmap = matplotlib.colormaps["tab20"]
-    encodings = list(dict.fromkeys(line.encoding for line in lines))
-    colour = {e: cmap((2 * i) % 20 + (i // 10) % 2) for i, e in enumerate(encodings)}
-    styles: dict[str, dict[str, Any]] = {}
-    count: dict[str, int] = {}
-    for line in lines:
-        k = count.get(line.encoding, 0)
-        count[line.encoding] = k + 1
-        styles[line.label] = {
-            "color": colour[line.encoding],
-            "linestyle": "-" if k == 0 else _DASHES[(k - 1) % len(_DASHES)],
-            "marker": _MARKERS[(k + encodings.index(line.encoding)) % len(_MARKERS)],
-        }
-    return styles
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_lengths(rows: list[dict[str, Any]], path: Path) -> None:
-    """Loss vs eval length, one line per encoding (its variants dashed in the same colour),
-    log-2 length axis, the train length marked: the ALiBi paper's figure."""
-    plt = _pyplot()
-    lines = table_rows(rows)
-    styles = _styles(lines)
-    train_len = rows[0]["train_len"]
-    unit = rows[0]["eval"]["unit"]
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for line in lines:
-        xs, ys = [], []
-        for n in sorted(line.bits):
-            mean, _ = _mean_std(line.bits[n])
-            if mean is not None:
-                xs.append(n)
-                ys.append(mean)
-        if xs:
-            ax.plot(xs, ys, markersize=4, linewidth=1.5, label=line.label, **styles[line.label])
-    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel(f"eval length in tokens (trained at L = {train_len})")
-    ax.set_ylabel(f"bits per {unit} (test split)")
-    seeds = sorted({int(r["seed"]) for r in rows})
-    ax.set_title(f"train short, test long (mean over seeds {seeds})")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_positions(rows: list[dict[str, Any]], path: Path) -> None:
-    """Loss by position in the longest eval window (mean over seeds), log-2 position axis.
-
-    Left: every encoding as trained. Right: the inference-time variants (RoPE rescalings,
-    interpolated tables) beside their base model.
-    """
-    plt = _pyplot()
-    lines = table_rows(rows)
-    styles = _styles(lines)
-    longest = str(max(lengths_of(rows)))
-    train_len = rows[0]["train_len"]
-    unit = rows[0]["eval"]["unit"]
-    curves: dict[str, list[dict[str, list[Any]]]] = {}
-    variant_of: dict[str, str] = {}
-    has_variants: set[str] = set()
-    for r in rows:
-        for vname, v in r["eval"]["variants"].items():
-            res = v["results"].get(longest)
-            if not res or res.get("curve") is None or res["bits"] is None:
-                continue
-            label = r["encoding"] if vname == "base" else f"{r['encoding']} +{v['label']}"
-            curves.setdefault(label, []).append(res["curve"])
-            variant_of[label] = vname
-            if vname != "base":
-                has_variants.add(r["encoding"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-    for label, group in curves.items():
-        c0 = group[0]
-        # Each bin at the geometric middle of its 1-based positions (a log axis has no 0).
-        pos = [
-            math.sqrt((a + 1) * b) for a, b in zip(c0["pos"], c0.get("end", c0["pos"]), strict=True)
-        ]
-        bits = [statistics.fmean(c["bits"][i] for c in group) for i in range(len(pos))]
-        style = {**styles.get(label, {}), "marker": None}
-        encoding = label.split(" +")[0]
-        if variant_of[label] == "base":
-            left.plot(pos, bits, linewidth=1.2, label=label, **style)
-        if encoding in has_variants:  # its own colours: here the variants are the point
-            right.plot(pos, bits, linewidth=1.2, label=label, linestyle=style.get("linestyle"))
-    for ax, title in ((left, "as trained"), (right, "inference-time variants")):
-        ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(f"position in a {longest}-token window (trained at L = {train_len})")
-        ax.set_title(f"loss by position: {title}")
-        ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    left.set_ylabel(f"bits per {unit}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def write_report(
     out: str | Path,
     rows: list[dict[str, Any]] | None = None,
     group: str | None = None,
     plots: bool = True,
 ) -> dict[str, Path]:
-    """Write ``table.md``, ``results.csv`` and (if matplotlib is installed) the plots under
-    ``<out>/report``; returns what was written, by name."""
+    """Write ``table.md``, ``results.csv`` and (if matplotlib is installed) ``lab.png``, the
+    figure ``posenc plot lab`` draws, under ``<out>/report``; returns what was written, by
+    name."""
     out = Path(out)
     rows = load_rows(out, group) if rows is None else rows
     if not rows:
@@ -377,15 +287,15 @@ def write_report(
     folder = out / REPORT_DIR
     folder.mkdir(parents=True, exist_ok=True)
     written = {"table": folder / "table.md", "csv": folder / "results.csv"}
-    written["table"].write_text(markdown_table(rows))
+    written["table"].write_text(results_markdown(rows))
     write_csv(rows, written["csv"])
     if plots:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             return written
-        written["lengths_plot"] = folder / "bpb_vs_length.png"
-        written["positions_plot"] = folder / "per_position.png"
-        plot_lengths(rows, written["lengths_plot"])
-        plot_positions(rows, written["positions_plot"])
+        from ..plots.common import save_figure
+        from ..plots.lab import draw_lab, lab_data
+
+        written["plot"] = save_figure(draw_lab(lab_data(rows=rows)), folder / "lab.png")
     return written

@@ -1,0 +1,133 @@
+"""posenc.lab.report: the table's format (the README's lab table is written by it), units, seed
+counts, and ``posenc lab report --readme``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc._markdown import markdown_table, replace_block
+from posenc.cli import app
+from posenc.lab import report as R
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_block(text: str) -> str:
+    """The lines between the README's lab-table markers."""
+    return text.split(R.README_START + "\n", 1)[1].split(R.README_END, 1)[0]
+
+
+def rows_from_table(block: str) -> list[dict]:
+    """Result rows (the store's format, one cell per encoding) holding exactly the numbers a
+    README-format table shows: the inverse of :func:`posenc.lab.report.readme_table`."""
+    lines = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()]
+    header, body = lines[0], lines[2:]
+    lengths = [int(h.split()[0]) for h in header[1:-2]]
+    rows: dict[str, dict] = {}
+    for cells in body:
+        label, bits, tps, ratio = cells[0], cells[1:-2], cells[-2], cells[-1]
+        encoding, _, variant = label.partition(" +")
+        results = {
+            str(n): {"bits": None if b == "n/a" else float(b), "acc": None, "tokens": 1}
+            for n, b in zip(lengths, bits, strict=True)
+        }
+        if not variant:
+            rows[encoding] = {
+                "encoding": encoding, "seed": 0, "train_len": lengths[0], "params": 1,
+                "eval": {"unit": "byte", "lengths": lengths,
+                         "variants": {"base": {"label": "", "results": results}}},
+                "train": {"tokens_per_s": float(tps.replace(",", "")),
+                          "tokens_per_s_fast": float(ratio) * 1e4, "final_loss_bits": 0.0},
+            }  # fmt: skip
+        else:
+            variants = rows[encoding]["eval"]["variants"]
+            variants[variant.lower()] = {"label": variant, "results": results}
+    return list(rows.values())
+
+
+def test_the_readme_table_is_in_the_generated_format():
+    """The README's table, read back into result rows, is written again byte for byte: the
+    numbers come from a results store, the format (header, n/a, empty cells, thousands
+    separators, decimals) from :func:`readme_table`."""
+    block = readme_block((ROOT / "README.md").read_text(encoding="utf-8"))
+    rows = rows_from_table(block)
+    assert [r["encoding"] for r in rows][:3] == ["none", "sinusoidal", "learned"]
+    assert R.readme_table(rows) == block
+
+
+def test_markdown_table_writes_empty_cells_as_one_space():
+    assert markdown_table(["a", "b", "c"], [["1", "", "x"], ["", "", ""]]) == (
+        "| a | b | c |\n|---|---|---|\n| 1 | | x |\n| | | |"
+    )
+
+
+def test_replace_block_keeps_the_rest_and_needs_both_markers(tmp_path):
+    f = tmp_path / "doc.md"
+    f.write_text("intro\n<!-- s -->\nold\nlines\n<!-- /s -->\noutro\n")
+    replace_block(f, "<!-- s -->", "<!-- /s -->", "new\n")
+    assert f.read_text() == "intro\n<!-- s -->\nnew\n<!-- /s -->\noutro\n"
+    f.write_text("no markers here\n")
+    with pytest.raises(ValueError, match=r"doc\.md has no <!-- s --> \.\.\. <!-- /s --> block"):
+        replace_block(f, "<!-- s -->", "<!-- /s -->", "new\n")
+
+
+@pytest.fixture(scope="module")
+def lab_out(tmp_path_factory):
+    """A real tiny lab run: two seeds of NoPE and RoPE (with a rescaling) on the copy task."""
+    from posenc.lab.experiment import RunOptions, run_grid
+    from posenc.lab.presets import DataConfig, EvalConfig, LabConfig, ModelShape, TrainConfig
+
+    out = tmp_path_factory.mktemp("lab")
+    cfg = LabConfig(
+        preset="test",
+        encodings=("none", "rope"),
+        seeds=(0, 1),
+        train_len=16,
+        model=ModelShape(dim=32, num_layers=1, num_heads=2),
+        train=TrainConfig(steps=2, batch_size=4, warmup_steps=1),
+        data=DataConfig(source="task", task="copy"),
+        eval=EvalConfig(lengths=("1x", "2x"), tokens=64, batch_tokens=64,
+                        rope_scalings=("linear",), curve_points=8),
+    )  # fmt: skip
+    assert not run_grid(cfg, RunOptions(out=out, quiet=True)).failed
+    return out
+
+
+def test_table_counts_seeds_and_names_its_units(lab_out):
+    rows = R.load_rows(lab_out)
+    header, body = R.table_cells(rows)
+    assert header[-4:] == ["train tok/s", "×NoPE", "params", "seeds"]
+    by_label = {cells[0]: cells for cells in body}
+    assert by_label["none"][-1] == "2" and by_label["rope"][-1] == "2"  # a count, not "0,1"
+    assert by_label["rope +PI"][-4:] == ["", "", "", ""]
+    md = R.results_markdown(rows)
+    assert md.startswith("| encoding (bits/token) |") and "tokens per second" in md
+
+
+def test_lab_report_writes_the_readme_block(lab_out, tmp_path):
+    readme = tmp_path / "README.md"
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme.write_text(text, encoding="utf-8")
+    runner = CliRunner()
+    res = runner.invoke(
+        app, ["lab", "report", "--out", str(lab_out), "--no-plots", "--readme", str(readme)]
+    )
+    assert res.exit_code == 0, res.output
+    new = readme.read_text(encoding="utf-8")
+    block = readme_block(new)
+    assert block == R.readme_table(R.load_rows(lab_out))
+    assert re.match(r"\| encoding \| 16 \(L\) \| 32 \(2L\) \| train tok/s \| ×NoPE \|\n", block)
+    old_block = readme_block(text)
+    assert new.replace(block, "") == text.replace(old_block, "")  # nothing else changed
+    for bad, why in ((tmp_path / "missing.md", "does not exist"), (tmp_path / "x.md", "no ")):
+        if bad.name == "x.md":
+            bad.write_text("# no markers\n")
+        args = ["lab", "report", "--out", str(lab_out), "--no-plots", "--readme", str(bad)]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and why in res.output, res.output
+    res = runner.invoke(app, ["lab", "report", "--out", str(lab_out), "--all", "--readme", "x"])
+    assert res.exit_code == 2 and "--readme writes one table" in res.output
