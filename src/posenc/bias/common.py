@@ -65,6 +65,19 @@ def check_index_layout(positions: torch.Tensor, k_positions: torch.Tensor) -> No
     )
 
 
+def reference_position(positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """A position to measure a call's positions from: the first query's (the first key's when
+    there are no queries), ``[(b,) 1]``, int64. Shapes: ``[s]|[b, s]``, ``[t]|[b, t]``.
+
+    Schemes that depend on ``j - i`` only but compute from each side's position (a dot product
+    of embeddings, angle addition) subtract it from both sides first: their angles then stay
+    as small as the call's span of positions, and the same sequence at offset ``2**40`` gives
+    the same numbers as at offset 0. Chosen from shapes alone (no value is read).
+    """
+    source = positions if positions.shape[-1] else k_positions
+    return source[..., :1].long()  # [(b,) 1] (empty only when both are: nothing to measure)
+
+
 def position_reader(positions: torch.Tensor) -> PositionReader:
     """``read(b, idx) -> position`` inside a ``score_mod``: ``positions[idx]`` or ``positions[b, idx]``.
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_positive_int
+from .._checks import check_int_at_most, check_number
 from ..functional.bias import fire_normalized_distance, relative_position_matrix
 from .common import PositionBias, ScoreMod, check_pair, position_reader
+
+# Hidden units of f_theta; the paper uses 32.
+MAX_MLP_WIDTH = 1024
 
 
 class FIRE(PositionBias):
@@ -32,9 +35,11 @@ class FIRE(PositionBias):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(num_heads)
-        self.mlp_width = check_positive_int("mlp_width", mlp_width)
-        if not init_threshold > 0:
-            raise ValueError(f"init_threshold must be > 0, got {init_threshold}")
+        why = "a FlexAttention score_mod unrolls one term per hidden unit"
+        self.mlp_width = check_int_at_most("mlp_width", mlp_width, MAX_MLP_WIDTH, why)
+        init_c = check_number("init_c", init_c)
+        init_threshold = check_number("init_threshold", init_threshold, low=0.0, low_open=True)
+        eps = check_number("eps", eps, low=0.0, low_open=True)  # keeps psi's denominator > 0
         kw = {"device": device, "dtype": dtype}
         self.mlp = nn.Sequential(
             nn.Linear(1, mlp_width, **kw),  # type: ignore[arg-type]
@@ -79,9 +84,9 @@ class FIRE(PositionBias):
             qi: torch.Tensor,
             ki: torch.Tensor,
         ) -> torch.Tensor:
-            i = read_q(b, qi).to(torch.float32)
-            j = read_k(b, ki).to(torch.float32)
-            x = fire_normalized_distance(i, i - j, c, threshold, eps)
+            i = read_q(b, qi)
+            dist = (i - read_k(b, ki)).to(torch.float32)  # i - j in int64 first: exact
+            x = fire_normalized_distance(i.to(torch.float32), dist, c, threshold, eps)
             # The MLP unrolled over its hidden units: score_mod sees one scalar entry at a
             # time, and a fused kernel can only load scalars (no [w]-vector intermediates).
             acc = b2[h]

@@ -5,8 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_choice
-from ..functional.bias import kerple_log_bias, kerple_power_bias, relative_position_matrix
+from .._checks import check_choice, check_number
+from ..functional.bias import (
+    kerple_log,
+    kerple_log_bias,
+    kerple_power,
+    kerple_power_bias,
+    relative_position_matrix,
+)
 from .common import (
     PositionBias,
     ScoreMod,
@@ -53,9 +59,8 @@ class KERPLE(PositionBias):
     ) -> None:
         super().__init__(num_heads)
         self.variant = check_choice("variant", variant, KERPLE_VARIANTS)
-        if not eps > 0:
-            raise ValueError(f"eps must be > 0 (the lower bound of r1 and r2), got {eps}")
-        self.eps = float(eps)
+        # eps is the lower bound of r1 and r2; power's r2 also stops at 2, so eps <= 2 there.
+        self.eps = check_number("eps", eps, low=0.0, low_open=True, high=self._r2_max)
         scale1, scale2 = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
         kw = {"device": device, "dtype": dtype}
         self.r1 = nn.Parameter(torch.rand(num_heads, **kw) * scale1)  # type: ignore[arg-type]
@@ -66,7 +71,12 @@ class KERPLE(PositionBias):
         return 2.0 if self.variant == "power" else None
 
     def constrained(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(r1, r2)`` as used in the bias: clamped in value, straight-through in gradient."""
+        """``(r1, r2)`` as used in the bias: clamped in value, straight-through in gradient.
+
+        The one parametrization of every path: :meth:`bias` (SDPA, explicit) and
+        :meth:`score_mod` (FlexAttention) both read the parameters through it, so a parameter
+        that training pushed out of its range gives the same bias on each path, whether or not
+        :meth:`clamp_parameters_` was called."""
         r1 = _clamp_straight_through(self.r1, self.eps, None)
         r2 = _clamp_straight_through(self.r2, self.eps, self._r2_max)
         return r1, r2
@@ -91,7 +101,7 @@ class KERPLE(PositionBias):
         q, k = check_pair(positions, k_positions)
         read_q, read_k = position_reader(q), position_reader(k)
         r1, r2 = (p.float() for p in self.constrained())  # [h] each
-        log = self.variant == "log"
+        kernel = kerple_log if self.variant == "log" else kerple_power
 
         def kerple(
             score: torch.Tensor,
@@ -100,9 +110,8 @@ class KERPLE(PositionBias):
             qi: torch.Tensor,
             ki: torch.Tensor,
         ) -> torch.Tensor:
-            dist = (read_k(b, ki) - read_q(b, qi)).abs().to(torch.float32)
-            bias = -r1[h] * (torch.log1p(r2[h] * dist) if log else dist.pow(r2[h]))
-            return score + bias.to(score.dtype)
+            dist = read_k(b, ki) - read_q(b, qi)  # int64 j - i: exact for any positions
+            return score + kernel(dist, r1[h], r2[h]).to(score.dtype)
 
         return kerple
 

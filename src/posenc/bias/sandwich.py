@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_positive_int
+from .._checks import check_int_at_most, check_number
 from ..attention import DeviceConstants
-from ..functional.bias import sandwich_distance_table, sandwich_embedding
+from ..functional.bias import MAX_TABLE_ROWS, sandwich_distance_table, sandwich_embedding
 from .common import (
     PositionBias,
     ScoreMod,
@@ -14,7 +14,12 @@ from .common import (
     check_pair,
     column_readers,
     per_head,
+    reference_position,
 )
+
+# d' beyond this is no sinusoidal width any model uses; it sizes the construction's
+# [cache_len, d'/2] float64 table and the d'/2 terms a FlexAttention score_mod unrolls.
+MAX_D_PRIME = 2048
 
 
 class Sandwich(PositionBias):
@@ -30,6 +35,9 @@ class Sandwich(PositionBias):
     * :meth:`bias` computes it as what it is, a dot product ``e(i) . e(j) - d'/2`` of the
       embeddings ``e [*, d']`` of the query and key positions
       (:func:`~posenc.functional.bias.sandwich_embedding`): one ``[s, d'] @ [d', t]`` product.
+      Positions are measured from the call's first query position first
+      (:func:`~posenc.bias.common.reference_position`; the bias depends on ``i - j`` only), so
+      the angles stay as small as the call's span and far positions lose no precision.
     * :meth:`score_mod` in the index layout (the default positions of a plain, cached or
       memory call) reads a table by *index* distance ``|t - s + q_idx - kv_idx| < t``: one
       gather per entry. The first ``cache_len`` distances are computed once (float64 formula,
@@ -50,8 +58,11 @@ class Sandwich(PositionBias):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(num_heads)
-        self.d_prime, self.base = d_prime, float(base)
-        self.cache_len = check_positive_int("cache_len", cache_len)
+        why = "the width of the sinusoidal embeddings"
+        self.d_prime = check_int_at_most("d_prime", d_prime, MAX_D_PRIME, why)
+        self.base = check_number("base", base, low=1.0, low_open=True)
+        why = "the distances cached as a table; longer calls build their own"
+        self.cache_len = check_int_at_most("cache_len", cache_len, MAX_TABLE_ROWS, why)
         table = sandwich_distance_table(cache_len - 1, d_prime, base).float()  # validates d_prime
         # 1 / r_h with ALiBi's compression ratios r_h = 8h/H, h = 1..H. Both move with the
         # module, never cast (module.to(bfloat16) would round them); not in state_dict.
@@ -78,6 +89,8 @@ class Sandwich(PositionBias):
     def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
         q, k = check_pair(positions, k_positions)
+        ref = reference_position(q, k)  # [(b,) 1]: B depends on i - j only
+        q, k = q.long() - ref, k.long() - ref  # offsets, int64: exact for any positions
         # float64: a float32 product of d' terms near 1 minus d'/2 loses ~15x the float32
         # rounding of the result (3e-5 at d' = 128); float64 makes it the rounding alone.
         eq, ek = self.embedding(q, torch.float64), self.embedding(k, torch.float64)
@@ -112,6 +125,8 @@ class Sandwich(PositionBias):
 
     def _dot_score_mod(self, q: torch.Tensor, k: torch.Tensor, inv_ratio: torch.Tensor) -> ScoreMod:
         """The score_mod for any positions: the embeddings' dot product, entry by entry."""
+        ref = reference_position(q, k)  # [(b,) 1]: as in bias(), positions become offsets
+        q, k = q.long() - ref, k.long() - ref
         # Embeddings by query and key index: O((s + t) d') whatever the position values.
         read_q, read_k = column_readers(self.embedding(q)), column_readers(self.embedding(k))
         half = self.d_prime // 2

@@ -20,13 +20,22 @@ import math
 
 import torch
 
-from .._checks import check_positions, check_positive_int
+from .._checks import check_number, check_positions, check_positive_int
+
+# The most rows a table sized by an option may have (T5's buckets and clamped distances, Shaw's
+# and DeBERTa's relative embeddings, Sandwich's cached distances): a larger option is an error
+# naming it, not an allocation that fails (or swaps) far from the cause. Tables are indexed by
+# clamped offsets, never by position values, so no position needs a longer one.
+MAX_TABLE_ROWS = 1 << 16
 
 __all__ = [
+    "MAX_TABLE_ROWS",
     "alibi_slopes",
     "deberta_log_bucket",
     "fire_normalized_distance",
+    "kerple_log",
     "kerple_log_bias",
+    "kerple_power",
     "kerple_power_bias",
     "relative_position_matrix",
     "sandwich_distance_table",
@@ -96,8 +105,14 @@ def _check_int_tensor(name: str, x: object) -> torch.Tensor:
 
 def t5_bucket_layout(bidirectional: bool, num_buckets: int, max_distance: int) -> tuple[int, int]:
     """Validate T5 bucket options; return ``(buckets per direction, exact buckets)``."""
-    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 2:
-        raise ValueError(f"num_buckets must be an integer >= 2, got {num_buckets!r}")
+    if (
+        isinstance(num_buckets, bool)
+        or not isinstance(num_buckets, int)
+        or not 2 <= num_buckets <= MAX_TABLE_ROWS
+    ):
+        raise ValueError(
+            f"num_buckets must be an integer in [2, {MAX_TABLE_ROWS}], got {num_buckets!r}"
+        )
     per_side = num_buckets // 2 if bidirectional else num_buckets
     if per_side < 2:
         raise ValueError(
@@ -108,11 +123,12 @@ def t5_bucket_layout(bidirectional: bool, num_buckets: int, max_distance: int) -
     if (
         isinstance(max_distance, bool)
         or not isinstance(max_distance, int)
-        or max_distance <= max_exact
+        or not max_exact < max_distance <= MAX_TABLE_ROWS
     ):
         raise ValueError(
             f"max_distance must be an integer above the exact-bucket range ({max_exact} for "
-            f"num_buckets={num_buckets}, bidirectional={bidirectional}), got {max_distance!r}"
+            f"num_buckets={num_buckets}, bidirectional={bidirectional}) and at most "
+            f"{MAX_TABLE_ROWS}, got {max_distance!r}"
         )
     return per_side, max_exact
 
@@ -152,8 +168,14 @@ def t5_relative_bucket(
 
 def deberta_check_buckets(bucket_size: int, max_position: int) -> int:
     """Validate DeBERTa log-bucket options; return ``mid = bucket_size // 2``."""
-    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 2:
-        raise ValueError(f"bucket_size must be an integer >= 2, got {bucket_size!r}")
+    if (
+        isinstance(bucket_size, bool)
+        or not isinstance(bucket_size, int)
+        or not 2 <= bucket_size <= MAX_TABLE_ROWS
+    ):
+        raise ValueError(
+            f"bucket_size must be an integer in [2, {MAX_TABLE_ROWS}], got {bucket_size!r}"
+        )
     mid = bucket_size // 2
     if (
         isinstance(max_position, bool)
@@ -194,15 +216,33 @@ def deberta_log_bucket(
 # --- KERPLE ------------------------------------------------------------------------------------
 
 
+def kerple_log(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    """KERPLE's log kernel entry by entry, ``-r1 * log(1 + r2 * |distance|)``, broadcasting.
+
+    The one statement of the formula: :func:`kerple_log_bias` (a whole ``[h, *]`` bias) and the
+    FlexAttention ``score_mod`` (one entry, ``r1[h]``) both call it.
+    """
+    return -r1 * torch.log1p(r2 * distance.abs().to(r1.dtype))
+
+
+def kerple_power(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    """KERPLE's power kernel entry by entry, ``-r1 * |distance| ** r2``, broadcasting.
+
+    Far distances (``|i - j|`` up to ``2**63``) would overflow to ``-inf`` for large ``r1``, and
+    a row of ``-inf`` is a NaN softmax: the result stops at the most negative finite value of
+    its dtype instead (the nearest representable value of the formula).
+    """
+    out = -r1 * distance.abs().to(r1.dtype).pow(r2)
+    return out.clamp(min=torch.finfo(out.dtype).min)
+
+
 def kerple_log_bias(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
     """KERPLE log kernel ``-r1 * log(1 + r2 * |distance|)`` (Chi et al., 2022).
 
     Shapes: ``distance [*]`` (any integer or float), ``r1, r2 [h]`` -> ``[h, *]``.
     """
-    d = distance.abs().to(r1.dtype)
-    extra = (1,) * d.dim()
-    r1, r2 = r1.view(-1, *extra), r2.view(-1, *extra)  # [h, 1, ...]
-    return -r1 * torch.log1p(r2 * d)  # [h, *]
+    extra = (1,) * distance.dim()
+    return kerple_log(distance, r1.view(-1, *extra), r2.view(-1, *extra))  # [h, *]
 
 
 def kerple_power_bias(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
@@ -210,10 +250,8 @@ def kerple_power_bias(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor
 
     Shapes: ``distance [*]``, ``r1, r2 [h]`` -> ``[h, *]``.
     """
-    d = distance.abs().to(r1.dtype)
-    extra = (1,) * d.dim()
-    r1, r2 = r1.view(-1, *extra), r2.view(-1, *extra)  # [h, 1, ...]
-    return -r1 * d.pow(r2)  # [h, *]
+    extra = (1,) * distance.dim()
+    return kerple_power(distance, r1.view(-1, *extra), r2.view(-1, *extra))  # [h, *]
 
 
 # --- FIRE --------------------------------------------------------------------------------------
@@ -250,6 +288,7 @@ def sandwich_inv_freq(
     check_positive_int("d_prime", d_prime)
     if d_prime % 2:
         raise ValueError(f"d_prime must be even for Sandwich (d'/2 frequencies), got {d_prime}")
+    base = check_number("base", base, low=1.0, low_open=True)
     k = torch.arange(1, d_prime // 2 + 1, dtype=torch.float64, device=device)
     return base ** (-2.0 * k / d_prime)  # [d'/2]
 
@@ -270,8 +309,8 @@ def sandwich_distance_table(
     product of :func:`sandwich_embedding` s, whose cost does not depend on the position values.
     """
     inv_freq = sandwich_inv_freq(d_prime, base, device)  # [d'/2], validates d_prime
-    if max_distance < 0:
-        raise ValueError(f"max_distance must be >= 0, got {max_distance}")
+    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
+        raise ValueError(f"max_distance must be an integer >= 0, got {max_distance!r}")
     r = torch.arange(max_distance + 1, dtype=torch.float64, device=device)
     return torch.cos(r[:, None] * inv_freq).sum(-1) - d_prime // 2  # [max_distance + 1]
 
