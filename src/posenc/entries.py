@@ -78,6 +78,43 @@ def _rope(
     )
 
 
+def default_mrope_section(pairs: int) -> list[int]:
+    """Qwen2-VL's split of the rotated pairs over (temporal, height, width): 1/4, 3/8, 3/8
+    (``[16, 24, 24]`` of 64 pairs), the temporal axis taking what rounding leaves."""
+    spatial = 3 * pairs // 8
+    return [pairs - 2 * spatial, spatial, spatial]
+
+
+@register(
+    "mrope",
+    "rotary",
+    description="M-RoPE (Qwen2-VL/Qwen3-VL): T/H/W sections of pairs; on text, plain RoPE",
+)
+def _mrope(
+    ctx: BuildContext,
+    *,
+    base: float = 10000.0,
+    mrope_section: list[int] | None = None,
+    interleaved: bool = False,
+    scaling: dict | None = None,
+    angle_dtype: str = "float64",
+) -> nn.Module:
+    from .rotary import MRoPE
+
+    # Text positions ([s] or [b, s], as the model passes) are the same on all three axes, so the
+    # sections only matter for [3, b, s] multimodal positions passed to the module directly.
+    if mrope_section is None:
+        mrope_section = default_mrope_section(ctx.head_dim // 2)
+    return MRoPE(
+        ctx.head_dim,
+        mrope_section,
+        base=base,
+        scaling=scaling,
+        interleaved=interleaved,
+        angle_dtype=angle_dtype,
+    )
+
+
 @register("xpos", "rotary", description="xPos: RoPE whose scores decay exponentially with distance")
 def _xpos(
     ctx: BuildContext,

@@ -1,33 +1,43 @@
 """Build any encoding by name and keyword arguments (used by the model, the CLI and the lab).
 
 Each entry is a builder ``f(ctx, **kwargs) -> nn.Module`` where ``ctx`` carries the model's
-shape (:class:`BuildContext`); ``kwargs`` are the encoding's own flat options. ``shared`` says
+shape (:class:`BuildContext`); ``kwargs`` are the encoding's own flat options, checked against
+the builder's annotations before it runs (a wrong type names the option). ``shared`` says
 whether one instance serves every layer (ALiBi, T5's bias, RoPE) or each layer gets its own
-(KERPLE, Shaw).
+(KERPLE, Shaw). Names are case-insensitive; an unknown name gets "did you mean" suggestions.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from ._checks import resolve_head_dim
+from ._checks import check_positive_int, resolve_head_dim
 from .attention import ENCODING_FAMILIES
 
 
 @dataclass(frozen=True)
 class BuildContext:
-    """The model shape an encoding is built for."""
+    """The model shape an encoding is built for (each size a positive integer)."""
 
     dim: int
     num_heads: int
     head_dim: int
     max_len: int
     causal: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "num_heads", "head_dim", "max_len"):
+            check_positive_int(name, getattr(self, name))
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"causal must be a bool, got {self.causal!r}")
 
 
 Builder = Callable[..., nn.Module]
@@ -48,9 +58,11 @@ _REGISTRY: dict[str, EncodingEntry] = {}
 def register(
     name: str, family: str, *, shared: bool = True, description: str = ""
 ) -> Callable[[Builder], Builder]:
-    """Decorator adding a builder to the registry under ``name``."""
+    """Decorator adding a builder to the registry under ``name`` (lower case)."""
     if family not in ENCODING_FAMILIES:
         raise ValueError(f"family must be one of {ENCODING_FAMILIES}, got {family!r}")
+    if name != name.lower():
+        raise ValueError(f"encoding names are lower case, got {name!r}")
 
     def deco(fn: Builder) -> Builder:
         if name in _REGISTRY:
@@ -62,8 +74,8 @@ def register(
 
 
 def _load() -> None:
-    # The entries live beside their families (``posenc/<family>/entries.py``); importing the
-    # package registers them.
+    # The entries live in ``posenc/entries.py``, one section per family; importing it
+    # registers them.
     from . import entries  # noqa: F401
 
 
@@ -73,11 +85,23 @@ def names(family: str | None = None) -> list[str]:
     return [n for n, e in _REGISTRY.items() if family is None or e.family == family]
 
 
+def suggest(name: str, choices: list[str] | None = None) -> str:
+    """``" (did you mean 'rope'?)"`` for a near miss of a registered name, else ``""``."""
+    close = difflib.get_close_matches(name.lower(), choices or names(), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
 def entry(name: str) -> EncodingEntry:
+    """The entry of ``name`` (any case); ValueError naming the registered ones otherwise."""
     _load()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown encoding {name!r}; registered: {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
+    if not isinstance(name, str):
+        raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
+    key = name.strip().lower()
+    if key not in _REGISTRY:
+        raise ValueError(
+            f"unknown encoding {name!r}{suggest(key)}; registered: {', '.join(_REGISTRY)}"
+        )
+    return _REGISTRY[key]
 
 
 def options(name: str) -> dict[str, Any]:
@@ -88,6 +112,67 @@ def options(name: str) -> dict[str, Any]:
         for p in list(sig.parameters.values())[1:]
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     }
+
+
+def _hints(fn: Builder) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not evaluate: no type checks for this builder
+        return {}
+
+
+def _matches(value: object, hint: Any) -> bool:
+    """Whether ``value`` fits the annotation ``hint`` (the types options take: JSON's)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_matches(value, h) for h in args)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint in (int, float):
+        numeric = (int,) if hint is int else (int, float)
+        return isinstance(value, numeric) and not isinstance(value, bool)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(_matches(v, args[0]) for v in value if args)
+    if origin is dict or hint is dict:
+        return isinstance(value, Mapping)
+    return not isinstance(hint, type) or isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    """``int | None`` -> ``"int or None"``; ``list[int]`` -> ``"a list of int"``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_describe(h) for h in args)
+    if hint is type(None):
+        return "None"
+    if origin in (list, tuple):
+        return f"a list of {_describe(args[0])}" if args else "a list"
+    if origin is dict:
+        return "a dict"
+    return getattr(hint, "__name__", str(hint))
+
+
+def check_options(name: str, kwargs: Mapping[str, Any]) -> None:
+    """Raise TypeError for an option ``name`` does not take or a value of the wrong type."""
+    e = entry(name)
+    allowed = options(e.name)
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {unknown} for encoding {e.name!r}{suggest(unknown[0], list(allowed))}; "
+            f"allowed: {sorted(allowed) or 'none'}"
+        )
+    hints = _hints(e.builder)
+    for key, value in kwargs.items():
+        if key in hints and not _matches(value, hints[key]):
+            raise TypeError(
+                f"option {key!r} of encoding {e.name!r} must be {_describe(hints[key])}, "
+                f"got {value!r} ({type(value).__name__})"
+            )
 
 
 def build(
@@ -107,12 +192,9 @@ def build(
     'absolute'
     """
     e = entry(name)
-    allowed = options(name)
-    unknown = sorted(set(kwargs) - set(allowed))
-    if unknown:
-        raise TypeError(
-            f"unknown option(s) {unknown} for encoding {name!r}; allowed: {sorted(allowed) or 'none'}"
-        )
+    check_options(e.name, kwargs)
+    check_positive_int("dim", dim)
+    check_positive_int("num_heads", num_heads)
     head_dim = resolve_head_dim(dim, num_heads, head_dim)
     ctx = BuildContext(
         dim=dim, num_heads=num_heads, head_dim=head_dim, max_len=max_len, causal=causal
@@ -121,6 +203,6 @@ def build(
     family = getattr(module, "family", None)
     if family != e.family:
         raise RuntimeError(
-            f"builder for {name!r} returned family {family!r}, expected {e.family!r}"
+            f"builder for {e.name!r} returned family {family!r}, expected {e.family!r}"
         )
     return module
