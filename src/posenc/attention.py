@@ -14,8 +14,9 @@ Where position enters (DESIGN.md): an ``encoding`` module declares its ``family`
   Both positions are None when every key sits at its index (the index layout of
   :mod:`posenc.relative`), which Transformer-XL's rel-shift needs and nobody has to read
   position values to know.
-* ``"absolute"`` and ``"none"``: nothing happens here; absolute encodings are added to the token
-  embeddings by the model.
+* ``"none"``: nothing happens here. ``"absolute"`` encodings are refused (a ValueError saying
+  where they go): they add to the token embeddings before the first layer, as
+  :class:`posenc.model.TransformerLM` does, and inside attention they would silently do nothing.
 
 DeepSeek's decoupled RoPE (MLA) splits each head into a rotated and an unrotated part with one
 shared rotary key head, and changes the softmax scale under YaRN: the recipe, with
@@ -462,7 +463,8 @@ class Attention(nn.Module):
         num_kv_heads: key/value heads ``hk`` (grouped-query attention); ``h % hk == 0``.
         head_dim: ``d``; default ``dim // num_heads``.
         causal: mask future keys (by index).
-        encoding: a module with a ``family`` attribute (module docstring), or None (NoPE).
+        encoding: a rotary, bias or relative encoding (a module with a ``family`` attribute,
+            module docstring), or None (NoPE); absolute encodings belong on the embeddings.
         qkv_bias, out_bias: biases on the projections.
         dropout: attention-probability dropout while training.
         scale: softmax scale; default ``1 / sqrt(d)``.
@@ -792,6 +794,14 @@ def _encoding_family(encoding: nn.Module | None, backend: str) -> str:
     family = getattr(encoding, "family", "none") if encoding is not None else "none"
     if family not in ENCODING_FAMILIES:
         raise ValueError(f"encoding.family must be one of {ENCODING_FAMILIES}, got {family!r}")
+    if family == "absolute":
+        # Attention would ignore it and run as NoPE: an absolute encoding adds to the tokens.
+        raise ValueError(
+            f"{type(encoding).__name__} is an absolute encoding: it adds position to the token "
+            "embeddings (x = encoding(x, positions)) before the first layer, not inside "
+            "attention; TransformerLM applies it there (ModelConfig(encoding=...)). Attention "
+            "takes a rotary, bias or relative encoding, or None"
+        )
     if family == "relative" and backend in ("sdpa", "flex"):
         raise ValueError(
             f"backend {backend!r} cannot run a relative-family encoding (its position term "
