@@ -382,6 +382,119 @@ def test_bad_input(call, error, words) -> None:
         call()
 
 
+QKV = tuple(torch.randn(1, 4, 3, 4) for _ in range(3))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        # Options that used to build NaN weights, or NaN outputs, or a table past memory.
+        (lambda: TransformerXLRelative(16, 4, base=math.nan), ValueError, "base must be a finite"),
+        (lambda: TransformerXLRelative(16, 4, base=0.5), ValueError, "base must be a finite"),
+        (lambda: TransformerXLRelative(16, 4, init_std=math.inf), ValueError, "init_std must"),
+        (lambda: ShawRelative(4, init_std=math.nan), ValueError, "init_std must be a finite"),
+        (lambda: ShawRelative(4, max_distance=2**40), ValueError, "max_distance must be <= 65536"),
+        (lambda: DeBERTaRelative(16, 4, layer_norm_eps=math.nan), ValueError, "layer_norm_eps"),
+        (lambda: DeBERTaRelative(16, 4, layer_norm_eps=0.0), ValueError, "layer_norm_eps"),
+        (lambda: DeBERTaRelative(16, 4, pos_dropout=1.5), ValueError, "pos_dropout must be"),
+        (lambda: DeBERTaRelative(16, 4, pos_att_type=3), TypeError, "pos_att_type must be"),
+        (
+            lambda: DeBERTaRelative(16, 4, position_buckets=0, max_relative_positions=2**40),
+            ValueError,
+            "max_relative_positions must be <= 65536",
+        ),
+        (
+            lambda: DeBERTaRelative(16, 4, position_buckets=2**20, max_relative_positions=2**21),
+            ValueError,
+            r"bucket_size must be an integer in \[2, 65536\]",
+        ),
+        # attend's inputs: said in words, not a matmul error from deep inside.
+        (
+            lambda: ShawRelative(4).attend(QKV[0], QKV[1].double(), QKV[2]),
+            TypeError,
+            "q, k and v must share a dtype",
+        ),
+        (
+            lambda: ShawRelative(4).attend(QKV[0].long(), QKV[1], QKV[2]),
+            TypeError,
+            "q must be a floating-point tensor",
+        ),
+        (
+            lambda: ShawRelative(4).attend(*QKV, mask=torch.ones(3, 4, dtype=torch.bool)),
+            ValueError,
+            r"mask must be \[s, t\]=\[3, 3\]",
+        ),
+        (
+            lambda: ShawRelative(4).attend(*QKV, mask=torch.ones(3, 3)),
+            TypeError,
+            "mask must be a bool tensor",
+        ),
+        (
+            lambda: TransformerXLRelative(16, 4).attend(QKV[0], QKV[1][:, :, :0], QKV[2][:, :, :0]),
+            ValueError,
+            "default positions put the s queries at the last s of the t keys",
+        ),
+    ],
+)
+def test_bad_options_and_inputs(call, error, words) -> None:
+    with pytest.raises(error, match=words):
+        call()
+
+
+@pytest.mark.parametrize("name", list(RELATIVE))
+@pytest.mark.parametrize(("s", "t"), [(0, 5), (5, 0), (0, 0)])
+def test_empty_queries_or_keys(name: str, s: int, t: int) -> None:
+    """No queries: an empty output. No keys: the empty sum, zeros (as SDPA gives). Transformer-XL
+    crashed on s = t = 0 (its rel-shift built a range of distances from t - 1 down to 1 - s)."""
+    enc = RELATIVE[name]()
+    attn = Attention(16, 4, causal=False, encoding=enc)
+    q, k = torch.randn(2, 4, s, 4), torch.randn(2, 4, t, 4)
+    kw = {"attention": attn}
+    if s <= t:  # the index layout (default positions) exists
+        out = enc.attend(q, k, k, **kw)
+        assert out.shape == (2, 4, s, 4) and not out.abs().sum()
+    out = enc.attend(q, k, k, positions=torch.arange(s) + 3, k_positions=torch.arange(t), **kw)
+    assert out.shape == (2, 4, s, 4) and not out.abs().sum()
+    # Through Attention: a sequence of no tokens (with and without a causal mask).
+    for causal in (True, False):
+        attn.causal = causal
+        assert attn(torch.randn(2, 0, 16)).shape == (2, 0, 16)
+
+
+@pytest.mark.parametrize("name", list(RELATIVE))
+@pytest.mark.parametrize("offset", [2**31, 2**40, 2**62])
+def test_far_positions_give_the_numbers_of_near_ones(name: str, offset: int) -> None:
+    """The same tokens at offset 2**40 give the output at offset 0, bit for bit: every scheme
+    works from j - i (Transformer-XL's angle addition measures positions from the call's first
+    query, so its angles stay small), and nothing is sized by a position value."""
+    attn = Attention(16, 4, causal=True, encoding=RELATIVE[name]()).eval()
+    x = torch.randn(2, 6, 16)
+    pos = torch.tensor([0, 1, 3, 4, 5, 9])
+    with torch.no_grad():
+        near = attn(x, pos)
+        assert torch.equal(attn(x, pos + offset), near)
+        batched = torch.stack([pos, pos + 7])  # [b, s]
+        assert torch.equal(attn(x, batched + offset), attn(x, batched))
+
+
+@pytest.mark.parametrize("name", list(RELATIVE))
+def test_two_tokens_far_apart(name: str) -> None:
+    """Positions 0 and 2**63 - 1 in one call: finite, O(s t), and the distance is clipped (Shaw,
+    DeBERTa) or taken in float64 (Transformer-XL) as for any other pair (DeBERTa's table index
+    wrapped around int64 when no log buckets were used)."""
+    enc = RELATIVE[name]()
+    attn = Attention(16, 4, causal=False, encoding=enc).double().eval()
+    x = torch.randn(1, 2, 16, dtype=F64)
+    pos = torch.tensor([0, 2**63 - 1])
+    with torch.no_grad():
+        out = attn(x, pos)
+    assert torch.isfinite(out).all()
+    if name == "deberta":
+        nobuckets = DeBERTaRelative(16, 4, position_buckets=0, max_relative_positions=8)
+        idx = nobuckets.relative_index(pos, pos)
+        assert idx.tolist() == [[8, 0], [15, 8]]  # i - j < -span -> row 0, > span -> 2 span - 1
+
+
 # --- Transformer-XL's two position terms -------------------------------------------------------
 
 

@@ -68,10 +68,20 @@ def _make(kind: str, **options: Any) -> Figure:
         raise typer.BadParameter(str(e)) from None
 
 
+def _save(save_figure: Any, fig: Figure, out: Path) -> Path:
+    """``save_figure(fig, out)``, a folder or file that cannot be written being a one-line error."""
+    from ..cli_errors import fail
+
+    try:
+        return Path(save_figure(fig, out))
+    except OSError as e:
+        fail(f"cannot write {out}: {e.strerror or e}")
+
+
 def _write(fig: Figure, out: Path) -> None:
     from .common import caption, save_figure
 
-    path = save_figure(fig, out)
+    path = _save(save_figure, fig, out)
     typer.echo(f"wrote {path}")
     typer.echo(caption(fig))
 
@@ -219,6 +229,7 @@ def plot_all(
 
     if fmt not in ("png", "svg"):
         raise typer.BadParameter(f"must be png or svg, got {fmt!r}", param_hint="--format")
+    _writable_folder(out_dir)
     for kind in FIGURES:
         options: dict[str, Any] = {}
         if kind == "attention":
@@ -228,8 +239,22 @@ def plot_all(
                 typer.echo(f"skip lab: no results in {results} (run `posenc lab` first)")
                 continue
             options["results"] = str(results)
-        path = save_figure(_make(kind, **options), out_dir / f"{kind}.{fmt}")
+        path = _save(save_figure, _make(kind, **options), out_dir / f"{kind}.{fmt}")
         typer.echo(f"wrote {path}")
+
+
+def _writable_folder(folder: Path) -> None:
+    """Create ``folder`` before any drawing, or fail in one line saying why it cannot be."""
+    import os
+
+    from ..cli_errors import fail
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the folder {folder}: {e.strerror or e}")
+    if not os.access(folder, os.W_OK):
+        fail(f"cannot write into the folder {folder}: permission denied")
 
 
 def report_command(
@@ -245,6 +270,7 @@ def report_command(
 
     if out.suffix.lower() not in (".html", ".htm"):
         raise typer.BadParameter(f"must end in .html, got {str(out)!r}", param_hint="--out")
+    _writable_folder(out.parent)
     path = write_report(
         out,
         results=results,

@@ -27,7 +27,13 @@ from .._checks import default_positions
 from ..attention import masked_softmax as softmax_probs
 from ..bias.common import check_index_layout, check_pair
 
-__all__ = ["RelativeEncoding", "batch_heads", "check_attend_inputs", "softmax_probs"]
+__all__ = [
+    "RelativeEncoding",
+    "batch_heads",
+    "check_attend_inputs",
+    "check_mask",
+    "softmax_probs",
+]
 
 
 class RelativeEncoding(nn.Module):
@@ -62,10 +68,12 @@ def check_attend_inputs(
     positions: torch.Tensor | None,
     k_positions: torch.Tensor | None,
     index_layout: bool = False,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate ``attend``'s shapes; return the checked positions (defaults: the index layout).
+    """Validate ``attend``'s inputs; return the checked positions (defaults: the index layout).
 
     ``index_layout``: check that promise too, where that is free (eager CPU)."""
+    _check_qkv(q, k, v)
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
         raise ValueError(
             f"q must be [b, h, s, d] and k, v [b, hk, t, d], got {tuple(q.shape)}, "
@@ -76,6 +84,12 @@ def check_attend_inputs(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on b, d or heads (h % hk)"
         )
     s, t = q.shape[2], k.shape[2]
+    check_mask(mask, q.shape[0], q.shape[1], s, t)
+    if positions is None and s > t:
+        raise ValueError(
+            f"default positions put the s queries at the last s of the t keys, so s <= t; got "
+            f"s={s} > t={t}: pass positions and k_positions"
+        )
     if positions is None:
         positions = default_positions(s, q.device, offset=t - s)
     if k_positions is None:
@@ -89,6 +103,34 @@ def check_attend_inputs(
     if index_layout:
         check_index_layout(qp, kp)
     return qp, kp
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k, v are floating-point tensors of one dtype on one device."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(
+                f"{name} must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}"
+            )
+    if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
+        raise TypeError(
+            f"q, k and v must share a dtype and a device, got {q.dtype}/{q.device}, "
+            f"{k.dtype}/{k.device} and {v.dtype}/{v.device}"
+        )
+
+
+def check_mask(mask: torch.Tensor | None, b: int, h: int, s: int, t: int) -> None:
+    """``mask``: None or a bool keep-mask ``[s, t]`` or ``[b, h, s, t]`` (any of them 1)."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor (True = attend), got {mask!r:.80}")
+    full = (b, h, s, t)[-mask.dim() :] if mask.dim() in (2, 4) else None
+    if full is None or any(n not in (1, m) for n, m in zip(mask.shape, full, strict=True)):
+        raise ValueError(
+            f"mask must be [s, t]={[s, t]} or [b, h, s, t]={[b, h, s, t]} (each may be 1), "
+            f"got {list(mask.shape)}"
+        )
 
 
 def batch_heads(idx: torch.Tensor, b: int, h: int) -> torch.Tensor:

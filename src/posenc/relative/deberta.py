@@ -8,9 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_positive_int, resolve_head_dim
+from .._checks import check_int_at_most, check_number, check_positive_int, resolve_head_dim
 from ..attention import repeat_kv
-from ..functional.bias import deberta_check_buckets, deberta_log_bucket, relative_position_matrix
+from ..functional.bias import (
+    MAX_TABLE_ROWS,
+    deberta_check_buckets,
+    deberta_log_bucket,
+    relative_position_matrix,
+)
 from .common import RelativeEncoding, batch_heads, check_attend_inputs, softmax_probs
 
 DEBERTA_POS_ATT_TYPES = ("c2p", "p2c")
@@ -20,6 +25,24 @@ def _heads(x: torch.Tensor, d: int, h: int) -> torch.Tensor:
     """Shapes: ``[n, hp * d]`` -> ``[h, n, d]``, repeating ``hp`` projected heads to ``h`` (GQA)."""
     x = x.view(x.shape[0], -1, d).transpose(0, 1)  # [hp, n, d]
     return x if x.shape[0] == h else x.repeat_interleave(h // x.shape[0], dim=0)  # [h, n, d]
+
+
+def _pos_att_types(pos_att_type: object) -> tuple[str, ...]:
+    """``"c2p|p2c"`` (DeBERTa's config spelling) or a sequence of names -> a tuple of names."""
+    if isinstance(pos_att_type, str):
+        types = tuple(t.strip() for t in pos_att_type.lower().split("|"))
+    elif isinstance(pos_att_type, (tuple, list)):
+        types = tuple(pos_att_type)
+    else:
+        raise TypeError(
+            f"pos_att_type must be a string like 'c2p|p2c' or a tuple of {DEBERTA_POS_ATT_TYPES}, "
+            f"got {pos_att_type!r}"
+        )
+    types = tuple(t for t in types if t)
+    for t in types:
+        if t not in DEBERTA_POS_ATT_TYPES:
+            raise ValueError(f"pos_att_type entries must be in {DEBERTA_POS_ATT_TYPES}, got {t!r}")
+    return types
 
 
 class DeBERTaRelative(RelativeEncoding):
@@ -77,25 +100,20 @@ class DeBERTaRelative(RelativeEncoding):
         self.position_buckets = position_buckets
         if position_buckets > 0:
             deberta_check_buckets(position_buckets, max_relative_positions)
+        else:  # the relative embeddings are sized by it
+            why = "without buckets it sizes the 2 * max_relative_positions relative embeddings"
+            check_int_at_most("max_relative_positions", max_relative_positions, MAX_TABLE_ROWS, why)
         self.span = position_buckets if position_buckets > 0 else max_relative_positions
-        types = (
-            tuple(t.strip() for t in pos_att_type.lower().split("|"))
-            if isinstance(pos_att_type, str)
-            else tuple(pos_att_type)
-        )
-        types = tuple(t for t in types if t)
-        for t in types:
-            if t not in DEBERTA_POS_ATT_TYPES:
-                raise ValueError(
-                    f"pos_att_type entries must be in {DEBERTA_POS_ATT_TYPES}, got {t!r}"
-                )
-        self.pos_att_type = types
+        self.pos_att_type = _pos_att_types(pos_att_type)
         self.share_att_key = bool(share_att_key)
-        self.pos_dropout = float(pos_dropout)
+        self.pos_dropout = check_number(
+            "pos_dropout", pos_dropout, low=0.0, high=1.0, high_open=True
+        )
+        layer_norm_eps = check_number("layer_norm_eps", layer_norm_eps, low=0.0, low_open=True)
         kw = {"device": device, "dtype": dtype}
         self.rel_embeddings = nn.Embedding(2 * self.span, dim, **kw)  # type: ignore[arg-type]
         self.norm = nn.LayerNorm(dim, eps=layer_norm_eps, **kw) if norm_rel_ebd else None  # type: ignore[arg-type]
-        inner = num_heads * self.head_dim
+        inner, types = num_heads * self.head_dim, self.pos_att_type
         self.pos_key_proj = (
             nn.Linear(dim, inner, **kw) if not share_att_key and "c2p" in types else None  # type: ignore[arg-type]
         )
@@ -113,7 +131,8 @@ class DeBERTaRelative(RelativeEncoding):
         rel = -relative_position_matrix(positions, k_positions)  # [(b,) s, t]: i - j
         if self.position_buckets > 0:
             rel = deberta_log_bucket(rel, self.position_buckets, self.max_relative_positions)
-        return (rel + self.span).clamp(0, 2 * self.span - 1)
+        # Clamp before shifting: i - j can be near 2**63, where adding span would wrap around.
+        return rel.clamp(-self.span, self.span - 1) + self.span
 
     def relative_embeddings(self) -> torch.Tensor:
         """``P [2 span, dim]``, normalized and dropped out as DeBERTa does."""
@@ -151,7 +170,7 @@ class DeBERTaRelative(RelativeEncoding):
         attention: nn.Module | None = None,
     ) -> torch.Tensor:
         """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``."""
-        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout)
+        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout, mask)
         b, h, _, d = q.shape
         if d != self.head_dim:
             raise ValueError(f"q's head_dim must be {self.head_dim}, got {d}")

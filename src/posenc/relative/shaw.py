@@ -7,8 +7,9 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_positive_int
+from .._checks import check_int_at_most, check_number, check_positive_int
 from ..attention import repeat_kv
+from ..functional.bias import MAX_TABLE_ROWS
 from ..functional.relative import clipped_relative_index
 from .common import RelativeEncoding, batch_heads, check_attend_inputs, softmax_probs
 
@@ -32,7 +33,9 @@ class ShawRelative(RelativeEncoding):
     ) -> None:
         super().__init__()
         self.head_dim = check_positive_int("head_dim", head_dim)
-        self.max_distance = check_positive_int("max_distance", max_distance)
+        why = "it sizes the 2 * max_distance + 1 embeddings"
+        self.max_distance = check_int_at_most("max_distance", max_distance, MAX_TABLE_ROWS, why)
+        init_std = check_number("init_std", init_std, low=0.0)
         n = 2 * max_distance + 1
         kw = {"device": device, "dtype": dtype}
         self.rel_k = nn.Parameter(torch.randn(n, head_dim, **kw) * init_std)  # type: ignore[arg-type]
@@ -55,7 +58,7 @@ class ShawRelative(RelativeEncoding):
         attention: nn.Module | None = None,
     ) -> torch.Tensor:
         """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``."""
-        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout)
+        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout, mask)
         b, h, s, d = q.shape
         if d != self.head_dim:
             raise ValueError(f"q's head_dim must be {self.head_dim}, got {d}")

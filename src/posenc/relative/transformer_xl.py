@@ -7,8 +7,9 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_positive_int, resolve_head_dim
+from .._checks import check_number, check_positive_int, resolve_head_dim
 from ..attention import DeviceConstants, repeat_kv
+from ..bias.common import reference_position
 from ..functional.relative import rel_shift
 from ..functional.sinusoidal import sinusoidal_inv_freq
 from .common import RelativeEncoding, check_attend_inputs, softmax_probs
@@ -60,7 +61,8 @@ class TransformerXLRelative(RelativeEncoding):
         self.head_dim = head_dim = resolve_head_dim(dim, num_heads, head_dim)
         if dim % 2:
             raise ValueError(f"dim must be even for the sinusoidal R ([sin | cos]), got {dim}")
-        self.base = float(base)
+        self.base = check_number("base", base, low=1.0, low_open=True)
+        init_std = check_number("init_std", init_std, low=0.0)
         kw = {"device": device, "dtype": dtype}
         self.r_net = nn.Linear(dim, num_heads * head_dim, bias=False, **kw)  # type: ignore[arg-type]
         self.r_w_bias = nn.Parameter(torch.randn(num_heads, head_dim, **kw) * init_std)  # type: ignore[arg-type]
@@ -90,8 +92,13 @@ class TransformerXLRelative(RelativeEncoding):
         Shapes: ``qv = q + v [b, h, s, d]``, ``positions [s]|[b, s]``, ``k_positions [t]|[b, t]``
         -> ``[b, h, s, t]``. With ``[a | c] = (q + v) W_R`` (the coefficients of ``sin`` and
         ``cos`` in ``R``), ``a sin(x - y) + c cos(x - y) = cos y (a sin x + c cos x)
-        + sin y (c sin x - a cos x)``: a product of a query side and a key side.
+        + sin y (c sin x - a cos x)``: a product of a query side and a key side. Both sides
+        measure positions from the call's first query position
+        (:func:`~posenc.bias.common.reference_position`): ``x - y`` is unchanged, and the
+        angles stay as small as the call's span, so far positions lose no precision.
         """
+        ref = reference_position(positions, k_positions)  # [(b,) 1]
+        positions, k_positions = positions.long() - ref, k_positions.long() - ref  # offsets
         h, d = self.num_heads, self.head_dim
         dtype = self.r_net.weight.dtype
         w = self.r_net.weight.view(h, d, self.dim)  # [h, d, dim]
@@ -140,7 +147,7 @@ class TransformerXLRelative(RelativeEncoding):
         query by index; only then are negative distances skipped.
         """
         index_layout = index_layout or (positions is None and k_positions is None)
-        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout)
+        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout, mask)
         b, h, s, d = q.shape
         if (h, d) != (self.num_heads, self.head_dim):
             raise ValueError(
@@ -153,7 +160,7 @@ class TransformerXLRelative(RelativeEncoding):
 
         content = (q + self.r_w_bias[:, None, :]) @ k.transpose(-1, -2)  # [b, h, s, t]
         qv = q + self.r_r_bias[:, None, :]  # [b, h, s, d]
-        if index_layout and rel_shift_is_cheaper(b, h, s, t, d, self.dim, causal):
+        if index_layout and s and t and rel_shift_is_cheaper(b, h, s, t, d, self.dim, causal):
             position = self.rel_shift_scores(qv, t, causal)  # [b, h, s, t]
         else:
             position = self.position_scores(qv, qp, kp)  # [b, h, s, t]
