@@ -1,17 +1,87 @@
 """The ``posenc`` command line. Each command group lives beside what it runs; heavy imports
-(matplotlib, the lab) happen inside the commands so ``posenc --help`` stays fast."""
+(matplotlib, the lab) happen inside the commands so ``posenc --help`` stays fast.
+
+A user's mistake (a bad option value, an unknown encoding or command, a missing optional
+package) ends in one line, ``error: ...``, and exit code 2 (:mod:`posenc.cli_errors`); the root
+command (:class:`PosencGroup`) turns usage errors and missing packages into that line.
+"""
 
 from __future__ import annotations
 
-import typer
+import fnmatch
+from typing import Any
 
+import typer
+from typer.core import TyperGroup
+
+from . import __version__
 from .bench.cli import bench_app
+from .cli_errors import fail, missing_package
 from .demo import demo_app
 from .lab.cli import lab_app
 from .plots.cli import plot_app, report_command
 
+# Click's UsageError (typer vendors click in recent versions): the base of typer.BadParameter.
+_UsageError: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+
+
+def _usage_line(e: Exception) -> str:
+    """One line for a usage error: click's message and where the help is."""
+    message = e.format_message() if hasattr(e, "format_message") else str(e)
+    ctx = getattr(e, "ctx", None)
+    where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"{message}{where}"
+
+
+def _plain_flags(command: Any) -> None:
+    """Show boolean flags as flags in help: no ``<bool>`` type column (recent typers print one),
+    for every option of ``command`` and its subcommands, ``--help`` included."""
+    for param in getattr(command, "params", []):
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    get_help_option = command.get_help_option
+
+    def plain_help_option(ctx: Any) -> Any:
+        option = get_help_option(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    setattr(command, "get_help_option", plain_help_option)  # noqa: B010 - an instance override
+    for sub in getattr(command, "commands", {}).values():
+        _plain_flags(sub)
+
+
+class PosencGroup(TyperGroup):
+    """The root command: flags shown as flags, and a user's mistake reported in one line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_flags(self)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except _UsageError as e:
+            fail(_usage_line(e))
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _UsageError as e:
+            fail(_usage_line(e))
+        except ImportError as e:
+            message = missing_package(e)
+            if message is None:
+                raise
+            fail(message)
+
+
 app = typer.Typer(
     name="posenc",
+    cls=PosencGroup,
     help="Transformer positional encodings: demos, the lab, plots and benchmarks.",
     no_args_is_help=True,
     add_completion=False,
@@ -23,16 +93,56 @@ app.add_typer(plot_app, name="plot")
 app.command("report")(report_command)
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"posenc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=_show_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Transformer positional encodings: demos, the lab, plots and benchmarks."""
+
+
+def matching_names(pattern: str | None) -> list[str]:
+    """Registered names matching ``pattern``, case-insensitively: a glob when it holds ``*?[``,
+    else a substring. All names for None."""
+    from . import registry
+
+    names = registry.names()
+    if pattern is None:
+        return names
+    pat = pattern.strip().lower()
+    if any(c in pat for c in "*?["):
+        return [n for n in names if fnmatch.fnmatchcase(n, pat)]
+    return [n for n in names if pat in n]
+
+
 @app.command("list")
-def list_encodings() -> None:
+def list_encodings(
+    pattern: str | None = typer.Argument(
+        None,
+        help="Show only the names that match: a substring ('rope') or a glob ('t*'); any case.",
+    ),
+) -> None:
     """List the registered encodings with their family and options."""
     from rich.console import Console
     from rich.table import Table
 
     from . import registry
 
+    names = matching_names(pattern)
+    if not names:
+        fail(
+            f"no registered encoding matches {pattern!r}{registry.suggest(str(pattern))}; "
+            f"registered: {', '.join(registry.names())}"
+        )
     table = Table("name", "family", "shared", "options", "description")
-    for name in registry.names():
+    for name in names:
         e = registry.entry(name)
         opts = ", ".join(f"{k}={v!r}" for k, v in registry.options(name).items())
         table.add_row(name, e.family, "yes" if e.shared else "per layer", opts, e.description)

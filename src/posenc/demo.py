@@ -2,14 +2,16 @@
 
 The same tokens in two orders go through the same random-weight *bidirectional* model. With NoPE
 the per-token outputs of one ordering are exactly a permutation of the other's: the model is
-order-blind. Every encoding breaks that (up to the symmetries it has; a symmetric distance bias
-such as bidirectional ALiBi cannot tell a sequence from its reverse, since reversal keeps every
-|i - j|). A causal mask alone already breaks the symmetry, which is why the demo is bidirectional.
+order-blind. Every encoding breaks that, up to the symmetries it has: a bias that depends only on
+the distance |i - j| when not causal (ALiBi, KERPLE, FIRE and Sandwich) cannot tell a sequence from
+its reverse, which keeps every |i - j| (:func:`reversal_blind` finds them by running the demo). A
+causal mask alone already breaks the symmetry, which is why the demo is bidirectional.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import typer
@@ -76,6 +78,22 @@ def order_sensitivity(
     return OrderResult(encoding, registry.entry(encoding).family, diff)
 
 
+def reversal_blind(encodings: list[str] | None = None, *, seed: int = 0) -> list[str]:
+    """The encodings (other than ``none``) that cannot tell the default examples from their
+    reversals: the demo's "order-blind" verdicts on :data:`DEFAULT_ORDERINGS`, in registry order.
+    """
+    found = []
+    for name in registry.names() if encodings is None else encodings:
+        if registry.entry(name).family == "none":
+            continue
+        if all(
+            order_sensitivity(name, a.split(), b.split(), seed=seed).blind
+            for a, b in DEFAULT_ORDERINGS
+        ):
+            found.append(name)
+    return found
+
+
 demo_app = typer.Typer(
     help="Small demonstrations of what position information does.", no_args_is_help=True
 )
@@ -90,14 +108,18 @@ def order(
 ) -> None:
     """Show that without an encoding the model cannot tell two orderings apart."""
     from rich.console import Console
-    from rich.table import Table
+
+    from .cli_errors import fail
 
     if (a is None) != (b is None):
-        raise typer.BadParameter("give both --a and --b, or neither for the default examples")
+        fail("give both --a and --b, or neither for the default examples")
     pairs = [(a, b)] if a is not None and b is not None else list(DEFAULT_ORDERINGS)
-    names = registry.names() if encodings == "all" else [e.strip() for e in encodings.split(",")]
-    for n in names:
-        registry.entry(n)  # unknown names fail here with the list of registered ones
+    try:
+        names = _encoding_names(encodings)
+        for sa, sb in pairs:
+            token_permutation(sa.split(), sb.split())
+    except ValueError as e:
+        fail(str(e))
     console = Console()
     console.print(
         "Same tokens, two orders, one random-weight [bold]bidirectional[/] model per encoding "
@@ -105,16 +127,37 @@ def order(
         "of the other's. (A causal mask alone already breaks the symmetry, hence no mask here.)"
     )
     for sa, sb in pairs:
-        ta, tb = sa.split(), sb.split()
-        table = Table(title=f"{sa!r}  vs  {sb!r}")
-        table.add_column("encoding")
-        table.add_column("family")
-        table.add_column("max |Δ| after matching tokens", justify="right")
-        table.add_column("verdict")
-        for name in names:
-            r = order_sensitivity(name, ta, tb, seed=seed)
-            verdict = "[red]order-blind[/]" if r.blind else "[green]tells them apart[/]"
-            if r.blind and r.family != "none":
-                verdict += " (symmetric under this reordering)"
-            table.add_row(name, r.family, f"{r.max_diff:.3e}", verdict)
-        console.print(table)
+        results = [order_sensitivity(n, sa.split(), sb.split(), seed=seed) for n in names]
+        console.print(_order_table(f"{sa!r}  vs  {sb!r}", results))
+        blind = [r.encoding for r in results if r.blind and r.family != "none"]
+        if blind:
+            console.print(
+                f"Blind to this reordering besides NoPE: {', '.join(blind)} (a bias that depends "
+                "only on |i - j| when not causal cannot tell a sequence from its reverse)."
+            )
+
+
+def _encoding_names(encodings: str) -> list[str]:
+    """``'all'`` or comma-separated names (any case) -> registered names; ValueError if unknown."""
+    if encodings.strip().lower() == "all":
+        return registry.names()
+    names = [registry.entry(e).name for e in encodings.split(",") if e.strip()]
+    if not names:
+        raise ValueError("--encodings names no encoding; pass names or 'all'")
+    return list(dict.fromkeys(names))
+
+
+def _order_table(title: str, results: list[OrderResult]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("encoding")
+    table.add_column("family")
+    table.add_column("max |Δ| after matching tokens", justify="right")
+    table.add_column("verdict")
+    for r in results:
+        verdict = "[red]order-blind[/]" if r.blind else "[green]tells them apart[/]"
+        if r.blind and r.family != "none":
+            verdict += " (symmetric under this reordering)"
+        table.add_row(r.encoding, r.family, f"{r.max_diff:.3e}", verdict)
+    return table

@@ -9,6 +9,7 @@ happen inside the commands so ``posenc --help`` stays fast.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,9 @@ def _csv(value: str | None) -> list[str] | None:
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    from rich.console import Console
+    from ..cli_errors import fail
 
-    # soft_wrap: one line whatever the width (a log file, a terminal, a test reading it)
-    Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
+    fail(msg, code)
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ def build_config(preset: str, over: Overrides | None = None) -> Any:
 
 def _model_shape(model: Any, over: Overrides) -> Any:
     sizes = {"dim": over.dim, "num_layers": over.layers, "num_heads": over.heads}
-    return replace(model, **{k: v for k, v in sizes.items() if v})
+    return replace(model, **_given(**sizes))
 
 
 def _data_config(data: Any, over: Overrides) -> Any:
@@ -129,65 +128,158 @@ def _eval_config(ev: Any, over: Overrides) -> Any:
     return ev
 
 
+def _preset_default(get: Callable[[Any], Any], none: str = "none") -> str:
+    """Each preset's value of an option, for ``--help``: ``"cpu-small 500, cpu 2000, ..."``, or
+    the one value when every preset has it; ``none`` says what None means."""
+    from .presets import PRESETS
+
+    def show(v: Any) -> str:
+        if v is None:
+            return none
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        if isinstance(v, tuple):
+            return ",".join(map(str, v)) or "none"
+        return str(v)
+
+    values = {name: show(get(cfg)) for name, cfg in PRESETS.items()}
+    if len(set(values.values())) == 1:
+        return next(iter(values.values()))
+    return ", ".join(f"{name} {v}" for name, v in values.items())
+
+
+def _opt(
+    default: Any,
+    *names: str,
+    get: Callable[[Any], Any] | None = None,
+    none: str = "none",
+    **kw: Any,
+) -> Any:
+    """A typer option; ``get`` reads its preset's value, shown as the default in ``--help``."""
+    if get is not None:
+        kw["show_default"] = _preset_default(get, none)
+    return typer.Option(default, *names, **kw)
+
+
+_ENCODINGS = _opt(
+    "default",
+    "--encodings",
+    "-e",
+    help="Comma-separated names from `posenc list` (name:key=value sets an option), "
+    "'default' (the standard set that is registered) or 'all'.",
+)
+_PRESET = _opt("cpu-small", "--preset", "-p", help="cpu-small, cpu, gpu or gpu-small.")
+_TRAIN_LEN = _opt(
+    None, "--train-len", "-L", min=2, help="Train length L.", get=lambda c: c.train_len
+)
+_EVAL_LENS = _opt(
+    None,
+    "--eval-lens",
+    help="Comma-separated eval lengths: tokens (256) or multiples (4x).",
+    get=lambda c: c.eval.lengths,
+)
+_SEEDS = _opt(1, "--seeds", min=1, help="Number of seeds per encoding.")
+_SEED = _opt(0, "--seed", help="First seed.")
+_STEPS = _opt(None, "--steps", min=1, help="Training steps.", get=lambda c: c.train.steps)
+_BATCH = _opt(
+    None,
+    "--batch-size",
+    min=1,
+    help="Global batch (sequences).",
+    get=lambda c: c.train.batch_size,
+)
+_LR = _opt(None, "--lr", help="Peak learning rate (> 0).", get=lambda c: c.train.lr)
+_DIM = _opt(None, "--dim", min=1, help="Model width.", get=lambda c: c.model.dim)
+_LAYERS = _opt(None, "--layers", min=1, help="Number of blocks.", get=lambda c: c.model.num_layers)
+_HEADS = _opt(None, "--heads", min=1, help="Attention heads.", get=lambda c: c.model.num_heads)
+_EVAL_TOKENS = _opt(
+    None, "--eval-tokens", min=1, help="Test tokens per length.", get=lambda c: c.eval.tokens
+)
+_SLIDING = _opt(
+    None,
+    "--sliding",
+    min=1,
+    help="Sliding-window evaluation with this stride (none: non-overlapping windows).",
+    get=lambda c: c.eval.stride,
+)
+_ROPE_SCALINGS = _opt(
+    None,
+    "--rope-scalings",
+    help="RoPE rescalings to sweep (linear,ntk,dynamic,yarn or none).",
+    get=lambda c: c.eval.rope_scalings,
+)
+_TEXT = _opt(None, "--text", help="Your corpus: a file, folder or glob.")
+_DATASET = _opt(None, "--dataset", help="A Hugging Face dataset NAME[:CONFIG] in the local cache.")
+_TASK = _opt(None, "--task", help="A synthetic task: copy, reverse, associative-recall.")
+_INCLUDE_TESTS = _opt(
+    None,
+    "--include-tests/--no-include-tests",
+    help="Read the stdlib's test suites too.",
+    get=lambda c: c.data.include_tests,
+)
+_OUT = _opt(Path("runs/lab"), "--out", "-o", help="Output folder.")
+_RESUME = _opt(False, "--resume", help="Continue interrupted cells.")
+_RESTART = _opt(False, "--restart", help="Discard interrupted cells' progress.")
+_THREADS = _opt(
+    None,
+    "--threads",
+    min=1,
+    help="torch CPU threads.",
+    get=lambda c: c.threads,
+    none="every core",
+)
+_DEVICE = _opt("auto", "--device", help="auto, cpu or cuda.")
+_CKPT_EVERY = _opt(
+    None, "--ckpt-every", min=1, help="Checkpoint interval.", get=lambda c: c.ckpt_every
+)
+_COMPILE = _opt(
+    None,
+    "--compile/--no-compile",
+    help="Train through torch.compile, on CUDA only. Not part of any hash.",
+    get=lambda c: c.compile,
+)
+_QUIET = _opt(False, "--quiet", "-q", help="No progress bar or log.")
+_PLOTS = _opt(True, "--plots/--no-plots", help="Write PNG plots.")
+
+
 @lab_app.callback(invoke_without_command=True)
 def lab(
     ctx: typer.Context,
-    encodings: str = typer.Option(
-        "default",
-        "--encodings",
-        "-e",
-        help="Comma-separated names from `posenc list` (name:key=value sets an option), "
-        "'default' (the standard set that is registered) or 'all'.",
-    ),
-    preset: str = typer.Option(
-        "cpu-small", "--preset", "-p", help="cpu-small, cpu, gpu or gpu-small."
-    ),
-    train_len: int | None = typer.Option(None, "--train-len", "-L", help="Train length L."),
-    eval_lens: str | None = typer.Option(
-        None, "--eval-lens", help="Comma-separated eval lengths: tokens (256) or multiples (4x)."
-    ),
-    seeds: int = typer.Option(1, "--seeds", help="Number of seeds per encoding."),
-    seed: int = typer.Option(0, "--seed", help="First seed."),
-    steps: int | None = typer.Option(None, "--steps", help="Training steps."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Global batch (sequences)."),
-    lr: float | None = typer.Option(None, "--lr", help="Peak learning rate."),
-    dim: int | None = typer.Option(None, "--dim", help="Model width."),
-    layers: int | None = typer.Option(None, "--layers", help="Number of blocks."),
-    heads: int | None = typer.Option(None, "--heads", help="Attention heads."),
-    eval_tokens: int | None = typer.Option(None, "--eval-tokens", help="Test tokens per length."),
-    sliding: int | None = typer.Option(
-        None, "--sliding", help="Sliding-window evaluation with this stride (default: none)."
-    ),
-    rope_scalings: str | None = typer.Option(
-        None, "--rope-scalings", help="RoPE rescalings to sweep (linear,ntk,dynamic,yarn or none)."
-    ),
-    text: str | None = typer.Option(None, "--text", help="Your corpus: a file, folder or glob."),
-    dataset: str | None = typer.Option(
-        None, "--dataset", help="A Hugging Face dataset NAME[:CONFIG] in the local cache."
-    ),
-    task: str | None = typer.Option(
-        None, "--task", help="A synthetic task: copy, reverse, associative-recall."
-    ),
-    include_tests: bool | None = typer.Option(
-        None, "--include-tests/--no-include-tests", help="Read the stdlib's test suites too."
-    ),
-    out: Path = typer.Option(Path("runs/lab"), "--out", "-o", help="Output folder."),
-    resume: bool = typer.Option(False, "--resume", help="Continue interrupted cells."),
-    restart: bool = typer.Option(False, "--restart", help="Discard interrupted cells' progress."),
-    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    ckpt_every: int | None = typer.Option(None, "--ckpt-every", help="Checkpoint interval."),
-    compile_model: bool | None = typer.Option(
-        None,
-        "--compile/--no-compile",
-        help="Train through torch.compile, on CUDA only (default: the preset's; gpu-small "
-        "compiles). Not part of any hash.",
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or log."),
-    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
+    encodings: str = _ENCODINGS,
+    preset: str = _PRESET,
+    train_len: int | None = _TRAIN_LEN,
+    eval_lens: str | None = _EVAL_LENS,
+    seeds: int = _SEEDS,
+    seed: int = _SEED,
+    steps: int | None = _STEPS,
+    batch_size: int | None = _BATCH,
+    lr: float | None = _LR,
+    dim: int | None = _DIM,
+    layers: int | None = _LAYERS,
+    heads: int | None = _HEADS,
+    eval_tokens: int | None = _EVAL_TOKENS,
+    sliding: int | None = _SLIDING,
+    rope_scalings: str | None = _ROPE_SCALINGS,
+    text: str | None = _TEXT,
+    dataset: str | None = _DATASET,
+    task: str | None = _TASK,
+    include_tests: bool | None = _INCLUDE_TESTS,
+    out: Path = _OUT,
+    resume: bool = _RESUME,
+    restart: bool = _RESTART,
+    threads: int | None = _THREADS,
+    device: str = _DEVICE,
+    ckpt_every: int | None = _CKPT_EVERY,
+    compile_model: bool | None = _COMPILE,
+    quiet: bool = _QUIET,
+    plots: bool = _PLOTS,
 ) -> None:
-    """Run the grid: every encoding x seed, skipping finished cells, then print the table."""
-    if ctx.invoked_subcommand is None:  # every option below, passed on by name
+    """Run the grid: every encoding x seed, skipping finished cells, then print the table.
+
+    An option left out takes the preset's value (shown as its default). Bad values, unknown
+    encodings or options and a device that is not there are refused before anything trains.
+    """
+    if ctx.invoked_subcommand is None:  # every option above, passed on by name
         _run_lab(**{k: v for k, v in locals().items() if k != "ctx"})
 
 
@@ -213,6 +305,7 @@ def _run_lab(
         _fail("pass --resume or --restart, not both")
     try:
         cfg = build_config(preset, Overrides(**options))
+        preflight(cfg, device)
         opts = RunOptions(
             out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
         )
@@ -220,7 +313,7 @@ def _run_lab(
     except Interrupted as e:
         _fail(f"{e}; rerun the same command with --resume to continue", 128 + e.signum)
         return
-    except (ResumeRequired, CheckpointError, FolderLocked, ValueError, FileNotFoundError) as e:
+    except (ResumeRequired, CheckpointError, FolderLocked, ValueError, OSError) as e:
         _fail(str(e))
         return
     if not _leave_process_group():
@@ -236,6 +329,45 @@ def _run_lab(
             print("wrote " + ", ".join(str(p) for p in written.values()))
     if summary.failed:
         _fail("failed cells: " + "; ".join(f"{k}: {v}" for k, v in summary.failed.items()), code=1)
+
+
+def preflight(cfg: Any, device: str = "auto") -> None:
+    """Refuse a grid before any data is read or cell trained: ValueError naming what is wrong
+    (a number out of range, a model shape, an encoding or option that does not build at this
+    shape, a device that is not there)."""
+    from .. import registry
+    from .._checks import check_positive_int
+    from .experiment import check_config, resolve_encodings
+    from .presets import model_config
+    from .train import resolve_device
+
+    check_config(cfg)
+    shape = cfg.model
+    for name, value in (
+        ("dim", shape.dim),
+        ("layers", shape.num_layers),
+        ("heads", shape.num_heads),
+    ):
+        check_positive_int(f"--{name}", value)
+    if shape.dim % shape.num_heads:
+        raise ValueError(f"--dim ({shape.dim}) must be divisible by --heads ({shape.num_heads})")
+    try:
+        resolve_device(device)
+    except RuntimeError as e:
+        raise ValueError(f"--device {device}: {e}") from None
+    for label in resolve_encodings(cfg.encodings):
+        m = model_config(cfg, label, vocab_size=256)
+        try:
+            registry.build(
+                m.encoding,
+                dim=m.dim,
+                num_heads=m.num_heads,
+                max_len=m.max_len,
+                causal=m.causal,
+                **m.encoding_kwargs,
+            )
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"encoding {label!r} cannot be built at this shape: {e}") from None
 
 
 def _leave_process_group() -> bool:
