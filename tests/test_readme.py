@@ -1,0 +1,54 @@
+"""The READMEs' snippets run on their own: each ```python block of README.md and README.zh-CN.md
+in a fresh namespace (imports included), as a reader pastes one; and the Chinese README's code
+blocks are README.md's, character for character."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+READMES = (ROOT / "README.md", ROOT / "README.zh-CN.md")
+FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def code_blocks(path: Path, language: str | None = None) -> list[tuple[int, str, str]]:
+    """``(first line number, language, code)`` of each fenced block of a Markdown file."""
+    text = path.read_text(encoding="utf-8")
+    return [
+        (text.count("\n", 0, m.start()) + 2, m.group(1), m.group(2))
+        for m in FENCE.finditer(text)
+        if language is None or m.group(1) == language
+    ]
+
+
+SNIPPETS = [(path, line, code) for path in READMES for line, _, code in code_blocks(path, "python")]
+
+
+@pytest.mark.parametrize(
+    ("path", "line", "code"), SNIPPETS, ids=[f"{p.name}:{line}" for p, line, _ in SNIPPETS]
+)
+def test_readme_snippet_runs_alone(
+    path: Path, line: int, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    namespace: dict[str, object] = {"__name__": f"readme_{line}"}  # nothing from another block
+    try:
+        exec(compile(textwrap.dedent(code), f"{path.name}:{line}", "exec"), namespace)
+    except Exception as e:
+        raise AssertionError(f"{path.name} line {line} does not run on its own: {e!r}") from e
+
+
+def test_readmes_have_python_snippets() -> None:
+    assert all(code_blocks(path, "python") for path in READMES)
+
+
+def test_chinese_readme_code_is_the_english_readmes() -> None:
+    english = [(lang, code) for _, lang, code in code_blocks(READMES[0])]
+    chinese = [(lang, code) for _, lang, code in code_blocks(READMES[1])]
+    assert chinese == english
