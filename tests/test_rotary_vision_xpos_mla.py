@@ -35,6 +35,7 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import (  # noqa: E402
     apply_rotary_pos_emb_vision,
 )
 
+from posenc import Attention  # noqa: E402
 from posenc.hf import hf_rope_kwargs  # noqa: E402
 from posenc.rotary import (  # noqa: E402
     Axial2DRoPE,
@@ -134,6 +135,11 @@ def test_axial_errors() -> None:
         Axial2DRoPE(16)(q, q)
     with pytest.raises(ValueError, match="coords must be"):
         rope.rotate(q[:, :, :5], q[:, :, :5], grid_coords(2, 3))
+    # Wrong types name the option (they were Python's own '<' and indexing errors).
+    with pytest.raises(ValueError, match="num_prefix_tokens must be a non-negative integer"):
+        Axial2DRoPE(16, num_prefix_tokens="1")
+    with pytest.raises(TypeError, match=r"grid_size must be a pair \(grid_h, grid_w\)"):
+        Axial2DRoPE(16, grid_size=4)
 
 
 # --- xPos -----------------------------------------------------------------------------------------
@@ -196,6 +202,92 @@ def test_xpos_scores_depend_on_distance_and_decay() -> None:
 
     assert self_score(0) == pytest.approx(32.0)
     assert abs(self_score(4000)) < 0.1 * self_score(0)
+
+
+def _xpos_score_reference(q: list, k: list, distance: int, d: int) -> float:
+    """The paper's score of a query and a key ``distance = n - m`` apart, float64, from the offset
+    alone: pair i turns k against q by ``-distance * theta_i`` and decays by ``zeta_i ** (distance
+    / 512)``."""
+    total = 0.0
+    for i in range(d // 2):
+        theta = 10000.0 ** (-2 * i / d)
+        zeta = (2 * i / d + 0.4) / 1.4
+        c, s = math.cos(-distance * theta), math.sin(-distance * theta)
+        qa, qb, ka, kb = q[2 * i], q[2 * i + 1], k[2 * i], k[2 * i + 1]
+        total += (qa * (ka * c - kb * s) + qb * (kb * c + ka * s)) * zeta ** (distance / 512.0)
+    return total
+
+
+@pytest.mark.parametrize("center", [0, 2**40, 2**62])
+def test_xpos_is_the_formula_at_far_positions(center: int) -> None:
+    """Around any int64 center the scales are the float64 formula (exact int64 offsets), and the
+    scores of far tokens are the paper's score of their distance (float32 q and k, 16 tokens)."""
+    xpos = XPos(16, center=center)
+    offsets = torch.tensor([-30_000, -5, 0, 7, 29_000, 30_000])
+    positions = (offsets + center).clamp(min=0)
+    cos, sin = xpos.cos_sin(positions)
+    got = (cos.double() ** 2 + sin.double() ** 2).sqrt()  # [n, d/2]: the scale of each pair
+    zeta = (torch.arange(0, 16, 2, dtype=torch.float64) / 16 + 0.4) / 1.4
+    want = zeta ** ((positions - center).double()[:, None] / 512.0)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    if center > 2**40:
+        return  # absolute angles (RoPE's, and the paper's) mean nothing in float64 there
+    q, k = torch.randn(1, 1, 6, 16), torch.randn(1, 1, 6, 16)
+    rq, rk = xpos(q, k, positions)
+    for n, m in [(4, 3), (5, 4), (3, 2), (2, 2)]:
+        ref = _xpos_score_reference(
+            q[0, 0, n].tolist(), k[0, 0, m].tolist(), int(positions[n] - positions[m]), 16
+        )
+        # Angles of absolute positions (RoPE's, and the paper's) carry ~1e-4 rad at 2**40.
+        assert float((rq[0, 0, n] * rk[0, 0, m]).sum()) == pytest.approx(ref, rel=2e-3, abs=1e-4)
+
+
+@pytest.mark.parametrize(("dtype", "limit"), [(torch.float32, 34_561), (torch.float16, 2_832)])
+def test_xpos_past_its_range_is_an_error_not_a_wrong_score(dtype, limit: int) -> None:
+    """Past ``max_offset`` one side's scale overflows and the other's underflows: it used to give
+    finite wrong scores (a key scaled to 0) and NaN on the explicit path; now a ValueError."""
+    xpos = XPos(16, center=50_000)
+    assert xpos.max_offset(dtype) == limit
+    q = torch.randn(1, 2, 2, 16, dtype=dtype)
+    qr, kr = xpos(q, q, torch.tensor([50_000 - limit, 50_000 + limit]))
+    assert torch.isfinite(qr).all() and torch.isfinite(kr).all()
+    with pytest.raises(ValueError, match=rf"within {limit} of center=50000 .* {limit + 1} away"):
+        xpos(q, q, torch.tensor([50_000, 50_001 + limit]))
+    attn = Attention(32, 2, encoding=XPos(16, center=0), backend="explicit").to(dtype)
+    with pytest.raises(ValueError, match="positions must lie within"):
+        attn(torch.randn(1, 2, 32, dtype=dtype), torch.tensor([0, 10**6]))
+
+
+def test_xpos_out_of_range_rows_are_nan_where_nothing_can_raise(monkeypatch) -> None:
+    """Under torch.compile (no value checks) an out-of-range row is NaN, never a wrong number."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    cos, sin = XPos(16).cos_sin(torch.tensor([0, 10**6]))
+    assert torch.isfinite(cos[0]).all() and torch.isnan(cos[1]).all() and torch.isnan(sin[1]).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"scale_base": math.nan}, ValueError, "scale_base must be a finite number > 0"),
+        ({"scale_base": math.inf}, ValueError, "scale_base must be a finite number > 0"),
+        ({"scale_base": "512"}, TypeError, "scale_base must be a finite number > 0"),
+        ({"gamma": math.nan}, ValueError, "gamma must be a finite number > 0"),
+        ({"gamma": 0.0}, ValueError, "gamma must be a finite number > 0"),
+        ({"center": -1}, ValueError, r"center must be a position in \[0, 2\*\*63\)"),
+        ({"center": 2**63}, ValueError, r"center must be a position in \[0, 2\*\*63\)"),
+        ({"center": 1.5}, TypeError, "center must be an integer position"),
+    ],
+)
+def test_xpos_bad_options(kwargs: dict, error, words: str) -> None:
+    with pytest.raises(error, match=words):
+        XPos(16, **kwargs)
+
+
+def test_xpos_named_kernel_with_mixed_dtypes_is_a_value_error() -> None:
+    """backend="cpu" (one fused launch takes one dtype) for float32 q and bfloat16 k."""
+    q, k = torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="backend='cpu' needs q and k of one dtype"):
+        XPos(16, backend="cpu")(q, k)
 
 
 # --- MLA ----------------------------------------------------------------------------------------

@@ -96,14 +96,16 @@ class Axial2DRoPE(nn.Module):
         check_choice("backend", backend, ROTARY_BACKENDS)
         check_positive_int("head_dim", head_dim)
         if (
-            num_prefix_tokens < 0
-            or isinstance(num_prefix_tokens, bool)
+            isinstance(num_prefix_tokens, bool)
             or not isinstance(num_prefix_tokens, int)
+            or num_prefix_tokens < 0
         ):
             raise ValueError(
                 f"num_prefix_tokens must be a non-negative integer, got {num_prefix_tokens!r}"
             )
         if grid_size is not None:
+            if not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2:
+                raise TypeError(f"grid_size must be a pair (grid_h, grid_w), got {grid_size!r}")
             grid_size = (
                 check_positive_int("grid_h", grid_size[0]),
                 check_positive_int("grid_w", grid_size[1]),

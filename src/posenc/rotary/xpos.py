@@ -10,8 +10,12 @@ Folding the scale into the tables (``cos * zeta**e``, ``sin * zeta**e``, one sca
 makes xPos one more caller of the common rotation path, with different tables for q and k.
 
 The scales grow like ``zeta_min ** (-|p - center| / B)`` with ``zeta_min = gamma / (1 + gamma)``:
-float32 (and bf16) overflow past ``|p - center| ~ 36_000``, float16 past ``~4_500``. Set
-``center`` near the middle of the positions in use; it is fixed, so cached keys stay valid.
+one side's scale overflows and the other's underflows once ``|p - center|`` passes ``~34_500``
+positions in float32 and bf16 (``~2_800`` in float16, for the default ``B`` and ``gamma``), where
+no float can hold them: such positions are an error (:meth:`XPos.max_offset` gives the limit)
+rather than a wrong score. ``center`` is fixed, so cached keys stay valid: set it near the
+middle of the positions in use (the registry takes half the model's ``max_len``). Offsets
+``p - center`` are exact int64, whatever the positions.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_choice, check_even, check_positions
+from .._checks import check_choice, check_even, check_number, check_positions, check_values
 from ..attention import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
+from ..kernels.rope_op import mixed_backend
 from .embedding import check_qk, resolve_angle_dtype, resolve_qk_positions
 
 
@@ -67,17 +72,17 @@ class XPos(nn.Module):
         check_even("head_dim", head_dim, "xPos")
         check_choice("layout", layout, ROTARY_LAYOUTS)
         check_choice("backend", backend, ROTARY_BACKENDS)
-        if not scale_base > 0 or math.isinf(scale_base):
-            raise ValueError(f"scale_base must be a positive number, got {scale_base!r}")
-        if not gamma > 0 or math.isinf(gamma):
-            raise ValueError(f"gamma must be a positive number, got {gamma!r}")
+        scale_base = check_number("scale_base", scale_base, low=0.0, low_open=True)
+        gamma = check_number("gamma", gamma, low=0.0, low_open=True)
         if isinstance(center, bool) or not isinstance(center, int):
             raise TypeError(f"center must be an integer position, got {center!r}")
+        if not 0 <= center < 2**63:  # positions are int64 >= 0, so p - center never wraps
+            raise ValueError(f"center must be a position in [0, 2**63), got {center}")
         self.head_dim, self.base, self.scale_base, self.gamma = (
             head_dim,
             float(base),
-            float(scale_base),
-            float(gamma),
+            scale_base,
+            gamma,
         )
         self.layout, self.center, self.backend = layout, center, backend
         self.angle_dtype = resolve_angle_dtype(angle_dtype)
@@ -89,24 +94,48 @@ class XPos(nn.Module):
             log_zeta=xpos_zeta(head_dim, gamma).log(),  # [d/2] each
         )
 
+    def max_offset(self, dtype: torch.dtype = torch.float32) -> int:
+        """The largest ``|p - center|`` whose scales a tensor of ``dtype`` holds (the tables are
+        float32 whatever ``dtype``): both ``zeta_min ** (+-offset / B)`` stay normal numbers
+        with 4 bits of headroom for the magnitudes of q and k."""
+        tiny = max(torch.finfo(dtype).tiny, torch.finfo(torch.float32).tiny)
+        log_range = -math.log(tiny) - 4 * math.log(2)  # |log scale| allowed
+        log_zeta_min = math.log((1 + self.gamma) / self.gamma)  # -log zeta_0, the largest
+        return math.floor(log_range * self.scale_base / log_zeta_min)
+
     def cos_sin(
-        self, positions: torch.Tensor, downscale: bool = False
+        self, positions: torch.Tensor, downscale: bool = False, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 ``cos * scale``, ``sin * scale`` with ``scale = zeta ** (+-(p - center) / B)``.
 
         Shapes: ``positions [*]`` -> ``[*, d/2]``. ``downscale`` (keys) uses the negative exponent.
+        ``dtype``: the dtype the scaled tensor is stored in; a position farther from ``center``
+        than :meth:`max_offset` allows is a ValueError (on CPU; a device assertion on GPU; under
+        ``torch.compile``, where nothing can be raised, its rows are NaN: never a wrong number).
         """
         positions = check_positions(positions)
         dev = positions.device
         inv_freq = self.constants.get("inv_freq", dev)  # [d/2]
         angles = positions.to(self.angle_dtype)[..., None] * inv_freq  # [*, d/2]
-        exponent = (positions.to(torch.float64) - self.center)[
-            ..., None
-        ] / self.scale_base  # [*, 1]
+        offset = positions.long() - self.center  # [*] int64: exact (both in [0, 2**63))
+        limit = self.max_offset(dtype)
+        inside = offset.abs() <= limit  # [*]
+        check_values(inside, lambda: self._range_message(positions, limit, dtype))
+        exponent = offset.to(torch.float64)[..., None] / self.scale_base  # [*, 1]
+        exponent = torch.where(inside[..., None], exponent, math.nan)
         if downscale:
             exponent = -exponent
         scale = torch.exp(self.constants.get("log_zeta", dev) * exponent)  # [*, d/2] float64
         return (angles.cos() * scale).float(), (angles.sin() * scale).float()
+
+    def _range_message(self, positions: torch.Tensor, limit: int, dtype: torch.dtype) -> str:
+        far = int((positions.long() - self.center).abs().max())
+        return (
+            f"positions must lie within {limit} of center={self.center} for xPos in {dtype} "
+            f"(scale_base={self.scale_base}, gamma={self.gamma}): past that the scales "
+            f"zeta ** (+-(p - center) / scale_base) overflow and underflow; got a position "
+            f"{far} away. Set center near the positions in use"
+        )
 
     def forward(
         self,
@@ -119,9 +148,10 @@ class XPos(nn.Module):
         ``k_positions [t]``/``[b, t]`` (defaults as :class:`RotaryEmbedding`).
         Returns ``(q', k')``."""
         check_qk(q, k, self.head_dim)
+        mixed_backend(self.backend, q, k)  # a kernel named for mixed dtypes: ValueError
         positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
-        cos_q, sin_q = self.cos_sin(positions)  # [(b,) s, d/2], scaled up
-        cos_k, sin_k = self.cos_sin(k_positions, downscale=True)  # [(b,) t, d/2], scaled down
+        cos_q, sin_q = self.cos_sin(positions, dtype=q.dtype)  # [(b,) s, d/2], scaled up
+        cos_k, sin_k = self.cos_sin(k_positions, downscale=True, dtype=k.dtype)  # scaled down
         return apply_rotary_qk(
             q, k, cos_q, sin_q, cos_k, sin_k, self.layout, self.head_dim, backend=self.backend
         )
