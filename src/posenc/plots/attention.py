@@ -14,7 +14,8 @@ that stripe survives at 4x the training length is the extrapolation question in 
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +153,40 @@ def lag_batch(
     return x, y
 
 
+@dataclass(frozen=True)
+class LagTask:
+    """:func:`lag_batch` as a lab data source (:class:`posenc.lab.data.LabData`), so the tiny
+    model trains through the lab's own loop (:func:`posenc.lab.train.train_model`): each
+    step's batch a pure function of ``(seed, step)``."""
+
+    lag: int = TINY_LAG
+    name: str = "lag"
+    vocab_size: int = TINY_VOCAB
+    unit: str = "token"
+
+    @property
+    def fingerprint(self) -> str:
+        return f"lag-{self.lag}-v1"
+
+    def train_batch(
+        self, step: int, batch_size: int, seq_len: int, seed: int, rank: int = 0, world: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from ..lab.data import shard, step_generator
+
+        x, y = lag_batch(step_generator(seed, step), batch_size, seq_len, self.lag)
+        rows = shard(batch_size, rank, world)
+        return x[rows], y[rows]
+
+    def eval_windows(
+        self, seq_len: int, max_tokens: int, stride: int | None = None, split: str = "test"
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``max(1, max_tokens // seq_len)`` sequences of the task from a fixed seed."""
+        from ..lab.data import SPLITS
+
+        g = torch.Generator().manual_seed(1_000 + SPLITS.index(split))
+        yield lag_batch(g, max(1, max_tokens // seq_len), seq_len, self.lag)
+
+
 def train_tiny_model(
     encoding: str = "rope",
     train_len: int = 32,
@@ -162,52 +197,47 @@ def train_tiny_model(
     num_layers: int = 2,
     batch_size: int = 32,
     lr: float = 3e-3,
+    progress: Callable[[int, float, float], None] | None = None,
 ) -> tuple[TransformerLM, dict[str, Any]]:
-    """Train a tiny LM on :func:`lag_batch` for ``steps`` AdamW steps (a few seconds on one core).
+    """Train a tiny LM on :func:`lag_batch` for ``steps`` AdamW steps (a few seconds on one core),
+    with the lab's training loop and schedule (:func:`posenc.lab.train.train_model`, no
+    checkpoints): warmup over the first tenth, cosine decay, the lab's weight decay and clipping.
+    (A constant learning rate without them, tried first, often left two of four heads off the
+    lag at 120 steps; this schedule put every head on it for seeds 0-3.)
 
-    Returns the model (eval mode) and ``info`` (``steps``, ``seconds``, ``final_loss``, ``task``).
+    ``progress(steps done, loss in bits, tokens/s)`` is called after each step. Returns the
+    model (eval mode) and ``info`` (``steps``, ``seconds``, ``final_loss_bits``: the mean over
+    the last tenth of the steps, ``task``).
     """
+    from ..lab.presets import TrainConfig
+    from ..lab.train import train_model
+
     check_positive_int("steps", steps)
     check_positive_int("train_len", train_len)
     if train_len <= TINY_LAG:
         raise ValueError(f"train_len must exceed the task's lag {TINY_LAG}, got {train_len}")
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        vocab_size=TINY_VOCAB,
-        dim=dim,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        max_len=train_len,
-        encoding=encoding,
+    cfg = ModelConfig(vocab_size=TINY_VOCAB, dim=dim, num_layers=num_layers,
+                      num_heads=num_heads, max_len=train_len, encoding=encoding)  # fmt: skip
+    schedule = TrainConfig(
+        steps=steps, batch_size=batch_size, lr=lr, warmup_steps=max(1, steps // 10)
     )
-    model = TransformerLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    g = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
-    loss = torch.tensor(float("nan"))
-    model.train()
     # Matrices this small run fastest on one thread: with more, the synchronization costs more
     # than the work (measured 10x slower with two threads on a busy two-core machine).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for _ in range(steps):
-            x, y = lag_batch(g, batch_size, train_len)  # [b, s] each
-            logits = model(x)  # [b, s, vocab]
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        result = train_model(
+            cfg, schedule, LagTask(), seed=seed, identity={}, ckpt_dir=None, progress=progress
+        )
     finally:
         torch.set_num_threads(threads)
-    model.eval()
     info = {
         "steps": steps,
-        "seconds": time.perf_counter() - start,
-        "final_loss": float(loss.detach()),
+        "seconds": result.stats["train_seconds"],
+        "final_loss_bits": result.stats["final_loss_bits"],
         "task": f"repeat the token {TINY_LAG} back",
     }
-    return model, info
+    return result.model.eval(), info
 
 
 def load_checkpoint_model(path: str | Path) -> tuple[TransformerLM, dict[str, Any]]:
@@ -280,6 +310,51 @@ def tiny_task_tokens(length: int, seed: int = 1) -> torch.Tensor:
     return x
 
 
+def _model_and_source(
+    checkpoint: str | Path | None,
+    encoding: str,
+    train_len: int,
+    steps: int,
+    seed: int,
+    progress: bool,
+) -> tuple[TransformerLM, dict[str, Any], str]:
+    """The model to look at (a checkpoint's, or a tiny one trained here with a progress bar when
+    ``progress``), its info, and a sentence saying where it came from."""
+    if checkpoint is not None:
+        model, info = load_checkpoint_model(checkpoint)
+        path = Path(info["path"])
+        return model, info, f"lab checkpoint {path.parent.name}/{path.name}"
+    from ..lab.progress import progress_bars, step_task
+
+    with progress_bars(progress, transient=True, stderr=True) as bars:
+        on_step, finish = step_task(bars, f"tiny {encoding} model", steps)
+        model, info = train_tiny_model(encoding, train_len, steps, seed, progress=on_step)
+        finish()
+    source = (
+        f"a tiny model trained here for {info['steps']} steps ({info['seconds']:.1f} s) "
+        f"to {info['task']}, final loss {info['final_loss_bits']:.2f} bits"
+    )
+    return model, info, source
+
+
+def _sequences(
+    tokens: torch.Tensor | None, info: dict[str, Any], checkpoint: bool, train_len: int, n: int
+) -> dict[str, torch.Tensor]:
+    """The inputs ``{"train": [1, L], "long": [1, n]}`` (module docstring of each source)."""
+    if tokens is not None:
+        if tokens.dim() != 2 or tokens.shape[1] < n:
+            raise ValueError(
+                f"tokens must be [1, n] with n >= {n} (factor x train length), "
+                f"got {tuple(tokens.shape)}"
+            )
+        return {"train": tokens[:1, :train_len], "long": tokens[:1, :n]}
+    if checkpoint:
+        # A task sequence is laid out for its length, so each length gets its own instance.
+        return {"train": checkpoint_tokens(info, train_len), "long": checkpoint_tokens(info, n)}
+    long = tiny_task_tokens(n)  # [1, F*L]; the short map reads its first L tokens
+    return {"train": long[:, :train_len], "long": long}
+
+
 def attention_data(
     checkpoint: str | Path | None = None,
     *,
@@ -290,48 +365,25 @@ def attention_data(
     layer: int | None = None,
     seed: int = 0,
     tokens: torch.Tensor | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Attention maps of one layer at the training length and at ``factor`` times it.
 
-    ``checkpoint``: a lab checkpoint; else a tiny model is trained (:func:`train_tiny_model`).
-    ``layer``: default the last layer of a checkpoint, and for the tiny model the layer that
-    looks back ``TINY_LAG`` tokens (most attention weight at that offset at the training length;
-    which layer learns it varies with the encoding).
-    ``tokens [1, n]``: input (``n >= factor * train_len``); default a sequence of the tiny
-    model's task.
+    ``checkpoint``: a lab checkpoint; else a tiny model is trained (:func:`train_tiny_model`;
+    ``progress``: with a progress bar on stderr). ``layer``: default the last layer of a
+    checkpoint, and for the tiny model the layer that looks back ``TINY_LAG`` tokens (most
+    attention weight at that offset at the training length; which layer learns it varies with
+    the encoding). ``tokens [1, n]``: input (``n >= factor * train_len``); default a sequence
+    of the tiny model's task.
 
     Returns ``maps``: ``{"train": [h, L, L], "long": [h, F*L, F*L]}`` (numpy, float32),
     ``lengths`` ``(L, F*L)``, ``layer`` (non-negative index), ``encoding``, ``source`` (a sentence
     for the caption) and ``info`` (training or checkpoint details).
     """
     check_positive_int("factor", factor)
-    if checkpoint is not None:
-        model, info = load_checkpoint_model(checkpoint)
-        train_len = model.cfg.max_len
-        source = f"lab checkpoint {Path(info['path']).parent.name}/{Path(info['path']).name}"
-    else:
-        model, info = train_tiny_model(encoding, train_len, steps, seed)
-        source = (
-            f"a tiny model trained here for {info['steps']} steps ({info['seconds']:.1f} s) "
-            f"to {info['task']}, final loss {info['final_loss']:.2f}"
-        )
-    long_len = factor * train_len
-    if tokens is not None:
-        if tokens.dim() != 2 or tokens.shape[1] < long_len:
-            raise ValueError(
-                f"tokens must be [1, n] with n >= {long_len} (factor x train length), "
-                f"got {tuple(tokens.shape)}"
-            )
-        seqs = {"train": tokens[:1, :train_len], "long": tokens[:1, :long_len]}
-    elif checkpoint is not None:
-        # A task sequence is laid out for its length, so each length gets its own instance.
-        seqs = {
-            "train": checkpoint_tokens(info, train_len),
-            "long": checkpoint_tokens(info, long_len),
-        }
-    else:
-        long = tiny_task_tokens(long_len)  # [1, F*L]; the short map reads its first L tokens
-        seqs = {"train": long[:, :train_len], "long": long}
+    model, info, source = _model_and_source(checkpoint, encoding, train_len, steps, seed, progress)
+    train_len = model.cfg.max_len
+    seqs = _sequences(tokens, info, checkpoint is not None, train_len, factor * train_len)
     attn = {name: model_attention(model, seq) for name, seq in seqs.items()}  # [1, h, n, n] each
     num_layers = len(model.blocks)
     if layer is None:
@@ -339,10 +391,9 @@ def attention_data(
     if not -num_layers <= layer < num_layers:
         raise ValueError(f"layer must be in [-{num_layers}, {num_layers - 1}], got {layer}")
     layer = layer % num_layers
-    maps = {name: a[layer][0].float().numpy() for name, a in attn.items()}  # [h, n, n]
     return {
-        "maps": maps,
-        "lengths": (train_len, long_len),
+        "maps": {name: a[layer][0].float().numpy() for name, a in attn.items()},  # [h, n, n]
+        "lengths": (train_len, factor * train_len),
         "layer": layer,
         "encoding": model.cfg.encoding,
         "source": source,

@@ -198,6 +198,7 @@ def attention(
         steps=steps,
         layer=layer,
         seed=seed,
+        progress=checkpoint is None,
     )
     _write(fig, out)
 
@@ -233,7 +234,7 @@ def plot_all(
     for kind in FIGURES:
         options: dict[str, Any] = {}
         if kind == "attention":
-            options["steps"] = attention_steps
+            options.update(steps=attention_steps, progress=True)
         if kind == "lab":
             if not load_lab_rows(results):
                 typer.echo(f"skip lab: no results in {results} (run `posenc lab` first)")

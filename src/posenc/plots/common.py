@@ -69,6 +69,17 @@ def caption(fig: Figure) -> str:
     return ""
 
 
+def take_caption(fig: Figure) -> str:
+    """Remove the caption from ``fig``'s drawing and return its text (unwrapped): for a page that
+    prints the caption under the image itself (``posenc report``), so it is read once."""
+    text = caption(fig)
+    for t in fig.texts:
+        if t.get_gid() == CAPTION_GID:
+            t.set_visible(False)
+            t.set_in_layout(False)  # the constrained layout gives its room back to the axes
+    return text
+
+
 def check_figure_path(path: str | Path) -> Path:
     """Return ``path`` as a Path if its suffix is an allowed figure type (.png or .svg)."""
     p = Path(path)

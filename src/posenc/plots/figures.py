@@ -79,6 +79,7 @@ def _attention(
     steps: int = 300,
     layer: int | None = None,
     seed: int = 0,
+    progress: bool = False,
 ) -> Figure:
     from .attention import attention_data, draw_attention
 
@@ -90,6 +91,7 @@ def _attention(
         steps=steps,
         layer=layer,
         seed=seed,
+        progress=progress,
     )
     return draw_attention(data)
 

@@ -1,10 +1,12 @@
-"""The lab's extrapolation plots, drawn from its results store (``<out>/results.jsonl``).
+"""The lab's figure, drawn from its results store (``<out>/results.jsonl``): the one drawing that
+``posenc plot lab``, ``posenc lab report`` (``report/lab.png``) and ``posenc report`` show.
 
-Left: test loss against evaluation length, one line per encoding (inference-time variants such
-as RoPE rescalings dashed), the training length marked: "train short, test long" (the ALiBi
-paper's figure 1). Right: loss by position inside the longest evaluation window, which shows
-*where* an encoding breaks: a curve that rises right after the training length has not
-extrapolated.
+Top: test loss against evaluation length, the training length dotted: "train short, test long"
+(the ALiBi paper's figure 1). Bottom: loss by position inside the longest evaluation window,
+which shows *where* an encoding breaks: a curve that rises right after the training length has
+not extrapolated. Left: every encoding as trained, one colour each. Right: the inference-time
+variants (RoPE rescalings, an interpolated learned table) beside their base model, each line its
+own colour (and its own line style and marker, so the lines stay apart in grey too).
 
 Rows are read with :func:`posenc.lab.report.load_rows` (by default the group of the newest row),
 the lab's own reader; :func:`lab_data` takes ``rows`` directly as well.
@@ -22,13 +24,15 @@ import numpy as np
 from .common import add_caption, label_axes, new_figure
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 DEFAULT_LAB_OUT = Path("runs/lab")
 
 CAPTION = (
-    "Look at: lines that stay flat past the dotted training length extrapolate; "
-    "a curve that climbs after it (right) shows where an encoding breaks."
+    "Look at: lines that stay flat past the dotted training length extrapolate; a curve that "
+    "climbs after it (bottom) shows where an encoding breaks. Right: the inference-time "
+    "variants beside their base model, without retraining."
 )
 
 
@@ -48,6 +52,20 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
+def _label(row: dict[str, Any], vname: str, variant: dict[str, Any]) -> str:
+    return row["encoding"] if vname == "base" else f"{row['encoding']} + {variant['label']}"
+
+
+def _curve(group_curves: list[dict[str, list[Any]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over seeds of one line's binned curve: ``(x, bits)``, ``x`` each bin's geometric
+    middle in 1-based positions (bins are log-spaced; a log axis has no 0)."""
+    c0 = group_curves[0]
+    # Seeds of one cell share the binning (same length, same curve_points), so bins align.
+    x = [math.sqrt((a + 1) * b) for a, b in zip(c0["pos"], c0.get("end", c0["pos"]), strict=True)]
+    bits = [statistics.fmean(c["bits"][i] for c in group_curves) for i in range(len(x))]
+    return np.asarray(x), np.asarray(bits)
+
+
 def lab_data(
     out: str | Path = DEFAULT_LAB_OUT,
     group: str | None = None,
@@ -58,7 +76,8 @@ def lab_data(
     Returns ``lengths [N]`` (sorted eval lengths), ``train_len``, ``unit``, ``group``,
     ``lines``: a list of ``{"label", "encoding", "variant", "bits": [N]}`` (mean over seeds, NaN
     where a length was not applicable), and ``curves``: ``{"length", "lines": [{"label",
-    "variant", "pos": [P], "bits": [P]}]}`` at the longest length (mean over seeds).
+    "encoding", "variant", "pos": [P], "bits": [P]}]}`` at the longest length (mean over seeds;
+    ``pos`` is each position bin's geometric middle, 1-based).
     """
     if rows is None:
         rows = load_lab_rows(out, group)
@@ -75,43 +94,26 @@ def lab_data(
     for r in rows:
         for vname, v in r["eval"]["variants"].items():
             key = (r["encoding"], vname)
-            labels.setdefault(
-                key, r["encoding"] if vname == "base" else f"{r['encoding']} + {v['label']}"
-            )
+            labels.setdefault(key, _label(r, vname, v))
             per_len = bits.setdefault(key, {})
             for n, res in v["results"].items():
                 if res.get("bits") is not None and math.isfinite(res["bits"]):
                     per_len.setdefault(int(n), []).append(float(res["bits"]))
-            res = v["results"].get(longest)
+            res = v["results"].get(longest) or {}
             # Variants identical to the base model at this length add nothing to the curves.
-            if (
-                res
-                and res.get("curve")
-                and res.get("bits") is not None
-                and "same as base" not in (res.get("note") or "")
-            ):
+            same = "same as base" in (res.get("note") or "")
+            if res.get("curve") and res.get("bits") is not None and not same:
                 curves.setdefault(key, []).append(res["curve"])
     lines = [
-        {
-            "label": labels[key],
-            "encoding": key[0],
-            "variant": key[1],
-            "bits": np.array([_mean(per_len.get(n, [])) for n in lengths]),
-        }
-        for key, per_len in bits.items()
-    ]
+        {"label": labels[k], "encoding": k[0], "variant": k[1],
+         "bits": np.array([_mean(per_len.get(n, [])) for n in lengths])}
+        for k, per_len in bits.items()
+    ]  # fmt: skip
     curve_lines = []
-    for key, group_curves in curves.items():
-        pos = group_curves[0]["pos"]
-        # Seeds of one cell share the binning (same length, same curve_points), so bins align.
-        mean = [statistics.fmean(c["bits"][i] for c in group_curves) for i in range(len(pos))]
+    for k, group_curves in curves.items():
+        pos, mean = _curve(group_curves)
         curve_lines.append(
-            {
-                "label": labels[key],
-                "variant": key[1],
-                "pos": np.asarray(pos),
-                "bits": np.asarray(mean),
-            }
+            {"label": labels[k], "encoding": k[0], "variant": k[1], "pos": pos, "bits": mean}
         )
     return {
         "lengths": np.asarray(lengths),
@@ -123,56 +125,86 @@ def lab_data(
     }
 
 
-def draw_lab(data: dict[str, Any]) -> Figure:
-    """Two panels: loss vs eval length (log2 x); loss by position at the longest length."""
+_MARKERS = "osD^vP*Xhp<>"
+_DASHES: list[Any] = ["--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+
+
+def lab_styles(lines: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Line styles by label: ``(as_trained, variants)``.
+
+    As trained: one colour per encoding (tab20, dark shades first: the default grid has 13).
+    Variants (the lines of every encoding that has an inference-time variant): each line its
+    own colour (tab10), base models solid, variants dashed in their own pattern, each its own
+    marker.
+    """
     import matplotlib
 
-    fig, (ax1, ax2) = new_figure(1, 2, width=13, height=5.2)
-    L, unit = data["train_len"], data["unit"]
-    # One colour per encoding (tab20: the default grid has 13), one line style per variant.
-    cmap = matplotlib.colormaps["tab20"]
-    palette = [cmap(k) for k in range(20)]
-    encodings = list(dict.fromkeys(line["encoding"] for line in data["lines"]))
-    colors = {
-        e: palette[(2 * k) % 20 if k < 10 else (2 * k + 1) % 20] for k, e in enumerate(encodings)
-    }
-    variant_styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
-    variants = list(dict.fromkeys(line["variant"] for line in data["lines"]))
-    variants = ["base", *[v for v in variants if v != "base"]]
-    styles = {v: variant_styles[k % len(variant_styles)] for k, v in enumerate(variants)}
-    for line in data["lines"]:
-        ok = np.isfinite(line["bits"])
-        if not ok.any():
+    tab20 = matplotlib.colormaps["tab20"]
+    encodings = list(dict.fromkeys(line["encoding"] for line in lines))
+    base = {
+        e: {"color": tab20((2 * k) % 20 if k < 10 else (2 * k + 1) % 20), "linestyle": "-",
+            "marker": _MARKERS[k % len(_MARKERS)]}
+        for k, e in enumerate(encodings)
+    }  # fmt: skip
+    with_variants = {line["encoding"] for line in lines if line["variant"] != "base"}
+    tab10 = matplotlib.colormaps["tab10"]
+    variants: dict[str, Any] = {}
+    dashes = 0
+    for k, line in enumerate(x for x in lines if x["encoding"] in with_variants):
+        solid = line["variant"] == "base"
+        variants[line["label"]] = {
+            "color": tab10(k % 10),
+            "linestyle": "-" if solid else _DASHES[dashes % len(_DASHES)],
+            "marker": _MARKERS[k % len(_MARKERS)],
+        }
+        dashes += 0 if solid else 1
+    return {line["label"]: base[line["encoding"]] for line in lines}, variants
+
+
+def _panel(
+    ax: Axes, curves: list[tuple[np.ndarray, np.ndarray, str]], styles: dict[str, Any], L: int
+) -> None:
+    """One panel's lines (``(x, y, label)``, NaNs dropped) on a log2 x axis, L dotted."""
+    for x, y, label in curves:
+        ok = np.isfinite(y)
+        if ok.any():
+            ax.plot(x[ok], y[ok], ms=3.5, lw=1.3, label=label, **styles[label])
+    ax.axvline(L, color="0.4", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter("{x:g}")  # 16, not 2^4
+    ax.grid(True, alpha=0.3)
+
+
+def draw_lab(data: dict[str, Any]) -> Figure:
+    """Four panels (module docstring): loss vs eval length and loss by position (rows), as
+    trained and inference-time variants (columns); one legend per column."""
+    fig, axes = new_figure(2, 2, width=13.5, height=9.0)
+    L, unit, n = data["train_len"], data["unit"], data["curves"]["length"]
+    base_style, variant_style = lab_styles(data["lines"])
+    lengths = data["lengths"]
+    for col, styles in enumerate((base_style, variant_style)):
+        top, bottom = axes[0, col], axes[1, col]
+        shown = [x for x in data["lines"] if x["label"] in styles]
+        if col == 0:
+            shown = [x for x in shown if x["variant"] == "base"]
+        if not shown:
+            for ax in (top, bottom):
+                ax.set_axis_off()
+                note = "no inference-time variants in these results"
+                ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
             continue
-        ax1.plot(
-            data["lengths"][ok], line["bits"][ok], linestyle=styles[line["variant"]], marker="o",
-            ms=3, lw=1.3, color=colors[line["encoding"]], label=line["label"],
-        )  # fmt: skip
-    ax1.axvline(L, color="0.4", ls=":", lw=1)
-    ax1.set_xscale("log", base=2)
-    ax1.set_xticks(data["lengths"], [str(n) for n in data["lengths"]])
-    label_axes(
-        ax1,
-        f"Train short, test long (trained at L={L})",
-        "evaluation length (tokens, log2)",
-        f"test loss (bits per {unit})",
-    )
-    ax1.grid(True, alpha=0.3)
-    for line in data["curves"]["lines"]:
-        enc = line["label"].split(" + ")[0]
-        ax2.plot(
-            line["pos"], line["bits"], linestyle=styles.get(line["variant"], "-"), lw=1.0,
-            color=colors.get(enc), label=line["label"],
-        )  # fmt: skip
-    ax2.axvline(L, color="0.4", ls=":", lw=1)
-    label_axes(
-        ax2,
-        f"Loss by position in a {data['curves']['length']}-token window",
-        "position in the window",
-        f"loss (bits per {unit})",
-    )
-    ax2.grid(True, alpha=0.3)
-    handles, names = ax1.get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside right upper", fontsize=7)
+        labels = {x["label"] for x in shown}
+        _panel(top, [(lengths, x["bits"], x["label"]) for x in shown], styles, L)
+        top.set_xticks(lengths, [str(v) for v in lengths])
+        curves = [c for c in data["curves"]["lines"] if c["label"] in labels]
+        _panel(bottom, [(c["pos"], c["bits"], c["label"]) for c in curves], styles, L)
+        what = "as trained" if col == 0 else "inference-time variants"
+        top_title = f"Train short, test long: {what} (trained at L={L})"
+        label_axes(
+            top, top_title, "evaluation length (tokens, log2)", f"test loss (bits per {unit})"
+        )
+        bottom_title = f"Loss by position in a {n}-token window: {what}"
+        label_axes(bottom, bottom_title, "position in the window (log2)", f"loss (bits per {unit})")
+        top.legend(fontsize=7, loc="best", ncol=2 if len(shown) > 8 else 1)
     add_caption(fig, CAPTION)
     return fig

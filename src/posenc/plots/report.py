@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
+import re
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -37,35 +38,93 @@ code { background: #f3f3f3; padding: 0 0.25rem; }
 """
 
 
+def text_html(text: str) -> str:
+    """Plain text as HTML: escaped, with ``code`` spans (Markdown backticks, as in error
+    messages and notes) as ``<code>`` elements, so no literal backtick reaches the page."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text)).replace("`", "'")
+
+
 def _figure_html(kind: str, title: str, png: bytes, caption: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return (
         f'<section id="{kind}"><h2>{html.escape(title)}</h2><figure>'
         f'<img src="data:image/png;base64,{data}" alt="{html.escape(title)}">'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure></section>"
+        f"<figcaption>{text_html(caption)}</figcaption></figure></section>"
     )
 
 
 def _note_html(kind: str, title: str, text: str) -> str:
     return (
         f'<section id="{kind}"><h2>{html.escape(title)}</h2>'
-        f'<p class="note">{html.escape(text)}</p></section>'
+        f'<p class="note">{text_html(text)}</p></section>'
     )
 
 
 def lab_table_html(rows: list[dict[str, Any]]) -> str:
-    """The lab's results table (:func:`posenc.lab.report.table_cells`) as an HTML table."""
+    """The lab's results table (:func:`posenc.lab.report.table_cells`) as an HTML table, its
+    units in a header row above the column names (test loss in bits per byte or token at each
+    eval length; training throughput in tokens per second)."""
     from ..lab.report import describe, table_cells
 
     header, body = table_cells(rows)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    unit = rows[0]["eval"]["unit"] if rows else "byte"
+    n = len(header) - 5  # encoding, the eval lengths, then 4 columns about the training
+    groups = (
+        f'<tr><th rowspan="2">encoding</th><th colspan="{n}">test loss, bits per {unit} at '
+        "each eval length (lower is better)</th>"
+        "<th>tokens per second</th><th>throughput ratio</th><th>parameters</th>"
+        "<th>runs averaged</th></tr>"
+    )
+    names = "".join(f"<th>{html.escape(h)}</th>" for h in header[1:])
     lines = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body
     )
     return (
-        f"<table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table>"
-        f'<p class="meta">{html.escape(describe(rows))}</p>'
+        f"<table><thead>{groups}<tr>{names}</tr></thead><tbody>{lines}</tbody></table>"
+        f'<p class="meta">{text_html(describe(rows))}</p>'
     )
+
+
+def _figure_section(kind: str, options: dict[str, Any], say: Callable[[str], Any]) -> str:
+    """One figure as a report section, its caption under the image (drawn once: taken out of
+    the PNG); a figure that cannot be drawn here becomes a note saying why."""
+    from .common import figure_png_bytes, take_caption
+    from .figures import FIGURES, make_figure
+
+    spec = FIGURES[kind]
+    say(f"drawing {kind} ...")
+    try:
+        fig = make_figure(kind, **options)
+    except Exception as e:
+        say(f"  {kind} unavailable: {type(e).__name__}: {e}")
+        detail = traceback.format_exception_only(type(e), e)[-1].strip()
+        return _note_html(kind, spec.title, f"Not drawn (needs {spec.needs}): {detail}")
+    text = take_caption(fig)
+    return _figure_html(kind, spec.title, figure_png_bytes(fig, REPORT_DPI), text)
+
+
+def _options(
+    kind: str, results: str | Path, checkpoint: str | Path | None, attention_steps: int
+) -> dict[str, Any]:
+    if kind == "attention":
+        if checkpoint is not None:
+            return {"steps": attention_steps, "checkpoint": str(checkpoint)}
+        return {"steps": attention_steps, "progress": True}
+    if kind == "lab":
+        return {"results": str(results)}
+    return {}
+
+
+def _lab_table_section(rows: list[dict[str, Any]]) -> str:
+    if rows:
+        table = lab_table_html(rows)
+    else:
+        table = (
+            '<p class="note">No lab results yet. <code>posenc lab</code> trains and evaluates '
+            "every encoding and writes them to <code>runs/lab/results.jsonl</code>; this section "
+            "then shows its latest table.</p>"
+        )
+    return f'<section id="lab-table"><h2>Lab: latest results</h2>{table}</section>'
 
 
 def build_report(
@@ -80,56 +139,24 @@ def build_report(
     A figure that cannot be drawn here (its encodings absent, no lab results) becomes a note
     saying why, so one missing piece never costs the whole page.
     """
-    from .common import caption, figure_png_bytes
-    from .figures import FIGURES, make_figure
+    from .. import lab
+    from .figures import FIGURES
     from .lab import load_lab_rows
 
     say = log or (lambda _msg: None)
     rows = load_lab_rows(results)
     sections: list[str] = []
     for kind in kinds or list(FIGURES):
-        spec = FIGURES[kind]
-        options: dict[str, Any] = {}
-        if kind == "attention":
-            options = {"steps": attention_steps}
-            if checkpoint is not None:
-                options["checkpoint"] = str(checkpoint)
-        if kind == "lab":
-            if not rows:
-                sections.append(
-                    _note_html(
-                        kind,
-                        spec.title,
-                        f"No lab results in {Path(results) / 'results.jsonl'}. Run `posenc lab` "
-                        "(about ten minutes on two CPU cores), then `posenc report` again.",
-                    )
-                )
-                continue
-            options = {"results": str(results)}
-        say(f"drawing {kind} ...")
-        try:
-            fig = make_figure(kind, **options)
-        except Exception as e:
-            say(f"  {kind} unavailable: {type(e).__name__}: {e}")
-            detail = traceback.format_exception_only(type(e), e)[-1].strip()
-            sections.append(
-                _note_html(kind, spec.title, f"Not drawn (needs {spec.needs}): {detail}")
+        if kind == "lab" and not rows:
+            note = (
+                f"No lab results in {Path(results) / 'results.jsonl'}. Run `posenc lab` "
+                f"({lab.DEFAULT_RUN_TIME}), then `posenc report` again."
             )
+            sections.append(_note_html(kind, FIGURES[kind].title, note))
             continue
-        sections.append(
-            _figure_html(kind, spec.title, figure_png_bytes(fig, REPORT_DPI), caption(fig))
-        )
-
-    if rows:
-        table = lab_table_html(rows)
-    else:
-        table = (
-            '<p class="note">No lab results yet. <code>posenc lab</code> trains and evaluates '
-            "every encoding and writes them to <code>runs/lab/results.jsonl</code>; this section "
-            "then shows its latest table.</p>"
-        )
-    sections.append(f'<section id="lab-table"><h2>Lab: latest results</h2>{table}</section>')
-
+        options = _options(kind, results, checkpoint, attention_steps)
+        sections.append(_figure_section(kind, options, say))
+    sections.append(_lab_table_section(rows))
     toc = "".join(
         f'<li><a href="#{k}">{html.escape(FIGURES[k].title)}</a></li>' for k in kinds or FIGURES
     )
