@@ -29,10 +29,25 @@ if TYPE_CHECKING:
 
 BIAS_KINDS = ("alibi", "t5", "kerple", "fire", "sandwich")
 
-CAPTION = (
-    "Look at: how the penalty grows with distance i-j: linear (ALiBi), bucketed (T5), "
-    "logarithmic (KERPLE), stretched to the query position (FIRE), sinusoidal (Sandwich)."
-)
+#: How each kind's penalty grows with the distance ``i - j`` (the caption names the kinds drawn).
+GROWTH = {
+    "alibi": "linear (ALiBi)",
+    "t5": "bucketed (T5)",
+    "kerple": "logarithmic (KERPLE)",
+    "fire": "stretched to the query position (FIRE)",
+    "sandwich": "sinusoidal (Sandwich)",
+}
+
+
+def bias_caption(kinds: Sequence[str]) -> str:
+    """The caption of a bias figure showing ``kinds``: what to look at in those, and only those.
+
+    A registered bias encoding this module has no sentence for is named as it is.
+    """
+    ways = [GROWTH.get(k, k) for k in kinds]
+    if len(ways) > 1:
+        ways = [", ".join(ways[:-1]) + " or " + ways[-1]]
+    return f"Look at: how the penalty grows with the distance i-j: {ways[0]}."
 
 
 def available_bias_kinds(kinds: Sequence[str] = BIAS_KINDS) -> list[str]:
@@ -131,5 +146,5 @@ def draw_bias(data: dict[str, Any]) -> Figure:
         f"Bias maps B[h, i, j] at initialization, {data['length']} positions ({mask})",
         fontsize=11,
     )
-    add_caption(fig, CAPTION)
+    add_caption(fig, bias_caption(kinds))
     return fig

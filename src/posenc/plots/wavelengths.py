@@ -7,7 +7,9 @@ model. The scaling methods differ in which pairs they stretch and by how much:
 
 * linear (position interpolation): every wavelength times ``factor``;
 * NTK-aware: a larger base, so long wavelengths stretch ~``factor``, short ones barely;
-* dynamic NTK: NTK with a factor that grows with the current length (drawn at ``factor x L``);
+* dynamic NTK: NTK with a factor that grows with the current length ``s``,
+  ``factor * s / L - (factor - 1)`` (drawn at ``s = factor x L``, where that is
+  ``factor^2 - factor + 1``: 13 for a factor of 4);
 * YaRN: short wavelengths kept, long ones times ``factor``, a linear ramp between;
 * Llama-3: the same three bands, split by wavelength against ``L / high`` and ``L / low``;
 * LongRoPE: a per-pair factor list (searched per model; drawn with an illustrative ramp).
@@ -46,6 +48,24 @@ CAPTION = (
 )
 
 
+def wavelength_caption(data: dict[str, Any]) -> str:
+    """:data:`CAPTION`, and where dynamic NTK is drawn, why it stretches more than NTK."""
+    f, dyn = data["factor"], data.get("dynamic_factor")
+    if dyn is None:
+        return CAPTION
+    return (
+        f"{CAPTION} Dynamic NTK recomputes NTK's factor from the current length s, as "
+        f"f·s/L − (f − 1) (transformers' formula): at the target s = {f:g}L with f = {f:g} "
+        f"that is {dyn:.3g}, so it stretches more than NTK's {f:g}x; at s <= L it is plain RoPE."
+    )
+
+
+def _legend(method: str, data: dict[str, Any]) -> str:
+    if method == "dynamic" and data.get("dynamic_factor") is not None:
+        return f"dynamic NTK (= NTK {data['dynamic_factor']:.3g}x at {data['seq_len']})"
+    return WAVELENGTH_METHODS[method]
+
+
 def scaling_for(method: str, factor: float, train_len: int, n: int) -> dict[str, Any] | None:
     """The Hugging Face style ``scaling`` dict of ``method`` (None for plain RoPE): the scaling
     table's extension by ``factor`` of a model trained at ``train_len`` (LongRoPE with its
@@ -70,6 +90,7 @@ def wavelength_data(
 
     Returns ``pairs [n]`` (``n = head_dim / 2``), ``methods`` (names, ``M`` of them),
     ``wavelength [M, n]`` and ``ratio [M, n]`` (to plain RoPE's), ``attention_factor [M]``,
+    ``dynamic_factor`` (the NTK factor dynamic NTK applies at ``seq_len``, None without it),
     ``scalings`` (the dicts passed), and the scalars ``head_dim``, ``base``, ``train_len``,
     ``factor``, ``seq_len``.
     """
@@ -94,11 +115,17 @@ def wavelength_data(
         factors.append(attention_factor)
         scalings.append(sc)
     wavelength = np.stack(waves)  # [M, n]
+    ratio = wavelength / (2 * math.pi / plain.numpy())[None, :]  # [M, n]
     return {
         "pairs": np.arange(n),
         "methods": list(methods),
         "wavelength": wavelength,
-        "ratio": wavelength / (2 * math.pi / plain.numpy())[None, :],
+        "ratio": ratio,
+        # NTK stretches its longest pair by exactly its factor, so dynamic NTK's longest-pair
+        # stretch is the factor it acts with at seq_len (read off the frequencies, not recomputed).
+        "dynamic_factor": (
+            float(ratio[list(methods).index("dynamic"), -1]) if "dynamic" in methods else None
+        ),
         "attention_factor": np.asarray(factors),
         "scalings": scalings,
         "head_dim": head_dim,
@@ -117,7 +144,7 @@ def draw_wavelengths(data: dict[str, Any]) -> Figure:
     for k, (method, wave, ratio) in enumerate(
         zip(data["methods"], data["wavelength"], data["ratio"], strict=True)
     ):
-        label = WAVELENGTH_METHODS[method]
+        label = _legend(method, data)
         lw = 2.2 if method == "none" else 1.4
         color = "black" if method == "none" else None
         ax1.plot(data["pairs"], wave, styles[k % len(styles)], lw=lw, color=color, label=label)
@@ -151,5 +178,5 @@ def draw_wavelengths(data: dict[str, Any]) -> Figure:
         "pair index i",
         "wavelength / plain RoPE wavelength",
     )
-    add_caption(fig, CAPTION)
+    add_caption(fig, wavelength_caption(data))
     return fig
