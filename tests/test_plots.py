@@ -345,7 +345,7 @@ def test_tiny_model_learns_the_lag_and_maps_have_the_right_shapes() -> None:
     data = attention_data(encoding="rope", train_len=24, factor=2, steps=120, seed=0)
     train, long = data["maps"]["train"], data["maps"]["long"]
     assert train.shape == (4, 24, 24) and long.shape == (4, 48, 48)
-    assert data["info"]["final_loss"] < 1.0, data["info"]  # ln(32) = 3.47 at chance
+    assert data["info"]["final_loss_bits"] < 1.0, data["info"]  # log2(32) = 5 bits at chance
     # The chosen layer looks TINY_LAG tokens back at the training length.
     lag = np.mean([train[:, i, i - TINY_LAG].mean() for i in range(TINY_LAG, 24)])
     assert lag > 0.5
@@ -384,7 +384,7 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         data=DataConfig(source="task", task="copy"),
         eval=EvalConfig(lengths=("1x", "2x"), tokens=64, batch_tokens=64, rope_scalings=("linear",), curve_points=8),
     )  # fmt: skip
-    summary = run_grid(cfg, RunOptions(out=out, quiet=True, report=False))
+    summary = run_grid(cfg, RunOptions(out=out, quiet=True))
     assert not summary.failed, summary.failed
     return out
 
@@ -593,3 +593,106 @@ def test_importing_plots_does_not_import_matplotlib() -> None:
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# --- captions, the lab figure's styles, the tiny model's training -------------------------
+
+
+def test_bias_caption_describes_only_the_kinds_drawn() -> None:
+    kinds = _bias_kinds_present()
+    if len(kinds) < 2:
+        pytest.skip("needs two registered bias encodings")
+    one = caption(make_figure("bias", kinds=kinds[:1], length=8, num_heads=2))
+    two = caption(make_figure("bias", kinds=kinds[:2], length=8, num_heads=2))
+    from posenc.plots.bias import GROWTH
+
+    assert GROWTH[kinds[0]] in one and GROWTH[kinds[1]] not in one
+    assert GROWTH[kinds[0]] in two and GROWTH[kinds[1]] in two
+    for other in set(GROWTH) - set(kinds[:2]):
+        assert GROWTH[other] not in two
+
+
+@needs_rotary
+@pytest.mark.parametrize("factor", [2.0, 4.0, 8.0])
+def test_wavelengths_explain_dynamic_ntks_effective_factor(factor: float) -> None:
+    """At the drawn length s = f L transformers' dynamic NTK acts as NTK with factor
+    f * s / L - (f - 1) = f^2 - f + 1: the figure reads it off the frequencies and says it."""
+    from posenc.plots.wavelengths import wavelength_data
+
+    data = wavelength_data(head_dim=64, train_len=512, factor=factor)
+    want = factor * factor - factor + 1
+    assert data["dynamic_factor"] == pytest.approx(want, rel=1e-9)
+    fig = make_figure("wavelengths", head_dim=64, train_len=512, factor=factor)
+    text = caption(fig)
+    assert f"that is {want:.3g}" in text and "f·s/L − (f − 1)" in text
+    legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert f"dynamic NTK (= NTK {want:.3g}x at {int(512 * factor)})" in legend
+    no_dynamic = wavelength_data(head_dim=64, train_len=512, methods=("none", "ntk"))
+    assert no_dynamic["dynamic_factor"] is None
+
+
+def test_lab_figure_tells_variants_apart_by_colour(lab_run: Path) -> None:
+    """Every line of a panel has its own colour: the encodings as trained (left), and the RoPE
+    rescalings beside their base model (right), not only a dash pattern apart."""
+    from matplotlib.colors import to_hex
+
+    fig = make_figure("lab", results=str(lab_run))
+    axes = fig.axes
+    assert len(axes) == 4 and "Look at:" in caption(fig)
+    for ax in axes:
+        lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+        colours = [to_hex(ln.get_color()) for ln in lines]
+        assert lines and len(set(colours)) == len(colours), (ax.get_title(), colours)
+        assert ax.get_xscale() == "log"
+    right = {ln.get_label() for ln in axes[1].get_lines()}
+    assert {"rope", "rope + PI"} <= right and "alibi" not in right
+    left = {ln.get_label() for ln in axes[0].get_lines()}
+    assert {"rope", "alibi"} <= left and "rope + PI" not in left
+
+
+def test_lab_report_and_plot_lab_draw_the_same_figure(lab_run: Path, tmp_path: Path) -> None:
+    from posenc.lab.report import write_report
+
+    _cli("plot", "lab", "--results", str(lab_run), "--out", str(tmp_path / "plot.png"))
+    written = write_report(lab_run)
+    assert written["plot"].read_bytes() == (tmp_path / "plot.png").read_bytes()
+
+
+def test_tiny_model_trains_through_the_lab_loop_with_a_progress_bar(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from posenc.lab import progress as progress_module
+    from posenc.lab import train as lab_train
+
+    calls: list[dict] = []
+    steps_seen: list[int] = []
+    shown: list[bool] = []
+    real_train, real_bars, real_task = (
+        lab_train.train_model, progress_module.progress_bars, progress_module.step_task
+    )  # fmt: skip
+
+    def spy_train(*args, **kwargs):
+        calls.append(kwargs)
+        return real_train(*args, **kwargs)
+
+    def spy_bars(enabled, **kw):
+        shown.append(enabled)
+        return real_bars(enabled, **kw)
+
+    def spy_task(progress, description, total):
+        on_step, finish = real_task(progress, description, total)
+
+        def counted(done, bits, tps):
+            steps_seen.append(done)
+            on_step(done, bits, tps)
+
+        return counted, finish
+
+    monkeypatch.setattr(lab_train, "train_model", spy_train)
+    monkeypatch.setattr(progress_module, "progress_bars", spy_bars)
+    monkeypatch.setattr(progress_module, "step_task", spy_task)
+    out = tmp_path / "a.png"
+    args = ["--out", str(out), "--steps", "4", "--train-len", "8", "--encoding", "none"]
+    _cli("plot", "attention", *args)
+    assert len(calls) == 1 and calls[0]["ckpt_dir"] is None  # the lab's loop, no checkpoint
+    assert shown == [True] and steps_seen == [1, 2, 3, 4]

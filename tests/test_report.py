@@ -246,7 +246,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
             data=DataConfig(source="task", task="copy"),
             eval=EvalConfig(lengths=("1x", "2x"), tokens=64, batch_tokens=64, rope_scalings=(), curve_points=8),
         )  # fmt: skip
-        run_grid(cfg, RunOptions(out=results, quiet=True, report=False))
+        run_grid(cfg, RunOptions(out=results, quiet=True))
     page = out / "report.html"
     result = CliRunner().invoke(
         app, ["report", "--out", str(page), "--results", str(results), "--attention-steps", "3"]
@@ -334,3 +334,39 @@ def test_chromium_check_catches_errors_and_broken_images(tmp_path: Path) -> None
     text = " ".join(page["errors"])
     assert "boom" in text and "undefinedFunction" in text
     assert page["images"] and not page["images"][0]["decoded"]
+
+
+def test_report_reads_once_with_units_and_no_markdown_left(report: Path, tmp_path: Path) -> None:
+    """Each caption is printed once, under its image (not also inside the PNG: the drawing the
+    report embeds has no caption text, checked on the same figure drawn as SVG, which keeps text
+    as text); the lab table names its units and counts seeds; no Markdown backtick is left."""
+    import re
+
+    from posenc.plots import make_figure, save_figure
+    from posenc.plots.common import caption, take_caption
+
+    text = report.read_text(encoding="utf-8")
+    assert "`" not in text
+    captions = re.findall(r"<figcaption>(.*?)</figcaption>", text)
+    assert len(captions) >= 4 and all(c.startswith("Look at:") for c in captions)
+    for c in captions:
+        assert text.count(c) == 1
+    fig = make_figure("table", num_positions=16, dim=8)
+    said = caption(fig)
+    assert take_caption(fig) == said and said
+    save_figure(fig, tmp_path / "t.svg")
+    assert said.split(":")[0] not in (tmp_path / "t.svg").read_text()  # "Look at" not drawn
+    if (report.parent / "lab" / "results.jsonl").exists():
+        table = text[text.index('id="lab-table"') :]
+        assert "bits per token at each eval length" in table and "tokens per second" in table
+        assert "<th>seeds</th>" in table and "<td>1</td>" in table  # a count of one seed
+
+
+def test_report_notes_render_code_not_backticks(tmp_path: Path) -> None:
+    from posenc.lab import DEFAULT_RUN_TIME
+    from posenc.plots.report import build_report, text_html
+
+    page = build_report(results=tmp_path / "none-here", kinds=["lab"])
+    assert "`" not in page and "<code>posenc lab</code>" in page
+    assert DEFAULT_RUN_TIME in page  # the one measured run time
+    assert text_html("run `posenc lab` <now>") == "run <code>posenc lab</code> &lt;now&gt;"
