@@ -180,3 +180,14 @@ def test_missing_matplotlib_is_one_line(args: list[str], needle: str, tmp_path: 
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert_one_line_error(res.returncode, res.stdout + res.stderr, needle)
+
+
+def test_lab_labels_take_the_registry_spelling() -> None:
+    """Names are case-insensitive, labels key the preset's options and the results: one spelling."""
+    from posenc.lab.cli import Overrides, build_config
+    from posenc.lab.presets import model_config
+
+    cfg = build_config("cpu-small", Overrides(encodings="Sinusoidal,ALiBi:x=1,rope"))
+    assert cfg.encodings == ("sinusoidal", "alibi:x=1", "rope")
+    # the preset's sinusoidal options (scale_input) still apply to the spelling given
+    assert model_config(cfg, cfg.encodings[0], 256).encoding_kwargs == {"scale_input": True}

@@ -91,7 +91,7 @@ def build_config(preset: str, over: Overrides | None = None) -> Any:
         train = replace(train, warmup_steps=max(1, train.steps // 10))
     return replace(
         cfg,
-        encodings=tuple(_csv(over.encodings) or cfg.encodings),
+        encodings=tuple(map(_label, _csv(over.encodings) or cfg.encodings)),
         seeds=tuple(range(over.seed, over.seed + over.seeds)),
         model=_model_shape(cfg.model, over),
         train=train,
@@ -99,6 +99,13 @@ def build_config(preset: str, over: Overrides | None = None) -> Any:
         eval=_eval_config(cfg.eval, over),
         **_given(train_len=over.train_len, ckpt_every=over.ckpt_every, compile=over.compile_model),
     )
+
+
+def _label(label: str) -> str:
+    """``"ALiBi:eps=1"`` -> ``"alibi:eps=1"``: registry names are case-insensitive, while a label
+    keys the preset's options, the results and the checkpoints, so one spelling is kept."""
+    name, sep, rest = label.partition(":")
+    return name.strip().lower() + sep + rest
 
 
 def _model_shape(model: Any, over: Overrides) -> Any:
