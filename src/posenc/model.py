@@ -1,4 +1,18 @@
-"""A small pre-norm decoder-only language model for the lab, with the encoding chosen by name."""
+"""A small pre-norm decoder-only language model for the lab, with the encoding chosen by name.
+
+Two Llama-4 options, both off by default (the model, its weights and the lab's results are then
+what they were before the options existed):
+
+* ``nope_every = n``: every ``n``-th layer (1-based: layer ``i`` with ``(i + 1) % n == 0``) has no
+  position encoding, as transformers' ``Llama4TextConfig.no_rope_layers`` (built from
+  ``no_rope_layer_interval``: ``int((i + 1) % n != 0)``, 1 = uses RoPE). :func:`nope_layers`.
+* ``temperature``: a :class:`~posenc.rotary.temperature.QueryTemperature` scaling the queries of
+  the layers in its ``layers`` (None: every layer) after any rotation, before the scores, as
+  ``Llama4TextAttention`` does on its NoPE layers (``attn_temperature_tuning and not use_rope``).
+  Llama-4's kind (``"llama4_temperature"``) is evaluated at each query's index in the KV cache
+  (``past + arange(s)``, whatever the positions), Ministral-3's (``"llama4_scaling"``) at the
+  queries' positions. For Llama-4, pass ``layers=nope_layers(num_layers, nope_every)``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +24,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import registry
+from ._checks import check_positive_int, default_positions
 from .attention import Attention, KVCache
+from .rotary.temperature import QueryTemperature
+
+# Options added after the lab's first results: to_dict leaves them out at their defaults, so the
+# identities (and hashes) of configurations that do not use them are unchanged.
+_NEW_DEFAULT_NONE = ("nope_every", "temperature")
+
+
+def nope_layers(num_layers: int, nope_every: int | None) -> tuple[int, ...]:
+    """The 0-based layers without position encoding: ``i`` with ``(i + 1) % nope_every == 0``.
+
+    Llama-4's convention (``no_rope_layers[i] = int((i + 1) % no_rope_layer_interval != 0)``):
+    with ``nope_every = 4`` layers 3, 7, 11, ... are NoPE. None: no such layer.
+    """
+    if nope_every is None:
+        return ()
+    check_positive_int("nope_every", nope_every)
+    return tuple(i for i in range(num_layers) if (i + 1) % nope_every == 0)
 
 
 @dataclass
@@ -29,9 +61,66 @@ class ModelConfig:
     dropout: float = 0.0
     encoding: str = "rope"
     encoding_kwargs: dict[str, Any] = field(default_factory=dict)
+    nope_every: int | None = None
+    temperature: QueryTemperature | None = None
+
+    def __post_init__(self) -> None:
+        if self.nope_every is not None:
+            check_positive_int("nope_every", self.nope_every)
+        t = self.temperature
+        if isinstance(t, dict):  # read back from to_dict / JSON
+            layers = t.get("layers")
+            t = QueryTemperature(**{**t, "layers": None if layers is None else tuple(layers)})
+            self.temperature = t
+        if t is not None and not isinstance(t, QueryTemperature):
+            raise TypeError(
+                f"temperature must be a QueryTemperature (or its dict) or None, got {t!r:.80}"
+            )
+        bad = [i for i in (t.layers or ()) if not 0 <= i < self.num_layers] if t else []
+        if bad:
+            raise ValueError(
+                f"temperature.layers must be layer indices in [0, {self.num_layers}), got {bad}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for name in _NEW_DEFAULT_NONE:
+            if d[name] is None:
+                del d[name]
+        return d
+
+
+class TemperedAttention(Attention):
+    """:class:`~posenc.attention.Attention` whose queries are scaled by a
+    :class:`~posenc.rotary.temperature.QueryTemperature` after any rotation, before the scores
+    (and after the KV cache update, which holds keys only). Shapes as Attention's."""
+
+    def __init__(self, *args: Any, temperature: QueryTemperature, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.temperature = temperature
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        index_layout: bool,
+    ) -> torch.Tensor:
+        """``q [b, h, s, d]`` scaled, then Attention's path for ``k, v [b, hk, t, d]``."""
+        s, t = q.shape[2], k.shape[2]
+        if self.temperature.kind == "llama4_temperature":
+            # Llama-4: the queries' indices in the KV cache, past + arange(s), not position_ids.
+            where = default_positions(s, q.device, offset=t - s)  # [s]
+        else:
+            where = positions  # Ministral-3: the position ids, [s] or [b, s]
+        q = self.temperature(q, where)
+        return super()._attend(q, k, v, positions, k_positions, attn_mask, index_layout)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, temperature={self.temperature}"
 
 
 class MLP(nn.Module):
@@ -46,17 +135,21 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, encoding: nn.Module | None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        encoding: nn.Module | None,
+        temperature: QueryTemperature | None = None,
+    ) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(cfg.dim)
-        self.attn = Attention(
-            cfg.dim,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            causal=cfg.causal,
-            encoding=encoding,
-            dropout=cfg.dropout,
-        )
+        kw: dict[str, Any] = {"causal": cfg.causal, "encoding": encoding, "dropout": cfg.dropout}
+        if temperature is None:
+            self.attn = Attention(cfg.dim, cfg.num_heads, cfg.num_kv_heads, **kw)
+        else:
+            self.attn = TemperedAttention(
+                cfg.dim, cfg.num_heads, cfg.num_kv_heads, temperature=temperature, **kw
+            )
         self.norm2 = nn.RMSNorm(cfg.dim)
         self.mlp = MLP(cfg.dim, int(cfg.dim * cfg.mlp_ratio), cfg.dropout)
 
@@ -75,7 +168,9 @@ class TransformerLM(nn.Module):
     """Token embedding, optional absolute encoding, ``num_layers`` pre-norm blocks, tied head.
 
     Encodings that act inside attention are built once and shared by every layer when the
-    registry marks them ``shared`` (RoPE, ALiBi, T5's bias), else once per layer.
+    registry marks them ``shared`` (RoPE, ALiBi, T5's bias), else once per layer; the layers of
+    ``cfg.nope_every`` get none, and those of ``cfg.temperature`` scale their queries (module
+    docstring).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -94,13 +189,30 @@ class TransformerLM(nn.Module):
                 **cfg.encoding_kwargs,
             )
 
+        if cfg.nope_every is not None and entry.family == "absolute":
+            raise ValueError(
+                f"nope_every removes the encoding from some attention layers, but {cfg.encoding!r} "
+                "is absolute (added once to the token embeddings): use a rotary, bias or "
+                "relative encoding, or nope_every=None"
+            )
+        self.nope_layers = nope_layers(cfg.num_layers, cfg.nope_every)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.absolute: nn.Module | None = make() if entry.family == "absolute" else None
         inner = entry.family in ("rotary", "bias", "relative")
-        shared = make() if inner and entry.shared else None
+        some = cfg.nope_every is None or len(self.nope_layers) < cfg.num_layers
+        shared = make() if inner and entry.shared and some else None
+
+        def layer_encoding(i: int) -> nn.Module | None:
+            # Called once per layer, right before the layer is built: the order in which
+            # parameters draw from the RNG is the one before nope_every existed.
+            if not inner or i in self.nope_layers:
+                return None
+            return shared if entry.shared else make()
+
+        t = cfg.temperature
         self.blocks = nn.ModuleList(
-            Block(cfg, (shared if entry.shared else make()) if inner else None)
-            for _ in range(cfg.num_layers)
+            Block(cfg, layer_encoding(i), t if t is not None and t.applies_to(i) else None)
+            for i in range(cfg.num_layers)
         )
         self.norm = nn.RMSNorm(cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
