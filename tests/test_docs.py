@@ -109,3 +109,28 @@ def test_docs_build_strict(tmp_path: Path) -> None:
     assert (site / "img" / "wavelengths.png").stat().st_size > 5_000
     api = (site / "api" / "functional" / "index.html").read_text(encoding="utf-8")
     assert "rope_inv_freq" in api and "sinusoidal_table" in api  # generated from docstrings
+    # Formulas are math (arithmatex marks them for MathJax), not code blocks.
+    for page in ("absolute", "rotary", "bias", "relative", "lab"):
+        built = (site / page / "index.html").read_text(encoding="utf-8")
+        assert 'class="arithmatex">\\[' in built, page  # a displayed formula
+    assert "\\theta_i = \\text{base}^{-2i/d}" in (site / "rotary" / "index.html").read_text()
+
+
+def test_formulas_are_math_not_code_blocks() -> None:
+    """The guides write formulas as $...$ / $$...$$ (rendered by MathJax through
+    pymdownx.arithmatex), never as ```text blocks; the build needs only the Markdown extension
+    (in the docs extra), and MathJax itself is a script the served pages load from a CDN."""
+    yaml = pytest.importorskip("yaml")  # mkdocs's own dependency
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        assert "```text" not in text, path.name
+    for name in ("absolute", "rotary", "bias", "relative", "lab"):
+        assert "$$" in (ROOT / "docs" / f"{name}.md").read_text(encoding="utf-8"), name
+    cfg = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
+    exts = [e if isinstance(e, str) else next(iter(e)) for e in cfg["markdown_extensions"]]
+    assert "pymdownx.arithmatex" in exts
+    scripts = cfg["extra_javascript"]
+    assert "javascripts/mathjax.js" in scripts and (ROOT / "docs/javascripts/mathjax.js").exists()
+    assert any(s.startswith("https://cdn.jsdelivr.net/npm/mathjax@3/") for s in scripts)
+    docs_extra = re.search(r"^docs = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert docs_extra and '"pymdown-extensions' in docs_extra[1]
