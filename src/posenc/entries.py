@@ -240,3 +240,19 @@ def _deberta(
         share_att_key=True,
         norm_rel_ebd=norm_rel_ebd,
     )
+
+
+@register(
+    "cope",
+    "relative",
+    shared=False,
+    description="CoPE: contextual positions from gated counts (Golovneva et al. 2024)",
+)
+def _cope(ctx: BuildContext, *, npos_max: int | None = None, init_std: float = 0.02) -> nn.Module:
+    from .relative import CoPE
+
+    # npos_max: the authors' default, max_len + 1. init_std 0.02, not their 0: a zero table
+    # starts as NoPE, order-blind until trained (cope:init_std=0 gives their start).
+    return CoPE(
+        ctx.head_dim, ctx.num_heads, npos_max=npos_max or ctx.max_len + 1, init_std=init_std
+    )
