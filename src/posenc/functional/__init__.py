@@ -12,6 +12,7 @@ from .bias import (
     sandwich_inv_freq,
     t5_relative_bucket,
 )
+from .length import pose_positions, pose_positions_from, randomized_positions
 from .relative import clipped_relative_index, rel_shift
 from .resample import resample_1d, resample_2d
 from .rope_scaling import ROPE_SCALING, extension_scaling
@@ -48,6 +49,9 @@ __all__ = [
     "mrope_axis_index",
     "mrope_cos_sin",
     "normalize_scaling",
+    "pose_positions",
+    "pose_positions_from",
+    "randomized_positions",
     "rel_shift",
     "relative_position_matrix",
     "resample_1d",
