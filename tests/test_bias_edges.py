@@ -172,3 +172,18 @@ def test_kerple_out_of_range_parameters_give_one_bias_on_every_path(variant: str
         ref = sdpa(x)
         torch.testing.assert_close(explicit(x), ref, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(flex(x), ref, atol=1e-6, rtol=1e-5)
+
+
+def test_kerple_clamp_is_exact_in_value_and_identity_in_gradient() -> None:
+    """The straight-through clamp gives exactly the clamped value (``p + (clamp - p)`` rounded:
+    r2 = -1000 clamped to eps = 0.01 came out 0.01 +- 3e-5, a 0.3 % error in the exponent) and
+    passes the gradient through unchanged."""
+    enc = KERPLE(3, "power")
+    with torch.no_grad():
+        enc.r1.copy_(torch.tensor([-1000.0, 0.5, 7.0]))
+        enc.r2.copy_(torch.tensor([-1000.0, 1e6, 1.5]))
+    r1, r2 = enc.constrained()
+    assert r1.tolist() == torch.tensor([0.01, 0.5, 7.0]).tolist()
+    assert r2.tolist() == torch.tensor([0.01, 2.0, 1.5]).tolist()
+    (r1.sum() + 2 * r2.sum()).backward()
+    assert enc.r1.grad.tolist() == [1.0] * 3 and enc.r2.grad.tolist() == [2.0] * 3

@@ -355,7 +355,7 @@ def test_dropout_runs_in_training_only() -> None:
         (
             lambda: DeBERTaRelative(16, 4, position_buckets=256, max_relative_positions=100),
             ValueError,
-            "max_position",
+            r"max_relative_positions must be an integer above position_buckets // 2 \+ 1",
         ),
         (
             lambda: ShawRelative(4).attend(
@@ -406,7 +406,7 @@ QKV = tuple(torch.randn(1, 4, 3, 4) for _ in range(3))
         (
             lambda: DeBERTaRelative(16, 4, position_buckets=2**20, max_relative_positions=2**21),
             ValueError,
-            r"bucket_size must be an integer in \[2, 65536\]",
+            r"position_buckets must be an integer in \[2, 65536\]",
         ),
         # attend's inputs: said in words, not a matmul error from deep inside.
         (

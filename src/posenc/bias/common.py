@@ -22,7 +22,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_positions, check_positive_int, check_values
+from .._checks import check_int_at_most, check_positions, check_values
+from ..functional.bias import MAX_TABLE_ROWS
 
 ScoreMod = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
@@ -122,7 +123,8 @@ class PositionBias(nn.Module):
 
     def __init__(self, num_heads: int) -> None:
         super().__init__()
-        self.num_heads = check_positive_int("num_heads", num_heads)
+        why = "one slope, ratio or table column per head"
+        self.num_heads = check_int_at_most("num_heads", num_heads, MAX_TABLE_ROWS, why)
 
     def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``positions [s]|[b, s]`` (queries), ``k_positions [t]|[b, t]`` (keys) ->

@@ -37,9 +37,13 @@ class FIRE(PositionBias):
         super().__init__(num_heads)
         why = "a FlexAttention score_mod unrolls one term per hidden unit"
         self.mlp_width = check_int_at_most("mlp_width", mlp_width, MAX_MLP_WIDTH, why)
-        init_c = check_number("init_c", init_c)
-        init_threshold = check_number("init_threshold", init_threshold, low=0.0, low_open=True)
-        eps = check_number("eps", eps, low=0.0, low_open=True)  # keeps psi's denominator > 0
+        # Scales of distances: c * |i - j| and L stay finite in float32 for any int64 position.
+        init_c = check_number("init_c", init_c, low=-1e6, high=1e6)
+        init_threshold = check_number(
+            "init_threshold", init_threshold, low=0.0, low_open=True, high=2.0**63
+        )
+        # eps keeps psi's denominator > 0 (c = 0 would give 0 / 0): it must survive float32.
+        eps = check_number("eps", eps, low=1e-30, high=1.0)
         kw = {"device": device, "dtype": dtype}
         self.mlp = nn.Sequential(
             nn.Linear(1, mlp_width, **kw),  # type: ignore[arg-type]

@@ -35,7 +35,9 @@ def _clamp_straight_through(p: torch.Tensor, lo: float, hi: float | None) -> tor
     inside ``forward``; :meth:`KERPLE.clamp_parameters_` applies the paper's projection exactly,
     to be called after ``optimizer.step()`` where that matters.
     """
-    return p + (p.clamp(lo, hi) - p).detach()
+    # clamp's value plus an exact zero that carries p's gradient. (p + (clamp - p).detach() is
+    # the same in exact arithmetic, but rounds: r2 = -3.5 clamped to 1e-4 came out 1e-4 +- 2e-7.)
+    return p.clamp(lo, hi).detach() + (p - p.detach())
 
 
 class KERPLE(PositionBias):
@@ -59,8 +61,10 @@ class KERPLE(PositionBias):
     ) -> None:
         super().__init__(num_heads)
         self.variant = check_choice("variant", variant, KERPLE_VARIANTS)
-        # eps is the lower bound of r1 and r2; power's r2 also stops at 2, so eps <= 2 there.
-        self.eps = check_number("eps", eps, low=0.0, low_open=True, high=self._r2_max)
+        # eps is the lower bound of r1 and r2 (1e-2 in the paper): a small positive number that
+        # the parameters' dtype holds (below float16's smallest normal, 6e-5, it would clamp to
+        # 0, and the power kernel's 0 ** 0 is 1).
+        self.eps = check_number("eps", eps, low=1e-4, high=1.0)
         scale1, scale2 = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
         kw = {"device": device, "dtype": dtype}
         self.r1 = nn.Parameter(torch.rand(num_heads, **kw) * scale1)  # type: ignore[arg-type]

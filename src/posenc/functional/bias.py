@@ -84,6 +84,10 @@ def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32) -> torch.Te
     interleaves the extra heads between the existing ones. Computed in float64, rounded once.
     """
     check_positive_int("num_heads", num_heads)
+    if num_heads > MAX_TABLE_ROWS:
+        raise ValueError(
+            f"num_heads must be <= {MAX_TABLE_ROWS} (one slope per head), got {num_heads}"
+        )
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
@@ -166,15 +170,20 @@ def t5_relative_bucket(
 # --- DeBERTa -----------------------------------------------------------------------------------
 
 
-def deberta_check_buckets(bucket_size: int, max_position: int) -> int:
-    """Validate DeBERTa log-bucket options; return ``mid = bucket_size // 2``."""
+def deberta_check_buckets(
+    bucket_size: int,
+    max_position: int,
+    names: tuple[str, str] = ("bucket_size", "max_position"),
+) -> int:
+    """Validate DeBERTa log-bucket options; return ``mid = bucket_size // 2``. ``names``: what
+    the caller calls the two options (errors name them)."""
     if (
         isinstance(bucket_size, bool)
         or not isinstance(bucket_size, int)
         or not 2 <= bucket_size <= MAX_TABLE_ROWS
     ):
         raise ValueError(
-            f"bucket_size must be an integer in [2, {MAX_TABLE_ROWS}], got {bucket_size!r}"
+            f"{names[0]} must be an integer in [2, {MAX_TABLE_ROWS}], got {bucket_size!r}"
         )
     mid = bucket_size // 2
     if (
@@ -183,7 +192,7 @@ def deberta_check_buckets(bucket_size: int, max_position: int) -> int:
         or max_position - 1 <= mid
     ):
         raise ValueError(
-            f"max_position must be an integer above bucket_size // 2 + 1 = {mid + 1} (the "
+            f"{names[1]} must be an integer above {names[0]} // 2 + 1 = {mid + 1} (the "
             f"log range starts there), got {max_position!r}"
         )
     return mid

@@ -99,7 +99,8 @@ class DeBERTaRelative(RelativeEncoding):
             )
         self.position_buckets = position_buckets
         if position_buckets > 0:
-            deberta_check_buckets(position_buckets, max_relative_positions)
+            names = ("position_buckets", "max_relative_positions")
+            deberta_check_buckets(position_buckets, max_relative_positions, names)
         else:  # the relative embeddings are sized by it
             why = "without buckets it sizes the 2 * max_relative_positions relative embeddings"
             check_int_at_most("max_relative_positions", max_relative_positions, MAX_TABLE_ROWS, why)
