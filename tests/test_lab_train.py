@@ -240,7 +240,9 @@ def test_a_flipped_byte_inside_a_tensor_is_caught_naming_the_file(corpus, tmp_pa
     flip_tensor_byte(last)
     raw = torch.load(last, weights_only=True)  # the container itself still loads
     assert raw["format"] == T.CKPT_FORMAT
-    with pytest.raises(T.CheckpointError, match=re.escape(str(last)) + ".*do not match the SHA-256 digest"):
+    with pytest.raises(
+        T.CheckpointError, match=re.escape(str(last)) + ".*do not match the SHA-256 digest"
+    ):
         _train(corpus, tmp_path / "c", resume=True)
     # The same for the trained weights a rerun would reuse.
     _train(corpus, tmp_path / "f")

@@ -4,7 +4,8 @@ and measured at L, 2L, 4L, 8L, with inference-time RoPE rescaling, on one CPU or
 Modules, by concern: :mod:`~posenc.lab.presets` (configuration), :mod:`~posenc.lab.data` and
 :mod:`~posenc.lab.tasks` (tokens), :mod:`~posenc.lab.train`, :mod:`~posenc.lab.evaluate`,
 :mod:`~posenc.lab.experiment` (the grid), :mod:`~posenc.lab.store` (results),
-:mod:`~posenc.lab.report` (table, CSV, plots), :mod:`~posenc.lab.cli` (``posenc lab``).
+:mod:`~posenc.lab.lock` (one run per output folder), :mod:`~posenc.lab.progress` (progress bars),
+:mod:`~posenc.lab.report` (table, CSV, the figure), :mod:`~posenc.lab.cli` (``posenc lab``).
 
 Names below are imported on first use, so ``import posenc.lab`` stays cheap.
 """

@@ -213,7 +213,7 @@ PRESETS: dict[str, LabConfig] = {
     ),
     # gpu-small: the ALiBi paper's setting (train at L = 512; evaluate at 512, 1024, 2048 and
     # 4096, with the RoPE rescalings) small enough to run inside `make gpu-check`: every default
-    # encoding in at most 5 minutes on one H100/H200, trained as the issue asks: bf16 autocast,
+    # encoding in at most 5 minutes on one H100/H200, trained the way a GPU run is: bf16 autocast,
     # compiled blocks (compile=True: posenc.lab.train.compile_blocks), FlexAttention for the
     # biases wherever `Attention`'s "auto" picks it on CUDA (the eval lengths >= 1024; training
     # at 512 stays below its threshold and uses SDPA). Sized from measured CPU throughput

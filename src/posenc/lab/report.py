@@ -290,12 +290,12 @@ def write_report(
     written["table"].write_text(results_markdown(rows))
     write_csv(rows, written["csv"])
     if plots:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            return written
-        from ..plots.common import save_figure
+        from ..plots.common import require_matplotlib, save_figure
         from ..plots.lab import draw_lab, lab_data
 
+        try:
+            require_matplotlib()
+        except ImportError:  # the plots extra is not installed: the table and CSV only
+            return written
         written["plot"] = save_figure(draw_lab(lab_data(rows=rows)), folder / "lab.png")
     return written

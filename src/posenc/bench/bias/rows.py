@@ -1,5 +1,5 @@
 """One row of the benchmark (a bias at one length and dtype: its three candidates) and the
-issue's targets it is checked against."""
+benchmark's targets it is checked against."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class BiasRow:
         return self.flex.ms / self.causal.ms
 
     def targets(self) -> str:
-        """The issue's targets that apply to this row, each ``met``/``MISSED``, or ``-``."""
+        """The benchmark's targets that apply to this row, each ``met``/``MISSED``, or ``-``."""
         if self.device == "cpu" and self.mode == "inference" and self.s >= TARGET_MIN_S:
             name = f"flex >={TARGET_SPEEDUP:g}x materialized"
             if not self.flex.ok:
