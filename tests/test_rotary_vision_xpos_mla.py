@@ -129,7 +129,7 @@ def test_axial_errors() -> None:
         Axial2DRoPE(18)
     rope = Axial2DRoPE(16, grid_size=(2, 2), num_prefix_tokens=1)
     q = torch.randn(1, 1, 6, 16)
-    with pytest.raises(ValueError, match="outside 1 prefix tokens"):
+    with pytest.raises(ValueError, match="must be below 1 prefix tokens"):
         rope(q, q)
     with pytest.raises(ValueError, match="grid_size"):
         Axial2DRoPE(16)(q, q)

@@ -45,8 +45,8 @@ class LearnedEncoding(nn.Module):
         check_values(
             positions < self.max_positions,
             lambda: (
-                f"position {int(positions.max())} is out of range for a learned table of "
-                f"max_positions={self.max_positions} (allowed 0..{self.max_positions - 1}); "
+                f"positions must be in 0..{self.max_positions - 1} for a learned table of "
+                f"max_positions={self.max_positions}, got position {int(positions.max())}; "
                 "use .resized(new_max) for an interpolated longer table"
             ),
         )

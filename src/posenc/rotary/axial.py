@@ -26,7 +26,13 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_choice, check_positions, check_positive_int, check_values
+from .._checks import (
+    check_choice,
+    check_number,
+    check_positions,
+    check_positive_int,
+    check_values,
+)
 from ..attention import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
 from .embedding import check_qk, resolve_angle_dtype, resolve_qk_positions
@@ -107,10 +113,11 @@ class Axial2DRoPE(nn.Module):
             if not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2:
                 raise TypeError(f"grid_size must be a pair (grid_h, grid_w), got {grid_size!r}")
             grid_size = (
-                check_positive_int("grid_h", grid_size[0]),
-                check_positive_int("grid_w", grid_size[1]),
+                check_positive_int("grid_size[0] (grid_h)", grid_size[0]),
+                check_positive_int("grid_size[1] (grid_w)", grid_size[1]),
             )
-        self.head_dim, self.base, self.grid_size = head_dim, float(base), grid_size
+        base = check_number("base", base, low=1.0, low_open=True)
+        self.head_dim, self.base, self.grid_size = head_dim, base, grid_size
         self.num_prefix_tokens, self.layout = num_prefix_tokens, layout
         self.frequencies, self.arrangement, self.backend = frequencies, arrangement, backend
         self.angle_dtype = resolve_angle_dtype(angle_dtype)
@@ -235,8 +242,8 @@ class Axial2DRoPE(nn.Module):
         gh, gw = self.grid_size
         p = self.num_prefix_tokens
         tables = []
-        for idx in (positions, k_positions):
-            _check_in_grid(idx, p, gh, gw)
+        for name, idx in (("positions", positions), ("k_positions", k_positions)):
+            _check_in_grid(name, idx, p, gh, gw)
             cell = (idx - p).clamp(min=0)
             coords = torch.stack((cell // gw, cell % gw), dim=-1)  # [(b,) n, 2]
             tables.append(self._tables(coords, idx < p if p else None))
@@ -251,11 +258,12 @@ class Axial2DRoPE(nn.Module):
         )
 
 
-def _check_in_grid(idx: torch.Tensor, prefix: int, gh: int, gw: int) -> None:
+def _check_in_grid(name: str, idx: torch.Tensor, prefix: int, gh: int, gw: int) -> None:
     """Token indices must fall in the prefix tokens or the grid (checked where that is free)."""
     check_values(
         idx < prefix + gh * gw,
         lambda: (
-            f"token index {int(idx.max())} is outside {prefix} prefix tokens + a {gh}x{gw} grid"
+            f"{name} (token indices) must be below {prefix} prefix tokens + a {gh}x{gw} grid "
+            f"= {prefix + gh * gw}, got token index {int(idx.max())}"
         ),
     )

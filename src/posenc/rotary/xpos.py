@@ -78,12 +78,8 @@ class XPos(nn.Module):
             raise TypeError(f"center must be an integer position, got {center!r}")
         if not 0 <= center < 2**63:  # positions are int64 >= 0, so p - center never wraps
             raise ValueError(f"center must be a position in [0, 2**63), got {center}")
-        self.head_dim, self.base, self.scale_base, self.gamma = (
-            head_dim,
-            float(base),
-            scale_base,
-            gamma,
-        )
+        base = check_number("base", base, low=1.0, low_open=True)
+        self.head_dim, self.base, self.scale_base, self.gamma = head_dim, base, scale_base, gamma
         self.layout, self.center, self.backend = layout, center, backend
         self.angle_dtype = resolve_angle_dtype(angle_dtype)
         inv_freq, _ = rope_inv_freq(head_dim, base, dtype=self.angle_dtype)  # [d/2]
@@ -100,7 +96,9 @@ class XPos(nn.Module):
         with 4 bits of headroom for the magnitudes of q and k."""
         tiny = max(torch.finfo(dtype).tiny, torch.finfo(torch.float32).tiny)
         log_range = -math.log(tiny) - 4 * math.log(2)  # |log scale| allowed
-        log_zeta_min = math.log((1 + self.gamma) / self.gamma)  # -log zeta_0, the largest
+        log_zeta_min = math.log1p(1 / self.gamma)  # -log zeta_0 = log((1 + gamma) / gamma)
+        if log_zeta_min * (2**63 - 1) <= log_range * self.scale_base:
+            return 2**63 - 1  # (almost) no decay: every int64 offset is representable
         return math.floor(log_range * self.scale_base / log_zeta_min)
 
     def cos_sin(
