@@ -12,8 +12,12 @@ from posenc.functional import (
     alibi_slopes,
     clipped_relative_index,
     deberta_log_bucket,
+    kerple_log_bias,
+    kerple_power_bias,
+    rel_shift,
     relative_position_matrix,
     sandwich_distance_table,
+    sincos_2d,
     t5_relative_bucket,
 )
 
@@ -149,8 +153,31 @@ def test_sandwich_table_is_the_paper_sum() -> None:
             "positions must be 1-D or 2-D",
         ),
         (lambda: sandwich_distance_table(10, 15), ValueError, "d_prime must be even"),
+        # Found by tests/test_fuzz.py: allocations sized by an argument, Python or torch errors
+        # that named nothing, a negative key_len that sliced silently.
+        (lambda: alibi_slopes(2**40), ValueError, "num_heads must be <= 65536"),
+        (lambda: sandwich_distance_table(10, 2**40), ValueError, "d_prime must be <= 2048"),
+        (lambda: sandwich_distance_table(2**40, 16), ValueError, "max_distance must be <= "),
+        (lambda: sandwich_distance_table(10, 8, math.nan), ValueError, "base must be a finite"),
+        (lambda: kerple_log_bias([1, 2], torch.ones(2), torch.ones(2)), TypeError, "distance must"),
+        (lambda: kerple_power_bias(REL, torch.ones(2), torch.ones(3)), ValueError, "r1 and r2"),
+        (lambda: clipped_relative_index(REL, REL, 2**63), ValueError, "max_distance must be <="),
+        (lambda: rel_shift(torch.zeros(2, 3, 4), -1), ValueError, r"key_len must be .* got -1"),
+        (lambda: rel_shift(torch.zeros(2, 3, 4), None), ValueError, "key_len must be an integer"),
+        (lambda: rel_shift([[0.0]], 1), TypeError, "x must be a tensor"),
+        (lambda: sincos_2d(2**20, 2**20, 8), ValueError, r"grid_h \* grid_w \* dim must be"),
     ],
 )
 def test_bad_input(call, error, words) -> None:
     with pytest.raises(error, match=words):
         call()
+
+
+def test_fire_distance_keeps_small_arguments_exact() -> None:
+    """psi(x) = log(|c x| + 1) as log1p: float32 log(1 + 1e-4) kept only ~3 digits."""
+    from posenc.functional import fire_normalized_distance
+
+    c, big_l = torch.tensor(3e-5), torch.tensor(7.0)
+    got = fire_normalized_distance(torch.tensor(0.0), torch.tensor(1.0), c, big_l, eps=1e-30)
+    want = math.log1p(float(c)) / math.log1p(float(c) * 7.0)
+    assert float(got) == pytest.approx(want, rel=1e-5)

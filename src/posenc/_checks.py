@@ -105,6 +105,11 @@ def default_positions(seq_len: int, device: torch.device | None, offset: int = 0
     return torch.arange(offset, offset + seq_len, device=device, dtype=torch.long)
 
 
+# The largest init_std of a learned table: a normal sample of std 1e38 is past float32 (inf),
+# and nothing trains from weights of 1e6.
+INIT_STD_MAX = 1e6
+
+
 def check_number(
     name: str,
     value: object,

@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_number, check_positive_int, check_values
+from .._checks import INIT_STD_MAX, check_number, check_positive_int, check_values
 from ..functional.resample import resample_1d, resample_2d
 from .common import check_table_size, resolve_positions
 
@@ -32,7 +32,7 @@ class LearnedEncoding(nn.Module):
         super().__init__()
         self.max_positions = check_positive_int("max_positions", max_positions)
         self.dim = check_positive_int("dim", dim)
-        init_std = check_number("init_std", init_std, low=0.0)
+        init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         check_table_size("max_positions", max_positions, dim, "the learned table")
         self.weight = nn.Parameter(torch.empty(max_positions, dim, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=init_std)
@@ -94,7 +94,7 @@ class Learned2D(nn.Module):
                 f"num_prefix_tokens must be an integer >= 0, got {num_prefix_tokens!r}"
             )
         self.num_prefix_tokens = num_prefix_tokens
-        init_std = check_number("init_std", init_std, low=0.0)
+        init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         n = num_prefix_tokens + grid_h * grid_w
         check_table_size("num_prefix_tokens + grid_h * grid_w", n, dim, "the learned table")
         self.weight = nn.Parameter(torch.empty(n, dim, device=device, dtype=dtype))

@@ -6,7 +6,12 @@ import torch
 
 from .._checks import check_int_at_most, check_number
 from ..attention import DeviceConstants
-from ..functional.bias import MAX_TABLE_ROWS, sandwich_distance_table, sandwich_embedding
+from ..functional.bias import (
+    MAX_D_PRIME,
+    MAX_TABLE_ROWS,
+    sandwich_distance_table,
+    sandwich_embedding,
+)
 from .common import (
     PositionBias,
     ScoreMod,
@@ -16,10 +21,6 @@ from .common import (
     per_head,
     reference_position,
 )
-
-# d' beyond this is no sinusoidal width any model uses; it sizes the construction's
-# [cache_len, d'/2] float64 table and the d'/2 terms a FlexAttention score_mod unrolls.
-MAX_D_PRIME = 2048
 
 
 class Sandwich(PositionBias):

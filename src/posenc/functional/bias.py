@@ -27,8 +27,14 @@ from .._checks import check_number, check_positions, check_positive_int
 # naming it, not an allocation that fails (or swaps) far from the cause. Tables are indexed by
 # clamped offsets, never by position values, so no position needs a longer one.
 MAX_TABLE_ROWS = 1 << 16
+# Sandwich's d' beyond this is no sinusoidal width any model uses; it sizes [n, d'/2] float64
+# products and the d'/2 terms a FlexAttention score_mod unrolls.
+MAX_D_PRIME = 2048
+# The most values a float64 intermediate sized by an argument may hold (2 GiB).
+MAX_INTERMEDIATE = 1 << 28
 
 __all__ = [
+    "MAX_D_PRIME",
     "MAX_TABLE_ROWS",
     "alibi_slopes",
     "deberta_log_bucket",
@@ -234,6 +240,20 @@ def kerple_log(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> to
     return -r1 * torch.log1p(r2 * distance.abs().to(r1.dtype))
 
 
+def _per_head(distance: object, r1: object, r2: object) -> tuple[int, ...]:
+    """Check a kernel's arguments (``distance`` a tensor, ``r1, r2 [h]`` floating); return the
+    view that puts ``[h]`` in front of ``distance``'s dims."""
+    if not isinstance(distance, torch.Tensor):
+        raise TypeError(f"distance must be a tensor, got {type(distance).__name__}")
+    for name, r in (("r1", r1), ("r2", r2)):
+        if not isinstance(r, torch.Tensor) or not r.is_floating_point() or r.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D floating tensor [h], got {r!r:.60}")
+    assert isinstance(r1, torch.Tensor) and isinstance(r2, torch.Tensor)
+    if r1.shape != r2.shape:
+        raise ValueError(f"r1 and r2 must both be [h], got {list(r1.shape)} and {list(r2.shape)}")
+    return (-1,) + (1,) * distance.dim()
+
+
 def kerple_power(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
     """KERPLE's power kernel entry by entry, ``-r1 * |distance| ** r2``, broadcasting.
 
@@ -250,8 +270,8 @@ def kerple_log_bias(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) 
 
     Shapes: ``distance [*]`` (any integer or float), ``r1, r2 [h]`` -> ``[h, *]``.
     """
-    extra = (1,) * distance.dim()
-    return kerple_log(distance, r1.view(-1, *extra), r2.view(-1, *extra))  # [h, *]
+    view = _per_head(distance, r1, r2)
+    return kerple_log(distance, r1.view(view), r2.view(view))  # [h, *]
 
 
 def kerple_power_bias(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
@@ -259,8 +279,8 @@ def kerple_power_bias(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor
 
     Shapes: ``distance [*]``, ``r1, r2 [h]`` -> ``[h, *]``.
     """
-    extra = (1,) * distance.dim()
-    return kerple_power(distance, r1.view(-1, *extra), r2.view(-1, *extra))  # [h, *]
+    view = _per_head(distance, r1, r2)
+    return kerple_power(distance, r1.view(view), r2.view(view))  # [h, *]
 
 
 # --- FIRE --------------------------------------------------------------------------------------
@@ -278,8 +298,9 @@ def fire_normalized_distance(
     ``positions`` is the query position ``i`` and ``distance`` is ``i - j`` (broadcastable float
     tensors); ``c`` and the threshold ``L`` are scalars. ``eps`` keeps the denominator positive.
     """
-    num = torch.log(torch.abs(c * distance) + 1)
-    den = torch.log(torch.abs(c * torch.maximum(positions, threshold)) + 1) + eps
+    # log1p(y) is log(y + 1) without the rounding of y + 1 (float32 kept ~1e-3 of log(1 + 1e-4))
+    num = torch.log1p(torch.abs(c * distance))
+    den = torch.log1p(torch.abs(c * torch.maximum(positions, threshold))) + eps
     return num / den
 
 
@@ -295,6 +316,8 @@ def sandwich_inv_freq(
     on ``device`` (no host-to-device copy: capture-safe).
     """
     check_positive_int("d_prime", d_prime)
+    if d_prime > MAX_D_PRIME:
+        raise ValueError(f"d_prime must be <= {MAX_D_PRIME} (a sinusoidal width), got {d_prime}")
     if d_prime % 2:
         raise ValueError(f"d_prime must be even for Sandwich (d'/2 frequencies), got {d_prime}")
     base = check_number("base", base, low=1.0, low_open=True)
@@ -320,6 +343,12 @@ def sandwich_distance_table(
     inv_freq = sandwich_inv_freq(d_prime, base, device)  # [d'/2], validates d_prime
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
         raise ValueError(f"max_distance must be an integer >= 0, got {max_distance!r}")
+    limit = MAX_INTERMEDIATE // (d_prime // 2) - 1
+    if max_distance > limit:
+        raise ValueError(
+            f"max_distance must be <= {limit} for d_prime={d_prime} (the table comes from a "
+            f"[max_distance + 1, d'/2] float64 product of at most 2**28 values), got {max_distance}"
+        )
     r = torch.arange(max_distance + 1, dtype=torch.float64, device=device)
     return torch.cos(r[:, None] * inv_freq).sum(-1) - d_prime // 2  # [max_distance + 1]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_positive_int
-from .bias import relative_position_matrix
+from .._checks import check_int_at_most
+from .bias import MAX_TABLE_ROWS, relative_position_matrix
 
 __all__ = ["clipped_relative_index", "rel_shift"]
 
@@ -18,7 +18,7 @@ def clipped_relative_index(
 
     Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[s, t]`` or ``[b, s, t]`` int64.
     """
-    check_positive_int("max_distance", max_distance)
+    check_int_at_most("max_distance", max_distance, MAX_TABLE_ROWS, "a table of 2k + 1 rows")
     rel = relative_position_matrix(positions, k_positions)  # [(b,) s, t]: j - i
     return rel.clamp(-max_distance, max_distance) + max_distance
 
@@ -43,9 +43,13 @@ def rel_shift(x: torch.Tensor, key_len: int) -> torch.Tensor:
     ``L = t`` (distances ``t - 1 .. 0``, Transformer-XL's causal layout) fills the entries above
     the causal diagonal (``j > t - s + i``) with other entries or zeros: mask them.
     """
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise TypeError(f"x must be a tensor [..., s, L], got {getattr(x, 'shape', x)!r:.60}")
     s, length = x.shape[-2], x.shape[-1]
-    if length < key_len:
-        raise ValueError(f"x must have at least key_len={key_len} distance columns, got {length}")
+    if isinstance(key_len, bool) or not isinstance(key_len, int) or not 0 <= key_len <= length:
+        raise ValueError(
+            f"key_len must be an integer in [0, L={length}] (x's distance columns), got {key_len!r}"
+        )
     padded = F.pad(x, (0, 1))  # [..., s, L + 1]
     flat = padded.flatten(-2)  # [..., s * (L + 1)]
     shifted = flat[..., s - 1 : s - 1 + s * length]  # [..., s * L]

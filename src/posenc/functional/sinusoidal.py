@@ -110,6 +110,11 @@ def sincos_2d(
     check_positive_int("dim", dim)
     if dim % 4:
         raise ValueError(f"dim must be divisible by 4 for a 2-D sin-cos table, got {dim}")
+    if grid_h * grid_w * dim > 1 << 28:
+        raise ValueError(
+            f"grid_h * grid_w * dim must be <= 2**28 (the table's values), got "
+            f"{grid_h} * {grid_w} * {dim}"
+        )
     rows = torch.arange(grid_h).repeat_interleave(grid_w)  # [h*w]: 0 0 .. 1 1 ..
     cols = torch.arange(grid_w).repeat(grid_h)  # [h*w]: 0 1 .. 0 1 ..
     if layout == "mae":

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_int_at_most, check_number, check_positive_int
+from .._checks import INIT_STD_MAX, check_int_at_most, check_number, check_positive_int
 from ..attention import repeat_kv
 from ..functional.bias import MAX_TABLE_ROWS
 from ..functional.relative import clipped_relative_index
@@ -35,7 +35,7 @@ class ShawRelative(RelativeEncoding):
         self.head_dim = check_positive_int("head_dim", head_dim)
         why = "it sizes the 2 * max_distance + 1 embeddings"
         self.max_distance = check_int_at_most("max_distance", max_distance, MAX_TABLE_ROWS, why)
-        init_std = check_number("init_std", init_std, low=0.0)
+        init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         n = 2 * max_distance + 1
         kw = {"device": device, "dtype": dtype}
         self.rel_k = nn.Parameter(torch.randn(n, head_dim, **kw) * init_std)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_number, check_positive_int, resolve_head_dim
+from .._checks import INIT_STD_MAX, check_number, check_positive_int, resolve_head_dim
 from ..attention import DeviceConstants, repeat_kv
 from ..bias.common import reference_position
 from ..functional.relative import rel_shift
@@ -62,7 +62,7 @@ class TransformerXLRelative(RelativeEncoding):
         if dim % 2:
             raise ValueError(f"dim must be even for the sinusoidal R ([sin | cos]), got {dim}")
         self.base = check_number("base", base, low=1.0, low_open=True)
-        init_std = check_number("init_std", init_std, low=0.0)
+        init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         kw = {"device": device, "dtype": dtype}
         self.r_net = nn.Linear(dim, num_heads * head_dim, bias=False, **kw)  # type: ignore[arg-type]
         self.r_w_bias = nn.Parameter(torch.randn(num_heads, head_dim, **kw) * init_std)  # type: ignore[arg-type]
