@@ -29,7 +29,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_int_at_most, check_number, check_positive_int
+from .._checks import INIT_STD_MAX, check_int_at_most, check_number, check_positive_int
 from ..attention import repeat_kv
 from ..functional.bias import MAX_TABLE_ROWS
 from .common import RelativeEncoding, check_attend_inputs, softmax_probs
@@ -93,7 +93,7 @@ class CoPE(RelativeEncoding):
         self.num_heads = check_positive_int("num_heads", num_heads)
         why = "it sizes the position embedding table"
         self.npos_max = check_int_at_most("npos_max", npos_max, MAX_TABLE_ROWS, why)
-        init_std = check_number("init_std", init_std, low=0.0)
+        init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         table = torch.zeros(npos_max, head_dim, device=device, dtype=dtype)
         if init_std > 0:
             table.normal_(std=init_std)
