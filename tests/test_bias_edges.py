@@ -187,3 +187,26 @@ def test_kerple_clamp_is_exact_in_value_and_identity_in_gradient() -> None:
     assert r2.tolist() == torch.tensor([0.01, 2.0, 1.5]).tolist()
     (r1.sum() + 2 * r2.sum()).backward()
     assert enc.r1.grad.tolist() == [1.0] * 3 and enc.r2.grad.tolist() == [2.0] * 3
+
+
+def test_compiled_flex_at_offset_2_31_is_bounded_and_equals_sdpa() -> None:
+    """64 tokens at offset 2**31 through compiled FlexAttention (it once wanted 17 GB: a table by
+    position); Sandwich's score_mod is the heaviest (its embeddings' dot product). Costs follow
+    s * t: peak RSS grows by far less than a 2**31-entry table (8 GB of int32)."""
+    import resource
+
+    from posenc.attention import flex_available
+
+    if not flex_available("cpu"):
+        pytest.skip("compiled FlexAttention needs a C++ compiler on CPU")
+    enc = Sandwich(4, d_prime=16)
+    sdpa = Attention(32, 4, encoding=enc, backend="sdpa").eval()
+    flex = Attention(32, 4, encoding=enc, backend="flex", compile_flex=True).eval()
+    flex.load_state_dict(sdpa.state_dict())
+    x, pos = torch.randn(1, 64, 32), torch.arange(64) + 2**31
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    with torch.no_grad():
+        got = flex(x, pos)
+        torch.testing.assert_close(got, sdpa(x, pos), atol=2e-6, rtol=1e-5)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 2048, grown_mib  # the compile itself takes a few hundred MiB at most

@@ -114,6 +114,7 @@ def _record(key: str, count: int) -> None:
 
 def close(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-5) -> None:
     """float32 result against a float64 formula: tolerance relative to the largest value."""
+    got, want = got.detach(), want.detach()
     assert got.shape == want.shape, (got.shape, want.shape)
     assert torch.isfinite(got).all(), "non-finite output"
     scale = 1.0 + float(want.abs().max()) if want.numel() else 1.0
