@@ -1024,9 +1024,7 @@ REGISTRY_OPTIONS: dict[str, Opt] = {
         ),
     ),
     "rotary_dim": integer(st.one_of(st.none(), st.sampled_from([2, 4, 8]))),
-    # 0.25 of head_dim 4 is an odd rotary_dim: entries.py's error names rotary_dim, which the
-    # caller never passed (test_registry_rope_partial_factor_error_names_it, xfail).
-    "partial_rotary_factor": number(st.one_of(st.none(), st.sampled_from([0.5, 1.0]))),
+    "partial_rotary_factor": number(st.one_of(st.none(), st.sampled_from([0.25, 0.5, 1.0]))),
     "angle_dtype": choice(["float64", "float32"]),
     "cache_len": integer(st.one_of(st.none(), st.integers(1, 64))),
     "mrope_section": Opt(st.none(), st.sampled_from([[1, 1], [1, 1, 1, 1], "2,1,1", [-1, 2, 3]])),
@@ -1108,9 +1106,6 @@ def test_registry_build(name: str) -> None:
     registry_case()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="entries.py's rope builder names rotary_dim, an option not passed"
-)
 def test_registry_rope_partial_factor_error_names_it() -> None:
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         registry.build("rope", dim=4, num_heads=1, partial_rotary_factor=0.25)

@@ -603,3 +603,16 @@ def test_q_and_k_of_different_dtypes_rotate_each_in_its_own(top: int) -> None:
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     with pytest.raises(ValueError, match="backend='cpu' needs q and k of one dtype"):
         RotaryEmbedding(16, backend="cpu")(q, k, positions)
+
+
+def test_functional_rotation_of_q_and_k_in_different_dtypes() -> None:
+    from posenc.kernels import rope_qk
+
+    cos, sin = rope_cos_sin(torch.arange(6), rope_inv_freq(16)[0])
+    q, k = torch.randn(1, 2, 6, 16), torch.randn(1, 1, 6, 16).bfloat16()
+    got = rope_qk(q, k, cos, sin)
+    want = rope_qk(q, k, cos, sin, backend="torch")
+    assert got[1].dtype == torch.bfloat16
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match="needs q and k of one dtype"):
+        apply_rotary_qk(q, k, cos, sin, backend="cpu")

@@ -67,6 +67,11 @@ def _rope(
                 f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor}"
             )
         rotary_dim = int(ctx.head_dim * partial_rotary_factor)
+        if rotary_dim < 2 or rotary_dim % 2:
+            raise ValueError(
+                f"partial_rotary_factor={partial_rotary_factor} of head_dim {ctx.head_dim} "
+                f"rotates {rotary_dim} channels; RoPE needs an even number >= 2"
+            )
     return RotaryEmbedding(
         ctx.head_dim,
         base=base,
