@@ -158,7 +158,8 @@ def _rope_block(
         "\n".join(f"- {k}: {v}" for k, v in env.items()),
         f"- command: `{_command_line()}`",
         "",
-        "Median of round-robin timed calls. GB/s: q and k read and written once"
+        "Median of round-robin timed calls (decode shapes, one token: each sample the mean of "
+        f"{rope.DECODE_CALLS} back-to-back calls). GB/s: q and k read and written once"
         + (" per pass (forward and backward)" if backward else "")
         + "; x copy: copy time / candidate time; speedup: candidate ms / posenc ms.",
         "",

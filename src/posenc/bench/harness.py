@@ -128,12 +128,15 @@ def time_round_robin(
     repeats: int,
     warmup: int = 2,
     budget_s: float = 20.0,
+    calls: int = 1,
 ) -> dict[str, Timing]:
     """Time each candidate ``repeats`` times, interleaved (module docstring).
 
     A candidate whose samples already add up to ``budget_s`` stops early (with at least 3
     samples): a reference 100x slower than the rest would otherwise dominate the run. A
-    candidate that raises is reported with its error and dropped.
+    candidate that raises is reported with its error and dropped. ``calls``: back-to-back calls
+    per sample (each sample is their mean): for calls of ~0.1 ms, where one call timed alone
+    between other candidates measures a cold cache more than the call.
     """
     timings = {name: Timing() for name in candidates}
     live = dict(candidates)
@@ -157,9 +160,10 @@ def time_round_robin(
                 continue
             _sync(device)
             t0 = time.perf_counter()
-            fn()
+            for _ in range(calls):
+                fn()
             _sync(device)
-            t.samples.append(time.perf_counter() - t0)
+            t.samples.append((time.perf_counter() - t0) / calls)
     return timings
 
 
