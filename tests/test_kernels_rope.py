@@ -629,3 +629,26 @@ def test_inplace_compiles_fullgraph() -> None:
     got = torch.compile(f, fullgraph=True)(q, k)
     want = f(q, k)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.skipif(bool(CPU_REASON), reason="no CPU kernel here")
+def test_cpu_kernel_bf16_equals_the_reference_bit_for_bit_incl_nan_inf() -> None:
+    """The kernel's float32 math equals the reference's (no FMA), so the one rounding to bf16
+    (nearest even; NaN stays NaN; inf stays inf) must give the same bits: whichever vector path
+    the host compiles (AVX-512, AVX2, generic)."""
+    g = torch.Generator().manual_seed(3)
+    q = (
+        torch.randn(2, 3, 37, 64, generator=g)
+        * 10.0 ** torch.randint(-30, 30, (2, 3, 37, 1), generator=g)
+    ).bfloat16()
+    k = torch.randn(2, 1, 37, 64, generator=g).bfloat16()
+    q[0, 0, 0, 5], q[0, 1, 2, 40], k[1, 0, 3, 0] = float("nan"), float("inf"), float("-inf")
+    cos, sin = tables(40, 64)
+    pos = torch.randint(0, 40, (2, 37), generator=g)
+    for layout in ("half", "interleaved"):
+        got = rope_qk(q, k, cos, sin, positions=pos, layout=layout, backend="cpu")
+        want = rope_qk(q, k, cos, sin, positions=pos, layout=layout, backend="torch")
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)) or torch.equal(
+                torch.nan_to_num(a.float(), nan=7.0), torch.nan_to_num(b.float(), nan=7.0)
+            )
