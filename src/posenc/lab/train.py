@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model import ModelConfig, TransformerLM
-from .data import IGNORE, LabData
+from .data import IGNORE, LabData, shard
 from .presets import TrainConfig
 
 CKPT_FORMAT = "posenc-lab-checkpoint"
@@ -394,9 +394,24 @@ class TrainResult:
 ProgressFn = Callable[[int, float, float], None]  # (steps done, loss in bits, tokens/s)
 
 
-def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: bool) -> torch.Tensor:
+#: ``(step, batch_size, seq_len, seed) -> position ids [batch_size, seq_len]`` int64 for the
+#: whole global batch of ``step`` (each rank takes its rows), or None for ``arange``. A pure
+#: function of its arguments, so a resumed run draws the positions the first run would have.
+PositionSampler = Callable[[int, int, int, int], torch.Tensor]
+
+#: ``(step, model) -> None``, called at the steps of ``train_model(hook_steps=...)``.
+StepHook = Callable[[int, TransformerLM], None]
+
+
+def _loss(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    autocast: bool,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=autocast):
-        logits = model(x)  # [b, s, vocab]
+        logits = model(x) if positions is None else model(x, positions)  # [b, s, vocab]
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
 
 
@@ -444,6 +459,10 @@ def train_model(
     progress: ProgressFn | None = None,
     stop: StopFlag | None = None,
     compile_model: bool = False,
+    positions: PositionSampler | None = None,
+    init: dict[str, torch.Tensor] | None = None,
+    hook: StepHook | None = None,
+    hook_steps: tuple[int, ...] = (),
 ) -> TrainResult:
     """Train (or resume, or reuse) one cell and return the model and its training statistics.
 
@@ -456,6 +475,14 @@ def train_model(
     :func:`compile_blocks`). The compile happens in the first step (its time is in that step's,
     so in ``train_seconds``; the throughput figures skip the first steps). Checkpoints hold the
     plain module's keys, and the returned model is an eager copy of the trained weights.
+
+    ``positions``: the position ids of each step's batch (:data:`PositionSampler`; training-time
+    length methods such as randomized positions or PoSE), None for ``arange``. ``init``: the
+    weights to start from (a fine-tune) instead of a fresh initialisation. ``hook(step, model)``
+    runs after each step of ``hook_steps`` below ``cfg.steps``, right after a checkpoint of that
+    step is written, and again at that step when a run resumes from it (the process may have
+    been killed inside the hook): it must be idempotent. The last step is the caller's (it has
+    the returned model).
     """
     dist = dist or Dist()
     if ckpt_dir is not None and (ckpt_dir / FINAL).exists():
@@ -464,14 +491,18 @@ def train_model(
         _load_weights(model, ckpt["model"], ckpt_dir / FINAL)
         return TrainResult(model.to(dist.device), ckpt["stats"], reused=True)
     seed_everything(seed)
-    model = TransformerLM(model_cfg).to(dist.device)
+    model = TransformerLM(model_cfg)
+    if init is not None:
+        _load_weights(model, init, Path("<init>"))
+    model = model.to(dist.device)
     run = _Run(model, make_optimizer(model, cfg, dist.device), identity, seed)
     last_path = ckpt_dir / LAST if ckpt_dir is not None else None
     if last_path is not None and last_path.exists():
         _resume_or_restart(run, last_path, resume, restart, dist)
     compiled = compiles(compile_model, dist.device)
     net = _wrap(model, dist, compiled)
-    _loop(run, net, cfg, data, dist, _Checkpoints(last_path, ckpt_every), progress, stop)
+    ckpts = _Checkpoints(last_path, ckpt_every, frozenset(hook_steps) if hook else frozenset())
+    _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
     stats = _stats(cfg, model_cfg.max_len, run.losses, run.step_times, model)
     if dist.main and ckpt_dir is not None:
         final = {"identity": identity, "model": model.state_dict(), "stats": stats}
@@ -526,10 +557,12 @@ def _wrap(model: TransformerLM, dist: Dist, compiled: bool) -> nn.Module:
 
 @dataclass(frozen=True)
 class _Checkpoints:
-    """Where and how often the loop writes a resumable checkpoint (``path`` None: never)."""
+    """Where and how often the loop writes a resumable checkpoint (``path`` None: never), and
+    the steps of the hook (each also gets a checkpoint, written before the hook runs)."""
 
     path: Path | None
     every: int
+    hook_steps: frozenset[int] = frozenset()
 
 
 def _loop(
@@ -541,19 +574,28 @@ def _loop(
     ckpt: _Checkpoints,
     progress: ProgressFn | None,
     stop: StopFlag | None,
+    positions: PositionSampler | None = None,
+    hook: StepHook | None = None,
 ) -> None:
-    """Steps ``run.start .. cfg.steps - 1``; a checkpoint every ``ckpt.every`` steps, and one
-    before raising :class:`Interrupted` when ``stop`` was set by a signal."""
+    """Steps ``run.start .. cfg.steps - 1``; a checkpoint every ``ckpt.every`` steps and at each
+    hook step (then the hook), and one before raising :class:`Interrupted` when ``stop`` was set
+    by a signal."""
     seq_len = run.model.cfg.max_len
     autocast = dist.device.type == "cuda"
     tokens_per_step = cfg.batch_size * seq_len
+    if hook is not None and run.start in ckpt.hook_steps:
+        _run_hook(hook, run.start, run, net, dist)  # resumed at a hook step: it may not have finished
     net.train()
     for step in range(run.start, cfg.steps):
         t0 = time.perf_counter()
         x, y = data.train_batch(step, cfg.batch_size, seq_len, run.seed, dist.rank, dist.world)
+        pos = None
+        if positions is not None:
+            pos = positions(step, cfg.batch_size, seq_len, run.seed)  # [batch_size, seq_len]
+            pos = pos[shard(cfg.batch_size, dist.rank, dist.world)].to(dist.device)
         for group in run.opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss = _loss(net, x.to(dist.device), y.to(dist.device), autocast)
+        loss = _loss(net, x.to(dist.device), y.to(dist.device), autocast, pos)
         run.opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
@@ -569,14 +611,25 @@ def _loop(
             recent = run.step_times[-20:]  # a short moving window: single steps are noisy
             progress(done, value / math.log(2), tokens_per_step * len(recent) / sum(recent))
         interrupted = stop is not None and stop.signum is not None and not dist.enabled
-        due = interrupted or (done % ckpt.every == 0 and done < cfg.steps)
+        hooked = hook is not None and done in ckpt.hook_steps and done < cfg.steps
+        due = interrupted or hooked or (done % ckpt.every == 0 and done < cfg.steps)
         if due and ckpt.path is not None:
             if dist.main:
                 save_checkpoint(ckpt.path, run.payload(done))
             dist.barrier()
+        if hooked and not interrupted:
+            assert hook is not None
+            _run_hook(hook, done, run, net, dist)
         if interrupted:
             assert stop is not None and stop.signum is not None
             raise Interrupted(stop.signum, done)
+
+
+def _run_hook(hook: StepHook, step: int, run: _Run, net: nn.Module, dist: Dist) -> None:
+    """The hook at ``step`` (steps done), the model put back in training mode after."""
+    hook(step, run.model)
+    net.train()
+    dist.barrier()
 
 
 def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
