@@ -11,11 +11,13 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._markdown import markdown_table, replace_block
+from .stats import intervals_overlap, mean_ci
 from .store import RESULTS_FILE, ResultStore
 
 REPORT_DIR = "report"
@@ -89,18 +91,83 @@ def lengths_of(rows: list[dict[str, Any]]) -> list[int]:
     return sorted({int(n) for r in rows for n in r["eval"]["lengths"]})
 
 
-def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
+#: The confidence level of the table's ``±`` and the CSV's ``bits_ci95_half``.
+CI_LEVEL = 0.95
+
+#: Appended to a base cell whose interval overlaps the best one's at that length.
+TIE_MARK = "≈"
+
+
+def _mean_ci(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean over seeds and the half-width of its 95% interval (:func:`posenc.lab.stats.mean_ci`);
+    ``(None, None)`` if any seed has no finite value (a mean over the seeds that happened to
+    work would not be the same quantity as its neighbours'), half-width None for one seed."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not vals or len(vals) < len(values):
         return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
+    return mean_ci(vals, CI_LEVEL)
 
 
 def fmt_bits(values: list[float | None]) -> str:
-    mean, std = _mean_std(values)
+    """``3.012 ± 0.021`` (mean ± 95% half-width over seeds), ``3.012`` for one seed, ``n/a``."""
+    mean, half = _mean_ci(values)
     if mean is None:
         return "n/a"
-    return f"{mean:.3f}" + (f" ± {std:.3f}" if std is not None else "")
+    return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "")
+
+
+def noise_marks(lines: list[TableRow], lengths: list[int]) -> dict[tuple[int, int], str]:
+    """Which cells are the best or within noise of it: ``(line index, length) -> "best" |
+    "tie"``.
+
+    At each length only base lines compete (a variant is the same model evaluated differently,
+    not a rival). The best is the lowest mean; it is marked only if it has an interval (two or
+    more seeds), and a tie is another base line whose interval overlaps the best's
+    (:func:`posenc.lab.stats.intervals_overlap`). One seed: no interval, nothing marked.
+    """
+    marks: dict[tuple[int, int], str] = {}
+    for n in lengths:
+        stats = [
+            (i, *_mean_ci(line.bits.get(n, [None])))
+            for i, line in enumerate(lines)
+            if line.variant == "base"
+        ]
+        stats = [s for s in stats if s[1] is not None]
+        if not stats:
+            continue
+        best, best_mean, best_half = min(stats, key=lambda s: s[1])
+        if best_half is None:  # a lower mean with no interval: nothing can be called a tie
+            continue
+        marks[(best, n)] = "best"
+        for i, mean, half in stats:
+            if i == best or half is None:  # a line without an interval cannot be placed
+                continue
+            if intervals_overlap((mean, half), (best_mean, best_half)):
+                marks[(i, n)] = "tie"
+    return marks
+
+
+def markdown_bold(text: str) -> str:
+    """How the table's best cell is emphasized in Markdown (the default of :func:`table_cells`)."""
+    return f"**{text}**"
+
+
+def _rich_bold(text: str) -> str:
+    return f"[bold]{text}[/bold]"
+
+
+def ci_legend(rows: list[dict[str, Any]]) -> str:
+    """The sentence that says what ``±``, bold and ``≈`` mean; empty when no line has two
+    seeds (the cells are then single runs and nothing is marked)."""
+    if not any(len(set(line.seeds)) > 1 for line in table_rows(rows)):
+        return ""
+    return (
+        f"Cells: mean over seeds ± half-width of its {CI_LEVEL:.0%} confidence interval "
+        "(Student t, seeds − 1 degrees of freedom). Within noise: at each length, bold is the "
+        f"lowest base encoding and {TIE_MARK} marks each other base encoding whose interval "
+        "overlaps the bold one's (not shown to differ from it); variant lines (+...) are "
+        "not marked. "
+    )
 
 
 def nope_throughput(lines: list[TableRow]) -> float | None:
@@ -111,11 +178,15 @@ def nope_throughput(lines: list[TableRow]) -> float | None:
     return None
 
 
-def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def table_cells(
+    rows: list[dict[str, Any]], bold: Callable[[str], str] = markdown_bold
+) -> tuple[list[str], list[list[str]]]:
     """Header and body of the results table as strings.
 
     Columns: the encoding (or ``encoding +variant``), test bits per byte (or token) at each eval
-    length (``n/a`` where a length does not apply), ``train tok/s`` (mean training throughput,
+    length (:func:`fmt_bits`: ``mean ± 95% half-width`` over seeds, the mean alone for one seed,
+    ``n/a`` where a length does not apply; the best base cell passed through ``bold`` and ties
+    with it suffixed ``≈``, :func:`noise_marks`), ``train tok/s`` (mean training throughput,
     tokens per second), ``×NoPE`` (fast-decile throughput relative to NoPE's), ``params`` and
     ``seeds`` (how many seeds the means are over). Variant lines leave the last four empty.
     """
@@ -127,12 +198,17 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     header = ["encoding"]
     header += [f"{n}" + (" (L)" if n == train_len else f" ({n / train_len:g}L)") for n in lengths]
     header += ["train tok/s", "×NoPE", "params", "seeds"]
+    marks = noise_marks(lines, lengths)
     body = []
-    for line in lines:
+    for k, line in enumerate(lines):
         cells = [line.label] + [fmt_bits(line.bits.get(n, [None])) for n in lengths]
+        for i, n in enumerate(lengths, 1):
+            mark = marks.get((k, n))
+            cells[i] = bold(cells[i]) if mark == "best" else cells[i]
+            cells[i] += f" {TIE_MARK}" if mark == "tie" else ""
         if unit == "token":  # synthetic tasks: answer accuracy is the number people read
             for i, n in enumerate(lengths, 1):
-                acc, _ = _mean_std(line.acc.get(n, [None]))
+                acc, _ = _mean_ci(line.acc.get(n, [None]))
                 if acc is not None:
                     cells[i] += f" ({acc:.0%})"
         cells += ["", "", "", ""]
@@ -167,7 +243,8 @@ def describe(rows: list[dict[str, Any]]) -> str:
         {f"{r['encoding']} {r['encoding_kwargs']}" for r in rows if r["encoding_kwargs"]}
     )
     return (
-        "train tok/s: mean training throughput in tokens per second; ×NoPE: ratio of "
+        ci_legend(rows)
+        + "train tok/s: mean training throughput in tokens per second; ×NoPE: ratio of "
         "fast-decile step throughput to NoPE's (robust to other load on the machine). "
         + (f"encoding options: {'; '.join(options)}. " if options else "")
         + f"group {r0['group']} (preset {r0['preset']}): data {r0['data']['name']} "
@@ -188,7 +265,7 @@ def print_table(rows: list[dict[str, Any]], console: Any = None) -> None:
         console = Console()
         if not console.is_terminal:  # a log file or pipe: do not squeeze the table into 80 columns
             console = Console(width=200)
-    header, body = table_cells(rows)
+    header, body = table_cells(rows, bold=_rich_bold)
     from rich import box
 
     keep = len(header) - 2  # params and seeds go to the Markdown table and the caption
@@ -232,14 +309,37 @@ def write_readme_table(path: str | Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
+def _seed_stats(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """``(encoding, variant, eval length) -> {"bits_mean", "bits_ci95_half", "n_seeds"}``: the
+    numbers of the table's cell (the same seeds, the same :func:`_mean_ci`), for the CSV; an
+    empty string where the table shows ``n/a`` or has no interval."""
+    out = {}
+    for line in table_rows(rows):
+        for n, values in line.bits.items():
+            mean, half = _mean_ci(values)
+            out[(line.encoding, line.variant, n)] = {
+                "bits_mean": "" if mean is None else mean,
+                "bits_ci95_half": "" if half is None else half,
+                "n_seeds": len(values),
+            }
+    return out
+
+
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    """Long format: one line per (cell, variant, eval length)."""
+    """Long format: one line per (cell, variant, eval length).
+
+    The last three columns repeat the table's cell on each of its seeds' lines: ``bits_mean``
+    and ``bits_ci95_half`` (mean over seeds and the half-width of its 95% interval, empty for one
+    seed) and ``n_seeds`` (how many seeds they are over).
+    """
     fields = [
         "group", "config_hash", "encoding", "variant", "seed", "train_len", "eval_len",
         "bits", "acc", "tokens", "note", "train_tokens_per_s", "train_tokens_per_s_fast",
         "train_seconds",
         "train_loss_bits", "params", "threads", "world_size", "device",
+        "bits_mean", "bits_ci95_half", "n_seeds",
     ]  # fmt: skip
+    stats = _seed_stats(rows)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -267,6 +367,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
                             "threads": r["runtime"]["threads"],
                             "world_size": r["runtime"]["world_size"],
                             "device": r["runtime"]["device"],
+                            **stats[(r["encoding"], vname, int(n))],
                         }
                     )
 

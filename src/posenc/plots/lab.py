@@ -2,9 +2,10 @@
 ``posenc plot lab``, ``posenc lab report`` (``report/lab.png``) and ``posenc report`` show.
 
 Top: test loss against evaluation length, the training length dotted: "train short, test long"
-(the ALiBi paper's figure 1). Bottom: loss by position inside the longest evaluation window,
-which shows *where* an encoding breaks: a curve that rises right after the training length has
-not extrapolated. Left: every encoding as trained, one colour each. Right: the inference-time
+(the ALiBi paper's figure 1); with two or more seeds, an error bar at each point spans the 95%
+confidence interval of the mean over seeds. Bottom: loss by position inside the longest
+evaluation window, which shows *where* an encoding breaks: a curve that rises right after the
+training length has not extrapolated. Left: every encoding as trained, one colour each. Right: the inference-time
 variants (RoPE rescalings, an interpolated learned table) beside their base model, each line its
 own colour (and its own line style and marker, so the lines stay apart in grey too).
 
@@ -35,6 +36,12 @@ CAPTION = (
     "variants beside their base model, without retraining."
 )
 
+#: Added to :data:`CAPTION` when the figure draws intervals (two or more seeds of some line).
+CI_CAPTION = (
+    "Error bars (top): the 95% confidence interval of the mean over seeds (Student t); "
+    "points whose bars overlap are not shown to differ."
+)
+
 
 def load_lab_rows(
     out: str | Path = DEFAULT_LAB_OUT, group: str | None = None
@@ -50,6 +57,14 @@ def load_lab_rows(
 
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
+
+
+def _ci(values: list[float]) -> float:
+    """Half-width of the 95% interval of the mean over seeds; NaN below two seeds."""
+    from ..lab.stats import mean_ci
+
+    half = mean_ci(values)[1] if values else None
+    return math.nan if half is None else half
 
 
 def _label(row: dict[str, Any], vname: str, variant: dict[str, Any]) -> str:
@@ -74,8 +89,9 @@ def lab_data(
     """Mean test loss per (encoding, variant) and eval length, and the loss-by-position curves.
 
     Returns ``lengths [N]`` (sorted eval lengths), ``train_len``, ``unit``, ``group``,
-    ``lines``: a list of ``{"label", "encoding", "variant", "bits": [N]}`` (mean over seeds, NaN
-    where a length was not applicable), and ``curves``: ``{"length", "lines": [{"label",
+    ``lines``: a list of ``{"label", "encoding", "variant", "bits": [N], "ci": [N]}`` (mean over
+    seeds, NaN where a length was not applicable; half-width of the mean's 95% interval over the
+    same seeds, NaN below two seeds), and ``curves``: ``{"length", "lines": [{"label",
     "encoding", "variant", "pos": [P], "bits": [P]}]}`` at the longest length (mean over seeds;
     ``pos`` is each position bin's geometric middle, 1-based).
     """
@@ -106,7 +122,8 @@ def lab_data(
                 curves.setdefault(key, []).append(res["curve"])
     lines = [
         {"label": labels[k], "encoding": k[0], "variant": k[1],
-         "bits": np.array([_mean(per_len.get(n, [])) for n in lengths])}
+         "bits": np.array([_mean(per_len.get(n, [])) for n in lengths]),
+         "ci": np.array([_ci(per_len.get(n, [])) for n in lengths])}
         for k, per_len in bits.items()
     ]  # fmt: skip
     curve_lines = []
@@ -162,13 +179,28 @@ def lab_styles(lines: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, A
 
 
 def _panel(
-    ax: Axes, curves: list[tuple[np.ndarray, np.ndarray, str]], styles: dict[str, Any], L: int
+    ax: Axes,
+    curves: list[tuple[np.ndarray, np.ndarray, str]],
+    styles: dict[str, Any],
+    L: int,
+    bands: list[np.ndarray] | None = None,
 ) -> None:
-    """One panel's lines (``(x, y, label)``, NaNs dropped) on a log2 x axis, L dotted."""
-    for x, y, label in curves:
+    """One panel's lines (``(x, y, label)``, NaNs dropped) on a log2 x axis, L dotted; with
+    ``bands`` (a half-width per point, one array per line), an error bar ``y ± band`` at each
+    point whose band is finite.
+
+    Error bars, not a shaded band: a band between two points vanishes at a lone point (a learned
+    table has one length), and the bars are a ``LineCollection``, so ``ax.get_lines()`` still
+    holds one line per encoding."""
+    for k, (x, y, label) in enumerate(curves):
         ok = np.isfinite(y)
         if ok.any():
             ax.plot(x[ok], y[ok], ms=3.5, lw=1.3, label=label, **styles[label])
+        half = bands[k] if bands is not None else None
+        bar = ok & np.isfinite(half) if half is not None else None
+        if bar is not None and bar.any():
+            ax.errorbar(x[bar], y[bar], yerr=half[bar], fmt="none", ecolor=styles[label]["color"],
+                        elinewidth=1.0, capsize=0, alpha=0.7)  # fmt: skip
     ax.axvline(L, color="0.4", ls=":", lw=1)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter("{x:g}")  # 16, not 2^4
@@ -194,7 +226,8 @@ def draw_lab(data: dict[str, Any]) -> Figure:
                 ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
             continue
         labels = {x["label"] for x in shown}
-        _panel(top, [(lengths, x["bits"], x["label"]) for x in shown], styles, L)
+        bands = [x.get("ci") for x in shown]
+        _panel(top, [(lengths, x["bits"], x["label"]) for x in shown], styles, L, bands)
         top.set_xticks(lengths, [str(v) for v in lengths])
         curves = [c for c in data["curves"]["lines"] if c["label"] in labels]
         _panel(bottom, [(c["pos"], c["bits"], c["label"]) for c in curves], styles, L)
@@ -206,5 +239,6 @@ def draw_lab(data: dict[str, Any]) -> Figure:
         bottom_title = f"Loss by position in a {n}-token window: {what}"
         label_axes(bottom, bottom_title, "position in the window (log2)", f"loss (bits per {unit})")
         top.legend(fontsize=7, loc="best", ncol=2 if len(shown) > 8 else 1)
-    add_caption(fig, CAPTION)
+    intervals = any(np.isfinite(x.get("ci", [])).any() for x in data["lines"])
+    add_caption(fig, CAPTION + (" " + CI_CAPTION if intervals else ""))
     return fig
