@@ -428,6 +428,98 @@ def report(
         _fail(str(e))
 
 
+@lab_app.command("extend")
+def extend(
+    out: Path = _OUT,
+    group: str | None = typer.Option(
+        None, "--group", "-g", help="The grid to extend (hash prefix); default: the newest."
+    ),
+    target: float = typer.Option(4.0, "--target", help="Fine-tune length as a multiple of L."),
+    steps: int | None = typer.Option(
+        None, "--steps", min=1, help="Fine-tune steps.", show_default="2% of the grid's steps"
+    ),
+    lr: float | None = typer.Option(
+        None, "--lr", help="Constant fine-tune learning rate.", show_default="the grid's final"
+    ),
+    methods: str | None = typer.Option(
+        None,
+        "--methods",
+        help="RoPE methods: none (unscaled), linear (PI), ntk, yarn, longrope, dynamic.",
+        show_default="all six",
+    ),
+    encodings: str | None = typer.Option(
+        None,
+        "--encodings",
+        "-e",
+        help="Grid encodings to extend (rotary ones with every method, the others unchanged).",
+        show_default="rope,alibi,t5,kerple,fire,sandwich",
+    ),
+    reference: str | None = typer.Option(
+        None,
+        "--reference",
+        help="Encodings trained from scratch at the target length (the bar); 'none' for none.",
+        show_default="rope",
+    ),
+    curve: str | None = typer.Option(
+        None, "--curve", help="Fine-tune steps evaluated at the target length (e.g. 1,2,5)."
+    ),
+    resume: bool = _RESUME,
+    restart: bool = _RESTART,
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="torch CPU threads.", show_default="the grid's"
+    ),
+    device: str = _DEVICE,
+    quiet: bool = _QUIET,
+    plots: bool = _PLOTS,
+) -> None:
+    """Fine-tune the grid's finished cells at a longer length with each RoPE method (and the
+    bias encodings unchanged): zero-shot vs fine-tuned, and the steps to come within 0.02 bits
+    of a model trained at that length from scratch. Resumable; rows go to the grid's store."""
+    from .experiment import RunOptions
+    from .extend import ExtendConfig, run_extend
+    from .extend_report import extend_rows, print_extend_table, write_extend_report
+    from .lock import FolderLocked
+    from .train import CheckpointError, Interrupted, ResumeRequired
+
+    if resume and restart:
+        _fail("pass --resume or --restart, not both")
+    try:
+        given: dict[str, Any] = {}
+        if methods is not None:
+            given["methods"] = tuple(_csv(methods) or ())
+        if encodings is not None:
+            given["encodings"] = tuple(_csv(encodings) or ())
+        if reference is not None:
+            none = reference.strip().lower() == "none"
+            given["reference"] = () if none else tuple(_csv(reference) or ())
+        if curve is not None:
+            given["curve"] = tuple(_int_list("--curve", curve))
+        cfg = ExtendConfig(target=target, steps=steps, lr=lr, **given)
+        opts = RunOptions(
+            out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
+        )
+        summary = run_extend(cfg, opts, group=group)
+    except Interrupted as e:
+        _fail(f"{e}; rerun the same command with --resume to continue", 128 + e.signum)
+        return
+    except (ResumeRequired, CheckpointError, FolderLocked, ValueError, OSError) as e:
+        _fail(str(e))
+        return
+    rows = extend_rows(out, summary.group)
+    if not quiet:
+        print_extend_table(rows)
+    written = write_extend_report(out, rows, plots=plots)
+    if not quiet:
+        print("wrote " + ", ".join(str(p) for p in written.values()))
+
+
+def _int_list(option: str, value: str) -> list[int]:
+    try:
+        return [int(v) for v in _csv(value) or ()]
+    except ValueError:
+        raise ValueError(f"{option} takes comma-separated integers, got {value!r}") from None
+
+
 def main() -> None:  # pragma: no cover - `python -m posenc.lab.cli`
     lab_app()
     sys.exit(0)

@@ -1,0 +1,492 @@
+"""``posenc lab extend``: context extension by a short fine-tune, the PI and YaRN papers' setting.
+
+Take the finished cells of a grid (a results store and its checkpoints), and for every cell of
+an extendable encoding fine-tune a copy at the target length ``T`` (default ``4L``):
+
+* rotary cells (``rope``) once per method of :data:`ROPE_METHODS` (``none``: RoPE unchanged;
+  ``linear``: position interpolation; ``ntk``; ``yarn``; ``longrope`` with per-frequency
+  factors; ``dynamic``: dynamic NTK with the factor a user sets, ``T / L``, not ``eval / L``),
+  the scaling dict from the one scaling table (:func:`~posenc.functional.rope_scaling.extension_scaling`);
+* bias cells (ALiBi, T5, KERPLE, FIRE, Sandwich) once, unchanged: their extension is the
+  fine-tune alone.
+
+Each fine-tune starts from the cell's weights, uses the grid's batch size and a constant learning
+rate (the grid's final one, ``lr * min_lr_ratio``, after a short warmup; so the model after ``k``
+steps of an ``N``-step run is the model of a ``k``-step run), and is evaluated at every eval
+length at step 0 (zero-shot: the rescaling alone) and at the end, and at ``T`` at the steps of
+the curve between. A model of the same shape trained at ``T`` from scratch with the grid's
+training settings (``reference``) is the bar: the report gives the fine-tune steps after which a
+method's loss at ``T`` is within ``tolerance`` bits of it.
+
+Every evaluation is one row in the grid's results store (``kind`` ``"extend"`` or
+``"extend-reference"``, keyed by a hash of what it measures), written as soon as it is measured;
+fine-tunes checkpoint at every curve step, before the row, so a run killed at any moment loses
+at most the steps since the last checkpoint and, with ``--resume``, writes every missing row
+once (rows already stored are never written again). Checkpoints live under ``<out>/extend/``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import registry
+from ..functional.rope_scaling import ROPE_SCALING, extension_scaling
+from ..model import ModelConfig
+from .data import LabData, load_data
+from .evaluate import evaluate_model
+from .experiment import RunOptions, _grid_lock, _jsonable, cell_dir, versions
+from .presets import DataConfig, EvalConfig, TrainConfig, stable_hash
+from .progress import progress_bars, step_task
+from .store import RESULTS_FILE, ResultStore
+from .train import (
+    FINAL,
+    Dist,
+    Interrupted,
+    StopFlag,
+    init_distributed,
+    load_checkpoint,
+    train_model,
+)
+
+#: The RoPE methods a rotary cell is fine-tuned with ("none": no rescaling).
+ROPE_METHODS: tuple[str, ...] = ("none", "linear", "ntk", "yarn", "longrope", "dynamic")
+
+#: Bias encodings extended by the fine-tune alone (no rescaling exists for them).
+BIAS_ENCODINGS: tuple[str, ...] = ("alibi", "t5", "kerple", "fire", "sandwich")
+
+EXTEND, REFERENCE = "extend", "extend-reference"
+EXTEND_DIR = "extend"
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """What ``posenc lab extend`` runs; None takes the default derived from the grid.
+
+    ``target``: the fine-tune length as a multiple of the grid's train length ``L``.
+    ``steps``: fine-tune steps (None: 2% of the grid's training steps, at least 1). ``lr``:
+    constant learning rate after ``warmup_steps`` (None: the grid's final one; ``steps // 10``,
+    at least 1). ``curve``: steps at which the target length is evaluated (None: 1, 2, 5, 10,
+    20, 50, ... below ``steps``). ``reference``: encodings trained from scratch at the target
+    length. ``tolerance``: bits per byte (or token) within which a method has "recovered".
+    """
+
+    target: float = 4.0
+    steps: int | None = None
+    lr: float | None = None
+    warmup_steps: int | None = None
+    methods: tuple[str, ...] = ROPE_METHODS
+    encodings: tuple[str, ...] = ("rope", *BIAS_ENCODINGS)
+    reference: tuple[str, ...] = ("rope",)
+    curve: tuple[int, ...] | None = None
+    tolerance: float = 0.02
+
+
+@dataclass(frozen=True)
+class _Base:
+    """One finished grid cell to extend."""
+
+    row: dict[str, Any]
+    model: ModelConfig
+    train: TrainConfig
+
+    @property
+    def label(self) -> str:
+        return str(self.row["encoding"])
+
+    @property
+    def seed(self) -> int:
+        return int(self.row["seed"])
+
+    @property
+    def train_len(self) -> int:
+        return int(self.row["train_len"])
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One fine-tune (a base cell and a method) or one reference training."""
+
+    kind: str
+    base: _Base
+    method: str
+    model: ModelConfig
+    train: TrainConfig
+    identity: dict[str, Any]
+    init: bool  # start from the base cell's weights (a fine-tune) or from scratch (reference)
+
+    @property
+    def hash(self) -> str:
+        return stable_hash(self.identity)
+
+    @property
+    def label(self) -> str:
+        if self.kind == REFERENCE:
+            return f"{self.base.label} @{self.model.max_len} from scratch"
+        if self.method == "none":
+            return self.base.label
+        return f"{self.base.label} + {ROPE_SCALING[self.method].label}"
+
+
+@dataclass
+class ExtendSummary:
+    group: str
+    written: int = 0
+    skipped: int = 0
+    wall_seconds: float = 0.0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def default_curve(steps: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... below ``steps``: log-spaced points of the recovery curve."""
+    out, k = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * k >= steps:
+                return tuple(out)
+            out.append(m * k)
+        k *= 10
+
+
+def resolve(cfg: ExtendConfig, base_train: TrainConfig) -> ExtendConfig:
+    """``cfg`` with its defaults filled in from the grid's training settings, checked."""
+    if not cfg.target > 1:
+        raise ValueError(f"target must be a multiple of the train length > 1, got {cfg.target}")
+    steps = cfg.steps if cfg.steps is not None else max(1, round(0.02 * base_train.steps))
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    lr = cfg.lr if cfg.lr is not None else base_train.lr * base_train.min_lr_ratio
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, steps // 10)
+    curve = cfg.curve if cfg.curve is not None else default_curve(steps)
+    bad = [c for c in curve if not 0 < c < steps]
+    if bad:
+        raise ValueError(f"curve steps must lie in 1..{steps - 1} (steps={steps}), got {bad}")
+    unknown = [m for m in cfg.methods if m not in ROPE_METHODS and m not in ROPE_SCALING]
+    if unknown:
+        raise ValueError(f"unknown RoPE method(s) {unknown}; allowed: {', '.join(ROPE_METHODS)}")
+    for name in (*cfg.encodings, *cfg.reference):
+        registry.entry(name)  # raises naming the registered encodings
+    if not cfg.tolerance > 0:
+        raise ValueError(f"tolerance must be positive, got {cfg.tolerance}")
+    return replace(cfg, steps=steps, lr=lr, warmup_steps=warmup, curve=tuple(sorted(set(curve))))
+
+
+def base_cells(rows: list[dict[str, Any]], encodings: tuple[str, ...]) -> list[_Base]:
+    """The grid rows whose encoding is one of ``encodings`` (by name, any options), in order."""
+    out = []
+    for row in rows:
+        if row.get("kind") or row.get("encoding_name") not in encodings:
+            continue
+        ident = row["identity"]["train"]
+        model = ModelConfig(**ident["model"])
+        out.append(_Base(row, model, TrainConfig(**ident["train"])))
+    return out
+
+
+def target_len(base: _Base, cfg: ExtendConfig) -> int:
+    t = round(cfg.target * base.train_len)
+    if abs(t - cfg.target * base.train_len) > 1e-9:
+        raise ValueError(
+            f"target {cfg.target} x train length {base.train_len} is not a whole length"
+        )
+    return t
+
+
+def method_model(base: _Base, method: str, length: int) -> ModelConfig:
+    """The base cell's model at ``length`` with RoPE rescaling ``method`` (rotary cells)."""
+    kwargs = dict(base.model.encoding_kwargs)
+    if method not in ("none", "default"):
+        rotary_dim = kwargs.get("rotary_dim") or base.model.dim // base.model.num_heads
+        factor = length / base.train_len
+        kwargs["scaling"] = extension_scaling(method, factor, base.train_len, rotary_dim // 2)
+    return replace(base.model, max_len=length, encoding_kwargs=kwargs)
+
+
+def jobs(bases: list[_Base], cfg: ExtendConfig) -> list[_Job]:
+    """Fine-tunes (every base x its methods), then one reference per (encoding, seed)."""
+    assert cfg.steps is not None and cfg.lr is not None and cfg.warmup_steps is not None
+    out: list[_Job] = []
+    for base in bases:
+        length = target_len(base, cfg)
+        tune = replace(
+            base.train, steps=cfg.steps, lr=cfg.lr, warmup_steps=cfg.warmup_steps, min_lr_ratio=1.0
+        )
+        methods = cfg.methods if registry.entry(base.model.encoding).family == "rotary" else ()
+        for method in methods or ("none",):
+            model = method_model(base, method, length)
+            ident = _jsonable(
+                {
+                    "kind": EXTEND,
+                    "base": base.row["train_hash"],
+                    "method": method,
+                    "model": model.to_dict(),
+                    "train": asdict(tune),
+                }
+            )
+            out.append(_Job(EXTEND, base, method, model, tune, ident, init=True))
+    seen = set()
+    for base in bases:
+        key = (base.model.encoding, base.seed)
+        if base.model.encoding not in cfg.reference or key in seen:
+            continue
+        seen.add(key)
+        model = replace(base.model, max_len=target_len(base, cfg))
+        ident = _jsonable(
+            {
+                "kind": REFERENCE,
+                "model": model.to_dict(),
+                "train": asdict(base.train),
+                "data": base.row["identity"]["train"]["data"],
+                "seed": base.seed,
+            }
+        )
+        out.append(_Job(REFERENCE, base, "none", model, base.train, ident, init=False))
+    return out
+
+
+def _data_of(row: dict[str, Any]) -> LabData:
+    ident = dict(row["identity"]["train"]["data"])
+    fingerprint = ident.pop("fingerprint")
+    data = load_data(DataConfig(**ident))
+    if data.fingerprint != fingerprint:
+        raise ValueError(
+            f"the grid's data has changed since its cells were trained (fingerprint "
+            f"{fingerprint}, now {data.fingerprint}): rerun the grid first"
+        )
+    return data
+
+
+@dataclass
+class _Extend:
+    """What every job of one :func:`run_extend` call shares."""
+
+    cfg: ExtendConfig
+    opts: RunOptions
+    data: LabData
+    group: str
+    dist: Dist
+    stop: StopFlag
+    progress: Any
+    log: Callable[[str], None]
+    summary: ExtendSummary
+
+    @property
+    def store(self) -> ResultStore:
+        return ResultStore(self.opts.out / RESULTS_FILE)
+
+    def eval_config(self, base: _Base) -> EvalConfig:
+        ev = EvalConfig(**{**base.row["identity"]["eval"]})
+        lengths = tuple(ev.lengths)
+        return replace(ev, lengths=lengths, rope_scalings=(), learned_interp=False)
+
+    def key_hash(self, job: _Job, step: int, lengths: list[int]) -> str:
+        return stable_hash({"job": job.identity, "step": step, "lengths": lengths,
+                            "eval": asdict(self.eval_config(job.base))})  # fmt: skip
+
+    def measure(self, job: _Job, step: int, model: Any, lengths: list[int], t0: float) -> None:
+        """Evaluate ``model`` (``job`` after ``step`` steps) at ``lengths``; one stored row."""
+        config_hash = self.key_hash(job, step, lengths)
+        if self.store.has(job.base.label, job.base.seed, config_hash):
+            return
+        ev = replace(self.eval_config(job.base), lengths=tuple(lengths))
+        t_eval = time.perf_counter()
+        evaluation = evaluate_model(model, self.data, job.base.train_len, lengths, ev, self.dist)
+        results = evaluation["variants"]["base"]["results"]
+        bits = [(n, results[str(n)]["bits"]) for n in lengths]
+        shown = "  ".join(f"{n}:{b:.3f}" if b is not None else f"{n}:n/a" for n, b in bits)
+        self.log(f"{job.label} (seed {job.base.seed}) step {step}: {shown}")
+        row = self.row(job, step, config_hash, evaluation, time.perf_counter() - t_eval, t0)
+        if self.dist.main and self.store.append(row):
+            self.summary.written += 1
+            self.summary.rows.append(row)
+        self.dist.barrier()
+
+    def row(
+        self,
+        job: _Job,
+        step: int,
+        config_hash: str,
+        evaluation: dict[str, Any],
+        eval_seconds: float,
+        t0: float,
+    ) -> dict[str, Any]:
+        base = job.base
+        return {
+            "schema": base.row["schema"],
+            "kind": job.kind,
+            "encoding": base.label,
+            "encoding_name": base.model.encoding,
+            "family": base.row["family"],
+            "method": job.method,
+            "label": job.label,
+            "seed": base.seed,
+            "config_hash": config_hash,
+            "job_hash": job.hash,
+            "group": self.group,
+            "base_group": base.row["group"],
+            "base_config_hash": base.row["config_hash"],
+            "preset": base.row.get("preset"),
+            "train_len": base.train_len,
+            "target_len": job.model.max_len,
+            "step": step,
+            "steps": job.train.steps,
+            "tokens_per_step": job.train.batch_size * job.model.max_len,
+            "identity": job.identity,
+            "data": base.row["data"],
+            "eval": evaluation,
+            "runtime": {
+                "eval_seconds": eval_seconds,
+                "elapsed_seconds": time.perf_counter() - t0,
+                "device": str(self.dist.device),
+                "threads": torch.get_num_threads(),
+            },
+            "versions": versions(),
+            "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def run(self, job: _Job) -> None:
+        """Zero-shot row, the fine-tune with its curve rows, the final row (each once)."""
+        t0 = time.perf_counter()
+        lengths = sorted({int(n) for n in job.base.row["eval"]["lengths"]})
+        target = [job.model.max_len]
+        final_hash = self.key_hash(job, job.train.steps, lengths)
+        if self.store.has(job.base.label, job.base.seed, final_hash):
+            self.summary.skipped += 1
+            self.log(f"skip {job.label} (seed {job.base.seed}): finished already")
+            return
+        init = None
+        if job.init:
+            init = self.base_weights(job.base)
+            if not self.store.has(job.base.label, job.base.seed, self.key_hash(job, 0, lengths)):
+                model = _model_with(job.model, init, self.dist.device)
+                self.measure(job, 0, model, lengths, t0)
+
+        def hook(step: int, model: Any) -> None:
+            self.measure(job, step, model, target, t0)
+
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{job.kind}-{job.base.label}-{job.method}")
+        ckpt_dir = self.opts.out / EXTEND_DIR / f"{safe}-s{job.base.seed}-{job.hash}"
+        on_step, finish = step_task(self.progress, f"{job.label} s{job.base.seed}", job.train.steps)
+        result = train_model(
+            job.model,
+            job.train,
+            self.data,
+            seed=job.base.seed,
+            identity=job.identity,
+            ckpt_dir=ckpt_dir,
+            ckpt_every=job.train.steps if job.init else 100,
+            resume=self.opts.resume,
+            restart=self.opts.restart,
+            dist=self.dist,
+            progress=on_step,
+            stop=self.stop,
+            init=init,
+            hook=hook if job.init else None,
+            hook_steps=(self.cfg.curve or ()) if job.init else (),
+        )
+        finish()
+        self.measure(job, job.train.steps, result.model, lengths, t0)
+
+    def base_weights(self, base: _Base) -> dict[str, torch.Tensor]:
+        path = cell_dir(self.opts.out, base.label, base.seed, base.row["train_hash"]) / FINAL
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path}: the trained weights of {base.label} (seed {base.seed}) are missing; "
+                "`posenc lab` with the grid's options writes them"
+            )
+        ckpt = load_checkpoint(path, base.row["identity"]["train"])
+        return ckpt["model"]
+
+
+def _model_with(cfg: ModelConfig, state: dict[str, torch.Tensor], device: torch.device) -> Any:
+    from ..model import TransformerLM
+
+    with torch.random.fork_rng(devices=[]):  # the init draws leave the RNG as it was
+        model = TransformerLM(cfg)
+    model.load_state_dict(state)
+    return model.to(device)
+
+
+def grid_rows(out: Path, group: str | None = None) -> list[dict[str, Any]]:
+    """The grid rows (no ``kind``) of ``group`` (a hash prefix; default: the newest grid)."""
+    rows = [r for r in ResultStore(Path(out) / RESULTS_FILE).rows() if not r.get("kind")]
+    if not rows:
+        return []
+    group = group if group is not None else rows[-1]["group"]
+    picked = [r for r in rows if r["group"].startswith(group)]
+    if not picked:
+        names = ", ".join(sorted({r["group"] for r in rows}))
+        raise ValueError(f"no grid results in group {group!r}; groups: {names}")
+    return picked
+
+
+def run_extend(
+    cfg: ExtendConfig,
+    opts: RunOptions,
+    *,
+    group: str | None = None,
+    print_fn: Callable[[str], None] | None = None,
+) -> ExtendSummary:
+    """Extend the finished cells of grid ``group`` (default: the newest) in ``opts.out``.
+
+    Raises ValueError when the store has no extendable cell, ``FileNotFoundError`` when a
+    cell's weights are missing, and the grid's :class:`~posenc.lab.train.Interrupted` /
+    ``ResumeRequired`` / ``CheckpointError`` / ``FolderLocked`` as ``posenc lab`` does.
+    """
+    t_start = time.perf_counter()
+    threads = opts.threads
+    if threads is not None:
+        torch.set_num_threads(threads)
+    dist = init_distributed(opts.device)
+    if dist.enabled:
+        raise ValueError("posenc lab extend runs in one process (not under torchrun)")
+    say = print_fn if print_fn is not None else (None if opts.quiet else print)
+
+    def log(msg: str) -> None:
+        if say is not None:
+            say(msg)
+
+    rows = grid_rows(opts.out, group)
+    if threads is None and rows and rows[0].get("runtime", {}).get("threads") == 1:
+        torch.set_num_threads(1)  # the grid's setting (cpu-small: one thread, measured)
+    cfg = resolve(cfg, TrainConfig(**rows[0]["identity"]["train"]["train"])) if rows else cfg
+    bases = base_cells(rows, cfg.encodings)
+    if not bases:
+        raise ValueError(
+            f"no finished cell of {', '.join(cfg.encodings)} in {opts.out / RESULTS_FILE}"
+            + (f" (group {group})" if group else "")
+            + "; run `posenc lab` first"
+        )
+    todo = jobs(bases, cfg)
+    ext_group = stable_hash({"base": bases[0].row["group"], "extend": asdict(cfg)})
+    summary = ExtendSummary(group=ext_group)
+    log(
+        f"extend: {len(bases)} cell(s) of group {bases[0].row['group']} to "
+        f"{target_len(bases[0], cfg)} tokens, {cfg.steps} fine-tune steps (lr {cfg.lr:g}, "
+        f"curve {list(cfg.curve or ())}), {len(todo)} run(s), group {ext_group}"
+    )
+    with _grid_lock(opts.out, dist):
+        data = _data_of(bases[0].row)
+        stop = StopFlag()
+        restore = stop.install()
+        try:
+            with progress_bars(not opts.quiet) as progress:
+                ext = _Extend(cfg, opts, data, ext_group, dist, stop, progress, log, summary)
+                for job in todo:
+                    if stop.signum is not None:
+                        raise Interrupted(stop.signum)
+                    ext.run(job)
+        finally:
+            restore()
+    summary.wall_seconds = time.perf_counter() - t_start
+    log(f"extend done in {summary.wall_seconds:.1f} s: {summary.written} row(s) written")
+    return summary

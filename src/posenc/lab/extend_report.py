@@ -1,0 +1,214 @@
+"""The table of ``posenc lab extend``: zero-shot vs fine-tuned loss per extension method, and the
+fine-tune steps each needs to come within the tolerance of a model trained at the target length
+from scratch. Read from the results store (rows of kind ``extend`` / ``extend-reference``,
+:mod:`posenc.lab.extend`); means over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._markdown import markdown_table, replace_block
+from .extend import EXTEND, REFERENCE
+from .store import RESULTS_FILE, ResultStore
+
+REPORT_DIR = "report"
+README_MARKERS = ("<!-- lab:extend -->", "<!-- /lab:extend -->")
+
+
+def extend_rows(out: str | Path, group: str | None = None) -> list[dict[str, Any]]:
+    """The extend rows of ``group`` (hash prefix; default: the newest extend run)."""
+    rows = [
+        r
+        for r in ResultStore(Path(out) / RESULTS_FILE).rows()
+        if r.get("kind") in (EXTEND, REFERENCE)
+    ]
+    if not rows:
+        return []
+    group = group if group is not None else rows[-1]["group"]
+    return [r for r in rows if r["group"].startswith(group)]
+
+
+def _bits(row: dict[str, Any], n: int) -> float | None:
+    r = row["eval"]["variants"]["base"]["results"].get(str(n))
+    b = r.get("bits") if r else None
+    return float(b) if b is not None and math.isfinite(b) else None
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.fmean(vals) if vals and len(vals) == len(values) else None
+
+
+@dataclass
+class ExtendLine:
+    """One method (or the reference): rows by step, over seeds."""
+
+    label: str
+    kind: str
+    encoding_name: str
+    steps: int
+    target_len: int
+    by_step: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def bits(self, step: int, n: int) -> float | None:
+        rows = self.by_step.get(step, [])
+        return _mean([_bits(r, n) for r in rows]) if rows else None
+
+    def curve(self) -> list[tuple[int, float]]:
+        """``(step, mean bits at the target length)`` for every evaluated step, in order."""
+        out = []
+        for step in sorted(self.by_step):
+            b = self.bits(step, self.target_len)
+            if b is not None:
+                out.append((step, b))
+        return out
+
+
+def extend_lines(rows: list[dict[str, Any]]) -> list[ExtendLine]:
+    lines: dict[tuple[str, str], ExtendLine] = {}
+    for r in rows:
+        key = (r["kind"], r["label"])
+        line = lines.setdefault(
+            key,
+            ExtendLine(
+                r["label"], r["kind"], r["encoding_name"], int(r["steps"]), int(r["target_len"])
+            ),
+        )
+        line.by_step.setdefault(int(r["step"]), []).append(r)
+    return list(lines.values())
+
+
+def reference_for(line: ExtendLine, lines: list[ExtendLine]) -> ExtendLine | None:
+    """The from-scratch model a method is measured against: the same encoding's if trained,
+    else the first one."""
+    refs = [x for x in lines if x.kind == REFERENCE]
+    same = [x for x in refs if x.encoding_name == line.encoding_name]
+    return (same or refs or [None])[0]
+
+
+def steps_to_reference(line: ExtendLine, ref: ExtendLine | None, tolerance: float = 0.02) -> str:
+    """The first evaluated fine-tune step at which the loss at the target length is within
+    ``tolerance`` of the reference's (``"0"``: already zero-shot), ``"> N"`` if none is."""
+    if ref is None:
+        return "n/a"
+    ref_bits = ref.bits(ref.steps, ref.target_len)
+    if ref_bits is None:
+        return "n/a"
+    for step, b in line.curve():
+        if b <= ref_bits + tolerance:
+            return str(step)
+    return f"> {line.steps}"
+
+
+def extend_table(
+    rows: list[dict[str, Any]], tolerance: float = 0.02
+) -> tuple[list[str], list[list[str]]]:
+    """Header and body: per method, zero-shot and fine-tuned bits at every eval length, and
+    the steps to come within ``tolerance`` of the from-scratch model at the target length."""
+    lines = extend_lines(rows)
+    if not lines:
+        return [], []
+    lengths = sorted({int(n) for r in rows for n in r["eval"]["lengths"]})
+    L = int(rows[0]["train_len"])
+    target = lines[0].target_len
+    steps = lines[0].steps
+
+    def name(n: int) -> str:
+        return f"{n / L:g}L"
+
+    header = ["extension"]
+    header += [f"0-shot {name(n)}" for n in lengths]
+    header += [f"{steps} steps {name(n)}" for n in lengths]
+    header += [f"steps to scratch+{tolerance:g} @{name(target)}"]
+    body = []
+    for line in lines:
+        if line.kind == REFERENCE:
+            continue
+        ref = reference_for(line, lines)
+        cells = [line.label]
+        cells += [_fmt(line.bits(0, n)) for n in lengths]
+        cells += [_fmt(line.bits(line.steps, n)) for n in lengths]
+        cells.append(steps_to_reference(line, ref, tolerance))
+        body.append(cells)
+    for line in lines:
+        if line.kind == REFERENCE:
+            cells = [f"{line.label} ({line.steps} steps)"] + [""] * len(lengths)
+            cells += [_fmt(line.bits(line.steps, n)) for n in lengths] + ["—"]
+            body.append(cells)
+    return header, body
+
+
+def _fmt(b: float | None) -> str:
+    return f"{b:.3f}" if b is not None else "n/a"
+
+
+def describe_extend(rows: list[dict[str, Any]]) -> str:
+    """One line on what the table is: lengths, steps, learning rate, seeds."""
+    if not rows:
+        return ""
+    r = rows[0]
+    tune = next((x for x in rows if x["kind"] == EXTEND), r)
+    lr = tune["identity"]["train"]["lr"]
+    seeds = sorted({int(x["seed"]) for x in rows})
+    unit = r["eval"]["unit"]
+    return (
+        f"Trained at L={r['train_len']}, fine-tuned at {r['target_len']} for {tune['steps']} "
+        f"steps of {tune['tokens_per_step']:,} tokens (constant lr {lr:g}); test bits per "
+        f"{unit}, mean over {len(seeds)} seed(s). The last column is the first evaluated "
+        "fine-tune step at which the loss at the target length is within the tolerance of a "
+        "model of the same shape trained at that length from scratch."
+    )
+
+
+def extend_markdown(rows: list[dict[str, Any]]) -> str:
+    header, body = extend_table(rows)
+    return describe_extend(rows) + "\n\n" + markdown_table(header, body)
+
+
+def print_extend_table(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    header, body = extend_table(rows)
+    table = Table(title="posenc lab extend", caption=describe_extend(rows))
+    for h in header:
+        table.add_column(h, justify="left" if h == "extension" else "right")
+    for cells in body:
+        table.add_row(*cells)
+    Console().print(table)
+
+
+def write_extend_readme(path: str | Path, rows: list[dict[str, Any]]) -> Path:
+    """Replace the text between the README's extend markers with the table."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    replace_block(path, *README_MARKERS, extend_markdown(rows))
+    return path
+
+
+def write_extend_report(
+    out: str | Path, rows: list[dict[str, Any]], plots: bool = True
+) -> dict[str, Path]:
+    """``extend.md`` and (with matplotlib) ``extend.png`` under ``<out>/report``."""
+    if not rows:
+        raise ValueError(f"no extend results in {Path(out) / RESULTS_FILE}")
+    folder = Path(out) / REPORT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {"extend table": folder / "extend.md"}
+    written["extend table"].write_text(extend_markdown(rows) + "\n")
+    if plots:
+        from ..plots.common import require_matplotlib, save_figure
+        from ..plots.extend import draw_extend, extend_data
+
+        try:
+            require_matplotlib()
+        except ImportError:
+            return written
+        written["extend plot"] = save_figure(draw_extend(extend_data(rows)), folder / "extend.png")
+    return written

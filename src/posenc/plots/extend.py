@@ -1,0 +1,115 @@
+"""The figure of ``posenc lab extend`` (``report/extend.png``).
+
+Left: loss at the target length against fine-tune steps, one line per extension method (step 0
+is zero-shot: the rescaling alone), the model trained at the target length from scratch as a
+dashed line with the tolerance band under it: the PI paper's figure of recovery by fine-tuning.
+Right: loss against evaluation length, zero-shot (dashed) and fine-tuned (solid), one colour per
+method; the train and target lengths dotted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .common import add_caption, label_axes, new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+CAPTION = (
+    "Look at: where each line of the left panel reaches the grey band (within 0.02 bits of a "
+    "model trained at the target length from scratch). The PI paper: interpolation starts poor "
+    "zero-shot and recovers within a short fine-tune; extrapolation with plain RoPE recovers "
+    "slowly."
+)
+
+
+def extend_data(rows: list[dict[str, Any]], tolerance: float = 0.02) -> dict[str, Any]:
+    """Lines of the two panels, means over seeds (NaN where a length did not apply)."""
+    from ..lab.extend import REFERENCE
+    from ..lab.extend_report import extend_lines
+
+    lines = extend_lines(rows)
+    lengths = sorted({int(n) for r in rows for n in r["eval"]["lengths"]})
+    out: dict[str, Any] = {
+        "lengths": lengths,
+        "train_len": int(rows[0]["train_len"]),
+        "target_len": lines[0].target_len if lines else None,
+        "unit": rows[0]["eval"]["unit"],
+        "tolerance": tolerance,
+        "methods": [],
+        "reference": None,
+    }
+
+    def nan(b: float | None) -> float:
+        return math.nan if b is None else b
+
+    for line in lines:
+        by_length = [nan(line.bits(line.steps, n)) for n in lengths]
+        if line.kind == REFERENCE:
+            if out["reference"] is None:
+                target = nan(line.bits(line.steps, line.target_len))
+                out["reference"] = {"label": line.label, "target_bits": target, "bits": by_length}
+            continue
+        curve = line.curve()
+        out["methods"].append(
+            {
+                "label": line.label,
+                "steps": [s for s, _ in curve],
+                "curve": [b for _, b in curve],
+                "zero_shot": [nan(line.bits(0, n)) for n in lengths],
+                "tuned": by_length,
+            }
+        )
+    return out
+
+
+def draw_extend(data: dict[str, Any]) -> Figure:
+    """Two panels (module docstring)."""
+    fig, (left, right) = new_figure(1, 2, width=13.0, height=4.8)
+    colors = _colors(len(data["methods"]))
+    ref = data["reference"]
+    unit, L, T = data["unit"], data["train_len"], data["target_len"]
+    for color, m in zip(colors, data["methods"], strict=True):
+        left.plot(m["steps"], m["curve"], marker="o", ms=3.5, lw=1.3, color=color, label=m["label"])
+        x = np.asarray(data["lengths"], dtype=float)
+        right.plot(x, m["zero_shot"], ls="--", lw=1.0, color=color, alpha=0.8)
+        right.plot(x, m["tuned"], marker="o", ms=3, lw=1.3, color=color, label=m["label"])
+    if ref is not None and math.isfinite(ref["target_bits"]):
+        y = ref["target_bits"]
+        left.axhline(y, color="0.2", ls="--", lw=1.2, label=ref["label"])
+        left.axhspan(y - 1e-9, y + data["tolerance"], color="0.6", alpha=0.3, lw=0)
+        right.plot(data["lengths"], ref["bits"], color="0.2", ls="--", lw=1.2, label=ref["label"])
+    left.set_xscale("symlog", linthresh=1)
+    left.xaxis.set_major_formatter("{x:g}")
+    label_axes(
+        left,
+        f"Recovery by fine-tuning at {T} tokens",
+        "fine-tune steps (0 = zero-shot; symlog)",
+        f"test loss at {T} (bits per {unit})",
+    )
+    right.set_xscale("log", base=2)
+    right.set_xticks(data["lengths"], [str(v) for v in data["lengths"]])
+    for v in (L, T):
+        right.axvline(v, color="0.4", ls=":", lw=1)
+    label_axes(
+        right,
+        "Zero-shot (dashed) and fine-tuned (solid) by length",
+        "evaluation length (tokens, log2)",
+        f"test loss (bits per {unit})",
+    )
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    left.legend(fontsize=7, loc="upper right")
+    add_caption(fig, CAPTION)
+    return fig
+
+
+def _colors(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]

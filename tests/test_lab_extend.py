@@ -1,0 +1,228 @@
+"""``posenc lab extend``: the fine-tune jobs, their scaling dicts, rows, the table, and a kill -9
+during a fine-tune followed by ``--resume`` (no row lost or duplicated, numbers bit for bit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from posenc.lab import presets as P
+from posenc.lab.experiment import RunOptions, run_grid
+from posenc.lab.extend import (
+    EXTEND,
+    REFERENCE,
+    ExtendConfig,
+    base_cells,
+    default_curve,
+    grid_rows,
+    jobs,
+    method_model,
+    resolve,
+    run_extend,
+)
+from posenc.lab.extend_report import extend_lines, extend_rows, extend_table, steps_to_reference
+from posenc.lab.store import RESULTS_FILE, ResultStore
+
+ROOT = Path(__file__).resolve().parents[1]
+EXT_ARGS = ["--target", "2", "--steps", "40", "--curve", "5,10,20", "--methods", "none,linear",
+            "-e", "rope,alibi", "--threads", "1", "-q", "--no-plots"]  # fmt: skip
+
+
+def test_default_curve_is_log_spaced_below_the_steps():
+    assert default_curve(10) == (1, 2, 5)
+    assert default_curve(11) == (1, 2, 5, 10)
+    assert default_curve(1) == ()
+    assert default_curve(100) == (1, 2, 5, 10, 20, 50)
+
+
+def test_resolve_fills_defaults_from_the_grid_and_refuses_bad_values():
+    base = P.TrainConfig(steps=500, lr=3e-3, min_lr_ratio=0.1)
+    got = resolve(ExtendConfig(), base)
+    assert got.steps == 10  # 2% of 500
+    assert got.lr == pytest.approx(3e-4)  # where the grid's cosine ended
+    assert got.curve == (1, 2, 5)
+    for bad, match in (
+        (ExtendConfig(target=1.0), "target"),
+        (ExtendConfig(steps=0), "steps"),
+        (ExtendConfig(methods=("pi",)), "unknown RoPE method"),
+        (ExtendConfig(encodings=("nope-such",)), "nope-such"),
+        (ExtendConfig(steps=10, curve=(10,)), "curve steps"),
+        (ExtendConfig(lr=-1.0), "lr"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            resolve(bad, base)
+
+
+# --- a tiny grid, extended -----------------------------------------------------------------
+
+
+def _tiny(corpus: Path) -> P.LabConfig:
+    return P.LabConfig(
+        encodings=("rope", "alibi", "none"),
+        train_len=16,
+        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
+        train=P.TrainConfig(steps=60, batch_size=4, warmup_steps=5),
+        data=P.DataConfig(source="text", path=str(corpus)),
+        eval=P.EvalConfig(lengths=("1x", "2x", "4x"), tokens=256, batch_tokens=128),
+        ckpt_every=30,
+        threads=1,
+    )
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("extend")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("POSENC_CACHE", str(tmp / "cache"))
+    corpus = tmp / "corpus"
+    corpus.mkdir()
+    for f in sorted(Path(P.__file__).parent.glob("*.py"))[:6]:
+        (corpus / f.name).write_bytes(f.read_bytes())
+    out = tmp / "grid"
+    run_grid(_tiny(corpus), RunOptions(out=out, quiet=True))
+    yield tmp, out
+    mp.undo()
+
+
+def _extend_cli(out: Path, *extra: str, wait: bool = True) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "posenc", "lab", "extend", *EXT_ARGS, "--out", str(out), *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    if wait:
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, output.decode()
+    return proc
+
+
+@pytest.fixture(scope="module")
+def extended(grid):
+    tmp, out = grid
+    ext = tmp / "extended"
+    shutil.copytree(out, ext)
+    _extend_cli(ext)
+    return ext
+
+
+def test_jobs_scale_rope_by_the_target_factor_and_leave_biases_unchanged(grid):
+    _, out = grid
+    rows = grid_rows(out)
+    bases = base_cells(rows, ("rope", "alibi"))
+    assert [b.label for b in bases] == ["rope", "alibi"]  # NoPE is not extendable
+    cfg = resolve(ExtendConfig(target=4.0, steps=8), bases[0].train)
+    todo = jobs(bases, cfg)
+    kinds = [(j.kind, j.base.label, j.method) for j in todo]
+    assert kinds == [(EXTEND, "rope", m) for m in cfg.methods] + [
+        (EXTEND, "alibi", "none"),
+        (REFERENCE, "rope", "none"),
+    ]
+    for job in todo:
+        assert job.model.max_len == 64
+        scaling = job.model.encoding_kwargs.get("scaling")
+        if job.method == "none":
+            assert scaling is None
+        else:
+            # The factor a user sets (T / L), for dynamic too (not eval length / L).
+            assert scaling["rope_type"] == job.method and scaling["factor"] == 4.0
+    longrope = method_model(bases[0], "longrope", 64).encoding_kwargs["scaling"]
+    assert len(longrope["long_factor"]) == 8  # head_dim 16: 8 rotated pairs
+    assert todo[-1].train == bases[0].train  # the reference trains like the grid, at T
+
+
+def test_extend_rows_and_table(extended):
+    rows = extend_rows(extended)
+    tuned = [r for r in rows if r["kind"] == EXTEND]
+    labels = {r["label"] for r in tuned}
+    assert labels == {"rope", "rope + PI", "alibi"}
+    for label in labels:
+        steps = sorted(r["step"] for r in tuned if r["label"] == label)
+        assert steps == [0, 5, 10, 20, 40]
+    # Zero-shot and final rows cover every eval length; curve rows the target only.
+    for r in tuned:
+        lengths = r["eval"]["lengths"]
+        assert lengths == ([16, 32, 64] if r["step"] in (0, 40) else [32])
+    # The grid's own report still reads the grid rows (the extend rows are another kind).
+    assert {r["encoding"] for r in grid_rows(extended)} == {"rope", "alibi", "none"}
+    header, body = extend_table(rows)
+    assert header[0] == "extension" and header[-1].startswith("steps to scratch+0.02")
+    assert [b[0] for b in body][:3] == ["rope", "rope + PI", "alibi"]
+    assert body[-1][0].startswith("rope @32 from scratch")
+
+
+def test_steps_to_reference_reads_the_first_step_within_tolerance(extended):
+    lines = extend_lines(extend_rows(extended))
+    ref = next(x for x in lines if x.kind == REFERENCE)
+    line = next(x for x in lines if x.label == "rope + PI")
+    ref_bits = ref.bits(ref.steps, ref.target_len)
+    curve = line.curve()
+    # Independent reading of the same rule on the curve itself.
+    want = next((str(s) for s, b in curve if b <= ref_bits + 0.02), f"> {line.steps}")
+    assert steps_to_reference(line, ref, 0.02) == want
+    assert steps_to_reference(line, ref, 100.0) == "0"  # everything is within 100 bits
+    assert steps_to_reference(line, None) == "n/a"
+
+
+def test_rerun_skips_finished_jobs(extended):
+    before = (extended / RESULTS_FILE).read_text()
+    summary = run_extend(
+        ExtendConfig(
+            target=2.0,
+            steps=40,
+            curve=(5, 10, 20),
+            methods=("none", "linear"),
+            encodings=("rope", "alibi"),
+        ),
+        RunOptions(out=extended, quiet=True, threads=1),
+    )
+    assert summary.written == 0 and summary.skipped == 4
+    assert (extended / RESULTS_FILE).read_text() == before
+
+
+def _metrics(row):
+    return {n: r["bits"] for n, r in row["eval"]["variants"]["base"]["results"].items()}
+
+
+@pytest.mark.slow
+def test_killed_extend_resumes_without_lost_or_duplicated_rows(grid, extended):
+    tmp, out = grid
+    ext = tmp / "killed"
+    shutil.copytree(out, ext)
+    store = ResultStore(ext / RESULTS_FILE)
+    n_grid = len(store.rows())
+    proc = _extend_cli(ext, wait=False)
+    deadline = time.time() + 240
+    # Kill inside the first fine-tune, after its zero-shot and a curve row are stored and a
+    # checkpoint of a later step exists.
+    while time.time() < deadline and proc.poll() is None:
+        last = list((ext / "extend").glob("extend-rope-none-*/last.pt"))
+        if last and len(store.rows()) >= n_grid + 2:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    partial = store.rows()
+    assert n_grid < len(partial)
+
+    again = _extend_cli(ext, wait=False)  # no --resume: refused, never a silent restart
+    output, _ = again.communicate(timeout=120)
+    assert again.returncode == 2 and b"--resume" in output, output.decode()
+
+    _extend_cli(ext, "--resume")
+    lines = [json.loads(x) for x in (ext / RESULTS_FILE).read_text().splitlines() if x.strip()]
+    keys = [(r["encoding"], r["seed"], r["config_hash"]) for r in lines]
+    assert len(keys) == len(set(keys))  # nothing written twice
+    got = {(r["label"], r["step"]): r for r in extend_rows(ext)}
+    want = {(r["label"], r["step"]): r for r in extend_rows(extended)}
+    assert got.keys() == want.keys()  # nothing lost
+    for key, row in want.items():
+        assert row["config_hash"] == got[key]["config_hash"]
+        assert _metrics(got[key]) == _metrics(row), key  # bit for bit
