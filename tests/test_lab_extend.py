@@ -151,6 +151,9 @@ def test_extend_rows_and_table(extended):
         assert lengths == ([16, 32, 64] if r["step"] in (0, 40) else [32])
     # The grid's own report still reads the grid rows (the extend rows are another kind).
     assert {r["encoding"] for r in grid_rows(extended)} == {"rope", "alibi", "none"}
+    from posenc.lab.report import load_rows
+
+    assert not any(r.get("kind") for r in load_rows(extended))  # newest rows are extend's
     header, body = extend_table(rows)
     assert header[0] == "extension" and header[-1].startswith("steps to scratch+0.02")
     assert [b[0] for b in body][:3] == ["rope", "rope + PI", "alibi"]

@@ -287,3 +287,11 @@ def test_lab_figure_draws_error_bars_only_with_seeds():
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+def test_html_report_table_shows_the_best_cell_in_bold_without_markdown():
+    from posenc.plots.report import lab_table_html
+
+    page = lab_table_html(fake_rows(3))
+    assert "**" not in page and "\x02" not in page
+    assert page.count("<b>") == page.count("</b>") >= 1

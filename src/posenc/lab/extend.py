@@ -45,6 +45,7 @@ from .evaluate import evaluate_model
 from .experiment import RunOptions, _grid_lock, _jsonable, cell_dir, versions
 from .presets import DataConfig, EvalConfig, TrainConfig, stable_hash
 from .progress import progress_bars, step_task
+from .report import grid_store_rows
 from .store import RESULTS_FILE, ResultStore
 from .train import (
     FINAL,
@@ -418,7 +419,7 @@ def _model_with(cfg: ModelConfig, state: dict[str, torch.Tensor], device: torch.
 
 def grid_rows(out: Path, group: str | None = None) -> list[dict[str, Any]]:
     """The grid rows (no ``kind``) of ``group`` (a hash prefix; default: the newest grid)."""
-    rows = [r for r in ResultStore(Path(out) / RESULTS_FILE).rows() if not r.get("kind")]
+    rows = grid_store_rows(out)
     if not rows:
         return []
     group = group if group is not None else rows[-1]["group"]

@@ -39,11 +39,19 @@ class TableRow:
     train_bits: list[float] = field(default_factory=list)
 
 
+def grid_store_rows(out: str | Path) -> list[dict[str, Any]]:
+    """Every grid row of the store at ``out`` (rows without a ``kind``), in the order written."""
+    return [r for r in ResultStore(Path(out) / RESULTS_FILE).rows() if not r.get("kind")]
+
+
 def load_rows(
     out: str | Path, group: str | None = None, all_groups: bool = False
 ) -> list[dict[str, Any]]:
-    """Rows of ``group`` (default: the group of the newest row), or every row."""
-    rows = ResultStore(Path(out) / RESULTS_FILE).rows()
+    """Grid rows of ``group`` (default: the group of the newest grid row), or every grid row.
+
+    Rows of another kind (``posenc lab extend``'s, which carry a ``kind``) are left out: they
+    have their own table (:mod:`posenc.lab.extend_report`)."""
+    rows = grid_store_rows(out)
     if not rows or all_groups:
         return rows
     if group is None:
@@ -58,7 +66,7 @@ def load_rows(
 def groups(out: str | Path) -> dict[str, int]:
     """Group hash -> number of rows."""
     counts: dict[str, int] = {}
-    for r in ResultStore(Path(out) / RESULTS_FILE).rows():
+    for r in grid_store_rows(out):
         counts[r["group"]] = counts.get(r["group"], 0) + 1
     return counts
 

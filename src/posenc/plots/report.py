@@ -66,7 +66,9 @@ def lab_table_html(rows: list[dict[str, Any]]) -> str:
     eval length; training throughput in tokens per second)."""
     from ..lab.report import describe, table_cells
 
-    header, body = table_cells(rows)
+    # The best cell is bold: marked with control characters that survive html.escape, then
+    # turned into <b> (Markdown's ** would show as literal asterisks).
+    header, body = table_cells(rows, bold=lambda text: f"\x02{text}\x03")
     unit = rows[0]["eval"]["unit"] if rows else "byte"
     n = len(header) - 5  # encoding, the eval lengths, then 4 columns about the training
     groups = (
@@ -77,12 +79,17 @@ def lab_table_html(rows: list[dict[str, Any]]) -> str:
     )
     names = "".join(f"<th>{html.escape(h)}</th>" for h in header[1:])
     lines = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body
+        "<tr>" + "".join(f"<td>{_bold_html(html.escape(c))}</td>" for c in cells) + "</tr>"
+        for cells in body
     )
     return (
         f"<table><thead>{groups}<tr>{names}</tr></thead><tbody>{lines}</tbody></table>"
         f'<p class="meta">{text_html(describe(rows))}</p>'
     )
+
+
+def _bold_html(escaped: str) -> str:
+    return escaped.replace("\x02", "<b>").replace("\x03", "</b>")
 
 
 def _figure_section(kind: str, options: dict[str, Any], say: Callable[[str], Any]) -> str:
