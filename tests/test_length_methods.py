@@ -26,6 +26,24 @@ def test_randomized_positions_are_sorted_distinct_and_in_range() -> None:
     torch.testing.assert_close(randomized_positions(3, 5, 5), torch.arange(5).expand(3, 5))
 
 
+def restated_randomized(batch: int, length: int, max_len: int, g: torch.Generator) -> torch.Tensor:
+    """Section 3 row by row from the documented draws of the same generator: ``max_len`` iid
+    float64 uniforms per row; the positions are the indices of the ``length`` largest, ascending
+    (a uniformly random ``length``-subset of ``{0, ..., max_len - 1}``, sorted)."""
+    keys = torch.rand(batch, max_len, generator=g, dtype=torch.float64)
+    rows = []
+    for b in range(batch):
+        order = sorted(range(max_len), key=lambda j: -float(keys[b, j]))
+        rows.append(sorted(order[:length]))
+    return torch.tensor(rows)
+
+
+@pytest.mark.parametrize(("length", "max_len"), [(12, 30), (16, 128), (1, 9), (7, 7)])
+def test_randomized_equals_restated_sampler(length: int, max_len: int) -> None:
+    got = randomized_positions(16, length, max_len, generator=gen(5))
+    torch.testing.assert_close(got, restated_randomized(16, length, max_len, gen(5)))
+
+
 def test_randomized_positions_are_a_uniform_subset() -> None:
     """Every one of the C(7, 3) = 35 subsets is equally likely (a chi-square bound)."""
     n = 35_000

@@ -26,6 +26,31 @@ def test_nope_layers_match_transformers_llama4(interval: int) -> None:
     assert nope_layers(8, None) == ()
 
 
+@pytest.mark.parametrize("interval", [1, 2, 3, 4, 6])
+def test_model_layers_without_encoding_are_every_nth(interval: int) -> None:
+    """Llama-4's rule in a loop: 0-based layer i is NoPE iff (i + 1) % n == 0."""
+    model = TransformerLM(cfg(encoding="rope", nope_every=interval, num_layers=6))
+    for i, block in enumerate(model.blocks):
+        assert (block.attn.encoding is None) == ((i + 1) % interval == 0), (interval, i)
+
+
+@pytest.mark.parametrize(("beta", "length"), [(0.1, 8192), (0.5, 3), (0.1, 64), (0.7, 1)])
+def test_temperature_scales_equal_the_formulas_in_float64(beta: float, length: int) -> None:
+    """Both scales at every position of a range crossing several steps (and far ones), against
+    Llama-4's log1p(floor((p + 1) / floor_scale)) * attn_scale + 1 and Ministral-3's
+    1 + beta * log(1 + floor(p / L)) evaluated in float64 (math), to float32's precision."""
+    pos = [*range(0, 4 * length + 3), 10**6, 2**31 - 1, 3 * 10**9]
+    got4 = QueryTemperature("llama4_temperature", beta, length).scale(torch.tensor(pos))
+    got3 = QueryTemperature("llama4_scaling", beta, length).scale(torch.tensor(pos))
+    want4 = [math.log1p(math.floor((p + 1) / length)) * beta + 1 for p in pos]
+    want3 = [1 + beta * math.log(1 + math.floor(p / length)) for p in pos]
+    assert got4.dtype == got3.dtype == torch.float32
+    torch.testing.assert_close(got4.double(), torch.tensor(want4, dtype=F64), rtol=2e-6, atol=0)
+    torch.testing.assert_close(got3.double(), torch.tensor(want3, dtype=F64), rtol=2e-6, atol=0)
+    ones = [p for p, w in zip(pos, want4, strict=True) if w == 1]
+    assert ones == list(range(length - 1))  # Llama-4: 1 up to position L - 2, then steps up
+
+
 def cfg(**kw) -> ModelConfig:
     base = {"vocab_size": 11, "dim": 16, "num_layers": 4, "num_heads": 4, "max_len": 32}
     return ModelConfig(**{**base, **kw})

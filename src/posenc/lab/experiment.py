@@ -38,12 +38,18 @@ from .lock import release as release_lock
 from .presets import (
     DEFAULT_ENCODINGS,
     GPU_PRESETS,
+    LAB_OPTIONS,
+    LENGTH_ENCODINGS,
     LabConfig,
+    LabOptions,
     cell_identity,
+    check_lab_options,
     eval_identity,
     group_identity,
+    lab_options,
     model_config,
     parse_encoding,
+    split_options,
     stable_hash,
     train_identity,
 )
@@ -89,10 +95,13 @@ class GridSummary:
 
 
 def resolve_encodings(encodings: tuple[str, ...] | list[str]) -> list[str]:
-    """Expand ``default``/``all`` and check every label against the registry.
+    """Expand ``default``/``all``/``length`` and check every label against the registry.
 
-    ``default`` is :data:`DEFAULT_ENCODINGS` that are registered; ``all`` every registered name.
-    Unknown names and unknown options fail here, before anything trains.
+    ``default`` is :data:`DEFAULT_ENCODINGS` that are registered; ``all`` every registered name;
+    ``length`` the length-generalization set :data:`LENGTH_ENCODINGS` (training-time length
+    methods and Llama-4's options). A label's options are the encoding's registry options and
+    the lab options :data:`LAB_OPTIONS`, which every encoding takes. Unknown names, unknown
+    options and bad lab option values fail here, before anything trains.
     """
     out: list[str] = []
     for label in encodings:
@@ -102,20 +111,30 @@ def resolve_encodings(encodings: tuple[str, ...] | list[str]) -> list[str]:
             expanded = [n for n in DEFAULT_ENCODINGS if n in registered]
         elif label == "all":
             expanded = registry.names()
+        elif label == "length":
+            expanded = [_check_label(e) for e in LENGTH_ENCODINGS]
         else:
-            name, kwargs = parse_encoding(label)
-            registry.entry(name)  # raises ValueError naming the registered encodings
-            unknown = sorted(set(kwargs) - set(registry.options(name)))
-            if unknown:
-                raise ValueError(
-                    f"unknown option(s) {unknown} for encoding {name!r}; allowed: "
-                    f"{sorted(registry.options(name)) or 'none'}"
-                )
-            expanded = [label]
+            expanded = [_check_label(label)]
         out.extend(e for e in expanded if e not in out)
     if not out:
         raise ValueError("no encodings to run")
     return out
+
+
+def _check_label(label: str) -> str:
+    """``label`` if its name is registered and its options are the encoding's or the lab's."""
+    name, kwargs = parse_encoding(label)
+    registry.entry(name)  # raises ValueError naming the registered encodings
+    own = registry.options(name)
+    enc, lab = split_options(kwargs)
+    unknown = sorted(set(enc) - set(own))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for encoding {name!r}; allowed: "
+            f"{sorted(own) or 'none'}, and the lab's {list(LAB_OPTIONS)}"
+        )
+    check_lab_options(name, lab)
+    return label
 
 
 def check_config(cfg: LabConfig) -> list[int]:
@@ -227,6 +246,8 @@ def run_grid(
 
     lengths = check_config(cfg)
     encodings = resolve_encodings(cfg.encodings)
+    for enc in encodings:  # lab options against this grid (ranges, tables, layers)
+        lab_options(cfg, enc)
     with _grid_lock(opts.out, dist) as stale:
         if stale is not None:
             log(f"took over the lock of a run that is no longer running ({describe(stale)})")
@@ -383,6 +404,7 @@ def _run_cell(grid: _Grid, cell: _Cell) -> dict[str, Any]:
     t0 = time.perf_counter()
     cfg, opts, dist = grid.cfg, grid.opts, grid.dist
     mcfg = model_config(cfg, cell.encoding, grid.data.vocab_size)
+    options = lab_options(cfg, cell.encoding)
     on_step, finish = step_task(grid.progress, f"{cell.encoding} s{cell.seed}", cfg.train.steps)
     ckpt_dir = cell_dir(opts.out, cell.encoding, cell.seed, cell.train_hash)
     if opts.resume:
@@ -401,6 +423,7 @@ def _run_cell(grid: _Grid, cell: _Cell) -> dict[str, Any]:
         progress=on_step,
         stop=grid.stop,
         compile_model=cfg.compile,
+        positions=options.positions,
     )
     finish()
     stats = result.stats
@@ -427,18 +450,24 @@ def _run_cell(grid: _Grid, cell: _Cell) -> dict[str, Any]:
         "eval_seconds": time.perf_counter() - t_eval,
         "cell_seconds": time.perf_counter() - t0,
     }
-    return _row(grid, cell, mcfg.encoding_kwargs, stats, evaluation, runtime)
+    return _row(grid, cell, mcfg.encoding_kwargs, options, stats, evaluation, runtime)
 
 
 def _row(
     grid: _Grid,
     cell: _Cell,
     encoding_kwargs: dict[str, Any],
+    options: LabOptions,
     stats: dict[str, Any],
     evaluation: dict[str, Any],
     runtime: dict[str, Any],
 ) -> dict[str, Any]:
-    """The result row the store keeps for one finished cell."""
+    """The result row the store keeps for one finished cell.
+
+    ``encoding`` is the label (``rope:positions=pose``), ``encoding_kwargs`` the encoding's own
+    options; ``lab_options`` the lab options that are set, resolved (``{}`` for a plain label),
+    and ``length_method`` the training positions (``"arange"``, ``"randomized"``, ``"pose"``),
+    so a report can group by them."""
     cfg, data = grid.cfg, grid.data
     name, _ = parse_encoding(cell.encoding)
     return {
@@ -446,6 +475,8 @@ def _row(
         "encoding": cell.encoding,
         "encoding_name": name,
         "encoding_kwargs": encoding_kwargs,
+        "lab_options": options.row(),
+        "length_method": options.positions.method if options.positions else "arange",
         "family": registry.entry(name).family,
         "seed": cell.seed,
         "config_hash": cell.config_hash,
