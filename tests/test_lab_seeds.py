@@ -295,3 +295,14 @@ def test_html_report_table_shows_the_best_cell_in_bold_without_markdown():
     page = lab_table_html(fake_rows(3))
     assert "**" not in page and "\x02" not in page
     assert page.count("<b>") == page.count("</b>") >= 1
+
+
+def test_cpu_preset_runs_three_seeds_and_cpu_small_one():
+    from posenc.lab.cli import Overrides, build_config
+
+    assert build_config("cpu").seeds == (0, 1, 2)
+    assert build_config("cpu-small").seeds == (0,)
+    assert build_config("cpu", Overrides(seeds=1, seed=5)).seeds == (5,)
+    assert build_config("cpu-small", Overrides(seeds=3)).seeds == (0, 1, 2)
+    with pytest.raises(ValueError, match="--seeds"):
+        build_config("cpu", Overrides(seeds=0))

@@ -48,13 +48,13 @@ class Overrides:
 
     ``encodings``, ``eval_lens`` and ``rope_scalings`` are comma-separated (``rope_scalings``
     ``"none"``: no rescaling); ``text``, ``dataset`` and ``task`` pick the data (at most one);
-    ``seeds`` seeds from ``seed`` on.
+    ``seeds`` seeds from ``seed`` on (None: the preset's number of seeds).
     """
 
     encodings: str | None = None
     train_len: int | None = None
     eval_lens: str | None = None
-    seeds: int = 1
+    seeds: int | None = None
     seed: int = 0
     steps: int | None = None
     batch_size: int | None = None
@@ -84,15 +84,16 @@ def build_config(preset: str, over: Overrides | None = None) -> Any:
 
     over = over or Overrides()
     cfg = get_preset(preset)
-    if over.seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {over.seeds}")
+    seeds = over.seeds if over.seeds is not None else len(cfg.seeds)
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
     train = replace(cfg.train, **_given(steps=over.steps, batch_size=over.batch_size, lr=over.lr))
     if train.warmup_steps >= train.steps:
         train = replace(train, warmup_steps=max(1, train.steps // 10))
     return replace(
         cfg,
         encodings=tuple(map(_label, _csv(over.encodings) or cfg.encodings)),
-        seeds=tuple(range(over.seed, over.seed + over.seeds)),
+        seeds=tuple(range(over.seed, over.seed + seeds)),
         model=_model_shape(cfg.model, over),
         train=train,
         data=_data_config(cfg.data, over),
@@ -173,7 +174,8 @@ _ENCODINGS = _opt(
     "--encodings",
     "-e",
     help="Comma-separated names from `posenc list` (name:key=value sets an option), "
-    "'default' (the standard set that is registered) or 'all'.",
+    "'default' (the standard set that is registered), 'length' (training-time length "
+    "methods, CoPE, Llama-4 NoPE layers and temperature) or 'all'.",
 )
 _PRESET = _opt("cpu-small", "--preset", "-p", help="cpu-small, cpu, gpu or gpu-small.")
 _TRAIN_LEN = _opt(
@@ -185,7 +187,13 @@ _EVAL_LENS = _opt(
     help="Comma-separated eval lengths: tokens (256) or multiples (4x).",
     get=lambda c: c.eval.lengths,
 )
-_SEEDS = _opt(1, "--seeds", min=1, help="Number of seeds per encoding.")
+_SEEDS = _opt(
+    None,
+    "--seeds",
+    min=1,
+    help="Number of seeds per encoding (the report gives mean and 95% interval).",
+    get=lambda c: len(c.seeds),
+)
 _SEED = _opt(0, "--seed", help="First seed.")
 _STEPS = _opt(None, "--steps", min=1, help="Training steps.", get=lambda c: c.train.steps)
 _BATCH = _opt(
@@ -256,7 +264,7 @@ def lab(
     preset: str = _PRESET,
     train_len: int | None = _TRAIN_LEN,
     eval_lens: str | None = _EVAL_LENS,
-    seeds: int = _SEEDS,
+    seeds: int | None = _SEEDS,
     seed: int = _SEED,
     steps: int | None = _STEPS,
     batch_size: int | None = _BATCH,
