@@ -156,6 +156,7 @@ def test_extend_rows_and_table(extended):
     assert not any(r.get("kind") for r in load_rows(extended))  # newest rows are extend's
     header, body = extend_table(rows)
     assert header[0] == "extension" and header[-1].startswith("steps to scratch+0.02")
+    assert header[-2].endswith("− scratch @2L")
     assert [b[0] for b in body][:3] == ["rope", "rope + PI", "alibi"]
     assert body[-1][0].startswith("rope @32 from scratch")
 
@@ -229,3 +230,20 @@ def test_killed_extend_resumes_without_lost_or_duplicated_rows(grid, extended):
     for key, row in want.items():
         assert row["config_hash"] == got[key]["config_hash"]
         assert _metrics(got[key]) == _metrics(row), key  # bit for bit
+
+
+def test_extend_figure_and_report_section(extended, tmp_path):
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+
+    from posenc.cli import app
+    from posenc.plots.report import build_report
+
+    png = tmp_path / "extend.png"
+    r = CliRunner().invoke(app, ["plot", "extend", "--results", str(extended), "--out", str(png)])
+    assert r.exit_code == 0, r.output
+    assert png.stat().st_size > 10_000
+    page = build_report(extended, kinds=["extend", "length"])
+    assert 'id="extend"' in page and 'id="extend-table"' in page and "<img" in page
+    assert "rope + PI" in page
+    assert "No length results" in page and "posenc lab --encodings length" in page

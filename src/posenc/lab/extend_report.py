@@ -124,6 +124,7 @@ def extend_table(
     header = ["extension"]
     header += [f"0-shot {name(n)}" for n in lengths]
     header += [f"{steps} steps {name(n)}" for n in lengths]
+    header += [f"{steps} steps − scratch @{name(target)}"]
     header += [f"steps to scratch+{tolerance:g} @{name(target)}"]
     body = []
     for line in lines:
@@ -133,14 +134,24 @@ def extend_table(
         cells = [line.label]
         cells += [_fmt(line.bits(0, n)) for n in lengths]
         cells += [_fmt(line.bits(line.steps, n)) for n in lengths]
+        cells.append(_gap(line, ref))
         cells.append(steps_to_reference(line, ref, tolerance))
         body.append(cells)
     for line in lines:
         if line.kind == REFERENCE:
             cells = [f"{line.label} ({line.steps} steps)"] + [""] * len(lengths)
-            cells += [_fmt(line.bits(line.steps, n)) for n in lengths] + ["—"]
+            cells += [_fmt(line.bits(line.steps, n)) for n in lengths] + ["—", "—"]
             body.append(cells)
     return header, body
+
+
+def _gap(line: ExtendLine, ref: ExtendLine | None) -> str:
+    """Bits above the reference at the target length after the last fine-tune step."""
+    if ref is None:
+        return "n/a"
+    got = line.bits(line.steps, line.target_len)
+    bar = ref.bits(ref.steps, ref.target_len)
+    return f"{got - bar:+.3f}" if got is not None and bar is not None else "n/a"
 
 
 def _fmt(b: float | None) -> str:
@@ -159,9 +170,10 @@ def describe_extend(rows: list[dict[str, Any]]) -> str:
     return (
         f"Trained at L={r['train_len']}, fine-tuned at {r['target_len']} for {tune['steps']} "
         f"steps of {tune['tokens_per_step']:,} tokens (constant lr {lr:g}); test bits per "
-        f"{unit}, mean over {len(seeds)} seed(s). The last column is the first evaluated "
-        "fine-tune step at which the loss at the target length is within the tolerance of a "
-        "model of the same shape trained at that length from scratch."
+        f"{unit}, mean over {len(seeds)} seed(s). Scratch: a model of the same shape trained at "
+        "the target length from scratch with the grid's steps and batch; the last two columns "
+        "are the loss above it at the target length after the fine-tune, and the first "
+        "evaluated fine-tune step at which the loss there is within the tolerance of it."
     )
 
 

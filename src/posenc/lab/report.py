@@ -44,6 +44,42 @@ def grid_store_rows(out: str | Path) -> list[dict[str, Any]]:
     return [r for r in ResultStore(Path(out) / RESULTS_FILE).rows() if not r.get("kind")]
 
 
+#: The lab's questions, each answered by a kind of grid (its rows' data and options):
+#: extrapolation (the default grid, on text or a synthetic task), length (training-time length methods and the
+#: Llama-4 options: ``--encodings length``), passkey (``--task passkey``).
+QUESTIONS = ("extrapolation", "length", "passkey")
+
+
+def question_of(row: dict[str, Any]) -> str:
+    """Which of :data:`QUESTIONS` a grid row answers (the copy/reverse/recall tasks, like text,
+    are extrapolation)."""
+    fingerprint = str(row.get("data", {}).get("fingerprint", ""))
+    if fingerprint.startswith("task-passkey"):
+        return "passkey"
+    if row.get("lab_options") or row.get("length_method", "arange") != "arange":
+        return "length"
+    return "extrapolation"
+
+
+def newest_group(out: str | Path, question: str) -> str | None:
+    """The group of the newest grid row of a group that answers ``question``, if any.
+
+    A group answers ``length`` when any of its rows uses a lab option; ``extrapolation`` when
+    none does (both on text)."""
+    if question not in QUESTIONS:
+        raise ValueError(f"unknown question {question!r}; choose one of {', '.join(QUESTIONS)}")
+    rows = grid_store_rows(out)
+    asked: dict[str, set[str]] = {}
+    for r in rows:
+        asked.setdefault(r["group"], set()).add(question_of(r))
+    for r in reversed(rows):
+        got = asked[r["group"]]
+        answer = "length" if "length" in got else next(iter(got))
+        if answer == question:
+            return str(r["group"])
+    return None
+
+
 def load_rows(
     out: str | Path, group: str | None = None, all_groups: bool = False
 ) -> list[dict[str, Any]]:

@@ -216,6 +216,44 @@ def lab(
     _write(_make("lab", results=str(results), group=group), out)
 
 
+def _lab_results_option() -> Any:
+    return typer.Option(Path("runs/lab"), help="the lab's output folder (--out of `posenc lab`)")
+
+
+def _group_option() -> Any:
+    return typer.Option(None, help="result group (default: the newest that applies)")
+
+
+@plot_app.command("length")
+def length(
+    out: Path = _out("length.png"),
+    results: Path = _lab_results_option(),
+    group: str | None = _group_option(),
+) -> None:
+    """Training for length: randomized positions, PoSE, CoPE, NoPE layers (`posenc lab -e length`)."""
+    _write(_make("length", results=str(results), group=group), _check_out(out))
+
+
+@plot_app.command("extend")
+def extend(
+    out: Path = _out("extend.png"),
+    results: Path = _lab_results_option(),
+    group: str | None = _group_option(),
+) -> None:
+    """Extension by fine-tuning: loss vs fine-tune steps per method (`posenc lab extend`)."""
+    _write(_make("extend", results=str(results), group=group), _check_out(out))
+
+
+@plot_app.command("passkey")
+def passkey(
+    out: Path = _out("passkey.png"),
+    results: Path = _lab_results_option(),
+    group: str | None = _group_option(),
+) -> None:
+    """Passkey retrieval: accuracy over length x depth per encoding (`posenc lab --task passkey`)."""
+    _write(_make("passkey", results=str(results), group=group), _check_out(out))
+
+
 @plot_app.command("all")
 def plot_all(
     out_dir: Path = typer.Option(Path("figures"), "--out-dir", help="folder for the figures"),
@@ -223,21 +261,21 @@ def plot_all(
     results: Path = typer.Option(Path("runs/lab"), help="the lab's output folder"),
     attention_steps: int = typer.Option(300, min=1, help="training steps of the tiny model"),
 ) -> None:
-    """Every figure into one folder (<kind>.<format>); the lab plot only if results exist."""
+    """Every figure into one folder (<kind>.<format>); the lab's only where results exist."""
     from .common import save_figure
-    from .figures import FIGURES
-    from .lab import load_lab_rows
+    from .figures import FIGURES, lab_results
 
     if fmt not in ("png", "svg"):
         raise typer.BadParameter(f"must be png or svg, got {fmt!r}", param_hint="--format")
     _writable_folder(out_dir)
-    for kind in FIGURES:
+    for kind, spec in FIGURES.items():
         options: dict[str, Any] = {}
         if kind == "attention":
             options.update(steps=attention_steps, progress=True)
-        if kind == "lab":
-            if not load_lab_rows(results):
-                typer.echo(f"skip lab: no results in {results} (run `posenc lab` first)")
+        if spec.question is not None:
+            if not lab_results(spec.question, results):
+                typer.echo(f"skip {kind}: no {spec.question} results in {results} "
+                           f"(run `{spec.command}` first)")  # fmt: skip
                 continue
             options["results"] = str(results)
         path = _save(save_figure, _make(kind, **options), out_dir / f"{kind}.{fmt}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,6 +22,10 @@ class FigureKind:
     title: str  # a heading for the report and the docs
     needs: str  # what has to be importable/present, in words (for skip messages)
     make: Callable[..., Figure]
+    #: For the lab's figures: the question its results answer (``lab_results``), and the
+    #: command that writes them.
+    question: str | None = None
+    command: str | None = None
 
 
 def _table(
@@ -96,10 +101,60 @@ def _attention(
     return draw_attention(data)
 
 
+def lab_results(
+    question: str, results: str | Path, group: str | None = None
+) -> list[dict[str, Any]]:
+    """The rows that answer ``question`` in the store at ``results`` (``group``: a hash prefix;
+    default: the newest group that answers it): grid rows for ``extrapolation``, ``length`` and
+    ``passkey`` (:func:`posenc.lab.report.newest_group`), extend rows for ``extend``. Empty when
+    there are none."""
+    from ..lab.report import load_rows, newest_group
+    from ..lab.store import RESULTS_FILE
+
+    if not (Path(results) / RESULTS_FILE).exists():
+        return []
+    if question == "extend":
+        from ..lab.extend_report import extend_rows
+
+        return extend_rows(results, group)
+    group = group if group is not None else newest_group(results, question)
+    return load_rows(results, group) if group is not None else []
+
+
+def _rows_or_raise(question: str, results: str, group: str | None) -> list[dict[str, Any]]:
+    rows = lab_results(question, results, group)
+    if not rows:
+        kind = next(k for k in FIGURES.values() if k.question == question)
+        raise ValueError(
+            f"no {question} results in {Path(results) / 'results.jsonl'}"
+            + (f" (group {group})" if group else "")
+            + f"; `{kind.command}` writes them"
+        )
+    return rows
+
+
 def _lab(results: str = "runs/lab", group: str | None = None) -> Figure:
     from .lab import draw_lab, lab_data
 
-    return draw_lab(lab_data(results, group))
+    return draw_lab(lab_data(rows=_rows_or_raise("extrapolation", results, group)))
+
+
+def _length(results: str = "runs/lab", group: str | None = None) -> Figure:
+    from .lab import draw_lab, lab_data
+
+    return draw_lab(lab_data(rows=_rows_or_raise("length", results, group)))
+
+
+def _extend(results: str = "runs/lab", group: str | None = None) -> Figure:
+    from .extend import draw_extend, extend_data
+
+    return draw_extend(extend_data(_rows_or_raise("extend", results, group)))
+
+
+def _passkey(results: str = "runs/lab", group: str | None = None) -> Figure:
+    from .passkey import draw_passkey, passkey_data
+
+    return draw_passkey(passkey_data(_rows_or_raise("passkey", results, group)))
 
 
 FIGURES: dict[str, FigureKind] = {
@@ -110,7 +165,10 @@ FIGURES: dict[str, FigureKind] = {
         FigureKind("wavelengths", "RoPE wavelengths and scaling", "posenc.functional.rotary", _wavelengths),
         FigureKind("bias", "Bias maps", "the bias encodings (posenc.bias)", _bias),
         FigureKind("attention", "Attention at 1x and 4x length", "a lab checkpoint or a few seconds of training", _attention),
-        FigureKind("lab", "Lab: train short, test long", "a lab results store", _lab),
+        FigureKind("lab", "Lab: train short, test long", "a lab results store", _lab, "extrapolation", "posenc lab"),
+        FigureKind("length", "Lab: training for length", "the length grid's results", _length, "length", "posenc lab --encodings length"),
+        FigureKind("extend", "Lab: extension by fine-tuning", "posenc lab extend's results", _extend, "extend", "posenc lab extend"),
+        FigureKind("passkey", "Lab: passkey retrieval", "the passkey grid's results", _passkey, "passkey", "posenc lab --task passkey"),
     )
 }  # fmt: skip
 

@@ -117,7 +117,9 @@ def _options(
         if checkpoint is not None:
             return {"steps": attention_steps, "checkpoint": str(checkpoint)}
         return {"steps": attention_steps, "progress": True}
-    if kind == "lab":
+    from .figures import FIGURES
+
+    if FIGURES[kind].question is not None:
         return {"results": str(results)}
     return {}
 
@@ -134,6 +136,34 @@ def _lab_table_section(rows: list[dict[str, Any]]) -> str:
     return f'<section id="lab-table"><h2>Lab: latest results</h2>{table}</section>'
 
 
+def _html_table(header: list[str], body: list[list[str]], note: str) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    lines = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body
+    )
+    return (
+        f"<table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table>"
+        f'<p class="meta">{text_html(note)}</p>'
+    )
+
+
+def _question_table(kind: str, rows: list[dict[str, Any]]) -> str:
+    """The table under a lab figure other than the main one (its rows are there)."""
+    if kind == "length":
+        table = lab_table_html(rows)
+    elif kind == "extend":
+        from ..lab.extend_report import describe_extend, extend_table
+
+        table = _html_table(*extend_table(rows), describe_extend(rows))
+    elif kind == "passkey":
+        from .passkey import passkey_table
+
+        table = _html_table(*passkey_table(rows))
+    else:
+        return ""
+    return f'<section id="{kind}-table"><h3>Table</h3>{table}</section>'
+
+
 def build_report(
     results: str | Path = "runs/lab",
     checkpoint: str | Path | None = None,
@@ -143,26 +173,32 @@ def build_report(
 ) -> str:
     """The report as an HTML string. ``kinds``: the figures to include (default: all).
 
-    A figure that cannot be drawn here (its encodings absent, no lab results) becomes a note
+    The lab's questions (extrapolation, training for length, extension by fine-tuning, passkey
+    retrieval) each get their figure and table, from the newest results that answer them. A
+    figure that cannot be drawn here (its encodings absent, no lab results) becomes a note
     saying why, so one missing piece never costs the whole page.
     """
     from .. import lab
-    from .figures import FIGURES
-    from .lab import load_lab_rows
+    from .figures import FIGURES, lab_results
 
     say = log or (lambda _msg: None)
-    rows = load_lab_rows(results)
+    rows = lab_results("extrapolation", results)
     sections: list[str] = []
     for kind in kinds or list(FIGURES):
-        if kind == "lab" and not rows:
+        spec = FIGURES[kind]
+        found = lab_results(spec.question, results) if spec.question else []
+        if spec.question is not None and not found:
+            when = f" ({lab.DEFAULT_RUN_TIME})" if kind == "lab" else ""
             note = (
-                f"No lab results in {Path(results) / 'results.jsonl'}. Run `posenc lab` "
-                f"({lab.DEFAULT_RUN_TIME}), then `posenc report` again."
+                f"No {spec.question} results in {Path(results) / 'results.jsonl'}. Run "
+                f"`{spec.command}`{when}, then `posenc report` again."
             )
-            sections.append(_note_html(kind, FIGURES[kind].title, note))
+            sections.append(_note_html(kind, spec.title, note))
             continue
         options = _options(kind, results, checkpoint, attention_steps)
         sections.append(_figure_section(kind, options, say))
+        if spec.question is not None and kind != "lab":
+            sections.append(_question_table(kind, found))
     sections.append(_lab_table_section(rows))
     toc = "".join(
         f'<li><a href="#{k}">{html.escape(FIGURES[k].title)}</a></li>' for k in kinds or FIGURES
