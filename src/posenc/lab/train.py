@@ -584,7 +584,9 @@ def _loop(
     autocast = dist.device.type == "cuda"
     tokens_per_step = cfg.batch_size * seq_len
     if hook is not None and run.start in ckpt.hook_steps:
-        _run_hook(hook, run.start, run, net, dist)  # resumed at a hook step: it may not have finished
+        _run_hook(
+            hook, run.start, run, net, dist
+        )  # resumed at a hook step: it may not have finished
     net.train()
     for step in range(run.start, cfg.steps):
         t0 = time.perf_counter()
