@@ -9,7 +9,16 @@ import torch
 
 from posenc.lab import data as D
 from posenc.lab.presets import DataConfig
-from posenc.lab.tasks import BOS, KEYS, SEP, TASKS, make_task
+from posenc.lab.tasks import (
+    BOS,
+    KEY,
+    KEYS,
+    PASSKEY_DEPTHS,
+    PASSKEY_MIN_PER_DEPTH,
+    SEP,
+    TASKS,
+    make_task,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -147,6 +156,10 @@ def test_tasks_score_only_answers(name):
         a = seq[0, 1 : k + 1]
         want = a if name == "copy" else a.flip(0)
         assert torch.equal(y[0][scored[0]], want)
+    elif name == "passkey":
+        # The answer is the key that follows the KEY marker (tests/test_passkey_task.py).
+        at = int((x[0] == KEY).nonzero()[0, 0])
+        assert torch.equal(y[0][scored[0]], seq[0, at + 1 : at + 1 + int(scored[0].sum())])
     else:
         # Each answer is the value stored after the queried key's first occurrence.
         pairs = seq[0, 1:sep].view(-1, 2)
@@ -154,7 +167,9 @@ def test_tasks_score_only_answers(name):
         for i in scored[0].nonzero()[:, 0].tolist():
             assert int(x[0, i]) in KEYS and int(y[0, i]) == table[int(x[0, i])]
     windows = list(task.eval_windows(64, 64 * 10))
-    assert sum(w[0].shape[0] for w in windows) == 10
+    # The passkey task evaluates at least PASSKEY_MIN_PER_DEPTH sequences at each depth.
+    want = 10 if name != "passkey" else PASSKEY_MIN_PER_DEPTH * len(PASSKEY_DEPTHS)
+    assert sum(w[0].shape[0] for w in windows) == want
     with pytest.raises(ValueError, match="sliding"):
         next(task.eval_windows(64, 640, stride=8))
 

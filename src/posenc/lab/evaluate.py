@@ -16,6 +16,14 @@ Variants of one trained model:
 
 The metric is the mean next-token cross-entropy over scored targets divided by ``ln 2``: with a
 byte vocabulary that is bits per byte.
+
+A data source with ``eval_depths`` (the passkey task, :mod:`posenc.lab.tasks`) also gets a
+length x depth heatmap per variant, from the forward passes that score it: ``"passkey":
+{"depths", "lengths", "acc", "exact", "sequences"}`` beside the variant's ``"results"``, each
+``[length][depth]``; ``acc`` is answer-token accuracy, ``exact`` the fraction of keys right in
+every digit (under teacher forcing that is greedy decoding's exact match), None where a length
+is not applicable. The evaluation sequences come from a fixed seed, so every cell sees the same
+(at each length the token budget's sequences, and at least ``PASSKEY_MIN_PER_DEPTH`` per depth).
 """
 
 from __future__ import annotations
@@ -73,7 +81,8 @@ def score(
 
     ``curve`` (non-overlapping windows only) is the per-position loss in bits, averaged over
     windows and then over at most ``cfg.curve_points`` log-spaced bins of positions
-    (:func:`bin_curve`).
+    (:func:`bin_curve`). Data with ``eval_depths`` (passkey) adds ``"passkey": {"acc",
+    "exact", "sequences"}``, one entry per depth (rows binned by ``data.depth_index(x)``).
     """
     dist = dist or Dist()
     model.eval()
@@ -82,6 +91,9 @@ def score(
     total = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, correct
     pos_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
     pos_cnt = torch.zeros(seq_len, dtype=torch.float64, device=device)
+    depths = getattr(data, "eval_depths", None)
+    # per depth: correct answer tokens, answer tokens, keys right in every digit, sequences
+    by_depth = torch.zeros(4, len(depths or ()), dtype=torch.float64, device=device)
     rows = max(1, cfg.batch_tokens // seq_len)
     windows = data.eval_windows(seq_len, cfg.tokens, cfg.stride)
     for x, y in _batches(windows, rows, dist):
@@ -96,9 +108,16 @@ def score(
         mask = y != IGNORE
         total[0] += losses.double().sum()
         total[1] += mask.sum()
-        total[2] += ((logits.argmax(-1) == y) & mask).sum()
+        right = (logits.argmax(-1) == y) & mask  # [b, s]
+        total[2] += right.sum()
         pos_sum += losses.double().sum(0)
         pos_cnt += mask.sum(0)
+        if depths is not None:
+            at = data.depth_index(x)  # type: ignore[attr-defined]  # [b] depth of each row
+            hits, asked = right.sum(1), mask.sum(1)  # [b]
+            per_row = torch.stack([hits, asked, hits == asked, torch.ones_like(hits)])  # [4, b]
+            by_depth.index_add_(1, at, per_row.double())
+    dist.sum_(by_depth)
     dist.sum_(total)
     dist.sum_(pos_sum)
     dist.sum_(pos_cnt)
@@ -113,6 +132,13 @@ def score(
     }
     if cfg.stride is None:
         out["curve"] = bin_curve(pos_sum.cpu(), pos_cnt.cpu(), cfg.curve_points)
+    if depths is not None:
+        hits, asked, exact, seqs = by_depth.cpu().tolist()
+        out["passkey"] = {
+            "acc": [h / a if a else None for h, a in zip(hits, asked, strict=True)],
+            "exact": [e / c if c else None for e, c in zip(exact, seqs, strict=True)],
+            "sequences": [int(c) for c in seqs],
+        }
     return out
 
 
@@ -233,21 +259,48 @@ class _Evaluation:
         the variant (None: the model as is; a string: not applicable, why)."""
         t0 = time.perf_counter()
         results: dict[str, Any] = {}
+        heat: dict[int, Any] = {}  # passkey rows by length
+        base_heat = self.variants.get("base", {}).get("passkey")
         for n in self.lengths:
             if base is not None and n <= self.train_len:
                 # factor <= 1: the variant is the model as trained.
                 results[str(n)] = {**base[str(n)], "note": "same as base (factor <= 1)"}
+                if base_heat is not None:
+                    i = base_heat["lengths"].index(n)
+                    heat[n] = {k: base_heat[k][i] for k in ("acc", "exact", "sequences")}
                 continue
             results[str(n)] = _score_one(
                 self.model, self.data, n, self.train_len, self.cfg, self.dist, prepare
             )
+            heat[n] = results[str(n)].pop("passkey", None)
         self.variants[name] = {
             "label": label,
             "results": results,
             "seconds": time.perf_counter() - t0,
         }
+        depths = getattr(self.data, "eval_depths", None)
+        if depths is not None:
+            self.variants[name]["passkey"] = pk = _heatmap(depths, self.lengths, heat)
         if self.log:
             self.log(f"  {name:<8s} " + "  ".join(_fmt(n, results[str(n)]) for n in self.lengths))
+            if depths is not None:
+                means = [_mean_or_none(row) for row in pk["acc"]]
+                self.log(
+                    f"  {'':<8s} passkey acc (mean over depths) "
+                    + "  ".join(
+                        f"{n}:{m:.2f}" if m is not None else f"{n}:n/a"
+                        for n, m in zip(self.lengths, means, strict=True)
+                    )
+                )
+
+
+def _heatmap(depths: Any, lengths: list[int], heat: dict[int, Any]) -> dict[str, Any]:
+    """Per-length passkey rows -> ``{"depths", "lengths", "acc", "exact", "sequences"}``, each
+    metric ``[length][depth]`` (None for a length that was not applicable)."""
+    out: dict[str, Any] = {"depths": list(depths), "lengths": list(lengths)}
+    for k in ("acc", "exact", "sequences"):
+        out[k] = [heat[n][k] if heat.get(n) is not None else None for n in lengths]
+    return out
 
 
 def _run_interp(ev: _Evaluation, limit: int | None, base_results: dict[str, Any]) -> None:
@@ -305,7 +358,7 @@ def evaluate_model(
     Returns ``{"mode", "unit", "train_len", "lengths", "variants": {name: {"label",
     "results": {str(length): {"bits", "acc", "tokens", "curve", "note"}}, "seconds"}},
     "skipped": {name: reason}}``; ``bits`` is None where a length does not apply, with the
-    reason in ``note``.
+    reason in ``note``. Passkey data: each variant also has ``"passkey"`` (module docstring).
     """
     ev = _Evaluation(model, data, train_len, lengths, cfg, dist or Dist(), log)
     limit = learned_limit(model)
@@ -359,6 +412,11 @@ def _score_one(
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return {"bits": None, "acc": None, "tokens": 0, "curve": None, "note": f"n/a: {reason}"}
     return {**out, "note": None}
+
+
+def _mean_or_none(row: list[float | None] | None) -> float | None:
+    vals = [v for v in row or () if v is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _fmt(n: int, r: dict[str, Any]) -> str:
