@@ -247,3 +247,21 @@ def test_extend_figure_and_report_section(extended, tmp_path):
     assert 'id="extend"' in page and 'id="extend-table"' in page and "<img" in page
     assert "rope + PI" in page
     assert "No length results" in page and "posenc lab --encodings length" in page
+
+
+def test_lab_report_question_extend_writes_the_readme_block(extended, tmp_path):
+    from typer.testing import CliRunner
+
+    from posenc.cli import app
+
+    readme = tmp_path / "R.md"
+    readme.write_text("a\n<!-- lab:extend -->\n<!-- /lab:extend -->\nb\n")
+    args = ["lab", "report", "--out", str(extended), "--no-plots", "--readme", str(readme)]
+    r = CliRunner().invoke(app, [*args, "--question", "extend"])
+    assert r.exit_code == 0, r.output
+    text = readme.read_text()
+    assert "| rope + PI |" in text and "Trained at L=16, fine-tuned at 32" in text
+    r = CliRunner().invoke(app, [*args, "--question", "passkey"])
+    assert r.exit_code == 2 and "no passkey results" in r.output
+    r = CliRunner().invoke(app, [*args, "--question", "width"])
+    assert r.exit_code == 2 and "--question must be one of" in r.output

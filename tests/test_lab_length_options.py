@@ -322,9 +322,12 @@ def test_tiny_grid_with_pose_and_llama4_temperature(monkeypatch, tmp_path) -> No
         model=P.ModelShape(dim=32, num_layers=2, num_heads=2),
         train=P.TrainConfig(steps=6, batch_size=4, warmup_steps=2),
         data=P.DataConfig(source="task", task="copy"),
-        # No RoPE rescaling sweep: on NoPE layers it fails in evaluate.py (the xfail below).
         eval=P.EvalConfig(
-            lengths=("1x", "2x"), tokens=256, batch_tokens=128, curve_points=8, rope_scalings=()
+            lengths=("1x", "2x"),
+            tokens=256,
+            batch_tokens=128,
+            curve_points=8,
+            rope_scalings=("ntk",),
         ),
         ckpt_every=3,
     )
@@ -346,12 +349,6 @@ def test_tiny_grid_with_pose_and_llama4_temperature(monkeypatch, tmp_path) -> No
     assert run_grid(cfg, RunOptions(out=tmp_path / "o", quiet=True)).trained == []  # all found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="posenc.lab.evaluate.swapped_inner_encodings calls make(None) for a NoPE layer "
-    "(None.with_scaling); the fix leaves a layer without an encoding as it is",
-)
 def test_rope_rescalings_evaluate_a_model_with_nope_layers(monkeypatch, tmp_path) -> None:
     from posenc.lab.evaluate import evaluate_model
     from posenc.lab.train import Dist
@@ -363,3 +360,5 @@ def test_rope_rescalings_evaluate_a_model_with_nope_layers(monkeypatch, tmp_path
     ev = P.EvalConfig(lengths=("1x", "2x"), tokens=256, batch_tokens=128, rope_scalings=("ntk",))
     out = evaluate_model(model, data, 16, [16, 32], ev, Dist())
     assert out["variants"]["ntk"]["results"]["32"]["bits"] is not None
+    # The NoPE layer stayed without an encoding, the other got the rescaled copy and back.
+    assert model.blocks[1].attn.encoding is None and model.blocks[0].attn.encoding is not None

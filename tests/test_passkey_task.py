@@ -259,3 +259,39 @@ def test_passkey_figure_from_fake_rows(tmp_path):
     assert path.stat().st_size > 1000
     with pytest.raises(ValueError, match="no passkey heatmaps"):
         P.passkey_data(rows[-1:])
+
+
+def test_heatmap_settings_enter_the_passkey_cells_hash_only():
+    from dataclasses import replace as _replace
+
+    from posenc.lab import presets as P
+    from posenc.lab.tasks import PASSKEY_DEPTHS, PASSKEY_MIN_PER_DEPTH
+
+    passkey = _replace(P.LabConfig(), data=P.DataConfig(source="task", task="passkey"))
+    copy = _replace(P.LabConfig(), data=P.DataConfig(source="task", task="copy"))
+    assert P.eval_identity(passkey)["passkey"] == {
+        "depths": list(PASSKEY_DEPTHS),
+        "min_per_depth": PASSKEY_MIN_PER_DEPTH,
+    }
+    assert "passkey" not in P.eval_identity(copy)
+    assert "passkey" not in P.eval_identity(P.LabConfig())
+
+
+def test_readme_passkey_block_says_where_each_encoding_loses_the_key(tmp_path):
+    from posenc.lab.report import write_readme_table
+
+    rows = [_row("alibi", 0, 1.0), _row("rope", 0, 0.95)]
+    for r in rows:
+        r["data"] = {"fingerprint": "task-passkey-d2-f32-v1"}
+    readme = tmp_path / "R.md"
+    readme.write_text("intro\n<!-- lab:passkey -->\nold\n<!-- /lab:passkey -->\nend\n")
+    write_readme_table(readme, rows)
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("intro\n") and text.endswith("end\n")
+    table = {
+        line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")
+    }
+    # alibi: 1.0 at L, 0.5 at 2L -> lost at 128; rope: 0.95 at L, 0.475 -> lost at 128 too.
+    assert table["alibi"].replace(" ", "") == "|alibi|1.00|0.50|128|"
+    assert table["rope"].replace(" ", "") == "|rope|0.95|0.47|128|"
+    assert "chance 0.10" in text

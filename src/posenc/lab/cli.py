@@ -225,7 +225,11 @@ _ROPE_SCALINGS = _opt(
 )
 _TEXT = _opt(None, "--text", help="Your corpus: a file, folder or glob.")
 _DATASET = _opt(None, "--dataset", help="A Hugging Face dataset NAME[:CONFIG] in the local cache.")
-_TASK = _opt(None, "--task", help="A synthetic task: copy, reverse, associative-recall.")
+_TASK = _opt(
+    None,
+    "--task",
+    help="A synthetic task: copy, reverse, associative-recall, passkey (retrieval heatmaps).",
+)
 _INCLUDE_TESTS = _opt(
     None,
     "--include-tests/--no-include-tests",
@@ -406,6 +410,12 @@ def report(
     ),
     all_groups: bool = typer.Option(False, "--all", help="One table per group."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
+    question: str | None = typer.Option(
+        None,
+        "--question",
+        help="extrapolation, length, passkey or extend: the newest results that answer it "
+        "(default: the newest grid).",
+    ),
     readme: Path | None = typer.Option(
         None,
         "--readme",
@@ -413,12 +423,31 @@ def report(
         "<!-- lab:table --> and <!-- /lab:table --> lines.",
     ),
 ) -> None:
-    """Print the results table and write table.md, results.csv and the figure."""
-    from .report import groups, load_rows, print_table, write_readme_table, write_report
+    """Print the results table and write table.md, results.csv and the figures (and, with
+    --readme, the table into its block of a Markdown file: lab:table, lab:length, lab:passkey
+    or lab:extend by the results' question)."""
+    from .report import (
+        QUESTIONS,
+        groups,
+        load_rows,
+        newest_group,
+        print_table,
+        write_readme_table,
+        write_report,
+    )
 
     if all_groups and readme is not None:
         _fail("--readme writes one table: pass --group (or nothing, for the newest), not --all")
+    if question is not None and question not in (*QUESTIONS, "extend"):
+        _fail(f"--question must be one of {', '.join((*QUESTIONS, 'extend'))}, got {question!r}")
+    if question == "extend":
+        _report_extend(out, group, plots, readme)
+        return
     try:
+        if question is not None and group is None:
+            group = newest_group(out, question)
+            if group is None:
+                _fail(f"no {question} results under {out}")
         names = list(groups(out)) if all_groups else [group]
         if not names:
             _fail(f"no results under {out}; run `posenc lab` first")
@@ -432,6 +461,27 @@ def report(
                 if readme is not None:
                     written["readme"] = write_readme_table(readme, rows)
                 print("wrote " + ", ".join(str(p) for p in written.values()))
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+
+
+def _report_extend(out: Path, group: str | None, plots: bool, readme: Path | None) -> None:
+    from .extend_report import (
+        extend_rows,
+        print_extend_table,
+        write_extend_readme,
+        write_extend_report,
+    )
+
+    try:
+        rows = extend_rows(out, group)
+        if not rows:
+            _fail(f"no extend results under {out}; run `posenc lab extend` first")
+        print_extend_table(rows)
+        written = write_extend_report(out, rows, plots=plots)
+        if readme is not None:
+            written["readme"] = write_extend_readme(readme, rows)
+        print("wrote " + ", ".join(str(p) for p in written.values()))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
 

@@ -179,11 +179,12 @@ def swapped_inner_encodings(
     """
     blocks = list(model.blocks)  # type: ignore[attr-defined, arg-type]
     originals = [b.attn.encoding for b in blocks]
-    memo: dict[int, nn.Module] = {}
+    memo: dict[int, nn.Module | None] = {}
     try:
         for b, enc in zip(blocks, originals, strict=True):
             if id(enc) not in memo:
-                memo[id(enc)] = make(enc)
+                # A layer without an encoding (nope_every) stays without one.
+                memo[id(enc)] = None if enc is None else make(enc)
             b.attn.encoding = memo[id(enc)]
         yield
     finally:

@@ -649,8 +649,14 @@ def train_identity(
 
 
 def eval_identity(cfg: LabConfig) -> dict[str, Any]:
-    """Everything that decides a cell's metrics once the weights are fixed."""
-    return {**asdict(cfg.eval), "lengths": cfg.eval_lengths()}
+    """Everything that decides a cell's metrics once the weights are fixed (for the passkey
+    task also its heatmap's depths and sequences per depth, which live in the task module)."""
+    out = {**asdict(cfg.eval), "lengths": cfg.eval_lengths()}
+    if cfg.data.source == "task" and cfg.data.task == "passkey":
+        from .tasks import PASSKEY_DEPTHS, PASSKEY_MIN_PER_DEPTH
+
+        out["passkey"] = {"depths": list(PASSKEY_DEPTHS), "min_per_depth": PASSKEY_MIN_PER_DEPTH}
+    return out
 
 
 def cell_identity(train_id: dict[str, Any], eval_id: dict[str, Any]) -> dict[str, Any]:

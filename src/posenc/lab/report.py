@@ -335,6 +335,13 @@ def results_markdown(rows: list[dict[str, Any]]) -> str:
 #: The lines around the README's lab table (``posenc lab report --readme README.md``).
 README_START, README_END = "<!-- lab:table -->", "<!-- /lab:table -->"
 
+#: The README block each question's table goes into (``extend``'s: posenc.lab.extend_report).
+README_BLOCKS = {
+    "extrapolation": (README_START, README_END),
+    "length": ("<!-- lab:length -->", "<!-- /lab:length -->"),
+    "passkey": ("<!-- lab:passkey -->", "<!-- /lab:passkey -->"),
+}
+
 
 def readme_table(rows: list[dict[str, Any]]) -> str:
     """The README's lab table: every column of :func:`table_cells` but ``params`` and
@@ -344,12 +351,24 @@ def readme_table(rows: list[dict[str, Any]]) -> str:
 
 
 def write_readme_table(path: str | Path, rows: list[dict[str, Any]]) -> Path:
-    """Write :func:`readme_table` between the :data:`README_START` and :data:`README_END` lines
-    of ``path``, leaving the rest of the file as it was; returns the path."""
+    """Write the rows' table between the lines of their question's block in ``path``
+    (:data:`README_BLOCKS`; the extrapolation table between :data:`README_START` and
+    :data:`README_END`), leaving the rest of the file as it was; returns the path.
+
+    Extrapolation and length: :func:`readme_table`; passkey: accuracy by length and where
+    each encoding loses the key (:func:`posenc.plots.passkey.passkey_table`)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
-    replace_block(path, README_START, README_END, readme_table(rows))
+    question = question_of(rows[0])
+    if question == "passkey":
+        from ..plots.passkey import passkey_table
+
+        header, body, note = passkey_table(rows)
+        text = note + "\n\n" + markdown_table(header, body) + "\n"
+    else:
+        text = readme_table(rows)
+    replace_block(path, *README_BLOCKS[question], text)
     return path
 
 
@@ -443,4 +462,8 @@ def write_report(
         except ImportError:  # the plots extra is not installed: the table and CSV only
             return written
         written["plot"] = save_figure(draw_lab(lab_data(rows=rows)), folder / "lab.png")
+        if question_of(rows[0]) == "passkey":
+            from ..plots.passkey import write_passkey_figure
+
+            written["passkey"] = write_passkey_figure(rows, folder / "passkey.png")
     return written

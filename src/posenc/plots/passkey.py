@@ -210,3 +210,28 @@ def write_passkey_figure(
     """Draw :func:`draw_passkey` from result rows and save it (``.png`` or ``.svg``)."""
     fig = draw_passkey(passkey_data(rows), variants=variants)
     return save_figure(fig, path)
+
+
+def passkey_table(
+    rows: list[dict[str, Any]], threshold: float = 0.9
+) -> tuple[list[str], list[list[str]], str]:
+    """Header, body and a note: per encoding (and variant), passkey accuracy averaged over
+    depths at each eval length, and the first length where it falls below ``threshold``
+    (:func:`passkey_lost_at`)."""
+    data = passkey_data(rows)
+    L = data["train_len"]
+    lengths = [int(n) for n in data["lengths"]]
+    header = ["encoding"] + [f"{n} ({n / L:g}L)" for n in lengths] + [f"below {threshold:g} at"]
+    body = []
+    for p in passkey_lost_at(data, threshold):
+        cells = [p["label"]] + [f"{m:.2f}" if np.isfinite(m) else "n/a" for m in p["mean"]]
+        if not p["learned"]:
+            cells.append("not learned at L")
+        else:
+            cells.append("—" if p["lost_at"] is None else str(p["lost_at"]))
+        body.append(cells)
+    note = (
+        f"Accuracy per key digit (chance {CHANCE:.2f}), averaged over the key's depths "
+        f"{', '.join(f'{d:g}' for d in data['depths'])}; trained at L = {L}."
+    )
+    return header, body, note

@@ -158,7 +158,7 @@ def _question_table(kind: str, rows: list[dict[str, Any]]) -> str:
     elif kind == "passkey":
         from .passkey import passkey_table
 
-        table = _html_table(*passkey_table(rows))
+        table = _html_table(*passkey_table(rows))  # header, body, note
     else:
         return ""
     return f'<section id="{kind}-table"><h3>Table</h3>{table}</section>'
