@@ -9,7 +9,8 @@ happen inside the commands so ``posenc --help`` stays fast.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -317,24 +318,16 @@ def _run_lab(
     """Bare ``posenc lab``: run the grid (``options``: :class:`Overrides`' fields), then print
     and write its report."""
     from .experiment import RunOptions, run_grid
-    from .lock import FolderLocked
-    from .train import CheckpointError, Interrupted, ResumeRequired
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
-    try:
+    with _refusals():
         cfg = build_config(preset, Overrides(**options))
         preflight(cfg, device)
         opts = RunOptions(
             out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
         )
         summary = run_grid(cfg, opts)
-    except Interrupted as e:
-        _fail(f"{e}; rerun the same command with --resume to continue", 128 + e.signum)
-        return
-    except (ResumeRequired, CheckpointError, FolderLocked, ValueError, OSError) as e:
-        _fail(str(e))
-        return
     if not _leave_process_group():
         return  # a torchrun rank other than 0: rank 0 reports
     from .report import load_rows, print_table, write_report
@@ -486,67 +479,64 @@ def _report_extend(out: Path, group: str | None, plots: bool, readme: Path | Non
         _fail(str(e))
 
 
+_X_METHODS = _opt(
+    None,
+    "--methods",
+    help="RoPE methods: none (unscaled), linear (PI), ntk, yarn, longrope, dynamic.",
+    show_default="all six",
+)
+_X_ENCODINGS = _opt(
+    None,
+    "--encodings",
+    "-e",
+    help="Grid encodings to extend (rotary ones with every method, the others unchanged).",
+    show_default="rope,alibi,t5,kerple,fire,sandwich",
+)
+_X_REFERENCE = _opt(
+    None,
+    "--reference",
+    help="Encodings trained from scratch at the target length (the bar); 'none' for none.",
+    show_default="rope",
+)
+
+
 @lab_app.command("extend")
 def extend(
     out: Path = _OUT,
-    group: str | None = typer.Option(
-        None, "--group", "-g", help="The grid to extend (hash prefix); default: the newest."
-    ),
-    target: float = typer.Option(4.0, "--target", help="Fine-tune length as a multiple of L."),
-    steps: int | None = typer.Option(
-        None, "--steps", min=1, help="Fine-tune steps.", show_default="2% of the grid's steps"
-    ),
-    lr: float | None = typer.Option(
-        None, "--lr", help="Constant fine-tune learning rate.", show_default="the grid's final"
-    ),
-    methods: str | None = typer.Option(
-        None,
-        "--methods",
-        help="RoPE methods: none (unscaled), linear (PI), ntk, yarn, longrope, dynamic.",
-        show_default="all six",
-    ),
-    encodings: str | None = typer.Option(
-        None,
-        "--encodings",
-        "-e",
-        help="Grid encodings to extend (rotary ones with every method, the others unchanged).",
-        show_default="rope,alibi,t5,kerple,fire,sandwich",
-    ),
-    reference: str | None = typer.Option(
-        None,
-        "--reference",
-        help="Encodings trained from scratch at the target length (the bar); 'none' for none.",
-        show_default="rope",
-    ),
-    curve: str | None = typer.Option(
-        None, "--curve", help="Fine-tune steps evaluated at the target length (e.g. 1,2,5)."
-    ),
+    group: str | None = _opt(None, "--group", "-g", help="The grid (hash prefix).",
+                             show_default="the newest"),
+    target: float = _opt(4.0, "--target", help="Fine-tune length as a multiple of L."),
+    steps: int | None = _opt(None, "--steps", min=1, help="Fine-tune steps.",
+                             show_default="2% of the grid's steps"),
+    lr: float | None = _opt(None, "--lr", help="Constant fine-tune learning rate.",
+                            show_default="the grid's final"),
+    methods: str | None = _X_METHODS,
+    encodings: str | None = _X_ENCODINGS,
+    reference: str | None = _X_REFERENCE,
+    curve: str | None = _opt(None, "--curve", help="Fine-tune steps evaluated at the target "
+                             "length (e.g. 1,2,5).", show_default="1,2,5,10,... below --steps"),
     resume: bool = _RESUME,
     restart: bool = _RESTART,
-    threads: int | None = typer.Option(
-        None, "--threads", min=1, help="torch CPU threads.", show_default="the grid's"
-    ),
+    threads: int | None = _opt(None, "--threads", min=1, help="torch CPU threads.",
+                               show_default="the grid's"),
     device: str = _DEVICE,
     quiet: bool = _QUIET,
     plots: bool = _PLOTS,
-) -> None:
+) -> None:  # fmt: skip
     """Fine-tune the grid's finished cells at a longer length with each RoPE method (and the
     bias encodings unchanged): zero-shot vs fine-tuned, and the steps to come within 0.02 bits
     of a model trained at that length from scratch. Resumable; rows go to the grid's store."""
     from .experiment import RunOptions
     from .extend import ExtendConfig, run_extend
     from .extend_report import extend_rows, print_extend_table, write_extend_report
-    from .lock import FolderLocked
-    from .train import CheckpointError, Interrupted, ResumeRequired
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
-    try:
+    with _refusals():
         given: dict[str, Any] = {}
-        if methods is not None:
-            given["methods"] = tuple(_csv(methods) or ())
-        if encodings is not None:
-            given["encodings"] = tuple(_csv(encodings) or ())
+        for name, value in (("methods", methods), ("encodings", encodings)):
+            if value is not None:
+                given[name] = tuple(_csv(value) or ())
         if reference is not None:
             none = reference.strip().lower() == "none"
             given["reference"] = () if none else tuple(_csv(reference) or ())
@@ -557,18 +547,28 @@ def extend(
             out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
         )
         summary = run_extend(cfg, opts, group=group)
-    except Interrupted as e:
-        _fail(f"{e}; rerun the same command with --resume to continue", 128 + e.signum)
-        return
-    except (ResumeRequired, CheckpointError, FolderLocked, ValueError, OSError) as e:
-        _fail(str(e))
-        return
     rows = extend_rows(out, summary.group)
     if not quiet:
         print_extend_table(rows)
     written = write_extend_report(out, rows, plots=plots)
     if not quiet:
         print("wrote " + ", ".join(str(p) for p in written.values()))
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """What a run refuses or is stopped by, as a one-line error: a signal (exit 128 + signum,
+    with the --resume hint), an interrupted run to resume or restart, a folder in use, a bad
+    value, a file."""
+    from .lock import FolderLocked
+    from .train import CheckpointError, Interrupted, ResumeRequired
+
+    try:
+        yield
+    except Interrupted as e:
+        _fail(f"{e}; rerun the same command with --resume to continue", 128 + e.signum)
+    except (ResumeRequired, CheckpointError, FolderLocked, ValueError, OSError) as e:
+        _fail(str(e))
 
 
 def _int_list(option: str, value: str) -> list[int]:

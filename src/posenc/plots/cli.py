@@ -224,34 +224,32 @@ def _group_option() -> Any:
     return typer.Option(None, help="result group (default: the newest that applies)")
 
 
-@plot_app.command("length")
-def length(
-    out: Path = _out("length.png"),
-    results: Path = _lab_results_option(),
-    group: str | None = _group_option(),
-) -> None:
-    """Training for length: randomized positions, PoSE, CoPE, NoPE layers (`posenc lab -e length`)."""
-    _write(_make("length", results=str(results), group=group), _check_out(out))
+def _lab_question_command(kind: str, help_text: str) -> None:
+    """``posenc plot <kind>``: a lab figure drawn from the newest results that answer its
+    question (or ``--group``), one command per kind from one definition."""
+
+    def command(
+        out: Path = _out(f"{kind}.png"),
+        results: Path = _lab_results_option(),
+        group: str | None = _group_option(),
+    ) -> None:
+        _write(_make(kind, results=str(results), group=group), _check_out(out))
+
+    command.__doc__ = help_text
+    plot_app.command(kind)(command)
 
 
-@plot_app.command("extend")
-def extend(
-    out: Path = _out("extend.png"),
-    results: Path = _lab_results_option(),
-    group: str | None = _group_option(),
-) -> None:
-    """Extension by fine-tuning: loss vs fine-tune steps per method (`posenc lab extend`)."""
-    _write(_make("extend", results=str(results), group=group), _check_out(out))
-
-
-@plot_app.command("passkey")
-def passkey(
-    out: Path = _out("passkey.png"),
-    results: Path = _lab_results_option(),
-    group: str | None = _group_option(),
-) -> None:
-    """Passkey retrieval: accuracy over length x depth per encoding (`posenc lab --task passkey`)."""
-    _write(_make("passkey", results=str(results), group=group), _check_out(out))
+_lab_question_command(
+    "length", "Training for length: randomized positions, PoSE, CoPE, NoPE layers "
+    "(`posenc lab --encodings length`)."
+)  # fmt: skip
+_lab_question_command(
+    "extend", "Extension by fine-tuning: loss vs fine-tune steps per method (`posenc lab extend`)."
+)
+_lab_question_command(
+    "passkey", "Passkey retrieval: accuracy over length x depth per encoding "
+    "(`posenc lab --task passkey`)."
+)  # fmt: skip
 
 
 @plot_app.command("all")
