@@ -134,7 +134,10 @@ def test_jobs_scale_rope_by_the_target_factor_and_leave_biases_unchanged(grid):
             assert scaling["rope_type"] == job.method and scaling["factor"] == 4.0
     longrope = method_model(bases[0], "longrope", 64).encoding_kwargs["scaling"]
     assert len(longrope["long_factor"]) == 8  # head_dim 16: 8 rotated pairs
-    assert todo[-1].train == bases[0].train  # the reference trains like the grid, at T
+    # The reference: the grid's steps and tokens per step, in sequences 4x as long.
+    ref, grid_train = todo[-1].train, bases[0].train
+    assert ref.batch_size == 1 and ref.steps == grid_train.steps and ref.lr == grid_train.lr
+    assert ref.batch_size * 64 == grid_train.batch_size * 16
 
 
 def test_extend_rows_and_table(extended):
@@ -158,7 +161,7 @@ def test_extend_rows_and_table(extended):
     assert header[0] == "extension" and header[-1].startswith("steps to scratch+0.02")
     assert header[-2].endswith("− scratch @2L")
     assert [b[0] for b in body][:3] == ["rope", "rope + PI", "alibi"]
-    assert body[-1][0].startswith("rope @32 from scratch")
+    assert body[-1][0] == "rope @32 from scratch (60 steps x 2 x 32)"
 
 
 def test_steps_to_reference_reads_the_first_step_within_tolerance(extended):
@@ -265,3 +268,21 @@ def test_lab_report_question_extend_writes_the_readme_block(extended, tmp_path):
     assert r.exit_code == 2 and "no passkey results" in r.output
     r = CliRunner().invoke(app, [*args, "--question", "width"])
     assert r.exit_code == 2 and "--question must be one of" in r.output
+
+
+def test_rows_of_an_older_configuration_stay_their_own_line(extended):
+    import copy
+
+    rows = extend_rows(extended)
+    old = copy.deepcopy(next(r for r in rows if r["kind"] == REFERENCE))
+    old["identity"]["train"]["batch_size"] = 99  # as if written before a change of the bar
+    for result in old["eval"]["variants"]["base"]["results"].values():
+        result["bits"] = 0.0
+    lines = extend_lines([old, *rows])
+    refs = [x for x in lines if x.kind == REFERENCE]
+    assert len(refs) == 2  # not averaged together
+    tuned = next(x for x in lines if x.label == "rope")
+    from posenc.lab.extend_report import reference_for
+
+    assert reference_for(tuned, lines) is refs[-1]  # the newest is the bar
+    assert refs[-1].bits(refs[-1].steps, refs[-1].target_len) != 0.0

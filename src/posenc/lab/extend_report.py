@@ -14,6 +14,7 @@ from typing import Any
 
 from .._markdown import markdown_table, replace_block
 from .extend import EXTEND, REFERENCE
+from .presets import stable_hash
 from .store import RESULTS_FILE, ResultStore
 
 REPORT_DIR = "report"
@@ -70,9 +71,15 @@ class ExtendLine:
 
 
 def extend_lines(rows: list[dict[str, Any]]) -> list[ExtendLine]:
-    lines: dict[tuple[str, str], ExtendLine] = {}
+    """One line per method (or reference) and configuration, its seeds together.
+
+    Keyed by what was run (the model and training configuration), not only the label: rows of
+    an older configuration left in the store by a rerun after a change stay a line of their own
+    instead of being averaged with the new ones."""
+    lines: dict[tuple[str, str, str], ExtendLine] = {}
     for r in rows:
-        key = (r["kind"], r["label"])
+        ident = r["identity"]
+        key = (r["kind"], r["label"], stable_hash({"m": ident["model"], "t": ident["train"]}))
         line = lines.setdefault(
             key,
             ExtendLine(
@@ -85,10 +92,10 @@ def extend_lines(rows: list[dict[str, Any]]) -> list[ExtendLine]:
 
 def reference_for(line: ExtendLine, lines: list[ExtendLine]) -> ExtendLine | None:
     """The from-scratch model a method is measured against: the same encoding's if trained,
-    else the first one."""
+    else any; the newest such line (rows are in the order written)."""
     refs = [x for x in lines if x.kind == REFERENCE]
     same = [x for x in refs if x.encoding_name == line.encoding_name]
-    return (same or refs or [None])[0]
+    return (same or refs or [None])[-1]
 
 
 def steps_to_reference(line: ExtendLine, ref: ExtendLine | None, tolerance: float = 0.02) -> str:
@@ -139,7 +146,9 @@ def extend_table(
         body.append(cells)
     for line in lines:
         if line.kind == REFERENCE:
-            cells = [f"{line.label} ({line.steps} steps)"] + [""] * len(lengths)
+            batch = line.by_step[line.steps][0]["identity"]["train"]["batch_size"]
+            what = f"{line.steps} steps x {batch} x {line.target_len}"
+            cells = [f"{line.label} ({what})"] + [""] * len(lengths)
             cells += [_fmt(line.bits(line.steps, n)) for n in lengths] + ["—", "—"]
             body.append(cells)
     return header, body
@@ -171,7 +180,8 @@ def describe_extend(rows: list[dict[str, Any]]) -> str:
         f"Trained at L={r['train_len']}, fine-tuned at {r['target_len']} for {tune['steps']} "
         f"steps of {tune['tokens_per_step']:,} tokens (constant lr {lr:g}); test bits per "
         f"{unit}, mean over {len(seeds)} seed(s). Scratch: a model of the same shape trained at "
-        "the target length from scratch with the grid's steps and batch; the last two columns "
+        "the target length from scratch with the grid's steps and tokens per step (the grid's "
+        "token budget in longer sequences); the last two columns "
         "are the loss above it at the target length after the fine-tune, and the first "
         "evaluated fine-tune step at which the loss there is within the tolerance of it."
     )

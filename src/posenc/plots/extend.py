@@ -50,9 +50,9 @@ def extend_data(rows: list[dict[str, Any]], tolerance: float = 0.02) -> dict[str
     for line in lines:
         by_length = [nan(line.bits(line.steps, n)) for n in lengths]
         if line.kind == REFERENCE:
-            if out["reference"] is None:
-                target = nan(line.bits(line.steps, line.target_len))
-                out["reference"] = {"label": line.label, "target_bits": target, "bits": by_length}
+            # The newest reference (a store may keep an older configuration's too).
+            target = nan(line.bits(line.steps, line.target_len))
+            out["reference"] = {"label": line.label, "target_bits": target, "bits": by_length}
             continue
         curve = line.curve()
         out["methods"].append(
