@@ -306,3 +306,29 @@ def test_cpu_preset_runs_three_seeds_and_cpu_small_one():
     assert build_config("cpu-small", Overrides(seeds=3)).seeds == (0, 1, 2)
     with pytest.raises(ValueError, match="--seeds"):
         build_config("cpu", Overrides(seeds=0))
+
+
+def test_a_group_with_lab_options_goes_to_the_length_block(tmp_path):
+    """The length grid's plain rope row is its baseline: the group is 'length' as a whole, and
+    its README table goes between the lab:length lines, never over the main table."""
+    rows = fake_rows(1)
+    assert R.question_of_rows(rows) == "extrapolation"
+    rows[-1]["lab_options"] = {"positions": "pose"}
+    rows[-1]["length_method"] = "pose"
+    assert R.question_of(rows[0]) == "extrapolation" and R.question_of_rows(rows) == "length"
+    readme = tmp_path / "R.md"
+    blocks = (
+        "<!-- lab:table -->\nmain\n<!-- /lab:table -->\n<!-- lab:length -->\n<!-- /lab:length -->\n"
+    )
+    readme.write_text(blocks)
+    R.write_readme_table(readme, rows)
+    text = readme.read_text()
+    assert "<!-- lab:table -->\nmain\n<!-- /lab:table -->" in text  # untouched
+    assert text.index("| encoding") > text.index("<!-- lab:length -->")
+    store = tmp_path / "out"
+    from posenc.lab.store import ResultStore
+
+    for i, row in enumerate(rows):
+        ResultStore(store / "results.jsonl").append({**row, "config_hash": f"c{i}"})
+    assert R.newest_group(store, "length") == "g0"
+    assert R.newest_group(store, "extrapolation") is None

@@ -52,3 +52,15 @@ def test_chinese_readme_code_is_the_english_readmes() -> None:
     english = [(lang, code) for _, lang, code in code_blocks(READMES[0])]
     chinese = [(lang, code) for _, lang, code in code_blocks(READMES[1])]
     assert chinese == english
+
+
+def test_readme_images_exist() -> None:
+    """Every image the READMEs show is a committed PNG (the lab's figures under docs/results,
+    written by `posenc plot extend` / `posenc plot passkey` from the runs the tables come from)."""
+    import re
+
+    for path in READMES:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", path.read_text(encoding="utf-8")):
+            image = path.parent / target
+            assert image.is_file(), f"{path.name} shows {target}, which does not exist"
+            assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", target

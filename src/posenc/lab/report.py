@@ -61,6 +61,13 @@ def question_of(row: dict[str, Any]) -> str:
     return "extrapolation"
 
 
+def question_of_rows(rows: list[dict[str, Any]]) -> str:
+    """The question a group's rows answer together: ``length`` when any row uses a lab option
+    (its plain ``rope`` row is the baseline of that table), else their common one."""
+    asked = {question_of(r) for r in rows}
+    return "length" if "length" in asked else asked.pop()
+
+
 def newest_group(out: str | Path, question: str) -> str | None:
     """The group of the newest grid row of a group that answers ``question``, if any.
 
@@ -69,13 +76,11 @@ def newest_group(out: str | Path, question: str) -> str | None:
     if question not in QUESTIONS:
         raise ValueError(f"unknown question {question!r}; choose one of {', '.join(QUESTIONS)}")
     rows = grid_store_rows(out)
-    asked: dict[str, set[str]] = {}
+    by_group: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        asked.setdefault(r["group"], set()).add(question_of(r))
+        by_group.setdefault(r["group"], []).append(r)
     for r in reversed(rows):
-        got = asked[r["group"]]
-        answer = "length" if "length" in got else next(iter(got))
-        if answer == question:
+        if question_of_rows(by_group[r["group"]]) == question:
             return str(r["group"])
     return None
 
@@ -360,7 +365,7 @@ def write_readme_table(path: str | Path, rows: list[dict[str, Any]]) -> Path:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
-    question = question_of(rows[0])
+    question = question_of_rows(rows)
     if question == "passkey":
         from ..plots.passkey import passkey_table
 
@@ -462,7 +467,7 @@ def write_report(
         except ImportError:  # the plots extra is not installed: the table and CSV only
             return written
         written["plot"] = save_figure(draw_lab(lab_data(rows=rows)), folder / "lab.png")
-        if question_of(rows[0]) == "passkey":
+        if question_of_rows(rows) == "passkey":
             from ..plots.passkey import write_passkey_figure
 
             written["passkey"] = write_passkey_figure(rows, folder / "passkey.png")
