@@ -443,6 +443,25 @@ def grid_rows(out: Path, group: str | None = None) -> list[dict[str, Any]]:
     return picked
 
 
+def _bases(
+    cfg: ExtendConfig, opts: RunOptions, group: str | None
+) -> tuple[ExtendConfig, list[_Base]]:
+    """``cfg`` resolved against the grid's training, and the grid's cells to extend; the grid's
+    thread count unless ``opts`` sets one (cpu-small: one thread, measured)."""
+    rows = grid_rows(opts.out, group)
+    if opts.threads is None and rows and rows[0].get("runtime", {}).get("threads") == 1:
+        torch.set_num_threads(1)
+    cfg = resolve(cfg, TrainConfig(**rows[0]["identity"]["train"]["train"])) if rows else cfg
+    bases = base_cells(rows, cfg.encodings)
+    if not bases:
+        raise ValueError(
+            f"no finished cell of {', '.join(cfg.encodings)} in {opts.out / RESULTS_FILE}"
+            + (f" (group {group})" if group else "")
+            + "; run `posenc lab` first"
+        )
+    return cfg, bases
+
+
 def run_extend(
     cfg: ExtendConfig,
     opts: RunOptions,
@@ -457,9 +476,8 @@ def run_extend(
     ``ResumeRequired`` / ``CheckpointError`` / ``FolderLocked`` as ``posenc lab`` does.
     """
     t_start = time.perf_counter()
-    threads = opts.threads
-    if threads is not None:
-        torch.set_num_threads(threads)
+    if opts.threads is not None:
+        torch.set_num_threads(opts.threads)
     dist = init_distributed(opts.device)
     if dist.enabled:
         raise ValueError("posenc lab extend runs in one process (not under torchrun)")
@@ -469,17 +487,7 @@ def run_extend(
         if say is not None:
             say(msg)
 
-    rows = grid_rows(opts.out, group)
-    if threads is None and rows and rows[0].get("runtime", {}).get("threads") == 1:
-        torch.set_num_threads(1)  # the grid's setting (cpu-small: one thread, measured)
-    cfg = resolve(cfg, TrainConfig(**rows[0]["identity"]["train"]["train"])) if rows else cfg
-    bases = base_cells(rows, cfg.encodings)
-    if not bases:
-        raise ValueError(
-            f"no finished cell of {', '.join(cfg.encodings)} in {opts.out / RESULTS_FILE}"
-            + (f" (group {group})" if group else "")
-            + "; run `posenc lab` first"
-        )
+    cfg, bases = _bases(cfg, opts, group)
     todo = jobs(bases, cfg)
     ext_group = stable_hash({"base": bases[0].row["group"], "extend": asdict(cfg)})
     summary = ExtendSummary(group=ext_group)

@@ -140,9 +140,9 @@ def _lab(results: str = "runs/lab", group: str | None = None) -> Figure:
 
 
 def _length(results: str = "runs/lab", group: str | None = None) -> Figure:
-    from .lab import draw_lab, lab_data
+    from .lab import LENGTH_CAPTION, draw_lab, lab_data
 
-    return draw_lab(lab_data(rows=_rows_or_raise("length", results, group)))
+    return draw_lab(lab_data(rows=_rows_or_raise("length", results, group)), LENGTH_CAPTION)
 
 
 def _extend(results: str = "runs/lab", group: str | None = None) -> Figure:

@@ -33,7 +33,17 @@ DEFAULT_LAB_OUT = Path("runs/lab")
 CAPTION = (
     "Look at: lines that stay flat past the dotted training length extrapolate; a curve that "
     "climbs after it (bottom) shows where an encoding breaks. Right: the inference-time "
-    "variants beside their base model, without retraining."
+    "variants beside their base model, without retraining. Published (ALiBi paper, "
+    "WikiText-103): sinusoidal breaks hardest past L, RoPE degrades, ALiBi stays flat."
+)
+
+#: The caption of the same drawing for the training-time length methods (``posenc plot length``).
+LENGTH_CAPTION = (
+    "Look at: each method's line against its plain encoding's past the dotted training length. "
+    "Published: randomized positions let models trained on short inputs solve longer ones "
+    "(Ruoss et al. 2023, algorithmic tasks); PoSE extends a model to the length its positions "
+    "covered with training at the original length (Zhu et al. 2024); Llama-4 interleaves NoPE "
+    "layers with a query temperature for long inputs."
 )
 
 #: Added to :data:`CAPTION` when the figure draws intervals (two or more seeds of some line).
@@ -207,9 +217,10 @@ def _panel(
     ax.grid(True, alpha=0.3)
 
 
-def draw_lab(data: dict[str, Any]) -> Figure:
+def draw_lab(data: dict[str, Any], caption: str = CAPTION) -> Figure:
     """Four panels (module docstring): loss vs eval length and loss by position (rows), as
-    trained and inference-time variants (columns); one legend per column."""
+    trained and inference-time variants (columns); one legend per column. ``caption``: the
+    first part of the caption (the interval note follows where intervals are drawn)."""
     fig, axes = new_figure(2, 2, width=13.5, height=9.0)
     L, unit, n = data["train_len"], data["unit"], data["curves"]["length"]
     base_style, variant_style = lab_styles(data["lines"])
@@ -240,5 +251,5 @@ def draw_lab(data: dict[str, Any]) -> Figure:
         label_axes(bottom, bottom_title, "position in the window (log2)", f"loss (bits per {unit})")
         top.legend(fontsize=7, loc="best", ncol=2 if len(shown) > 8 else 1)
     intervals = any(np.isfinite(x.get("ci", [])).any() for x in data["lines"])
-    add_caption(fig, CAPTION + (" " + CI_CAPTION if intervals else ""))
+    add_caption(fig, caption + (" " + CI_CAPTION if intervals else ""))
     return fig
