@@ -152,7 +152,8 @@ class ExtendSummary:
 
 def default_curve(steps: int) -> tuple[int, ...]:
     """1, 2, 5, 10, 20, 50, ... below ``steps``: log-spaced points of the recovery curve."""
-    out, k = [], 1
+    out: list[int] = []
+    k = 1
     while True:
         for m in (1, 2, 5):
             if m * k >= steps:

@@ -95,7 +95,8 @@ def reference_for(line: ExtendLine, lines: list[ExtendLine]) -> ExtendLine | Non
     else any; the newest such line (rows are in the order written)."""
     refs = [x for x in lines if x.kind == REFERENCE]
     same = [x for x in refs if x.encoding_name == line.encoding_name]
-    return (same or refs or [None])[-1]
+    pick = same or refs
+    return pick[-1] if pick else None
 
 
 def steps_to_reference(line: ExtendLine, ref: ExtendLine | None, tolerance: float = 0.02) -> str:

@@ -181,14 +181,14 @@ def noise_marks(lines: list[TableRow], lengths: list[int]) -> dict[tuple[int, in
             for i, line in enumerate(lines)
             if line.variant == "base"
         ]
-        stats = [s for s in stats if s[1] is not None]
-        if not stats:
+        known = [(i, m, h) for i, m, h in stats if m is not None]
+        if not known:
             continue
-        best, best_mean, best_half = min(stats, key=lambda s: s[1])
+        best, best_mean, best_half = min(known, key=lambda s: s[1])
         if best_half is None:  # a lower mean with no interval: nothing can be called a tie
             continue
         marks[(best, n)] = "best"
-        for i, mean, half in stats:
+        for i, mean, half in known:
             if i == best or half is None:  # a line without an interval cannot be placed
                 continue
             if intervals_overlap((mean, half), (best_mean, best_half)):

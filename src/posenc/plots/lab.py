@@ -207,8 +207,10 @@ def _panel(
         if ok.any():
             ax.plot(x[ok], y[ok], ms=3.5, lw=1.3, label=label, **styles[label])
         half = bands[k] if bands is not None else None
-        bar = ok & np.isfinite(half) if half is not None else None
-        if bar is not None and bar.any():
+        if half is None:
+            continue
+        bar = ok & np.isfinite(half)
+        if bar.any():
             ax.errorbar(x[bar], y[bar], yerr=half[bar], fmt="none", ecolor=styles[label]["color"],
                         elinewidth=1.0, capsize=0, alpha=0.7)  # fmt: skip
     ax.axvline(L, color="0.4", ls=":", lw=1)
