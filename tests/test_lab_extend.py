@@ -286,3 +286,28 @@ def test_rows_of_an_older_configuration_stay_their_own_line(extended):
 
     assert reference_for(tuned, lines) is refs[-1]  # the newest is the bar
     assert refs[-1].bits(refs[-1].steps, refs[-1].target_len) != 0.0
+
+
+def test_extend_a_passkey_grid_keeps_the_heatmap(tmp_path, monkeypatch):
+    """A grid on the passkey task (its eval identity holds the heatmap settings) extends too,
+    and the fine-tuned models get their length x depth heatmap."""
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
+    cfg = P.LabConfig(
+        encodings=("rope",),
+        train_len=16,
+        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
+        train=P.TrainConfig(steps=4, batch_size=4, warmup_steps=1),
+        data=P.DataConfig(source="task", task="passkey"),
+        eval=P.EvalConfig(lengths=("1x", "2x"), tokens=64, batch_tokens=64, rope_scalings=()),
+        threads=1,
+    )
+    out = tmp_path / "pk"
+    run_grid(cfg, RunOptions(out=out, quiet=True))
+    ext = ExtendConfig(target=2.0, steps=2, methods=("none", "yarn"), encodings=("rope",),
+                       reference=())  # fmt: skip
+    summary = run_extend(ext, RunOptions(out=out, quiet=True))
+    assert summary.written == 2 * 3  # zero-shot, step 1, step 2 for each method
+    for row in extend_rows(out):
+        heat = row["eval"]["variants"]["base"]["passkey"]
+        assert len(heat["acc"]) == len(row["eval"]["lengths"])
+        assert row["identity"]["model"]["max_len"] == 32

@@ -36,7 +36,7 @@ import datetime as _dt
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -299,13 +299,19 @@ class _Extend:
         return ResultStore(self.opts.out / RESULTS_FILE)
 
     def eval_config(self, base: _Base) -> EvalConfig:
-        ev = EvalConfig(**{**base.row["identity"]["eval"]})
-        lengths = tuple(ev.lengths)
-        return replace(ev, lengths=lengths, rope_scalings=(), learned_interp=False)
+        """The grid's evaluation without its inference-time variants (the fine-tuned model is
+        evaluated as it is). The grid's eval identity may hold more than EvalConfig's fields
+        (the passkey task's heatmap settings): those enter :meth:`key_hash`, not the config."""
+        ident = base.row["identity"]["eval"]
+        ev = EvalConfig(**{f.name: ident[f.name] for f in fields(EvalConfig) if f.name in ident})
+        return replace(ev, lengths=tuple(ev.lengths), rope_scalings=(), learned_interp=False)
 
     def key_hash(self, job: _Job, step: int, lengths: list[int]) -> str:
+        extra = {k: v for k, v in job.base.row["identity"]["eval"].items()
+                 if k not in {f.name for f in fields(EvalConfig)}}  # fmt: skip
         return stable_hash({"job": job.identity, "step": step, "lengths": lengths,
-                            "eval": asdict(self.eval_config(job.base))})  # fmt: skip
+                            "eval": asdict(self.eval_config(job.base)),
+                            **({"eval_extra": extra} if extra else {})})  # fmt: skip
 
     def measure(self, job: _Job, step: int, model: Any, lengths: list[int], t0: float) -> None:
         """Evaluate ``model`` (``job`` after ``step`` steps) at ``lengths``; one stored row."""
