@@ -214,5 +214,19 @@ def test_hugging_face_without_datasets_is_a_clear_error(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(RuntimeError, match="needs the `datasets` package"):
+    with pytest.raises(D.DataUnavailable, match="needs the `datasets` package"):
         D.load_data(DataConfig(source="hf", dataset="wikitext"))
+
+
+def test_cli_missing_dataset_is_one_line(monkeypatch, tmp_path):
+    import sys
+
+    from typer.testing import CliRunner
+
+    from posenc.cli import app
+
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    r = CliRunner().invoke(app, ["lab", "--dataset", "wikitext", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "needs the `datasets` package" in r.output
+    assert "Traceback" not in r.output

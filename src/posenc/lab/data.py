@@ -74,6 +74,13 @@ class LabData(Protocol):
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
+class DataUnavailable(RuntimeError, ValueError):
+    """The data a grid names cannot be read here (a package or a cached dataset is missing).
+
+    A ValueError too, so the CLI reports it in one line like any other bad option; still a
+    RuntimeError for callers that caught that before."""
+
+
 def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
     """A generator seeded by ``(seed, step, salt)``: batches are pure functions of the step.
 
@@ -327,14 +334,14 @@ def hf_corpus(cfg: DataConfig) -> ByteCorpus:
         try:
             import datasets
         except ImportError:
-            raise RuntimeError(
+            raise DataUnavailable(
                 f"--dataset {cfg.dataset!r} needs the `datasets` package (pip install datasets) "
                 "and the dataset in its local cache"
             ) from None
         try:
             ds = datasets.load_dataset(name, config or None)
         except Exception as e:
-            raise RuntimeError(
+            raise DataUnavailable(
                 f"could not load Hugging Face dataset {cfg.dataset!r} from the local cache: {e}"
             ) from e
     finally:
