@@ -52,8 +52,17 @@ def test_resolve_fills_defaults_from_the_grid_and_refuses_bad_values():
     for bad, match in (
         (ExtendConfig(target=1.0), "target"),
         (ExtendConfig(steps=0), "steps"),
-        (ExtendConfig(methods=("pi",)), "unknown RoPE method"),
+        (ExtendConfig(methods=("pi",)), "RoPE methods must be some of"),
+        (ExtendConfig(methods=("default",)), "RoPE methods must be some of"),  # = none
+        (ExtendConfig(methods=()), "RoPE methods must be some of"),
+        (ExtendConfig(encodings=()), "no encodings"),
         (ExtendConfig(encodings=("nope-such",)), "nope-such"),
+        (ExtendConfig(encodings=("xpos",)), "'xpos' cannot be extended"),
+        (ExtendConfig(encodings=("learned",)), "'learned' cannot be extended"),
+        (ExtendConfig(encodings=("rope",), reference=("alibi",)), "must also be extended"),
+        (ExtendConfig(target=float("inf")), "target"),
+        (ExtendConfig(target=float("nan")), "target"),
+        (ExtendConfig(target=1e9), "target"),
         (ExtendConfig(steps=10, curve=(10,)), "curve steps"),
         (ExtendConfig(lr=-1.0), "lr"),
     ):
@@ -311,3 +320,57 @@ def test_extend_a_passkey_grid_keeps_the_heatmap(tmp_path, monkeypatch):
         heat = row["eval"]["variants"]["base"]["passkey"]
         assert len(heat["acc"]) == len(row["eval"]["lengths"])
         assert row["identity"]["model"]["max_len"] == 32
+
+
+def test_reference_needs_whole_sequences_and_a_plain_cell(grid):
+    from dataclasses import replace as _replace
+
+    from posenc.lab.extend import same_tokens
+
+    train = P.TrainConfig(batch_size=6)
+    with pytest.raises(ValueError, match="whole sequences"):
+        same_tokens(train, 16, 64)  # 6 x 16 = 96 tokens are not whole sequences of 64
+    assert same_tokens(train, 16, 48).batch_size == 2
+    _, out = grid
+    bases = base_cells(grid_rows(out), ("rope", "alibi"))
+    cfg = resolve(ExtendConfig(target=4.0, steps=4), bases[0].train)
+    # A rope cell with options is extended but is not the bar for plain RoPE.
+    tuned = _replace(bases[0], row={**bases[0].row, "encoding": "rope:base=500"})
+    kinds = [(j.kind, j.base.label) for j in jobs([tuned, bases[1]], cfg)]
+    assert (REFERENCE, "rope:base=500") not in kinds and kinds[0] == (EXTEND, "rope:base=500")
+
+
+def test_new_methods_and_curve_points_join_the_same_table(grid, tmp_path):
+    """A rerun with another method adds its lines to the table; one with another curve
+    measures the new points (training again, deterministically) instead of skipping."""
+    _, out = grid
+    ext = tmp_path / "more"
+    shutil.copytree(out, ext)
+    base = dict(target=2.0, steps=6, encodings=("rope",), reference=("rope",))
+    opts = RunOptions(out=ext, quiet=True, threads=1)
+    first = run_extend(ExtendConfig(**base, methods=("none",), curve=(2,)), opts)
+    second = run_extend(ExtendConfig(**base, methods=("none", "linear"), curve=(2,)), opts)
+    assert second.group == first.group
+    labels = [x.label for x in extend_lines(extend_rows(ext))]
+    assert labels == ["rope", "rope @32 from scratch", "rope + PI"]
+    _, body = extend_table(extend_rows(ext))
+    assert all(cells[-1] != "n/a" for cells in body if "scratch" not in cells[0])
+    third = run_extend(ExtendConfig(**base, methods=("none",), curve=(2, 3)), opts)
+    assert third.written == 1  # the step-3 row of `rope`, nothing else
+    steps = sorted(r["step"] for r in extend_rows(ext) if r["label"] == "rope")
+    assert steps == [0, 2, 3, 6]
+
+
+def test_a_seed_that_stopped_early_is_not_averaged(extended):
+    import copy
+
+    rows = extend_rows(extended)
+    line = next(x for x in extend_lines(rows) if x.label == "rope + PI")
+    want = line.bits(0, 16)
+    # Seed 1 of the same line stopped after its zero-shot row: the line stays seed 0's.
+    extra = copy.deepcopy(next(r for r in rows if r["label"] == "rope + PI" and r["step"] == 0))
+    extra["seed"] = 1
+    for result in extra["eval"]["variants"]["base"]["results"].values():
+        result["bits"] += 1.0
+    again = next(x for x in extend_lines([*rows, extra]) if x.label == "rope + PI")
+    assert again.seeds == {0} and again.bits(0, 16) == want

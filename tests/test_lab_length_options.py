@@ -133,6 +133,7 @@ def test_unknown_options_name_the_encodings_and_the_labs() -> None:
         ("rope:temperature=llama3", r"temperature must be one of llama4, ministral, got 'llama3'"),
         ("rope:temperature=llama4", r"temperature=llama4 .* add nope_every=N"),
         ("none:positions=randomized", r"'none' reads no position ids"),
+        ("cope:positions=pose", r"'cope' reads no position ids"),
     ],
 )
 def test_bad_labels_fail_before_anything_trains(label: str, match: str) -> None:

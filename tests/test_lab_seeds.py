@@ -308,27 +308,42 @@ def test_cpu_preset_runs_three_seeds_and_cpu_small_one():
         build_config("cpu", Overrides(seeds=0))
 
 
-def test_a_group_with_lab_options_goes_to_the_length_block(tmp_path):
-    """The length grid's plain rope row is its baseline: the group is 'length' as a whole, and
-    its README table goes between the lab:length lines, never over the main table."""
-    rows = fake_rows(1)
-    assert R.question_of_rows(rows) == "extrapolation"
-    rows[-1]["lab_options"] = {"positions": "pose"}
-    rows[-1]["length_method"] = "pose"
-    assert R.question_of(rows[0]) == "extrapolation" and R.question_of_rows(rows) == "length"
-    readme = tmp_path / "R.md"
-    blocks = (
-        "<!-- lab:table -->\nmain\n<!-- /lab:table -->\n<!-- lab:length -->\n<!-- /lab:length -->\n"
-    )
-    readme.write_text(blocks)
-    R.write_readme_table(readme, rows)
-    text = readme.read_text()
-    assert "<!-- lab:table -->\nmain\n<!-- /lab:table -->" in text  # untouched
-    assert text.index("| encoding") > text.index("<!-- lab:length -->")
-    store = tmp_path / "out"
+def test_default_and_length_grids_in_one_folder_each_keep_their_table(tmp_path):
+    """`posenc lab` and `posenc lab -e length` into one folder share a group (a group is the
+    grid minus its encodings): each question takes its own rows of it, and each README block
+    gets its own table, never the other's."""
     from posenc.lab.store import ResultStore
 
+    rows = fake_rows(1)  # rope, alibi, none: a default grid
+    assert R.question_of_rows(rows) == "extrapolation"
+    pose = {**fake_row("rope", 0), "encoding": "rope:positions=pose", "config_hash": "p0"}
+    pose.update(lab_options={"positions": "pose"}, length_method="pose")
+    rows.append(pose)
+    assert R.question_of(rows[0]) == "extrapolation" and R.question_of(pose) == "length"
+    assert R.question_of_rows(rows) == "extrapolation"  # `none` is not in the length table
+    assert [r["encoding"] for r in R.question_rows(rows, "extrapolation")] == [
+        "rope", "alibi", "none",
+    ]  # fmt: skip
+    assert [r["encoding"] for r in R.question_rows(rows, "length")] == [
+        "rope", "alibi", "rope:positions=pose",
+    ]  # fmt: skip
+    only_length = R.question_rows(rows, "length")
+    assert R.question_of_rows(only_length) == "length"  # a length grid alone
+    readme = tmp_path / "R.md"
+    readme.write_text(
+        "<!-- lab:table -->\nmain\n<!-- /lab:table -->\n<!-- lab:length -->\n<!-- /lab:length -->\n"
+    )
+    R.write_readme_table(readme, rows, "length")
+    text = readme.read_text()
+    assert "<!-- lab:table -->\nmain\n<!-- /lab:table -->" in text  # untouched
+    length_block = text[text.index("<!-- lab:length -->") :]
+    assert "| rope:positions=pose |" in length_block and "| none |" not in length_block
+    R.write_readme_table(readme, rows)  # the group's own question: the main table
+    main = readme.read_text().split("<!-- /lab:table -->")[0]
+    assert "| none |" in main and "positions=pose" not in main
+    store = tmp_path / "out"
     for i, row in enumerate(rows):
         ResultStore(store / "results.jsonl").append({**row, "config_hash": f"c{i}"})
     assert R.newest_group(store, "length") == "g0"
-    assert R.newest_group(store, "extrapolation") is None
+    assert R.newest_group(store, "extrapolation") == "g0"
+    assert R.newest_group(store, "passkey") is None

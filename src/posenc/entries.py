@@ -9,7 +9,7 @@ from .registry import BuildContext, register
 # --- none / absolute ---------------------------------------------------------------------------
 
 
-@register("none", "none", description="NoPE: no position information")
+@register("none", "none", description="NoPE: no position information", reads_positions=False)
 def _none(ctx: BuildContext) -> nn.Module:
     from .absolute import NoPE
 
@@ -252,6 +252,7 @@ def _deberta(
     "relative",
     shared=False,
     description="CoPE: contextual positions from gated counts (Golovneva et al. 2024)",
+    reads_positions=False,
 )
 def _cope(ctx: BuildContext, *, npos_max: int | None = None, init_std: float = 0.02) -> nn.Module:
     from .relative import CoPE

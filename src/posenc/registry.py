@@ -50,13 +50,21 @@ class EncodingEntry:
     builder: Builder
     shared: bool
     description: str
+    #: Whether the encoding reads the position ids (NoPE does not; CoPE counts its positions
+    #: from the content): training-time position methods change nothing for one that does not.
+    reads_positions: bool = True
 
 
 _REGISTRY: dict[str, EncodingEntry] = {}
 
 
 def register(
-    name: str, family: str, *, shared: bool = True, description: str = ""
+    name: str,
+    family: str,
+    *,
+    shared: bool = True,
+    description: str = "",
+    reads_positions: bool = True,
 ) -> Callable[[Builder], Builder]:
     """Decorator adding a builder to the registry under ``name`` (lower case)."""
     if family not in ENCODING_FAMILIES:
@@ -67,7 +75,7 @@ def register(
     def deco(fn: Builder) -> Builder:
         if name in _REGISTRY:
             raise ValueError(f"encoding {name!r} is already registered")
-        _REGISTRY[name] = EncodingEntry(name, family, fn, shared, description)
+        _REGISTRY[name] = EncodingEntry(name, family, fn, shared, description, reads_positions)
         return fn
 
     return deco

@@ -425,6 +425,7 @@ def report(
         load_rows,
         newest_group,
         print_table,
+        question_rows,
         write_readme_table,
         write_report,
     )
@@ -434,6 +435,8 @@ def report(
     if question is not None and question not in (*QUESTIONS, "extend"):
         _fail(f"--question must be one of {', '.join((*QUESTIONS, 'extend'))}, got {question!r}")
     if question == "extend":
+        if all_groups:
+            _fail("--all shows the grid's groups; the extend table is one: pass --group instead")
         _report_extend(out, group, plots, readme)
         return
     try:
@@ -446,13 +449,15 @@ def report(
             _fail(f"no results under {out}; run `posenc lab` first")
         for name in names:
             rows = load_rows(out, name)
+            if question is not None:  # a group may hold two grids (default and length)
+                rows = question_rows(rows, question)
             if not rows:
                 _fail(f"no results under {out}; run `posenc lab` first")
             print_table(rows)
             if not all_groups:
                 written = write_report(out, rows, plots=plots)
                 if readme is not None:
-                    written["readme"] = write_readme_table(readme, rows)
+                    written["readme"] = write_readme_table(readme, rows, question)
                 print("wrote " + ", ".join(str(p) for p in written.values()))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
@@ -547,12 +552,12 @@ def extend(
             out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
         )
         summary = run_extend(cfg, opts, group=group)
-    rows = extend_rows(out, summary.group)
-    if not quiet:
-        print_extend_table(rows)
-    written = write_extend_report(out, rows, plots=plots)
-    if not quiet:
-        print("wrote " + ", ".join(str(p) for p in written.values()))
+        rows = extend_rows(out, summary.group)
+        if not quiet:
+            print_extend_table(rows)
+        written = write_extend_report(out, rows, plots=plots)
+        if not quiet:
+            print("wrote " + ", ".join(str(p) for p in written.values()))
 
 
 @contextmanager

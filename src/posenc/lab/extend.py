@@ -3,28 +3,33 @@
 Take the finished cells of a grid (a results store and its checkpoints), and for every cell of
 an extendable encoding fine-tune a copy at the target length ``T`` (default ``4L``):
 
-* rotary cells (``rope``) once per method of :data:`ROPE_METHODS` (``none``: RoPE unchanged;
+* RoPE cells (``rope``, with any options) once per method of :data:`ROPE_METHODS` (``none``: RoPE unchanged;
   ``linear``: position interpolation; ``ntk``; ``yarn``; ``longrope`` with per-frequency
   factors; ``dynamic``: dynamic NTK with the factor a user sets, ``T / L``, not ``eval / L``),
   the scaling dict from the one scaling table (:func:`~posenc.functional.rope_scaling.extension_scaling`);
 * bias cells (ALiBi, T5, KERPLE, FIRE, Sandwich) once, unchanged: their extension is the
   fine-tune alone.
 
-Each fine-tune starts from the cell's weights, uses the grid's batch size and a constant learning
-rate (the grid's final one, ``lr * min_lr_ratio``, after a short warmup; so the model after ``k``
-steps of an ``N``-step run is the model of a ``k``-step run), and is evaluated at every eval
+Other encodings are refused (:func:`extendable`): learned tables are sized to ``L``, and xPos
+and the relative family have no rescaling here.
+
+Each fine-tune starts from the cell's weights, uses the grid's batch size and the grid's final
+learning rate (``lr * min_lr_ratio``), constant after a linear warmup over 2% of the steps (one
+step, so none, below 75 steps; runs that share the warmup agree step for step, so the model after
+``k`` steps of a 50-step run is the 10-step run's at ``k <= 10``), and is evaluated at every eval
 length at step 0 (zero-shot: the rescaling alone) and at the end, and at ``T`` at the steps of
 the curve between. A model of the same shape trained at ``T`` from scratch (``reference``) is
 the bar: the grid's training with the same steps and the same tokens per step, in
 ``batch * L / T`` sequences of ``T`` (the grid's token budget in longer sequences). The report
-gives the fine-tune steps after which a method's loss at ``T`` is within ``tolerance`` bits of
-it, and its gap to it after the last step. Both other ways to train "the same" at ``T`` make
+gives the fine-tune steps after which a method's loss at ``T`` is within a tolerance (0.02
+bits) of it, and its gap to it after the last step. Both other ways to train "the same" at ``T`` make
 no bar (measured on cpu-small, bits at 4L): the grid's steps and batch give ``T / L`` times the
 tokens (2.26, better than every fine-tune by 0.4 bits or more: more data, not a longer
 context); the grid's batch with ``L / T`` of its steps leaves the model undertrained (3.76).
 
 Every evaluation is one row in the grid's results store (``kind`` ``"extend"`` or
-``"extend-reference"``, keyed by a hash of what it measures), written as soon as it is measured;
+``"extend-reference"``, keyed by a hash of what it measures and its table, :func:`extend_group`),
+written as soon as it is measured;
 fine-tunes checkpoint at every curve step, before the row, so a run killed at any moment loses
 at most the steps since the last checkpoint and, with ``--resume``, writes every missing row
 once (rows already stored are never written again). Checkpoints live under ``<out>/extend/``.
@@ -80,8 +85,13 @@ class ExtendConfig:
     ``steps``: fine-tune steps (None: 2% of the grid's training steps, at least 1). ``lr``:
     constant learning rate after ``warmup_steps`` (None: the grid's final one; 2% of ``steps``,
     at least 1). ``curve``: steps at which the target length is evaluated (None: 1, 2, 5, 10,
-    20, 50, ... below ``steps``). ``reference``: encodings trained from scratch at the target
-    length. ``tolerance``: bits per byte (or token) within which a method has "recovered".
+    20, 50, ... below ``steps``). ``methods``: :data:`ROPE_METHODS` to fine-tune RoPE cells
+    with. ``encodings``: the grid's encodings to extend, ``rope`` and the bias family
+    (:func:`extendable`). ``reference``: encodings trained from scratch at the target length,
+    each from the grid's plain cell of that name (no options).
+
+    The table's tolerance (bits within which a method counts as recovered) is the report's
+    (:func:`posenc.lab.extend_report.extend_table`), not part of a run.
     """
 
     target: float = 4.0
@@ -92,7 +102,11 @@ class ExtendConfig:
     encodings: tuple[str, ...] = ("rope", *BIAS_ENCODINGS)
     reference: tuple[str, ...] = ("rope",)
     curve: tuple[int, ...] | None = None
-    tolerance: float = 0.02
+
+
+#: The largest target multiple: past it the evaluation lengths and the fine-tune's memory grow
+#: past anything the presets are sized for.
+MAX_TARGET = 64.0
 
 
 @dataclass(frozen=True)
@@ -164,8 +178,11 @@ def default_curve(steps: int) -> tuple[int, ...]:
 
 def resolve(cfg: ExtendConfig, base_train: TrainConfig) -> ExtendConfig:
     """``cfg`` with its defaults filled in from the grid's training settings, checked."""
-    if not cfg.target > 1:
-        raise ValueError(f"target must be a multiple of the train length > 1, got {cfg.target}")
+    if not (isinstance(cfg.target, (int, float)) and 1 < cfg.target <= MAX_TARGET):
+        raise ValueError(
+            f"target must be a multiple of the train length in (1, {MAX_TARGET:g}], "
+            f"got {cfg.target}"
+        )
     steps = cfg.steps if cfg.steps is not None else max(1, round(0.02 * base_train.steps))
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
@@ -178,14 +195,39 @@ def resolve(cfg: ExtendConfig, base_train: TrainConfig) -> ExtendConfig:
     bad = [c for c in curve if not 0 < c < steps]
     if bad:
         raise ValueError(f"curve steps must lie in 1..{steps - 1} (steps={steps}), got {bad}")
-    unknown = [m for m in cfg.methods if m not in ROPE_METHODS and m not in ROPE_SCALING]
-    if unknown:
-        raise ValueError(f"unknown RoPE method(s) {unknown}; allowed: {', '.join(ROPE_METHODS)}")
+    unknown = [m for m in cfg.methods if m not in ROPE_METHODS]
+    if unknown or not cfg.methods:
+        raise ValueError(
+            f"RoPE methods must be some of {', '.join(ROPE_METHODS)}, got {list(cfg.methods)}"
+        )
+    if not cfg.encodings:
+        raise ValueError("no encodings to extend")
     for name in (*cfg.encodings, *cfg.reference):
         registry.entry(name)  # raises naming the registered encodings
-    if not cfg.tolerance > 0:
-        raise ValueError(f"tolerance must be positive, got {cfg.tolerance}")
+        if not extendable(name):
+            allowed = ", ".join(n for n in registry.names() if extendable(n))
+            raise ValueError(
+                f"{name!r} cannot be extended here: extend fine-tunes RoPE (with each rescaling) "
+                f"and the bias encodings (unchanged); allowed: {allowed}"
+            )
+    missing = [r for r in cfg.reference if r not in cfg.encodings]
+    if missing:
+        raise ValueError(
+            f"reference {missing} must also be extended (--encodings): a reference is trained "
+            "like the grid's cell of that encoding"
+        )
     return replace(cfg, steps=steps, lr=lr, warmup_steps=warmup, curve=tuple(sorted(set(curve))))
+
+
+def extendable(name: str) -> bool:
+    """Whether ``posenc lab extend`` can fine-tune encoding ``name`` at a longer length:
+    rotary encodings that take a Hugging Face scaling dict (``rope``), and the bias family
+    (nothing sized by the train length). Absolute tables are sized to L; xPos and the
+    relative family have no rescaling here."""
+    entry = registry.entry(name)
+    if entry.family == "bias":
+        return True
+    return entry.family == "rotary" and "scaling" in registry.options(name)
 
 
 def base_cells(rows: list[dict[str, Any]], encodings: tuple[str, ...]) -> list[_Base]:
@@ -221,12 +263,21 @@ def method_model(base: _Base, method: str, length: int) -> ModelConfig:
 
 def same_tokens(train: TrainConfig, train_len: int, length: int) -> TrainConfig:
     """``train`` at sequences of ``length``: the same steps and tokens per step, so a batch of
-    ``batch_size * train_len / length`` sequences (rounded, at least 1)."""
-    return replace(train, batch_size=max(1, round(train.batch_size * train_len / length)))
+    ``batch_size * train_len / length`` sequences; refused when that is not a whole number
+    (the reference would see other tokens than the grid)."""
+    tokens = train.batch_size * train_len
+    if tokens % length:
+        raise ValueError(
+            f"a reference at {length} tokens cannot take the grid's {tokens} tokens per step "
+            f"({train.batch_size} x {train_len}) in whole sequences; choose a target that "
+            "divides them, or pass --reference none"
+        )
+    return replace(train, batch_size=tokens // length)
 
 
 def jobs(bases: list[_Base], cfg: ExtendConfig) -> list[_Job]:
-    """Fine-tunes (every base x its methods), then one reference per (encoding, seed)."""
+    """Fine-tunes (every base x its methods), then one reference per plain reference cell
+    (one per seed)."""
     assert cfg.steps is not None and cfg.lr is not None and cfg.warmup_steps is not None
     out: list[_Job] = []
     for base in bases:
@@ -247,12 +298,11 @@ def jobs(bases: list[_Base], cfg: ExtendConfig) -> list[_Job]:
                 }
             )
             out.append(_Job(EXTEND, base, method, model, tune, ident, init=True))
-    seen = set()
     for base in bases:
-        key = (base.model.encoding, base.seed)
-        if base.model.encoding not in cfg.reference or key in seen:
+        # The grid's plain cell of a reference encoding (its label is the bare name): a
+        # `rope:nope_every=2` or `rope:base=500` cell is not the bar for plain RoPE.
+        if base.label not in cfg.reference:
             continue
-        seen.add(key)
         model = replace(base.model, max_len=target_len(base, cfg))
         train = same_tokens(base.train, base.train_len, model.max_len)
         ident = _jsonable(
@@ -307,9 +357,13 @@ class _Extend:
         return replace(ev, lengths=tuple(ev.lengths), rope_scalings=(), learned_interp=False)
 
     def key_hash(self, job: _Job, step: int, lengths: list[int]) -> str:
+        """The row key of ``job`` after ``step`` steps at ``lengths``: what it measures, and
+        the group (the table) it belongs to, so a reference shared by two tables is a row of
+        each."""
         extra = {k: v for k, v in job.base.row["identity"]["eval"].items()
                  if k not in {f.name for f in fields(EvalConfig)}}  # fmt: skip
         return stable_hash({"job": job.identity, "step": step, "lengths": lengths,
+                            "group": self.group,
                             "eval": asdict(self.eval_config(job.base)),
                             **({"eval_extra": extra} if extra else {})})  # fmt: skip
 
@@ -379,11 +433,18 @@ class _Extend:
         t0 = time.perf_counter()
         lengths = sorted({int(n) for n in job.base.row["eval"]["lengths"]})
         target = [job.model.max_len]
-        final_hash = self.key_hash(job, job.train.steps, lengths)
-        if self.store.has(job.base.label, job.base.seed, final_hash):
+        curve = (self.cfg.curve or ()) if job.init else ()
+        done = self.store.has(
+            job.base.label, job.base.seed, self.key_hash(job, job.train.steps, lengths)
+        )
+        missing = [c for c in curve if not self.store.has(job.base.label, job.base.seed,
+                                                          self.key_hash(job, c, target))]  # fmt: skip
+        if done and not missing:
             self.summary.skipped += 1
             self.log(f"skip {job.label} (seed {job.base.seed}): finished already")
             return
+        if done:  # finished with another curve: train again (deterministic) for the new points
+            self.log(f"{job.label} (seed {job.base.seed}): fine-tuning again for curve {missing}")
         init = None
         if job.init:
             init = self.base_weights(job.base)
@@ -403,7 +464,8 @@ class _Extend:
             self.data,
             seed=job.base.seed,
             identity=job.identity,
-            ckpt_dir=ckpt_dir,
+            # A rerun for new curve points leaves the finished run's checkpoint alone.
+            ckpt_dir=None if done else ckpt_dir,
             ckpt_every=job.train.steps if job.init else 100,
             resume=self.opts.resume,
             restart=self.opts.restart,
@@ -412,7 +474,7 @@ class _Extend:
             stop=self.stop,
             init=init,
             hook=hook if job.init else None,
-            hook_steps=(self.cfg.curve or ()) if job.init else (),
+            hook_steps=curve,
         )
         finish()
         self.measure(job, job.train.steps, result.model, lengths, t0)
@@ -450,14 +512,23 @@ def grid_rows(out: Path, group: str | None = None) -> list[dict[str, Any]]:
     return picked
 
 
+def extend_group(base_group: str, cfg: ExtendConfig) -> str:
+    """The table a run's rows belong to: the grid and what every fine-tune shares (target,
+    steps, learning rate, warmup). Not the methods, encodings, references or curve: a rerun
+    with more of them adds rows to the same table."""
+    shared = {k: getattr(cfg, k) for k in ("target", "steps", "lr", "warmup_steps")}
+    return stable_hash({"base": base_group, "extend": shared})
+
+
 def _bases(
     cfg: ExtendConfig, opts: RunOptions, group: str | None
 ) -> tuple[ExtendConfig, list[_Base]]:
     """``cfg`` resolved against the grid's training, and the grid's cells to extend; the grid's
-    thread count unless ``opts`` sets one (cpu-small: one thread, measured)."""
+    thread count (its first row's) unless ``opts`` sets one."""
     rows = grid_rows(opts.out, group)
-    if opts.threads is None and rows and rows[0].get("runtime", {}).get("threads") == 1:
-        torch.set_num_threads(1)
+    threads = rows[0].get("runtime", {}).get("threads") if rows else None
+    if opts.threads is None and isinstance(threads, int) and threads >= 1:
+        torch.set_num_threads(threads)
     cfg = resolve(cfg, TrainConfig(**rows[0]["identity"]["train"]["train"])) if rows else cfg
     bases = base_cells(rows, cfg.encodings)
     if not bases:
@@ -496,7 +567,11 @@ def run_extend(
 
     cfg, bases = _bases(cfg, opts, group)
     todo = jobs(bases, cfg)
-    ext_group = stable_hash({"base": bases[0].row["group"], "extend": asdict(cfg)})
+    trained = {j.base.label for j in todo if j.kind == REFERENCE}
+    for name in cfg.reference:
+        if name not in trained:
+            log(f"warning: no reference {name!r}: the grid has no plain {name!r} cell")
+    ext_group = extend_group(bases[0].row["group"], cfg)
     summary = ExtendSummary(group=ext_group)
     log(
         f"extend: {len(bases)} cell(s) of group {bases[0].row['group']} to "

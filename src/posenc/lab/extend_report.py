@@ -56,9 +56,20 @@ class ExtendLine:
     target_len: int
     by_step: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
+    @property
+    def seeds(self) -> set[int]:
+        """The seeds whose run is finished (its last step is stored): the only ones averaged,
+        so every column of a line is over the same seeds (an interrupted seed waits)."""
+        return {int(r["seed"]) for r in self.by_step.get(self.steps, [])}
+
     def bits(self, step: int, n: int) -> float | None:
-        rows = self.by_step.get(step, [])
-        return _mean([_bits(r, n) for r in rows]) if rows else None
+        """Mean bits at length ``n`` after ``step`` steps over :attr:`seeds` (None if a
+        finished seed lacks that row, or none is finished)."""
+        seeds = self.seeds
+        rows = [r for r in self.by_step.get(step, []) if int(r["seed"]) in seeds]
+        if not rows or len(rows) != len(seeds):
+            return None
+        return _mean([_bits(r, n) for r in rows])
 
     def curve(self) -> list[tuple[int, float]]:
         """``(step, mean bits at the target length)`` for every evaluated step, in order."""

@@ -517,7 +517,8 @@ def check_lab_options(name: str, lab: dict[str, Any]) -> None:
                 "temperature=llama4 scales the queries of the NoPE layers, as Llama-4 does; "
                 "add nope_every=N (or use temperature=ministral, on every layer)"
             )
-    if method is not None and family == "none" and temperature != "ministral":
+    reads = registry.entry(name).reads_positions
+    if method is not None and not reads and temperature != "ministral":
         raise ValueError(
             f"positions={method} changes the training positions, but {name!r} reads no "
             "position ids: the cell would train as with arange"

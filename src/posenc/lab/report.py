@@ -61,27 +61,58 @@ def question_of(row: dict[str, Any]) -> str:
     return "extrapolation"
 
 
+def question_rows(rows: list[dict[str, Any]], question: str) -> list[dict[str, Any]]:
+    """The rows of one group that answer ``question``.
+
+    A group is a grid minus its encodings, so ``posenc lab`` and ``posenc lab --encodings
+    length`` into one folder share it: ``extrapolation`` takes its plain rows (no lab option),
+    ``length`` its rows with a lab option and the plain rows of the length set
+    (:data:`~posenc.lab.presets.LENGTH_ENCODINGS`: their baselines, CoPE; nothing when no row
+    has a lab option), ``passkey`` the passkey task's."""
+    from .presets import LENGTH_ENCODINGS
+
+    if question not in QUESTIONS:
+        raise ValueError(f"unknown question {question!r}; choose one of {', '.join(QUESTIONS)}")
+    if question == "length":
+        if not any(question_of(r) == "length" for r in rows):
+            return []  # baselines alone are no length table
+        return [
+            r
+            for r in rows
+            if question_of(r) == "length"
+            or (question_of(r) == "extrapolation" and r["encoding"] in LENGTH_ENCODINGS)
+        ]
+    return [r for r in rows if question_of(r) == question]
+
+
 def question_of_rows(rows: list[dict[str, Any]]) -> str:
-    """The question a group's rows answer together: ``length`` when any row uses a lab option
-    (its plain ``rope`` row is the baseline of that table), else their common one."""
+    """The question a group's rows answer as a whole: ``passkey`` for the passkey task,
+    ``length`` when every row belongs to the length table (a length grid alone; its plain
+    ``rope`` is a baseline), else ``extrapolation`` (a default grid, with or without a length
+    grid in the same folder)."""
     asked = {question_of(r) for r in rows}
-    return "length" if "length" in asked else asked.pop()
+    if "passkey" in asked:
+        return "passkey"
+    if "length" in asked and len(question_rows(rows, "length")) == len(rows):
+        return "length"
+    return "extrapolation"
 
 
 def newest_group(out: str | Path, question: str) -> str | None:
-    """The group of the newest grid row of a group that answers ``question``, if any.
-
-    A group answers ``length`` when any of its rows uses a lab option; ``extrapolation`` when
-    none does (both on text)."""
+    """The group of the newest grid row of a group that answers ``question``: first among the
+    groups that answer it as a whole (:func:`question_of_rows`), else among those with any row
+    for it (:func:`question_rows`); None if there is none."""
     if question not in QUESTIONS:
         raise ValueError(f"unknown question {question!r}; choose one of {', '.join(QUESTIONS)}")
     rows = grid_store_rows(out)
     by_group: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_group.setdefault(r["group"], []).append(r)
-    for r in reversed(rows):
-        if question_of_rows(by_group[r["group"]]) == question:
-            return str(r["group"])
+    for whole in (True, False):
+        for r in reversed(rows):
+            group = by_group[r["group"]]
+            if (question_of_rows(group) == question) if whole else question_rows(group, question):
+                return str(r["group"])
     return None
 
 
@@ -355,17 +386,24 @@ def readme_table(rows: list[dict[str, Any]]) -> str:
     return markdown_table(header[:-2], [cells[:-2] for cells in body]) + "\n"
 
 
-def write_readme_table(path: str | Path, rows: list[dict[str, Any]]) -> Path:
+def write_readme_table(
+    path: str | Path, rows: list[dict[str, Any]], question: str | None = None
+) -> Path:
     """Write the rows' table between the lines of their question's block in ``path``
     (:data:`README_BLOCKS`; the extrapolation table between :data:`README_START` and
     :data:`README_END`), leaving the rest of the file as it was; returns the path.
 
+    ``question``: the table to write (default: the one the rows answer as a whole,
+    :func:`question_of_rows`), from the rows that answer it (:func:`question_rows`).
     Extrapolation and length: :func:`readme_table`; passkey: accuracy by length and where
     each encoding loses the key (:func:`posenc.plots.passkey.passkey_table`)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
-    question = question_of_rows(rows)
+    question = question or question_of_rows(rows)
+    rows = question_rows(rows, question)
+    if not rows:
+        raise ValueError(f"no {question} results in these rows")
     if question == "passkey":
         from ..plots.passkey import passkey_table
 

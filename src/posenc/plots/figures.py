@@ -108,7 +108,7 @@ def lab_results(
     default: the newest group that answers it): grid rows for ``extrapolation``, ``length`` and
     ``passkey`` (:func:`posenc.lab.report.newest_group`), extend rows for ``extend``. Empty when
     there are none."""
-    from ..lab.report import load_rows, newest_group
+    from ..lab.report import load_rows, newest_group, question_rows
     from ..lab.store import RESULTS_FILE
 
     if not (Path(results) / RESULTS_FILE).exists():
@@ -118,7 +118,7 @@ def lab_results(
 
         return extend_rows(results, group)
     group = group if group is not None else newest_group(results, question)
-    return load_rows(results, group) if group is not None else []
+    return question_rows(load_rows(results, group), question) if group is not None else []
 
 
 def _rows_or_raise(question: str, results: str, group: str | None) -> list[dict[str, Any]]:
