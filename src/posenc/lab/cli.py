@@ -412,23 +412,15 @@ def report(
     readme: Path | None = typer.Option(
         None,
         "--readme",
-        help="Also write the table into this Markdown file (e.g. README.md), between its "
-        "<!-- lab:table --> and <!-- /lab:table --> lines.",
+        help="Also write the table into this Markdown file (e.g. README.md), between the lines "
+        "of its question's block: <!-- lab:table --> and <!-- /lab:table --> (lab:length, "
+        "lab:passkey, lab:extend for the others).",
     ),
 ) -> None:
     """Print the results table and write table.md, results.csv and the figures (and, with
     --readme, the table into its block of a Markdown file: lab:table, lab:length, lab:passkey
     or lab:extend by the results' question)."""
-    from .report import (
-        QUESTIONS,
-        groups,
-        load_rows,
-        newest_group,
-        print_table,
-        question_rows,
-        write_readme_table,
-        write_report,
-    )
+    from .report import QUESTIONS
 
     if all_groups and readme is not None:
         _fail("--readme writes one table: pass --group (or nothing, for the newest), not --all")
@@ -438,7 +430,30 @@ def report(
         if all_groups:
             _fail("--all shows the grid's groups; the extend table is one: pass --group instead")
         _report_extend(out, group, plots, readme)
-        return
+    else:
+        _report_grid(out, group, question, all_groups, plots, readme)
+
+
+def _report_grid(
+    out: Path,
+    group: str | None,
+    question: str | None,
+    all_groups: bool,
+    plots: bool,
+    readme: Path | None,
+) -> None:
+    """``posenc lab report`` for grid results: the group's (or every group's) table, and its
+    report files and README block for one group."""
+    from .report import (
+        groups,
+        load_rows,
+        newest_group,
+        print_table,
+        question_rows,
+        write_readme_table,
+        write_report,
+    )
+
     try:
         if question is not None and group is None:
             group = newest_group(out, question)
