@@ -316,10 +316,18 @@ def test_extend_a_passkey_grid_keeps_the_heatmap(tmp_path, monkeypatch):
                        reference=())  # fmt: skip
     summary = run_extend(ext, RunOptions(out=out, quiet=True))
     assert summary.written == 2 * 3  # zero-shot, step 1, step 2 for each method
-    for row in extend_rows(out):
+    rows = extend_rows(out)
+    for row in rows:
         heat = row["eval"]["variants"]["base"]["passkey"]
         assert len(heat["acc"]) == len(row["eval"]["lengths"])
         assert row["identity"]["model"]["max_len"] == 32
+    header, body = extend_table(rows)
+    assert header[-2:] == ["key acc 0-shot @2L", "key acc 2 steps @2L"]
+    final = next(r for r in rows if r["label"] == "rope + YaRN" and r["step"] == 2)
+    heat = final["eval"]["variants"]["base"]["passkey"]
+    want = sum(heat["acc"][heat["lengths"].index(32)]) / len(heat["depths"])
+    yarn = next(cells for cells in body if cells[0] == "rope + YaRN")
+    assert yarn[-1] == f"{want:.2f}"  # the mean over depths at 2L, recomputed here
 
 
 def test_reference_needs_whole_sequences_and_a_plain_cell(grid):

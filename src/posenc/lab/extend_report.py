@@ -40,6 +40,14 @@ def _bits(row: dict[str, Any], n: int) -> float | None:
     return float(b) if b is not None and math.isfinite(b) else None
 
 
+def _key_accuracy(row: dict[str, Any], n: int) -> float | None:
+    heat = row["eval"]["variants"]["base"].get("passkey")
+    if not heat or n not in heat["lengths"]:
+        return None
+    acc = heat["acc"][heat["lengths"].index(n)]  # [depths]
+    return None if any(a is None for a in acc) else statistics.fmean(acc)
+
+
 def _mean(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.fmean(vals) if vals and len(vals) == len(values) else None
@@ -70,6 +78,16 @@ class ExtendLine:
         if not rows or len(rows) != len(seeds):
             return None
         return _mean([_bits(r, n) for r in rows])
+
+    def key_accuracy(self, step: int, n: int) -> float | None:
+        """Passkey grids: per-digit accuracy at length ``n`` after ``step`` steps, averaged
+        over the heatmap's depths and :attr:`seeds` (None without a heatmap there)."""
+        seeds = self.seeds
+        rows = [r for r in self.by_step.get(step, []) if int(r["seed"]) in seeds]
+        values = [_key_accuracy(r, n) for r in rows]
+        if not rows or len(rows) != len(seeds):
+            return None
+        return _mean(values)
 
     def curve(self) -> list[tuple[int, float]]:
         """``(step, mean bits at the target length)`` for every evaluated step, in order."""
@@ -145,6 +163,10 @@ def extend_table(
     header += [f"{steps} steps {name(n)}" for n in lengths]
     header += [f"{steps} steps − scratch @{name(target)}"]
     header += [f"steps to scratch+{tolerance:g} @{name(target)}"]
+    # A passkey grid: the key's accuracy at the target length, zero-shot and fine-tuned.
+    passkey = any(r["eval"]["variants"]["base"].get("passkey") for r in rows)
+    if passkey:
+        header += [f"key acc 0-shot @{name(target)}", f"key acc {steps} steps @{name(target)}"]
     body = []
     for line in lines:
         if line.kind == REFERENCE:
@@ -155,6 +177,8 @@ def extend_table(
         cells += [_fmt(line.bits(line.steps, n)) for n in lengths]
         cells.append(_gap(line, ref))
         cells.append(steps_to_reference(line, ref, tolerance))
+        if passkey:
+            cells += [_fmt_acc(line.key_accuracy(s, line.target_len)) for s in (0, line.steps)]
         body.append(cells)
     for line in lines:
         if line.kind == REFERENCE:
@@ -162,6 +186,8 @@ def extend_table(
             what = f"{line.steps} steps x {batch} x {line.target_len}"
             cells = [f"{line.label} ({what})"] + [""] * len(lengths)
             cells += [_fmt(line.bits(line.steps, n)) for n in lengths] + ["—", "—"]
+            if passkey:
+                cells += ["", _fmt_acc(line.key_accuracy(line.steps, line.target_len))]
             body.append(cells)
     return header, body
 
@@ -173,6 +199,10 @@ def _gap(line: ExtendLine, ref: ExtendLine | None) -> str:
     got = line.bits(line.steps, line.target_len)
     bar = ref.bits(ref.steps, ref.target_len)
     return f"{got - bar:+.3f}" if got is not None and bar is not None else "n/a"
+
+
+def _fmt_acc(a: float | None) -> str:
+    return f"{a:.2f}" if a is not None else "n/a"
 
 
 def _fmt(b: float | None) -> str:
