@@ -323,6 +323,7 @@ def test_extend_a_passkey_grid_keeps_the_heatmap(tmp_path, monkeypatch):
         assert row["identity"]["model"]["max_len"] == 32
     header, body = extend_table(rows)
     assert header[-2:] == ["key acc 0-shot @2L", "key acc 2 steps @2L"]
+    assert not any("scratch" in h for h in header)  # no reference: no columns against one
     final = next(r for r in rows if r["label"] == "rope + YaRN" and r["step"] == 2)
     heat = final["eval"]["variants"]["base"]["passkey"]
     want = sum(heat["acc"][heat["lengths"].index(32)]) / len(heat["depths"])

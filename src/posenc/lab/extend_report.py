@@ -161,8 +161,11 @@ def extend_table(
     header = ["extension"]
     header += [f"0-shot {name(n)}" for n in lengths]
     header += [f"{steps} steps {name(n)}" for n in lengths]
-    header += [f"{steps} steps − scratch @{name(target)}"]
-    header += [f"steps to scratch+{tolerance:g} @{name(target)}"]
+    # The two columns against the from-scratch model, when one was trained.
+    scratch = any(x.kind == REFERENCE for x in lines)
+    if scratch:
+        header += [f"{steps} steps − scratch @{name(target)}"]
+        header += [f"steps to scratch+{tolerance:g} @{name(target)}"]
     # A passkey grid: the key's accuracy at the target length, zero-shot and fine-tuned.
     passkey = any(r["eval"]["variants"]["base"].get("passkey") for r in rows)
     if passkey:
@@ -175,8 +178,8 @@ def extend_table(
         cells = [line.label]
         cells += [_fmt(line.bits(0, n)) for n in lengths]
         cells += [_fmt(line.bits(line.steps, n)) for n in lengths]
-        cells.append(_gap(line, ref))
-        cells.append(steps_to_reference(line, ref, tolerance))
+        if scratch:
+            cells += [_gap(line, ref), steps_to_reference(line, ref, tolerance)]
         if passkey:
             cells += [_fmt_acc(line.key_accuracy(s, line.target_len)) for s in (0, line.steps)]
         body.append(cells)
@@ -218,15 +221,22 @@ def describe_extend(rows: list[dict[str, Any]]) -> str:
     lr = tune["identity"]["train"]["lr"]
     seeds = sorted({int(x["seed"]) for x in rows})
     unit = r["eval"]["unit"]
-    return (
+    text = (
         f"Trained at L={r['train_len']}, fine-tuned at {r['target_len']} for {tune['steps']} "
         f"steps of {tune['tokens_per_step']:,} tokens (constant lr {lr:g}); test bits per "
-        f"{unit}, mean over {len(seeds)} seed(s). Scratch: a model of the same shape trained at "
-        "the target length from scratch with the grid's steps and tokens per step (the grid's "
-        "token budget in longer sequences); the last two columns "
-        "are the loss above it at the target length after the fine-tune, and the first "
-        "evaluated fine-tune step at which the loss there is within the tolerance of it."
+        f"{unit}, mean over {len(seeds)} seed(s)."
     )
+    if any(x["kind"] == REFERENCE for x in rows):
+        text += (
+            " Scratch: a model of the same shape trained at the target length from scratch "
+            "with the grid's steps and tokens per step (the grid's token budget in longer "
+            "sequences); the two scratch columns are the loss above it at the target length "
+            "after the fine-tune, and the first evaluated fine-tune step at which the loss "
+            "there is within the tolerance of it."
+        )
+    if any(x["eval"]["variants"]["base"].get("passkey") for x in rows):
+        text += " Key acc: passkey accuracy per digit, the mean over the key's depths."
+    return text
 
 
 def extend_markdown(rows: list[dict[str, Any]]) -> str:
