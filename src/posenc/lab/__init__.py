@@ -5,7 +5,10 @@ Modules, by concern: :mod:`~posenc.lab.presets` (configuration), :mod:`~posenc.l
 :mod:`~posenc.lab.tasks` (tokens), :mod:`~posenc.lab.train`, :mod:`~posenc.lab.evaluate`,
 :mod:`~posenc.lab.experiment` (the grid), :mod:`~posenc.lab.store` (results),
 :mod:`~posenc.lab.lock` (one run per output folder), :mod:`~posenc.lab.progress` (progress bars),
-:mod:`~posenc.lab.report` (table, CSV, the figure), :mod:`~posenc.lab.cli` (``posenc lab``).
+:mod:`~posenc.lab.report` (table, CSV, the figure), :mod:`~posenc.lab.stats` (intervals over
+seeds), :mod:`~posenc.lab.extend` and :mod:`~posenc.lab.extend_report` (``posenc lab extend``:
+extension by fine-tuning), :mod:`~posenc.lab.passkey` (the byte-level passkey prompt),
+:mod:`~posenc.lab.cli` (``posenc lab``).
 
 Names below are imported on first use, so ``import posenc.lab`` stays cheap.
 """
@@ -39,6 +42,10 @@ _EXPORTS = {
     "write_report": "report",
     "print_table": "report",
     "load_rows": "report",
+    "ExtendConfig": "extend",
+    "run_extend": "extend",
+    "extend_rows": "extend_report",
+    "mean_ci": "stats",
 }
 
 __all__ = sorted(_EXPORTS)
