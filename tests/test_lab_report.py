@@ -3,6 +3,7 @@ counts, and ``posenc lab report --readme``."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from posenc._markdown import markdown_table, replace_block
 from posenc.cli import app
 from posenc.lab import report as R
+from posenc.lab.stats import t_critical
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,31 +23,50 @@ def readme_block(text: str) -> str:
     return text.split(R.README_START + "\n", 1)[1].split(R.README_END, 1)[0]
 
 
+def _seed_values(cell: str) -> list[float | None]:
+    """``"3.382 ± 0.218 ≈"`` (or ``"**2.696 ± 0.122**"``, ``"3.124"``, ``"n/a"``) -> seed values
+    with that mean and 95% half-width: ``m - d, m, m + d`` (sample std ``d``) for three seeds,
+    ``m`` for one."""
+    text = cell.replace("*", "").replace("≈", "").strip()
+    if text == "n/a":
+        return [None, None, None] if "±" in cell else [None]
+    mean, _, half = text.partition(" ± ")
+    if not half:
+        return [float(mean)]
+    d = float(half) * math.sqrt(3) / t_critical(2)
+    return [float(mean) - d, float(mean), float(mean) + d]
+
+
 def rows_from_table(block: str) -> list[dict]:
-    """Result rows (the store's format, one cell per encoding) holding exactly the numbers a
-    README-format table shows: the inverse of :func:`posenc.lab.report.readme_table`."""
+    """Result rows (the store's format, one per encoding and seed) holding exactly the numbers
+    a README-format table shows: the inverse of :func:`posenc.lab.report.readme_table`."""
     lines = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()]
     header, body = lines[0], lines[2:]
     lengths = [int(h.split()[0]) for h in header[1:-2]]
-    rows: dict[str, dict] = {}
+    seeds = 3 if "±" in block else 1
+    rows: dict[tuple[str, int], dict] = {}
     for cells in body:
         label, bits, tps, ratio = cells[0], cells[1:-2], cells[-2], cells[-1]
         encoding, _, variant = label.partition(" +")
-        results = {
-            str(n): {"bits": None if b == "n/a" else float(b), "acc": None, "tokens": 1}
-            for n, b in zip(lengths, bits, strict=True)
-        }
-        if not variant:
-            rows[encoding] = {
-                "encoding": encoding, "seed": 0, "train_len": lengths[0], "params": 1,
-                "eval": {"unit": "byte", "lengths": lengths,
-                         "variants": {"base": {"label": "", "results": results}}},
-                "train": {"tokens_per_s": float(tps.replace(",", "")),
-                          "tokens_per_s_fast": float(ratio) * 1e4, "final_loss_bits": 0.0},
-            }  # fmt: skip
-        else:
-            variants = rows[encoding]["eval"]["variants"]
-            variants[variant.lower()] = {"label": variant, "results": results}
+        per_length = [_seed_values(b) for b in bits]
+        if len({len(v) for v in per_length}) != 1:  # a column of n/a (learned past L)
+            per_length = [v if len(v) == seeds else [None] * seeds for v in per_length]
+        for seed in range(seeds):
+            results = {
+                str(n): {"bits": v[seed], "acc": None, "tokens": 1}
+                for n, v in zip(lengths, per_length, strict=True)
+            }
+            if not variant:
+                rows[encoding, seed] = {
+                    "encoding": encoding, "seed": seed, "train_len": lengths[0], "params": 1,
+                    "eval": {"unit": "byte", "lengths": lengths,
+                             "variants": {"base": {"label": "", "results": results}}},
+                    "train": {"tokens_per_s": float(tps.replace(",", "")),
+                              "tokens_per_s_fast": float(ratio) * 1e4, "final_loss_bits": 0.0},
+                }  # fmt: skip
+            else:
+                variants = rows[encoding, seed]["eval"]["variants"]
+                variants[variant.lower()] = {"label": variant, "results": results}
     return list(rows.values())
 
 
@@ -55,7 +76,7 @@ def test_the_readme_table_is_in_the_generated_format():
     separators, decimals) from :func:`readme_table`."""
     block = readme_block((ROOT / "README.md").read_text(encoding="utf-8"))
     rows = rows_from_table(block)
-    assert [r["encoding"] for r in rows][:3] == ["none", "sinusoidal", "learned"]
+    assert list(dict.fromkeys(r["encoding"] for r in rows))[:3] == ["none", "sinusoidal", "learned"]
     assert R.readme_table(rows) == block
 
 
