@@ -22,13 +22,13 @@ from posenc.lab.extend import (
     ExtendConfig,
     base_cells,
     default_curve,
-    grid_rows,
     jobs,
     method_model,
     resolve,
     run_extend,
 )
 from posenc.lab.extend_report import extend_lines, extend_rows, extend_table, steps_to_reference
+from posenc.lab.report import load_rows
 from posenc.lab.store import RESULTS_FILE, ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ def extended(grid):
 
 def test_jobs_scale_rope_by_the_target_factor_and_leave_biases_unchanged(grid):
     _, out = grid
-    rows = grid_rows(out)
+    rows = load_rows(out)
     bases = base_cells(rows, ("rope", "alibi"))
     assert [b.label for b in bases] == ["rope", "alibi"]  # NoPE is not extendable
     cfg = resolve(ExtendConfig(target=4.0, steps=8), bases[0].train)
@@ -162,9 +162,7 @@ def test_extend_rows_and_table(extended):
         lengths = r["eval"]["lengths"]
         assert lengths == ([16, 32, 64] if r["step"] in (0, 40) else [32])
     # The grid's own report still reads the grid rows (the extend rows are another kind).
-    assert {r["encoding"] for r in grid_rows(extended)} == {"rope", "alibi", "none"}
-    from posenc.lab.report import load_rows
-
+    assert {r["encoding"] for r in load_rows(extended)} == {"rope", "alibi", "none"}
     assert not any(r.get("kind") for r in load_rows(extended))  # newest rows are extend's
     header, body = extend_table(rows)
     assert header[0] == "extension" and header[-1].startswith("steps to scratch+0.02")
@@ -341,7 +339,7 @@ def test_reference_needs_whole_sequences_and_a_plain_cell(grid):
         same_tokens(train, 16, 64)  # 6 x 16 = 96 tokens are not whole sequences of 64
     assert same_tokens(train, 16, 48).batch_size == 2
     _, out = grid
-    bases = base_cells(grid_rows(out), ("rope", "alibi"))
+    bases = base_cells(load_rows(out), ("rope", "alibi"))
     cfg = resolve(ExtendConfig(target=4.0, steps=4), bases[0].train)
     # A rope cell with options is extended but is not the bar for plain RoPE.
     tuned = _replace(bases[0], row={**bases[0].row, "encoding": "rope:base=500"})

@@ -42,7 +42,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,7 +54,7 @@ from .evaluate import evaluate_model
 from .experiment import RunOptions, _grid_lock, _jsonable, cell_dir, versions
 from .presets import DataConfig, EvalConfig, TrainConfig, stable_hash
 from .progress import progress_bars, step_task
-from .report import grid_store_rows
+from .report import load_rows
 from .store import RESULTS_FILE, ResultStore
 from .train import (
     FINAL,
@@ -499,19 +498,6 @@ def _model_with(cfg: ModelConfig, state: dict[str, torch.Tensor], device: torch.
     return model.to(device)
 
 
-def grid_rows(out: Path, group: str | None = None) -> list[dict[str, Any]]:
-    """The grid rows (no ``kind``) of ``group`` (a hash prefix; default: the newest grid)."""
-    rows = grid_store_rows(out)
-    if not rows:
-        return []
-    group = group if group is not None else rows[-1]["group"]
-    picked = [r for r in rows if r["group"].startswith(group)]
-    if not picked:
-        names = ", ".join(sorted({r["group"] for r in rows}))
-        raise ValueError(f"no grid results in group {group!r}; groups: {names}")
-    return picked
-
-
 def extend_group(base_group: str, cfg: ExtendConfig) -> str:
     """The table a run's rows belong to: the grid and what every fine-tune shares (target,
     steps, learning rate, warmup). Not the methods, encodings, references or curve: a rerun
@@ -525,7 +511,7 @@ def _bases(
 ) -> tuple[ExtendConfig, list[_Base]]:
     """``cfg`` resolved against the grid's training, and the grid's cells to extend; the grid's
     thread count (its first row's) unless ``opts`` sets one."""
-    rows = grid_rows(opts.out, group)
+    rows = load_rows(opts.out, group)  # the grid rows of the group (newest grid by default)
     threads = rows[0].get("runtime", {}).get("threads") if rows else None
     if opts.threads is None and isinstance(threads, int) and threads >= 1:
         torch.set_num_threads(threads)
