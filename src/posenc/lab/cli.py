@@ -8,12 +8,13 @@ happen inside the commands so ``posenc --help`` stays fast.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -328,8 +329,21 @@ def _run_lab(
             out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
         )
         summary = run_grid(cfg, opts)
-    if not _leave_process_group():
-        return  # a torchrun rank other than 0: rank 0 reports
+    torchrun = _in_process_group()
+    try:
+        if _leave_process_group():  # a torchrun rank other than 0 skips this: rank 0 reports
+            _report_run(out, summary, quiet=quiet, plots=plots)
+    except typer.Exit as e:
+        if torchrun:
+            _exit_process(e.exit_code)
+        raise
+    if torchrun:
+        _exit_process(0)
+
+
+def _report_run(out: Path, summary: Any, *, quiet: bool, plots: bool) -> None:
+    """Print and write the report of the grid ``run_grid`` returned ``summary`` for; exit 1
+    when a cell failed."""
     from .report import load_rows, print_table, write_report
 
     rows = load_rows(out, summary.group)
@@ -380,6 +394,30 @@ def preflight(cfg: Any, device: str = "auto") -> None:
             )
         except (TypeError, ValueError) as e:
             raise ValueError(f"encoding {label!r} cannot be built at this shape: {e}") from None
+
+
+def _in_process_group() -> bool:
+    import torch.distributed as tdist
+
+    return tdist.is_available() and tdist.is_initialized()
+
+
+def _exit_process(code: int) -> NoReturn:
+    """End a torchrun rank now, with ``code``, without the interpreter's shutdown.
+
+    DDP keeps the gloo process group alive past ``destroy_process_group`` (a reference held in
+    C++), so its worker threads outlive ``main``. A worker that frees a finished collective's
+    tensors a moment late then needs the GIL while the interpreter is shutting down, and
+    libstdc++ aborts the rank ("terminate called without an active exception", SIGABRT): one
+    run in five on a loaded 2-core machine. Everything this process wrote is closed by now;
+    what is left to do is flush the streams.
+    """
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _leave_process_group() -> bool:
