@@ -3,6 +3,7 @@ during a fine-tune followed by ``--resume`` (no row lost or duplicated, numbers 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -253,6 +254,11 @@ def test_extend_figure_and_report_section(extended, tmp_path):
     r = CliRunner().invoke(app, ["plot", "extend", "--results", str(extended), "--out", str(png)])
     assert r.exit_code == 0, r.output
     assert png.stat().st_size > 10_000
+    from posenc.plots.extend import draw_extend, extend_data
+
+    data = extend_data(extend_rows(extended))
+    assert not any(m["key_curve"] for m in data["methods"])  # a byte grid: no passkey panel
+    assert len(draw_extend(data).axes) == 2
     page = build_report(extended, kinds=["extend", "length"])
     assert 'id="extend"' in page and 'id="extend-table"' in page and "<img" in page
     assert "rope + PI" in page
@@ -327,6 +333,21 @@ def test_extend_a_passkey_grid_keeps_the_heatmap(tmp_path, monkeypatch):
     want = sum(heat["acc"][heat["lengths"].index(32)]) / len(heat["depths"])
     yarn = next(cells for cells in body if cells[0] == "rope + YaRN")
     assert yarn[-1] == f"{want:.2f}"  # the mean over depths at 2L, recomputed here
+
+    # The figure's third panel: key accuracy at 2L at every evaluated step (curve rows too).
+    from posenc.plots.extend import draw_extend, extend_data
+
+    data = extend_data(rows)
+    method = next(m for m in data["methods"] if m["label"] == "rope + YaRN")
+    assert method["key_steps"] == [0, 1, 2]
+    for step, got in zip(method["key_steps"], method["key_curve"], strict=True):
+        row = next(r for r in rows if r["label"] == "rope + YaRN" and r["step"] == step)
+        heat = row["eval"]["variants"]["base"]["passkey"]
+        acc = heat["acc"][heat["lengths"].index(32)]
+        assert got == pytest.approx(sum(acc) / len(acc))
+    if importlib.util.find_spec("matplotlib") is not None:
+        fig = draw_extend(data)
+        assert len(fig.axes) == 3 and "Passkey at 32 tokens" in fig.axes[2].get_title()
 
 
 def test_reference_needs_whole_sequences_and_a_plain_cell(grid):

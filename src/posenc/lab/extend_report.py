@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,11 +92,19 @@ class ExtendLine:
 
     def curve(self) -> list[tuple[int, float]]:
         """``(step, mean bits at the target length)`` for every evaluated step, in order."""
+        return self._at_target(self.bits)
+
+    def key_curve(self) -> list[tuple[int, float]]:
+        """Passkey grids: ``(step, key accuracy at the target length)`` for every evaluated
+        step, in order; empty without heatmaps."""
+        return self._at_target(self.key_accuracy)
+
+    def _at_target(self, metric: Callable[[int, int], float | None]) -> list[tuple[int, float]]:
         out = []
         for step in sorted(self.by_step):
-            b = self.bits(step, self.target_len)
-            if b is not None:
-                out.append((step, b))
+            v = metric(step, self.target_len)
+            if v is not None:
+                out.append((step, v))
         return out
 
 

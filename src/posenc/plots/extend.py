@@ -3,8 +3,9 @@
 Left: loss at the target length against fine-tune steps, one line per extension method (step 0
 is zero-shot: the rescaling alone), the model trained at the target length from scratch as a
 dashed line with the tolerance band under it: the PI paper's figure of recovery by fine-tuning.
-Right: loss against evaluation length, zero-shot (dashed) and fine-tuned (solid), one colour per
-method; the train and target lengths dotted.
+Middle: loss against evaluation length, zero-shot (dashed) and fine-tuned (solid), one colour per
+method; the train and target lengths dotted. Right, on a passkey grid only: the key's accuracy at
+the target length against fine-tune steps (the retrieval side of the same recovery).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .common import add_caption, label_axes, new_figure
+from .passkey import CHANCE
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 CAPTION = (
@@ -24,6 +27,11 @@ CAPTION = (
     "model trained at the target length from scratch). The PI paper: interpolation starts poor "
     "zero-shot and recovers within a short fine-tune; extrapolation with plain RoPE recovers "
     "slowly."
+)
+KEY_CAPTION = (
+    " Right: whether the model still finds the passkey at the target length as it fine-tunes "
+    "(chance {chance:g} per digit); the PI and YaRN papers report retrieval recovered by a "
+    "short fine-tune."
 )
 
 
@@ -62,14 +70,18 @@ def extend_data(rows: list[dict[str, Any]], tolerance: float = 0.02) -> dict[str
                 "curve": [b for _, b in curve],
                 "zero_shot": [nan(line.bits(0, n)) for n in lengths],
                 "tuned": by_length,
+                "key_steps": [s for s, _ in line.key_curve()],
+                "key_curve": [a for _, a in line.key_curve()],
             }
         )
     return out
 
 
 def draw_extend(data: dict[str, Any]) -> Figure:
-    """Two panels (module docstring)."""
-    fig, (left, right) = new_figure(1, 2, width=13.0, height=4.8)
+    """Two panels, three when the rows carry passkey heatmaps (module docstring)."""
+    keys = any(m["key_curve"] for m in data["methods"])
+    fig, axes = new_figure(1, 3 if keys else 2, width=19.0 if keys else 13.0, height=4.8)
+    left, right = axes[0], axes[1]
     colors = _colors(len(data["methods"]))
     ref = data["reference"]
     unit, L, T = data["unit"], data["train_len"], data["target_len"]
@@ -101,11 +113,31 @@ def draw_extend(data: dict[str, Any]) -> Figure:
         "evaluation length (tokens, log2)",
         f"test loss (bits per {unit})",
     )
-    for ax in (left, right):
+    if keys:
+        _draw_key_panel(axes[2], data, colors)
+    for ax in axes:
         ax.grid(True, alpha=0.3)
     left.legend(fontsize=7, loc="upper right")
-    add_caption(fig, CAPTION)
+    add_caption(fig, CAPTION + (KEY_CAPTION.format(chance=CHANCE) if keys else ""))
     return fig
+
+
+def _draw_key_panel(ax: Axes, data: dict[str, Any], colors: list[Any]) -> None:
+    """Key accuracy at the target length against fine-tune steps, one line per method."""
+    for color, m in zip(colors, data["methods"], strict=True):
+        if m["key_curve"]:
+            ax.plot(m["key_steps"], m["key_curve"], marker="o", ms=3.5, lw=1.3, color=color,
+                    label=m["label"])  # fmt: skip
+    ax.axhline(CHANCE, color="0.4", ls=":", lw=1, label="chance")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xscale("symlog", linthresh=1)
+    ax.xaxis.set_major_formatter("{x:g}")
+    label_axes(
+        ax,
+        f"Passkey at {data['target_len']} tokens while fine-tuning",
+        "fine-tune steps (0 = zero-shot; symlog)",
+        "key accuracy per digit (mean over depths)",
+    )
 
 
 def _colors(n: int) -> list[Any]:
