@@ -488,6 +488,42 @@ def test_torchrun_two_processes_gloo(corpus_dir, tmp_path):
     assert json.loads(json.dumps(ddp[0]))  # plain JSON
 
 
+@pytest.mark.parametrize(("rank0", "failed", "code"), [(False, {}, 0), (True, {}, 0),
+                                                    (True, {"rope": "boom"}, 1)])  # fmt: skip
+def test_a_torchrun_rank_ends_without_interpreter_shutdown(
+    corpus_dir, tmp_path, monkeypatch, rank0, failed, code
+):
+    """Under torchrun every rank leaves through ``_exit_process`` with the run's exit code (no
+    interpreter shutdown for DDP's still-running gloo threads to crash), rank 0 after its
+    report."""
+    from types import SimpleNamespace
+
+    from posenc.lab import cli as lab_cli
+    from posenc.lab import experiment
+
+    class Exited(Exception):
+        pass
+
+    def exit_process(c):
+        raise Exited(c)
+
+    summary = SimpleNamespace(group="g", failed=failed)
+    reported = []
+    monkeypatch.setattr(experiment, "run_grid", lambda cfg, opts: summary)
+    monkeypatch.setattr(lab_cli, "_in_process_group", lambda: True)
+    monkeypatch.setattr(lab_cli, "_leave_process_group", lambda: rank0)
+    monkeypatch.setattr(
+        "posenc.lab.report.load_rows", lambda out, group: reported.append(group) or []
+    )
+    monkeypatch.setattr(lab_cli, "_exit_process", exit_process)
+    args = ["lab", "-e", "none", "--text", str(corpus_dir), "-q", "--out", str(tmp_path / "o")]
+    r = CliRunner().invoke(app, args)
+    assert isinstance(r.exception, Exited) and r.exception.args == (code,), r.output
+    assert reported == (["g"] if rank0 else [])  # only rank 0 reports
+    if failed:
+        assert "failed cells: rope: boom" in r.output
+
+
 def test_resume_with_changed_options_names_the_difference(corpus_dir, tmp_path, monkeypatch):
     from posenc.lab import experiment
     from posenc.lab.train import CheckpointError, Interrupted
