@@ -95,13 +95,8 @@ def draw_extend(data: dict[str, Any]) -> Figure:
         left.axhline(y, color="0.2", ls="--", lw=1.2, label=ref["label"])
         left.axhspan(y - 1e-9, y + data["tolerance"], color="0.6", alpha=0.3, lw=0)
         right.plot(data["lengths"], ref["bits"], color="0.2", ls="--", lw=1.2, label=ref["label"])
-    left.set_xscale("symlog", linthresh=1)
-    left.xaxis.set_major_formatter("{x:g}")
-    label_axes(
-        left,
-        f"Recovery by fine-tuning at {T} tokens",
-        "fine-tune steps (0 = zero-shot; symlog)",
-        f"test loss at {T} (bits per {unit})",
+    _steps_axis(
+        left, f"Recovery by fine-tuning at {T} tokens", f"test loss at {T} (bits per {unit})"
     )
     right.set_xscale("log", base=2)
     right.set_xticks(data["lengths"], [str(v) for v in data["lengths"]])
@@ -130,14 +125,18 @@ def _draw_key_panel(ax: Axes, data: dict[str, Any], colors: list[Any]) -> None:
                     label=m["label"])  # fmt: skip
     ax.axhline(CHANCE, color="0.4", ls=":", lw=1, label="chance")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xscale("symlog", linthresh=1)
-    ax.xaxis.set_major_formatter("{x:g}")
-    label_axes(
+    _steps_axis(
         ax,
         f"Passkey at {data['target_len']} tokens while fine-tuning",
-        "fine-tune steps (0 = zero-shot; symlog)",
         "key accuracy per digit (mean over depths)",
     )
+
+
+def _steps_axis(ax: Axes, title: str, ylabel: str) -> None:
+    """Fine-tune steps on x, symlog so that step 0 (zero-shot) has its place."""
+    ax.set_xscale("symlog", linthresh=1)
+    ax.xaxis.set_major_formatter("{x:g}")
+    label_axes(ax, title, "fine-tune steps (0 = zero-shot; symlog)", ylabel)
 
 
 def _colors(n: int) -> list[Any]:
