@@ -62,7 +62,7 @@ def extend_data(rows: list[dict[str, Any]], tolerance: float = 0.02) -> dict[str
             target = nan(line.bits(line.steps, line.target_len))
             out["reference"] = {"label": line.label, "target_bits": target, "bits": by_length}
             continue
-        curve = line.curve()
+        curve, key_curve = line.curve(), line.key_curve()
         out["methods"].append(
             {
                 "label": line.label,
@@ -70,8 +70,8 @@ def extend_data(rows: list[dict[str, Any]], tolerance: float = 0.02) -> dict[str
                 "curve": [b for _, b in curve],
                 "zero_shot": [nan(line.bits(0, n)) for n in lengths],
                 "tuned": by_length,
-                "key_steps": [s for s, _ in line.key_curve()],
-                "key_curve": [a for _, a in line.key_curve()],
+                "key_steps": [s for s, _ in key_curve],
+                "key_curve": [a for _, a in key_curve],
             }
         )
     return out
