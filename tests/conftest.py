@@ -1,4 +1,6 @@
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,3 +12,19 @@ torch.set_num_threads(int(os.environ.get("POSENC_TEST_THREADS", "1")))
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def write_corpus() -> Callable[..., Path]:
+    """``write_corpus(folder, limit=None)``: ``folder/corpus`` filled with real text, the source
+    files of ``posenc.lab`` (the first ``limit`` in name order), for the lab's byte-level runs."""
+    import posenc.lab
+
+    def write(folder: Path, limit: int | None = None) -> Path:
+        d = folder / "corpus"
+        d.mkdir()
+        for f in sorted(Path(posenc.lab.__file__).parent.glob("*.py"))[:limit]:
+            (d / f.name).write_bytes(f.read_bytes())
+        return d
+
+    return write

@@ -88,14 +88,11 @@ def _tiny(corpus: Path) -> P.LabConfig:
 
 
 @pytest.fixture(scope="module")
-def grid(tmp_path_factory):
+def grid(tmp_path_factory, write_corpus):
     tmp = tmp_path_factory.mktemp("extend")
     mp = pytest.MonkeyPatch()
     mp.setenv("POSENC_CACHE", str(tmp / "cache"))
-    corpus = tmp / "corpus"
-    corpus.mkdir()
-    for f in sorted(Path(P.__file__).parent.glob("*.py"))[:6]:
-        (corpus / f.name).write_bytes(f.read_bytes())
+    corpus = write_corpus(tmp, limit=6)
     out = tmp / "grid"
     run_grid(_tiny(corpus), RunOptions(out=out, quiet=True))
     yield tmp, out

@@ -26,14 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def corpus_dir(tmp_path, monkeypatch):
+def corpus_dir(tmp_path, monkeypatch, write_corpus):
     monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
-    d = tmp_path / "corpus"
-    d.mkdir()
-    src = Path(P.__file__).parent
-    for f in sorted(src.glob("*.py")):  # real text: this package's own source
-        (d / f.name).write_bytes(f.read_bytes())
-    return d
+    return write_corpus(tmp_path)
 
 
 def tiny_config(corpus_dir, encodings=("none", "learned"), **kw) -> P.LabConfig:
@@ -297,14 +292,11 @@ def _metrics(row):
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
+def reference_run(tmp_path_factory, write_corpus):
     tmp = tmp_path_factory.mktemp("ref")
     mp = pytest.MonkeyPatch()
     mp.setenv("POSENC_CACHE", str(tmp / "cache"))
-    d = tmp / "corpus"
-    d.mkdir()
-    for f in sorted(Path(P.__file__).parent.glob("*.py")):
-        (d / f.name).write_bytes(f.read_bytes())
+    d = write_corpus(tmp)
     _lab(d, tmp / "out")
     yield d, ResultStore(tmp / "out" / RESULTS_FILE).rows()
     mp.undo()
