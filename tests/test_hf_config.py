@@ -255,7 +255,7 @@ def _rotation_kind(source: str) -> str | None:
 
 def test_layout_table_matches_transformers_source() -> None:
     """Every causal LM in transformers: posenc's pairing is the one its modeling code uses."""
-    from posenc import hf
+    from posenc.hf import config as hf
 
     root = os.path.dirname(transformers.models.__file__)
     wrong = []

@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from .functional.rope_scaling import ORIG, ROPE_SCALING
-from .functional.rotary import normalize_scaling
-from .rotary import MRoPE, RotaryEmbedding
-from .rotary.temperature import QueryTemperature
+from ..functional.rope_scaling import ORIG, ROPE_SCALING
+from ..functional.rotary import normalize_scaling
+from ..rotary import MRoPE, RotaryEmbedding
+from ..rotary.temperature import QueryTemperature
 
 # --- what each architecture does (read from transformers' modeling code) -----------------------
 

@@ -1,0 +1,38 @@
+"""Interop with Hugging Face transformers: configs read exactly, and posenc inside the model.
+
+* :mod:`.config`: :func:`rope_from_hf`, :func:`hf_rope_kwargs`,
+  :func:`attention_temperature_from_hf` (a config object or ``config.json`` dict to posenc's
+  rotary module, exact to the architecture named by ``model_type``).
+"""
+
+from .config import (
+    FALLBACK_DEFAULTS,
+    HF_ROPE_TYPES,
+    INTERLEAVED_MODEL_TYPES,
+    INTERLEAVED_MROPE_MODEL_TYPES,
+    LLAMA4_MODEL_TYPES,
+    LLAMA4_SCALING_MODEL_TYPES,
+    MROPE_MODEL_TYPES,
+    ROPE_INTERLEAVE_MODEL_TYPES,
+    ROTARY_DIM_MODEL_TYPES,
+    UNSUPPORTED_MODEL_TYPES,
+    attention_temperature_from_hf,
+    hf_rope_kwargs,
+    rope_from_hf,
+)
+
+__all__ = [
+    "FALLBACK_DEFAULTS",
+    "HF_ROPE_TYPES",
+    "INTERLEAVED_MODEL_TYPES",
+    "INTERLEAVED_MROPE_MODEL_TYPES",
+    "LLAMA4_MODEL_TYPES",
+    "LLAMA4_SCALING_MODEL_TYPES",
+    "MROPE_MODEL_TYPES",
+    "ROPE_INTERLEAVE_MODEL_TYPES",
+    "ROTARY_DIM_MODEL_TYPES",
+    "UNSUPPORTED_MODEL_TYPES",
+    "attention_temperature_from_hf",
+    "hf_rope_kwargs",
+    "rope_from_hf",
+]
