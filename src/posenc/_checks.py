@@ -45,11 +45,16 @@ def check_positions(
     name: str = "positions",
     ranks: tuple[int, ...] | None = None,
     allow_negative: bool = False,
+    *,
+    device: torch.device | None = None,
+    device_of: str = "q",
 ) -> torch.Tensor:
     """Validate an integer position tensor and return it.
 
     Positions must be integers: float (and above all bf16) positions lose exactness past a few
-    hundred and are a known source of silent errors elsewhere.
+    hundred and are a known source of silent errors elsewhere. ``device``: the device the
+    positions must be on (that of ``device_of``, named in the error): a kernel handed positions
+    (or tables built from them) on another device reads memory that is not there.
     """
     if not isinstance(positions, torch.Tensor):
         raise TypeError(f"{name} must be an integer torch.Tensor, got {type(positions).__name__}")
@@ -61,12 +66,20 @@ def check_positions(
     if ranks is not None and positions.dim() not in ranks:
         shapes = " or ".join(f"{r}-D" for r in ranks)
         raise ValueError(f"{name} must be {shapes}, got shape {tuple(positions.shape)}")
+    if device is not None:
+        check_device(name, positions, device, device_of)
     if not allow_negative and positions.numel():
         check_values(
             positions >= 0,
             lambda: f"{name} must be non-negative, got minimum {int(positions.min())}",
         )
     return positions
+
+
+def check_device(name: str, t: torch.Tensor, device: torch.device, device_of: str) -> None:
+    """``t`` is on ``device`` (the device of ``device_of``): a shape-level check, no value read."""
+    if t.device != device:
+        raise ValueError(f"{name} must be on the device of {device_of} ({device}), got {t.device}")
 
 
 def host_readable(t: torch.Tensor) -> bool:

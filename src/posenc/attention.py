@@ -598,16 +598,20 @@ class Attention(nn.Module):
         if positions is None:
             positions = default_positions(s, x.device, offset=past)
         else:
-            positions = _check_seq_positions(positions, "positions", b, s)
+            positions = _check_seq_positions(positions, "positions", b, s, x.device)
         if memory is None:
             return x, positions, positions, index_layout
         if memory.dim() != 3 or memory.shape[0] != b or memory.shape[2] != self.dim:
             raise ValueError(f"memory must be [{b}, m, {self.dim}], got {tuple(memory.shape)}")
+        if memory.device != x.device:
+            raise ValueError(f"memory must be on the device of x ({x.device}), got {memory.device}")
         m = memory.shape[1]
         if memory_positions is None:
             memory_positions = default_positions(m, x.device)
         else:
-            memory_positions = _check_seq_positions(memory_positions, "memory_positions", b, m)
+            memory_positions = _check_seq_positions(
+                memory_positions, "memory_positions", b, m, x.device
+            )
             index_layout = False
         kv_input = torch.cat((memory.detach(), x), dim=1)  # [b, m + s, dim]
         return kv_input, positions, cat_positions(memory_positions, positions, b), index_layout
@@ -810,9 +814,11 @@ def _encoding_family(encoding: nn.Module | None, backend: str) -> str:
     return str(family)
 
 
-def _check_seq_positions(p: torch.Tensor, name: str, b: int, n: int) -> torch.Tensor:
-    """Check ``p`` is integer ``[n]`` or ``[1|b, n]`` (values only where free)."""
-    p = check_positions(p, name, ranks=(1, 2))
+def _check_seq_positions(
+    p: torch.Tensor, name: str, b: int, n: int, device: torch.device
+) -> torch.Tensor:
+    """Check ``p`` is integer ``[n]`` or ``[1|b, n]`` on x's ``device`` (values only where free)."""
+    p = check_positions(p, name, ranks=(1, 2), device=device, device_of="x")
     if p.shape[-1] != n or (p.dim() == 2 and p.shape[0] not in (1, b)):
         raise ValueError(f"{name} must be [{n}] or [{b}, {n}], got {list(p.shape)}")
     return p

@@ -22,7 +22,8 @@ def check_table_size(name: str, rows: int, dim: int, what: str) -> None:
 
 
 def resolve_positions(x: torch.Tensor, positions: torch.Tensor | None, dim: int) -> torch.Tensor:
-    """Check ``x [b, s, dim]`` and return positions ``[s]`` or ``[b, s]`` (default ``arange(s)``)."""
+    """Check ``x [b, s, dim]`` and return int64 positions ``[s]`` or ``[b, s]`` on x's device
+    (default ``arange(s)``)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(
             f"x must be a floating-point tensor [batch, seq, dim], got {getattr(x, 'dtype', x)!r}"
@@ -33,11 +34,12 @@ def resolve_positions(x: torch.Tensor, positions: torch.Tensor | None, dim: int)
         raise ValueError(f"x's last dimension must equal the encoding dim {dim}, got {x.shape[-1]}")
     if positions is None:
         return default_positions(x.shape[1], x.device)
-    positions = check_positions(positions, ranks=(1, 2))
+    positions = check_positions(positions, ranks=(1, 2), device=x.device, device_of="x")
     expected = ((x.shape[1],), (x.shape[0], x.shape[1]), (1, x.shape[1]))
     if tuple(positions.shape) not in expected:
         raise ValueError(
             f"positions must have shape [seq]={[x.shape[1]]} or [batch, seq]="
             f"{[x.shape[0], x.shape[1]]}, got {list(positions.shape)}"
         )
-    return positions
+    # int64 row indices: a uint8 index would be read as a mask, int8/int16 not at all.
+    return positions if positions.dtype == torch.int64 else positions.long()

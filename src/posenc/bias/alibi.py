@@ -6,7 +6,7 @@ import torch
 
 from ..attention import DeviceConstants
 from ..functional.bias import alibi_slopes, relative_position_matrix
-from .common import PositionBias, ScoreMod, check_pair, per_head, position_reader
+from .common import PositionBias, ScoreMod, per_head, position_reader
 
 
 class ALiBi(PositionBias):
@@ -32,7 +32,7 @@ class ALiBi(PositionBias):
 
     def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]: j - i
         m = self.slopes(rel.device).view(-1, *([1] * rel.dim()))  # [h, 1, 1(, 1)]
         dist = rel.float()  # exact for |j - i| < 2**24
@@ -42,7 +42,7 @@ class ALiBi(PositionBias):
     def score_mod(
         self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
     ) -> ScoreMod:
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         read_q, read_k = position_reader(q), position_reader(k)
         slopes = self.slopes(q.device)
         causal = self.causal

@@ -32,11 +32,19 @@ PositionReader = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def check_pair(
-    positions: torch.Tensor, k_positions: torch.Tensor
+    positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    device: torch.device | None = None,
+    device_of: str = "q",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate query/key positions: integer, ``[s]`` or ``[b, s]``, batch sizes that broadcast."""
-    q = check_positions(positions, "positions", ranks=(1, 2))
-    k = check_positions(k_positions, "k_positions", ranks=(1, 2))
+    """Validate query/key positions: integer, ``[s]`` or ``[b, s]``, batch sizes that broadcast,
+    on one device (``device``, that of ``device_of``, when given)."""
+    q = check_positions(positions, "positions", ranks=(1, 2), device=device, device_of=device_of)
+    if device is None:
+        device, device_of = q.device, "positions"
+    k = check_positions(
+        k_positions, "k_positions", ranks=(1, 2), device=device, device_of=device_of
+    )
     if (
         q.dim() == 2
         and k.dim() == 2
@@ -125,6 +133,16 @@ class PositionBias(nn.Module):
         super().__init__()
         why = "one slope, ratio or table column per head"
         self.num_heads = check_int_at_most("num_heads", num_heads, MAX_TABLE_ROWS, why)
+
+    def check_pair(
+        self, positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`check_pair`, with both on the device of the learned weights if there are any
+        (a parameter-free bias is computed on the positions' device)."""
+        weight = next(self.parameters(), None)
+        if weight is None:
+            return check_pair(positions, k_positions)
+        return check_pair(positions, k_positions, weight.device, "the encoding's parameters")
 
     def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``positions [s]|[b, s]`` (queries), ``k_positions [t]|[b, t]`` (keys) ->

@@ -7,7 +7,7 @@ from torch import nn
 
 from .._checks import check_int_at_most, check_number
 from ..functional.bias import fire_normalized_distance, relative_position_matrix
-from .common import PositionBias, ScoreMod, check_pair, position_reader
+from .common import PositionBias, ScoreMod, position_reader
 
 # Hidden units of f_theta; the paper uses 32.
 MAX_MLP_WIDTH = 1024
@@ -61,7 +61,7 @@ class FIRE(PositionBias):
 
     def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         dtype = torch.promote_types(self.c.dtype, torch.float32)
         dist = -relative_position_matrix(q, k).to(dtype)  # [(b,) s, t]: i - j
         qpos = q.to(dtype)[..., :, None]  # [(b,) s, 1]
@@ -72,7 +72,7 @@ class FIRE(PositionBias):
     def score_mod(
         self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
     ) -> ScoreMod:
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         read_q, read_k = position_reader(q), position_reader(k)
         lin1, lin2 = self.mlp[0], self.mlp[2]
         assert isinstance(lin1, nn.Linear) and isinstance(lin2, nn.Linear)

@@ -17,7 +17,6 @@ from .common import (
     PositionBias,
     ScoreMod,
     at_least_float32,
-    check_pair,
     per_head,
     position_reader,
 )
@@ -93,7 +92,7 @@ class KERPLE(PositionBias):
 
     def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]
         r1, r2 = (at_least_float32(p) for p in self.constrained())  # [h] each
         kernel = kerple_log_bias if self.variant == "log" else kerple_power_bias
@@ -102,7 +101,7 @@ class KERPLE(PositionBias):
     def score_mod(
         self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
     ) -> ScoreMod:
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         read_q, read_k = position_reader(q), position_reader(k)
         r1, r2 = (p.float() for p in self.constrained())  # [h] each
         kernel = kerple_log if self.variant == "log" else kerple_power

@@ -16,7 +16,6 @@ from .common import (
     PositionBias,
     ScoreMod,
     check_index_layout,
-    check_pair,
     column_readers,
     per_head,
     reference_position,
@@ -89,7 +88,7 @@ class Sandwich(PositionBias):
 
     def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         ref = reference_position(q, k)  # [(b,) 1]: B depends on i - j only
         q, k = q.long() - ref, k.long() - ref  # offsets, int64: exact for any positions
         # float64: a float32 product of d' terms near 1 minus d'/2 loses ~15x the float32
@@ -103,7 +102,7 @@ class Sandwich(PositionBias):
     def score_mod(
         self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
     ) -> ScoreMod:
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         inv_ratio = self.inv_ratio(q.device)  # [h]
         if index_layout:
             check_index_layout(q, k)

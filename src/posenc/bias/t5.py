@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..functional.bias import relative_position_matrix, t5_bucket_layout, t5_relative_bucket
-from .common import PositionBias, ScoreMod, at_least_float32, check_pair, position_reader
+from .common import PositionBias, ScoreMod, at_least_float32, position_reader
 
 
 class T5RelativeBias(PositionBias):
@@ -45,7 +45,7 @@ class T5RelativeBias(PositionBias):
 
     def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]
         values = self.relative_attention_bias(self._buckets(rel))  # [(b,) s, t, h]
         return at_least_float32(values.movedim(-1, -3))  # [(b,) h, s, t]
@@ -65,7 +65,7 @@ class T5RelativeBias(PositionBias):
     def score_mod(
         self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
     ) -> ScoreMod:
-        q, k = check_pair(positions, k_positions)
+        q, k = self.check_pair(positions, k_positions)
         read_q, read_k = position_reader(q), position_reader(k)
         table = self.distance_table()  # [h, 2m + 1]: O(max_distance), not O(s * t)
         m = self.max_distance

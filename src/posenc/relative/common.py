@@ -94,7 +94,7 @@ def check_attend_inputs(
         positions = default_positions(s, q.device, offset=t - s)
     if k_positions is None:
         k_positions = default_positions(t, q.device)
-    qp, kp = check_pair(positions, k_positions)
+    qp, kp = check_pair(positions, k_positions, q.device)
     if qp.shape[-1] != s or kp.shape[-1] != t:
         raise ValueError(
             f"positions must end in s={s} and k_positions in t={t}, got "

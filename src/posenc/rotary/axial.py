@@ -201,7 +201,7 @@ class Axial2DRoPE(nn.Module):
             raise ValueError(f"k has {k.shape[2]} tokens and q {q.shape[2]}: pass k_coords")
         tables = []
         for name, c, n in (("coords", coords, q.shape[2]), ("k_coords", k_coords, k.shape[2])):
-            c = check_positions(c, name, ranks=(2, 3))
+            c = check_positions(c, name, ranks=(2, 3), device=q.device)
             if (
                 c.shape[-2] != n - p
                 or c.shape[-1] != 2

@@ -49,7 +49,8 @@ def resolve_angle_dtype(angle_dtype: torch.dtype | str) -> torch.dtype:
 
 
 def check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> None:
-    """``q [b, h, s, d]`` and ``k [b, hk, t, d]`` with ``d == head_dim``."""
+    """``q [b, h, s, d]`` and ``k [b, hk, t, d]`` with ``d == head_dim``, floating point, on one
+    device."""
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         raise TypeError(f"q and k must be tensors, got {type(q).__name__} and {type(k).__name__}")
     if q.dim() != 4 or k.dim() != 4:
@@ -71,6 +72,8 @@ def check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> None:
         )
     if not (q.is_floating_point() and k.is_floating_point()):
         raise TypeError(f"q and k must be floating point, got {q.dtype} and {k.dtype}")
+    if q.device != k.device:
+        raise ValueError(f"q and k must be on one device, got {q.device} and {k.device}")
 
 
 def resolve_qk_positions(
@@ -96,7 +99,7 @@ def resolve_qk_positions(
         given = False
     else:
         given = True
-    positions = _check_pos(positions, "positions", b, s, check_values)
+    positions = _check_pos(positions, "positions", b, s, check_values, q.device)
     if k_positions is None:
         if t == s:
             k_positions = positions
@@ -107,12 +110,14 @@ def resolve_qk_positions(
                 f"k has {t} keys but q has {s} queries: pass k_positions ([{t}] or [{b}, {t}])"
             )
     else:
-        k_positions = _check_pos(k_positions, "k_positions", b, t, check_values)
+        k_positions = _check_pos(k_positions, "k_positions", b, t, check_values, q.device)
     return positions, k_positions
 
 
-def _check_pos(p: torch.Tensor, name: str, b: int, n: int, values: bool) -> torch.Tensor:
-    p = check_positions(p, name, ranks=(1, 2), allow_negative=not values)
+def _check_pos(
+    p: torch.Tensor, name: str, b: int, n: int, values: bool, device: torch.device
+) -> torch.Tensor:
+    p = check_positions(p, name, ranks=(1, 2), allow_negative=not values, device=device)
     if p.shape[-1] != n or (p.dim() == 2 and p.shape[0] not in (1, b)):
         raise ValueError(f"{name} must be [{n}] or [{b}, {n}], got {list(p.shape)}")
     # int64 row indices: a uint8 index would be read as a mask, and the kernels read int64.

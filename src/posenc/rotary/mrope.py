@@ -71,9 +71,10 @@ class MRoPE(RotaryEmbedding):
             )
 
     @staticmethod
-    def _as_3d(p: torch.Tensor, name: str, b: int, n: int) -> torch.Tensor:
-        """``[n]``/``[b, n]`` text positions -> ``[3, n]``/``[3, b, n]``; ``[3, b, n]`` checked."""
-        p = check_positions(p, name, ranks=(1, 2, 3))
+    def _as_3d(p: torch.Tensor, name: str, b: int, n: int, device: torch.device) -> torch.Tensor:
+        """``[n]``/``[b, n]`` text positions -> ``[3, n]``/``[3, b, n]``; ``[3, b, n]`` checked
+        (integer, on q's ``device``)."""
+        p = check_positions(p, name, ranks=(1, 2, 3), device=device)
         if p.dim() < 3:
             if p.shape[-1] != n or (p.dim() == 2 and p.shape[0] not in (1, b)):
                 raise ValueError(
@@ -101,19 +102,17 @@ class MRoPE(RotaryEmbedding):
         """
         check_qk(q, k, self.head_dim)
         b, s, t = q.shape[0], q.shape[2], k.shape[2]
-        if (positions is None or positions.dim() < 3) and (
-            k_positions is None or k_positions.dim() < 3
-        ):
+        if _rank(positions) < 3 and _rank(k_positions) < 3:
             positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
         elif positions is None or (k_positions is None and t != s):
             raise ValueError(
                 "with [3, b, s] positions, pass both positions and k_positions (or s == t)"
             )
-        pos3 = self._as_3d(positions, "positions", b, s)
+        pos3 = self._as_3d(positions, "positions", b, s, q.device)
         kpos3 = (
             pos3
             if k_positions is None or k_positions is positions
-            else self._as_3d(k_positions, "k_positions", b, t)
+            else self._as_3d(k_positions, "k_positions", b, t, q.device)
         )
         if host_readable(pos3) and host_readable(kpos3):  # eager CPU: reading is free
             inv_freq, factor = self.frequencies(max_position(pos3, kpos3) + 1)
@@ -148,6 +147,11 @@ class MRoPE(RotaryEmbedding):
     def extra_repr(self) -> str:
         sections = list(self.mrope_section)
         return f"{super().extra_repr()}, mrope_section={sections}, interleaved={self.interleaved}"
+
+
+def _rank(p: object) -> int:
+    """The rank of a position tensor; 0 for None or a non-tensor (whose check then says why)."""
+    return p.dim() if isinstance(p, torch.Tensor) else 0
 
 
 def mrope_positions(

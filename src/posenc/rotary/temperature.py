@@ -99,7 +99,7 @@ class QueryTemperature:
         """
         if q.dim() != 4:
             raise ValueError(f"q must be 4-D [b, h, s, d], got shape {tuple(q.shape)}")
-        positions = check_positions(positions, ranks=(1, 2))
+        positions = check_positions(positions, ranks=(1, 2), device=q.device)
         if positions.shape[-1] != q.shape[2]:
             raise ValueError(
                 f"positions must end in the query length {q.shape[2]}, got {tuple(positions.shape)}"
