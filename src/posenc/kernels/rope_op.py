@@ -24,11 +24,11 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
-from .._checks import check_choice, check_values
+from .._checks import check_choice, check_device, check_values
 from .constants import (
     CPU_KERNEL_DTYPES,
     ROTARY_BACKENDS,
@@ -284,37 +284,16 @@ def _rope_qk_inplace_fake(*args: object) -> None:
     return None
 
 
-class _RopeQKInplace(torch.autograd.Function):
-    """Autograd for the in-place op (``torch.library`` ops that mutate take no autograd
-    formula): the forward rotates q and k in place and marks them dirty; the backward is the
-    out-of-place op with the opposite angles."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, backend: str, *args: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        a = RopeArgs(*args)
-        _rope_qk_inplace_op(*a, False, backend)
-        ctx.mark_dirty(a.q, a.k)
-        _save(ctx, a, backend)
-        return a.q, a.k
-
-    @staticmethod
-    def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, grad_q: torch.Tensor, grad_k: torch.Tensor
-    ) -> tuple[torch.Tensor | None, ...]:
-        return (None, *_backward(ctx, grad_q, grad_k, True), *(None,) * 8)
-
-
 # --- the entry point ----------------------------------------------------------------------------
 
 
-def _as_table(name: str, t: torch.Tensor, half: int, b: int) -> torch.Tensor:
-    """A cos/sin table as ``[1 or b, n, r/2]``."""
+def _as_table(name: str, t: torch.Tensor, half: int, b: int, device: torch.device) -> torch.Tensor:
+    """A cos/sin table on q's ``device`` as ``[1 or b, n, r/2]``."""
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
         raise TypeError(
             f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t))}"
         )
+    check_device(name, t, device, "q")
     if t.dim() == 2:
         t = t.unsqueeze(0)  # [1, n, r/2]
     if t.dim() != 3 or t.shape[-1] != half or t.shape[0] not in (1, b):
@@ -324,13 +303,14 @@ def _as_table(name: str, t: torch.Tensor, half: int, b: int) -> torch.Tensor:
     return unit_last(t)
 
 
-def _as_positions(name: str, p: torch.Tensor, b: int, s: int) -> torch.Tensor:
-    """Positions as ``[1 or b, s]``."""
+def _as_positions(name: str, p: torch.Tensor, b: int, s: int, device: torch.device) -> torch.Tensor:
+    """Positions on q's ``device`` as ``[1 or b, s]``."""
     if not isinstance(p, torch.Tensor) or p.dtype not in (torch.int32, torch.int64):
         raise TypeError(
             f"{name} must be an int32/int64 tensor of table rows, got "
             f"{getattr(p, 'dtype', type(p))}; build positions with torch.arange(..., dtype=torch.long)"
         )
+    check_device(name, p, device, "q")
     if p.dim() == 1:
         p = p.unsqueeze(0)  # [1, s]
     if p.dim() != 2 or p.shape[1] != s or p.shape[0] not in (1, b):
@@ -390,8 +370,17 @@ def _check_cu_seqlens(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor
             "with cu_seqlens, q and k must be packed [total, h, d] with the same total, got "
             f"{tuple(q.shape)} and {tuple(k.shape)}"
         )
-    if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
-        raise TypeError(f"cu_seqlens must be a 1-D int32/int64 tensor, got {cu_seqlens.dtype}")
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (
+        torch.int32,
+        torch.int64,
+    ):
+        got = getattr(cu_seqlens, "dtype", type(cu_seqlens).__name__)
+        raise TypeError(f"cu_seqlens must be a 1-D int32/int64 tensor, got {got}")
+    if cu_seqlens.dim() != 1:
+        raise ValueError(
+            f"cu_seqlens must be 1-D [num_seqs + 1], got shape {tuple(cu_seqlens.shape)}"
+        )
+    check_device("cu_seqlens", cu_seqlens, q.device, "q")
     total = q.shape[0]
     if cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens needs at least 2 entries [0, total], got {cu_seqlens}")
@@ -461,22 +450,24 @@ def _canonical_tables(
     rotary_dim: int | None,
     b: int,
     d: int,
+    device: torch.device,
 ) -> _Tables:
-    """``(r, cos_q, sin_q, cos_k, sin_k)``, each table ``[1 or b, n, r/2]``; k's are q's
-    (the same objects) without ``cos_k``/``sin_k``."""
+    """``(r, cos_q, sin_q, cos_k, sin_k)``, each table ``[1 or b, n, r/2]`` on q's ``device``;
+    k's are q's (the same objects) without ``cos_k``/``sin_k``."""
     if not isinstance(cos, torch.Tensor) or cos.dim() == 0:
         raise TypeError(f"cos must be a tensor [n, r/2] or [b, n, r/2], got {type(cos).__name__}")
     r = 2 * cos.shape[-1] if rotary_dim is None else rotary_dim
     if isinstance(r, bool) or not isinstance(r, int) or r % 2 or not 0 < r <= d:
         raise ValueError(f"rotary_dim must be an even integer in [2, head_dim={d}], got {r!r}")
-    half = r // 2
-    cos_q3, sin_q3 = _as_table("cos", cos, half, b), _as_table("sin", sin, half, b)
+    half, dev = r // 2, device
+    cos_q3, sin_q3 = _as_table("cos", cos, half, b, dev), _as_table("sin", sin, half, b, dev)
     if (cos_k is None) != (sin_k is None):
         raise ValueError("give both cos_k and sin_k, or neither")
     if cos_k is None or sin_k is None:
         cos_k3, sin_k3 = cos_q3, sin_q3
     else:
-        cos_k3, sin_k3 = _as_table("cos_k", cos_k, half, b), _as_table("sin_k", sin_k, half, b)
+        cos_k3 = _as_table("cos_k", cos_k, half, b, dev)
+        sin_k3 = _as_table("sin_k", sin_k, half, b, dev)
     if cos_q3.shape != sin_q3.shape or cos_k3.shape != sin_k3.shape:
         raise ValueError(
             f"cos and sin must have one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
@@ -491,14 +482,15 @@ def _canonical_positions(
     b: int,
     s: int,
     t: int,
+    device: torch.device,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``(pos_q [1 or b, s], pos_k [1 or b, t])``, either None for row i = position i; pos_k is
-    pos_q (the same object) where k shares q's table and rows."""
-    pos_q = None if positions is None else _as_positions("positions", positions, b, s)
+    """``(pos_q [1 or b, s], pos_k [1 or b, t])`` on q's ``device``, either None for row i =
+    position i; pos_k is pos_q (the same object) where k shares q's table and rows."""
+    pos_q = None if positions is None else _as_positions("positions", positions, b, s, device)
     if k_positions is not None:
         # The same object as q's (self-attention) lets the kernels share the loaded table rows.
         same = k_positions is positions and not own_k_table
-        pos_k = pos_q if same else _as_positions("k_positions", k_positions, b, t)
+        pos_k = pos_q if same else _as_positions("k_positions", k_positions, b, t, device)
         return pos_q, pos_k
     if own_k_table:
         return pos_q, None  # k's own table, row i = position i
@@ -535,8 +527,11 @@ def _canonicalize(
             f"q and k must agree on batch and head_dim, got {tuple(q.shape)} and {tuple(k.shape)}"
         )
     t = k4.shape[2]
-    r, cos_q3, sin_q3, cos_k3, sin_k3 = _canonical_tables(cos, sin, cos_k, sin_k, rotary_dim, b, d)
-    pos_q, pos_k = _canonical_positions(positions, k_positions, cos_k is not None, b, s, t)
+    dev = q.device
+    r, cos_q3, sin_q3, cos_k3, sin_k3 = _canonical_tables(
+        cos, sin, cos_k, sin_k, rotary_dim, b, d, dev
+    )
+    pos_q, pos_k = _canonical_positions(positions, k_positions, cos_k is not None, b, s, t, dev)
     _check_rows("positions", pos_q, s, cos_q3)
     if pos_k is not pos_q or cos_k3 is not cos_q3:
         _check_rows("k_positions", pos_k, t, cos_k3)
@@ -572,6 +567,16 @@ def _check_inplace(q: torch.Tensor, k: torch.Tensor) -> None:
                 f"{tuple(x.stride())}, e.g. from expand()); writing in place would rotate shared "
                 "elements more than once. Use inplace=False"
             )
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        for name, x in (("q", q), ("k", k)):
+            base = x._base if x._base is not None else x
+            if x.requires_grad and base.is_leaf:
+                what = "a leaf tensor" if base is x else "a view of a leaf tensor"
+                raise ValueError(
+                    f"inplace=True cannot write into {name}: it is {what} that requires grad, "
+                    "which autograd forbids to modify; use inplace=False, or rotate a non-leaf "
+                    "(e.g. the projection's output) instead"
+                )
     same = q is k or (
         not torch.compiler.is_compiling()  # data pointers are not traceable
         and q.numel() > 0
@@ -599,29 +604,32 @@ def rope_qk_canonical(
     Eager calls that need no gradient launch the kernel directly (the custom op's dispatch costs
     more than a decode step's whole rotation); under torch.compile or autograd the calls go
     through the ``posenc::rope_qk`` ops, which Dynamo keeps in the graph as single nodes.
+    ``inplace`` under autograd rotates out of place and copies the result into ``q`` and ``k``
+    (:func:`rope_qk` checks first that autograd allows writing into them).
     """
     q, k = a.q, a.k
     chosen = (
         backend if checked else mixed_backend(backend, q, k) or select_backend(backend, q, a[2:6])
     )
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if chosen == "torch":
         q_rot, k_rot = rope_qk_reference(a)
-        if inplace:
-            q.copy_(q_rot)
-            k.copy_(k_rot)
-            return q, k
-        return q_rot, k_rot
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-    if not needs_grad and not torch.compiler.is_compiling():
+    elif not needs_grad and not torch.compiler.is_compiling():
         q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
         _launch(chosen, a, q_out, k_out, False)
         return q_out, k_out
-    if not inplace:
-        return _rope_qk_op(*a, False, chosen)
-    if needs_grad:
-        _RopeQKInplace.apply(chosen, *a)
-    else:
+    elif inplace and not needs_grad:
         _rope_qk_inplace_op(*a, False, chosen)
+        return q, k
+    else:
+        q_rot, k_rot = _rope_qk_op(*a, False, chosen)
+    if not inplace:
+        return q_rot, k_rot
+    # In place under autograd: the rotation out of place, then copied in. Autograd records the
+    # copies, into views too (bshd transposes, slices of a packed qkv), which an autograd
+    # Function marking two views dirty cannot do; the rotation's backward needs only the tables.
+    q.copy_(q_rot)
+    k.copy_(k_rot)
     return q, k
 
 
