@@ -3,6 +3,10 @@
 * :mod:`.config`: :func:`rope_from_hf`, :func:`hf_rope_kwargs`,
   :func:`attention_temperature_from_hf` (a config object or ``config.json`` dict to posenc's
   rotary module, exact to the architecture named by ``model_type``).
+* :mod:`.plan`: :func:`position_plan` (what each decoder layer does with positions: rotation or
+  NoPE, span, query temperature); :mod:`.inspect` prints it (``posenc inspect``).
+* :mod:`.load`: :func:`resolve_config` (a dict, config object, ``config.json`` path, model folder
+  or cached model id; never the network).
 """
 
 from .config import (
@@ -16,10 +20,12 @@ from .config import (
     ROPE_INTERLEAVE_MODEL_TYPES,
     ROTARY_DIM_MODEL_TYPES,
     UNSUPPORTED_MODEL_TYPES,
-    attention_temperature_from_hf,
     hf_rope_kwargs,
     rope_from_hf,
 )
+from .load import resolve_config
+from .plan import LayerPositions, PositionPlan, position_plan
+from .temperature import attention_temperature_from_hf
 
 __all__ = [
     "FALLBACK_DEFAULTS",
@@ -32,7 +38,11 @@ __all__ = [
     "ROPE_INTERLEAVE_MODEL_TYPES",
     "ROTARY_DIM_MODEL_TYPES",
     "UNSUPPORTED_MODEL_TYPES",
+    "LayerPositions",
+    "PositionPlan",
     "attention_temperature_from_hf",
     "hf_rope_kwargs",
+    "position_plan",
+    "resolve_config",
     "rope_from_hf",
 ]

@@ -41,7 +41,7 @@ import torch
 from ..functional.rope_scaling import ORIG, ROPE_SCALING
 from ..functional.rotary import normalize_scaling
 from ..rotary import MRoPE, RotaryEmbedding
-from ..rotary.temperature import QueryTemperature
+from .load import resolve_config
 
 # --- what each architecture does (read from transformers' modeling code) -----------------------
 
@@ -138,6 +138,7 @@ FALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
 _SPLIT_BY_LAYER_TYPE = frozenset({"gemma3_text", "olmo3"})
 _CONFIG_ALIASES = {  # older names, as the config classes' attribute maps read them
     "n_embd": "hidden_size", "n_head": "num_attention_heads", "n_positions": "max_position_embeddings",
+    "n_layer": "num_hidden_layers",
     "rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta",
 }  # fmt: skip
 
@@ -194,6 +195,18 @@ def _check_types(raw: Mapping[str, Any], where: str = "config") -> None:
             _check_types(value, f"{where}[{key!r}]")  # per-layer-type rope parameters
         elif key in _NUMERIC_KEYS and value is not None and not _is_real(value):
             raise ValueError(f"{where}[{key!r}] must be a number, got {value!r}")
+
+
+def needs_transformers_hint(cfg: Any, what: str) -> str:
+    """The advice to append when the fallback reader (a dict read without transformers) lacks a
+    value the model's transformers config class would supply; empty for a config object."""
+    model_type = _get(cfg, "model_type")
+    if not isinstance(cfg, Mapping) or not isinstance(model_type, str):
+        return ""
+    return (
+        f"; model_type {model_type!r} may leave {what} to its transformers config class: read "
+        'it with transformers installed (pip install "posenc[hf]") and use_transformers=True'
+    )
 
 
 def _transformers_config(raw: Mapping[str, Any]) -> Any | None:
@@ -300,7 +313,7 @@ def _model_types(config: Any, text: Any) -> frozenset[str]:
     return frozenset(t for t in types if isinstance(t, str) and t)
 
 
-def _read(config: Any, use_transformers: bool) -> tuple[Any, frozenset[str]]:
+def read_config(config: Any, use_transformers: bool) -> tuple[Any, frozenset[str]]:
     """``(text config, model types)`` of a config object or dict."""
     text = _text_config(config, use_transformers)
     model_types = _model_types(config, text)
@@ -340,7 +353,13 @@ def _layer_params(cfg: Any, layer_type: str | None) -> dict[str, Any]:
         raise ValueError(f"layer_type {layer_type!r} has no RoPE parameters; config has {nested}")
     if params[layer_type] is None:
         raise ValueError(f"layer type {layer_type!r} uses no RoPE (its rope parameters are None)")
-    return dict(params[layer_type])
+    out = dict(params[layer_type])
+    # transformers' YaRN reads ``config.rope_parameters.get("truncate", True)``: the top level of
+    # a nested dict, never the layer type's own entry.
+    out.pop("truncate", None)
+    if params.get("truncate") is not None and out.get("rope_type", out.get("type")) == "yarn":
+        out["truncate"] = params["truncate"]
+    return out
 
 
 def _rope_type(params: Mapping[str, Any], model_types: frozenset[str]) -> str:
@@ -385,6 +404,7 @@ def _head_dim(cfg: Any, layer_type: str | None) -> int:
         if hidden is None or heads is None:
             raise ValueError(
                 "config has no head_dim and no hidden_size / num_attention_heads to derive it"
+                + needs_transformers_hint(cfg, "head_dim")
             )
         hidden = _positive_int(hidden, "hidden_size")
         head_dim = hidden // _positive_int(heads, "num_attention_heads")
@@ -475,7 +495,12 @@ def hf_rope_kwargs(
     reads a dict with posenc's table of class defaults instead of building the transformers
     config (what happens when transformers is not installed).
     """
-    cfg, model_types = _read(config, use_transformers)
+    cfg, model_types = read_config(resolve_config(config), use_transformers)
+    return rope_kwargs(cfg, model_types, layer_type)
+
+
+def rope_kwargs(cfg: Any, model_types: frozenset[str], layer_type: str | None) -> dict[str, Any]:
+    """:func:`hf_rope_kwargs` of a config already read by :func:`read_config`."""
     params = _layer_params(cfg, layer_type)
     rope_type = _rope_type(params, model_types)
     ignored = set().union(*(_IGNORED_KEYS.get(t, frozenset()) for t in model_types))
@@ -520,7 +545,19 @@ def rope_from_hf(
     ...               "rope_scaling": {"type": "linear", "factor": 2.0}}).scaling
     {'rope_type': 'linear', 'factor': 2.0}
     """
-    kw = hf_rope_kwargs(config, layer_type, use_transformers=use_transformers)
+    cfg, model_types = read_config(resolve_config(config), use_transformers)
+    kw = rope_kwargs(cfg, model_types, layer_type)
+    return rope_module(kw, layout, angle_dtype, cache_len, backend)
+
+
+def rope_module(
+    kw: Mapping[str, Any],
+    layout: str | None = None,
+    angle_dtype: torch.dtype | str = torch.float32,
+    cache_len: int = 4096,
+    backend: str = "auto",
+) -> RotaryEmbedding:
+    """The module of :func:`hf_rope_kwargs`' result ``kw``."""
     if "mrope_section" in kw:
         return MRoPE(
             kw["head_dim"],
@@ -542,46 +579,3 @@ def rope_from_hf(
         cache_len=cache_len,
         backend=backend,
     )
-
-
-def attention_temperature_from_hf(
-    config: Any, *, use_transformers: bool = True
-) -> QueryTemperature | None:
-    """The query temperature of a Hugging Face config, or None when the model has none.
-
-    * Llama-4 (``attn_temperature_tuning``): ``log1p(floor((p + 1) / floor_scale)) * attn_scale
-      + 1`` on the layers without RoPE (``layers``), ``p`` the absolute index in the KV cache.
-    * Ministral-3 (rope parameter ``llama_4_scaling_beta``): ``1 + beta * log(1 + floor(p / L))``
-      on every layer, ``L = original_max_position_embeddings``, ``p`` the ``position_ids``.
-
-    Multiply the queries by it after the rotation: ``q = temperature(q, positions)``.
-    """
-    cfg, model_types = _read(config, use_transformers)
-    if model_types & LLAMA4_MODEL_TYPES:
-        if not _get(cfg, "attn_temperature_tuning"):
-            return None
-        no_rope = _get(cfg, "no_rope_layers") or ()
-        layers = tuple(i for i, uses_rope in enumerate(no_rope) if not uses_rope)
-        beta = _get(cfg, "attn_scale")
-        length = _get(cfg, "floor_scale")
-        return QueryTemperature(
-            "llama4_temperature", beta, _positive_int(length, "floor_scale"), layers
-        )
-    every = _get(cfg, "rope_parameters") or {}
-    nested = _nested_keys(every, _get(cfg, "_rope_type_labels") or _get(cfg, "layer_types"))
-    per_type = [every[k] for k in nested if every[k] is not None] if nested else [every]
-    with_beta = [p for p in per_type if p.get("llama_4_scaling_beta") is not None]
-    if not with_beta:
-        return None
-    if len(with_beta) < len(per_type):
-        raise ValueError("llama_4_scaling_beta must be in every layer type's rope parameters")
-    params = with_beta[0]
-    beta = params["llama_4_scaling_beta"]
-    _rope_type(params, model_types)  # the key must belong to this architecture
-    orig = params.get("original_max_position_embeddings")
-    if orig is None:
-        raise ValueError(
-            "llama_4_scaling_beta needs original_max_position_embeddings in the rope parameters"
-        )
-    length = _positive_int(orig, "original_max_position_embeddings")
-    return QueryTemperature("llama4_scaling", beta, length, None)

@@ -1,0 +1,130 @@
+"""Where a Hugging Face config comes from: a dict, a config object, a file, a folder, or the cache.
+
+:func:`resolve_config` is called once at each public entry of :mod:`posenc.hf`
+(:func:`~posenc.hf.rope_from_hf`, :func:`~posenc.hf.hf_rope_kwargs`,
+:func:`~posenc.hf.attention_temperature_from_hf`, :func:`~posenc.hf.position_plan`) and turns what
+the caller gave into a dict (read from JSON) or leaves a config object as it is:
+
+* a ``Mapping`` (a parsed ``config.json``) or a transformers config object: returned unchanged;
+* a path (``str`` or :class:`os.PathLike`) to a ``config.json`` file, or to a model folder that
+  holds one;
+* a model id ``"org/name"`` already in the local Hugging Face cache (``HF_HUB_CACHE``, else
+  ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``; layout
+  ``models--org--name/snapshots/<rev>/config.json``).
+
+Nothing here touches the network: a model that is not cached is an error that says how to fetch
+its config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+_DEFAULT_CACHE = Path("~/.cache/huggingface/hub")
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache folder, from the environment at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return _DEFAULT_CACHE.expanduser()
+
+
+def _looks_like_model_id(text: str) -> bool:
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not text.startswith((".", "~")) and " " not in text
+
+
+def cached_config_path(model_id: str, cache_dir: Path | None = None) -> Path | None:
+    """The ``config.json`` of ``model_id`` in the local hub cache, or None when it is not there.
+
+    Uses ``huggingface_hub.try_to_load_from_cache`` when it is installed (the ``refs/main``
+    revision), else reads the cache layout: ``refs/main`` if present, else the newest snapshot.
+    """
+    cache = hub_cache_dir() if cache_dir is None else cache_dir
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # optional: the cache layout is read directly below
+        pass
+    else:
+        found = try_to_load_from_cache(model_id, "config.json", cache_dir=str(cache))
+        if isinstance(found, str) and Path(found).is_file():
+            return Path(found)
+    repo = cache / f"models--{model_id.replace('/', '--')}"
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        candidate = snapshots / ref.read_text().strip() / "config.json"
+        if candidate.is_file():
+            return candidate
+    found_files = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+    return found_files[-1] if found_files else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read config file {str(path)!r}: {err}") from err
+    except json.JSONDecodeError as err:
+        raise ValueError(f"config file {str(path)!r} is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"config file {str(path)!r} must hold a JSON object, got {type(data).__name__}"
+        )
+    return data
+
+
+def config_path(source: str | os.PathLike[str]) -> Path:
+    """The ``config.json`` that ``source`` names: the file itself, ``source/config.json`` for a
+    folder, or the cached file of a model id. Raises ``ValueError`` naming every place tried."""
+    text = os.fspath(source)
+    path = Path(text).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path / "config.json"
+        raise ValueError(f"model folder {text!r} has no config.json")
+    tried = [f"no file or folder {text!r}"]
+    if isinstance(source, str) and _looks_like_model_id(text):
+        cache = hub_cache_dir()
+        found = cached_config_path(text, cache)
+        if found is not None:
+            return found
+        tried.append(
+            f"no model {text!r} with a config.json in the Hugging Face cache {str(cache)!r}"
+        )
+        hint = (
+            f" (posenc never downloads: fetch it first, e.g. "
+            f"`huggingface-cli download {text} config.json`)"
+        )
+    else:
+        tried.append("not a model id 'org/name' to look up in the Hugging Face cache")
+        hint = ""
+    raise ValueError(f"config {text!r} not found: {'; '.join(tried)}{hint}")
+
+
+def resolve_config(config: Any) -> Any:
+    """A config to read: a dict (a ``Mapping`` as given, or a ``config.json`` read from a path,
+    a model folder or the cache) or the config object itself.
+
+    >>> resolve_config({"model_type": "llama"})
+    {'model_type': 'llama'}
+    """
+    if isinstance(config, Mapping):
+        return config
+    if isinstance(config, (str, os.PathLike)):
+        return _read_json(config_path(config))
+    if isinstance(config, (bytes, int, float, list, tuple)) or config is None:
+        raise TypeError(
+            "config must be a dict, a transformers config object, a path to a config.json or "
+            f"a model folder, or a cached model id 'org/name'; got {type(config).__name__}"
+        )
+    return config
