@@ -1,0 +1,385 @@
+"""One call puts posenc's fused rotation into a loaded transformers model, and one takes it out.
+
+:func:`apply_posenc` patches the *instances* of one model: each attention layer gets its own copy
+of its class's ``forward`` whose ``apply_rotary_pos_emb`` (the function every supported modeling
+module calls by name) is posenc's fused kernel with that module's exact semantics. Nothing global
+changes (other models of the same class are untouched), no weight and no ``state_dict`` entry
+changes, and :func:`remove_posenc` restores the model as it was. ``scaling=`` also replaces the
+model's rotary modules by :class:`~posenc.hf.rotary.HFRotaryEmbedding` with the given RoPE
+scaling: context extension, equal to transformers built with the same ``rope_parameters``.
+
+Each supported architecture is an entry of :data:`SUPPORTED`: its modeling module and, for each
+rotation function it calls, how that function rotates (pairing, cos/sin table layout, output
+order). At patch time each entry is checked against the installed transformers: the stock
+function and posenc's are run on the same random inputs, so a transformers release that changes
+a rotation is refused instead of silently patched.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import itertools
+import sys
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._checks import check_choice
+from ..functional.rope_scaling import yarn_mscale
+from ..kernels.constants import ROTARY_BACKENDS
+from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """How one transformers rotation function rotates.
+
+    ``interleaved``: pairs ``(x[2i], x[2i+1])`` (else ``(x[i], x[i + r/2])``); ``table_layout``:
+    the cos/sin it receives (``"cat"`` or ``"repeat"``, see :mod:`posenc.hf.rotary`);
+    ``deinterleave``: it writes the rotated pairs de-interleaved, ``[x0' x2' .. | x1' x3' ..]``
+    (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``).
+    """
+
+    interleaved: bool = False
+    table_layout: str = "cat"
+    deinterleave: bool = False
+
+
+HALF = Rotation()
+# GLM: cat(freqs, freqs) tables, repeated per pair inside, rotate_half on interleaved pairs.
+GLM = Rotation(interleaved=True)
+# Cohere: repeat_interleave(freqs, 2) tables and interleaved pairs.
+COHERE = Rotation(interleaved=True, table_layout="repeat")
+DEEPSEEK_INTERLEAVE = Rotation(interleaved=True, deinterleave=True)
+
+_STANDARD = {"apply_rotary_pos_emb": HALF}
+#: model_type -> (transformers modeling module, {rotation function name: how it rotates}).
+SUPPORTED: dict[str, tuple[str, dict[str, Rotation]]] = {
+    "llama": ("llama", _STANDARD),
+    "mistral": ("mistral", _STANDARD),
+    "mixtral": ("mixtral", _STANDARD),
+    "qwen2": ("qwen2", _STANDARD),
+    "qwen2_moe": ("qwen2_moe", _STANDARD),
+    "qwen3": ("qwen3", _STANDARD),
+    "qwen3_moe": ("qwen3_moe", _STANDARD),
+    "phi3": ("phi3", _STANDARD),  # partial rotary inside its function: channels r.. pass
+    "gemma2": ("gemma2", _STANDARD),
+    "gemma3": ("gemma3", _STANDARD),
+    "gemma3_text": ("gemma3", _STANDARD),
+    "granite": ("granite", _STANDARD),
+    "olmo2": ("olmo2", _STANDARD),
+    "olmo3": ("olmo3", _STANDARD),
+    "cohere": ("cohere", {"apply_rotary_pos_emb": COHERE}),
+    "cohere2": ("cohere2", {"apply_rotary_pos_emb": COHERE}),
+    "gpt_neox": ("gpt_neox", _STANDARD),
+    "stablelm": ("stablelm", _STANDARD),
+    "glm": ("glm", {"apply_rotary_pos_emb": GLM}),
+    "deepseek_v3": (
+        "deepseek_v3",
+        {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
+    ),
+    "smollm3": ("smollm3", _STANDARD),
+    # Text decoders of the vision-language models (their M-RoPE is in the rotary module).
+    "qwen2_vl": ("qwen2_vl", _STANDARD),
+    "qwen2_vl_text": ("qwen2_vl", _STANDARD),
+    "qwen2_5_vl": ("qwen2_5_vl", _STANDARD),
+    "qwen2_5_vl_text": ("qwen2_5_vl", _STANDARD),
+}
+
+
+# Attention whose softmax scale reads the rope parameters: DeepSeek-V3's MLA multiplies it by
+# yarn_mscale(factor, mscale_all_dim) ** 2 when a YaRN scaling sets mscale_all_dim.
+MSCALE_SOFTMAX_MODEL_TYPES = frozenset({"deepseek_v3"})
+
+
+def mla_softmax_scale(head_dim: int, scaling: Mapping[str, Any]) -> float:
+    """DeepSeek-V3's softmax scale for ``scaling``: ``head_dim ** -0.5``, times
+    ``yarn_mscale(factor, mscale_all_dim) ** 2`` for a YaRN scaling with ``mscale_all_dim``."""
+    scale = head_dim**-0.5
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    mscale_all_dim = scaling.get("mscale_all_dim") or 0
+    if rope_type == "yarn" and mscale_all_dim:
+        scale *= yarn_mscale(float(scaling["factor"]), float(mscale_all_dim)) ** 2
+    return scale
+
+
+def supported_model_types() -> list[str]:
+    """The ``model_type`` values :func:`apply_posenc` accepts."""
+    return sorted(SUPPORTED)
+
+
+def fused_rotation(
+    rotation: Rotation, stock: Callable[..., Any], backend: str = "auto"
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """posenc's stand-in for the transformers function ``stock`` that rotates as ``rotation``
+    says: the same signature (``q, k, cos, sin`` then ``stock``'s own optional arguments), the
+    same result, computed by :func:`posenc.hf.apply_rotary_pos_emb`."""
+    extra = list(inspect.signature(stock).parameters)[4:]  # e.g. ["unsqueeze_dim"]
+
+    def rotate(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *args: Any,
+        **kw: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        unsqueeze_dim = kw.get("unsqueeze_dim", 1)
+        if "unsqueeze_dim" in extra and extra.index("unsqueeze_dim") < len(args):
+            unsqueeze_dim = args[extra.index("unsqueeze_dim")]
+        q, k = apply_rotary_pos_emb(
+            q,
+            k,
+            cos,
+            sin,
+            unsqueeze_dim,
+            interleaved=rotation.interleaved,
+            table_layout=rotation.table_layout,
+            backend=backend,
+        )
+        if rotation.deinterleave:
+            r = cos.shape[-1]  # [x0' x1' x2' x3' ..] -> [x0' x2' .. | x1' x3' ..]
+            q = torch.cat((q[..., 0:r:2], q[..., 1:r:2], q[..., r:]), dim=-1)
+            k = torch.cat((k[..., 0:r:2], k[..., 1:r:2], k[..., r:]), dim=-1)
+        return q, k
+
+    rotate.__name__ = rotate.__qualname__ = f"posenc_{stock.__name__}"
+    rotate.__doc__ = (
+        f"posenc's fused stand-in for transformers' {stock.__module__}.{stock.__name__}."
+    )
+    return rotate
+
+
+def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) -> None:
+    """Run ``stock`` and posenc's stand-in on the same random inputs; raise if they differ."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 1, 5, 8, generator=g)
+    angle = torch.randn(2, 5, 4, generator=g) * 3  # [b, s, n], distinct per token and pair
+    if rotation.table_layout == "cat":
+        angle = torch.cat((angle, angle), dim=-1)
+    else:
+        angle = angle.repeat_interleave(2, dim=-1)
+    cos, sin = angle.cos(), angle.sin()
+    want = stock(q, k, cos, sin)
+    got = fused_rotation(rotation, stock, "torch")(q, k, cos, sin)
+    worst = max(float((w - o).abs().max()) for w, o in zip(want, got, strict=True))
+    if worst > 1e-5:
+        raise RuntimeError(
+            f"{where} no longer rotates as posenc expects ({rotation}; max difference {worst:.3g} "
+            "on a random probe): this transformers version is not supported by apply_posenc"
+        )
+
+
+# --- per-instance copies of a forward with other globals ----------------------------------------
+
+_shadows = itertools.count()
+
+
+def shadow_module(modeling: types.ModuleType, overrides: Mapping[str, Any]) -> types.ModuleType:
+    """A copy of module ``modeling`` in which the names ``overrides`` resolve differently,
+    registered in ``sys.modules`` under a name of its own: torch.compile finds the globals of
+    the functions it traces by their module's name, so the copy must be importable."""
+    name = f"posenc_shadow_{next(_shadows)}_{modeling.__name__.replace('.', '_')}"
+    shadow = types.ModuleType(name, modeling.__doc__)
+    skip = ("__name__", "__spec__", "__loader__", "__doc__")
+    shadow.__dict__.update({k: v for k, v in vars(modeling).items() if k not in skip})
+    shadow.__dict__.update(overrides)
+    sys.modules[name] = shadow
+    return shadow
+
+
+def with_globals(fn: Any, scope: dict[str, Any]) -> Any:
+    """A copy of function ``fn`` that reads its global names from ``scope``.
+
+    Decorated functions (``functools.wraps`` chains, e.g. transformers' ``deprecate_kwarg``)
+    are copied wrapper by wrapper: each copy's closure holds the copy of the function it wraps;
+    the wrappers keep their own globals.
+    """
+    inner = getattr(fn, "__wrapped__", None)
+    if inner is None:
+        globals_, closure = scope, fn.__closure__
+    else:
+        new_inner = with_globals(inner, scope)
+        cells = list(fn.__closure__ or ())
+        held = [i for i, c in enumerate(cells) if _cell(c) is inner]
+        if not held:
+            raise RuntimeError(f"cannot re-create the decorator around {fn.__qualname__}")
+        for i in held:
+            cells[i] = types.CellType(new_inner)
+        globals_, closure = fn.__globals__, tuple(cells)
+    new: Any = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, closure)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    functools.update_wrapper(new, fn, updated=())
+    if inner is not None:
+        new.__wrapped__ = new_inner
+    else:
+        del new.__wrapped__
+    return new
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _code_names(fn: Any) -> set[str]:
+    while getattr(fn, "__wrapped__", None) is not None:
+        fn = fn.__wrapped__
+    return set(fn.__code__.co_names)
+
+
+# --- apply / remove -----------------------------------------------------------------------------
+
+
+@dataclass
+class PosencPatch:
+    """What :func:`apply_posenc` changed on a model (kept on it as ``model.posenc_patch``)."""
+
+    model_type: str
+    backend: str
+    scaling: Mapping[str, Any] | None
+    shadow: types.ModuleType | None = None
+    attention: list[nn.Module] = field(default_factory=list)
+    rotary: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
+    softmax_scale: list[tuple[nn.Module, float]] = field(default_factory=list)
+
+
+def _model_type(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    if config is None or not isinstance(model, nn.Module):
+        raise TypeError(
+            f"apply_posenc takes a transformers model (an nn.Module with .config), got "
+            f"{type(model).__name__}"
+        )
+    model_type = getattr(config, "model_type", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    for t in (model_type, getattr(text, "model_type", None)):
+        if t in SUPPORTED:
+            return t
+    raise ValueError(
+        f"apply_posenc does not support model_type {model_type!r}; supported: "
+        f"{', '.join(supported_model_types())}"
+    )
+
+
+def apply_posenc(
+    model: nn.Module, *, scaling: Mapping[str, Any] | None = None, backend: str = "auto"
+) -> nn.Module:
+    """Put posenc's fused RoPE into every attention layer of a loaded transformers model.
+
+    Args:
+        model: a transformers 5.x model of a type in :func:`supported_model_types`
+            (``LlamaForCausalLM``, ``Qwen2Model``, ...). Patched in place and returned.
+        scaling: None (the model's own RoPE), or rope parameters (transformers' names:
+            ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}``)
+            that replace the config's scaling on every layer type with RoPE, or a dict of them
+            keyed by layer type (``{"full_attention": {...}}``): context extension. The result
+            equals transformers built with the same ``rope_parameters``.
+        backend: the kernel, as :func:`posenc.kernels.rope_qk` takes it (``"auto"``: Triton on
+            GPU, the native kernel on CPU, PyTorch otherwise).
+
+    No weight and no ``state_dict`` entry changes; other models are untouched;
+    :func:`remove_posenc` undoes it. Works with ``generate()``, the KV cache, left padding and
+    batched ``position_ids``, float32/bfloat16 and ``torch.compile``.
+
+    >>> import torch, transformers
+    >>> from posenc.hf import apply_posenc, remove_posenc
+    >>> cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
+    ...                                num_hidden_layers=1, num_attention_heads=2)
+    >>> model = apply_posenc(transformers.LlamaForCausalLM(cfg))
+    >>> model.posenc_patch.model_type, len(model.posenc_patch.attention)
+    ('llama', 1)
+    >>> model = remove_posenc(model)
+    """
+    check_choice("backend", backend, ROTARY_BACKENDS)
+    if getattr(model, "posenc_patch", None) is not None:
+        raise ValueError("this model already has posenc applied: call remove_posenc(model) first")
+    model_type = _model_type(model)
+    module_name, rotations = SUPPORTED[model_type]
+    modeling = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
+    overrides = {}
+    for name, rotation in rotations.items():
+        stock = getattr(modeling, name)
+        check_rotation(stock, rotation, f"{modeling.__name__}.{name}")
+        overrides[name] = fused_rotation(rotation, stock, backend)
+    patch = PosencPatch(model_type, backend, None if scaling is None else dict(scaling))
+    if scaling is not None:
+        # Built before anything changes, so a bad scaling leaves the model as it was.
+        swaps = _rotary_swaps(model, modeling, scaling, rotations)
+    patch.shadow = shadow_module(modeling, overrides)
+    copies: dict[type, Any] = {}
+    for module in model.modules():
+        if type(module).__module__ != modeling.__name__ or "Vision" in type(module).__name__:
+            continue
+        forward = type(module).forward
+        if not _code_names(forward) & overrides.keys():
+            continue
+        if type(module) not in copies:
+            copies[type(module)] = with_globals(forward, vars(patch.shadow))
+        module.forward = types.MethodType(copies[type(module)], module)
+        patch.attention.append(module)
+    if not patch.attention:
+        sys.modules.pop(patch.shadow.__name__, None)
+        raise RuntimeError(
+            f"found no attention layer of {modeling.__name__} that calls {sorted(overrides)} in "
+            f"this {type(model).__name__}"
+        )
+    if scaling is not None:
+        for parent, attr, new in swaps:
+            patch.rotary.append((parent, attr, getattr(parent, attr)))
+            setattr(parent, attr, new)
+        if model_type in MSCALE_SOFTMAX_MODEL_TYPES:
+            for module in patch.attention:
+                patch.softmax_scale.append((module, float(module.scaling)))  # type: ignore[arg-type]
+                scale = mla_softmax_scale(int(module.qk_head_dim), scaling)  # type: ignore[arg-type]
+                setattr(module, "scaling", scale)  # noqa: B010 - a plain float attribute
+    model.posenc_patch = patch  # type: ignore[assignment]
+    return model
+
+
+def _rotary_swaps(
+    model: nn.Module, modeling: Any, scaling: Mapping[str, Any], rotations: Mapping[str, Rotation]
+) -> list[tuple[nn.Module, str, nn.Module]]:
+    """``(parent, attribute, posenc module)`` for each text rotary module of the model."""
+    table_layout = next(iter(rotations.values())).table_layout
+    swaps: list[tuple[nn.Module, str, nn.Module]] = []
+    for parent in model.modules():
+        for attr, child in parent.named_children():
+            cls = type(child)
+            if (
+                cls.__module__ == modeling.__name__
+                and cls.__name__.endswith("RotaryEmbedding")
+                and "Vision" not in cls.__name__
+            ):
+                config = getattr(child, "config", None) or model.config
+                swaps.append(
+                    (parent, attr, HFRotaryEmbedding(config, scaling, table_layout=table_layout))
+                )
+    if not swaps:
+        raise RuntimeError(f"found no rotary module of {modeling.__name__} to rescale")
+    return swaps
+
+
+def remove_posenc(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_posenc`: the model's own forwards and rotary modules come back."""
+    patch = getattr(model, "posenc_patch", None)
+    if not isinstance(patch, PosencPatch):
+        raise ValueError("this model has no posenc applied (apply_posenc was not called on it)")
+    for module in patch.attention:
+        module.__dict__.pop("forward", None)
+    for parent, attr, original in patch.rotary:
+        setattr(parent, attr, original)
+    for module, scale in patch.softmax_scale:
+        setattr(module, "scaling", scale)  # noqa: B010 - a plain float attribute
+    if patch.shadow is not None:
+        sys.modules.pop(patch.shadow.__name__, None)
+    del model.posenc_patch
+    return model

@@ -1,0 +1,330 @@
+"""transformers-shaped RoPE pieces: a rotary module and apply functions with its interfaces.
+
+For people who wire posenc into a model themselves, in the shapes transformers uses:
+
+* :class:`HFRotaryEmbedding`: ``forward(x, position_ids[, layer_type]) -> (cos, sin)``, the
+  interface of every ``*RotaryEmbedding`` class of transformers, exact to the model's own class
+  (cos/sin equal bit for bit in float32), with any posenc scaling in place of the config's.
+* :func:`apply_rotary_pos_emb`: transformers' ``apply_rotary_pos_emb(q, k, cos, sin,
+  unsqueeze_dim=1)``, computed by posenc's fused kernel in one pass over q and k.
+* :func:`apply_rotary_emb`: one tensor, with the argument names of PyTorch's proposed
+  ``F.rotary_embedding(x, cos, sin, position_ids=None, *, interleaved=False)``.
+
+Table layouts (``table_layout``) of the cos/sin a caller holds, for ``n = r / 2`` frequencies:
+
+* ``"cat"``: transformers' default, ``cat(freqs, freqs)``: ``[f0 f1 .. f(n-1) f0 f1 .. f(n-1)]``
+  (Llama, Qwen, Gemma, GLM, DeepSeek, ...), last dim ``r``;
+* ``"repeat"``: ``repeat_interleave(freqs, 2)``: ``[f0 f0 f1 f1 ..]`` (Cohere, Cohere2), last dim
+  ``r``;
+* ``"half"``: one column per pair, ``[f0 f1 .. f(n-1)]`` (flash-attn, PyTorch's proposal), last
+  dim ``n``.
+
+The pairing is separate (``interleaved``): ``False`` rotates ``(x[i], x[i + r/2])`` (NeoX/LLaMA),
+``True`` rotates ``(x[2i], x[2i+1])`` (GPT-J, GLM, Cohere). Channels ``r..d-1`` pass through
+(partial rotary: GPT-NeoX, Phi, StableLM, GLM). The rotation is computed in float32 whatever the
+dtype of x and of the tables; the result has x's dtype.
+
+Shapes: ``b`` batch, ``h`` query heads, ``hk`` key heads, ``s`` sequence, ``d`` head_dim,
+``r`` rotary dim, ``n = r / 2``, ``N`` table rows.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._checks import check_choice, check_positions, host_readable
+from ..functional.rotary import mrope_cos_sin
+from ..kernels import rope_qk
+from ..rotary import MRoPE, RotaryEmbedding
+from ..rotary.embedding import max_position
+from .config import _MODULE_KEYS, rope_from_hf
+
+TABLE_LAYOUTS = ("cat", "repeat", "half")
+
+
+def half_tables(
+    cos: torch.Tensor, sin: torch.Tensor, table_layout: str = "cat"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One column per rotated pair: ``[..., r]`` (``"cat"``/``"repeat"``) or ``[..., n]``
+    (``"half"``) -> float32 ``[..., n]`` views where the input is float32 (no copy)."""
+    check_choice("table_layout", table_layout, TABLE_LAYOUTS)
+    if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor):
+        raise TypeError(
+            f"cos and sin must be tensors, got {type(cos).__name__}, {type(sin).__name__}"
+        )
+    if cos.shape != sin.shape:
+        raise ValueError(
+            f"cos and sin must have one shape, got {list(cos.shape)} and {list(sin.shape)}"
+        )
+    if cos.dim() < 1 or (table_layout != "half" and cos.shape[-1] % 2):
+        raise ValueError(
+            f"{table_layout!r} tables need an even last dim (2 columns per pair), got {list(cos.shape)}"
+        )
+    if table_layout == "cat":  # [f0 .. f(n-1) f0 .. f(n-1)] -> [f0 .. f(n-1)]
+        n = cos.shape[-1] // 2
+        cos, sin = cos[..., :n], sin[..., :n]
+    elif table_layout == "repeat":  # [f0 f0 f1 f1 ..] -> [f0 f1 ..]
+        cos, sin = cos[..., ::2], sin[..., ::2]
+    return cos.float(), sin.float()
+
+
+def _as_rows(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Per-token tables ``[s, n]``, ``[b, s, n]`` or transformers' unsqueezed ``[b, 1, s, n]``
+    as the kernels' ``[1 or b, s, n]``."""
+    if t.dim() == 4 and t.shape[1] == 1:
+        t = t[:, 0]  # [b, s, n]
+    if t.dim() == 2:
+        t = t[None]  # [1, s, n]
+    if t.dim() != 3:
+        raise ValueError(
+            f"{name} must be [s, w], [b, s, w] or [b, 1, s, w] (w: table columns), got "
+            f"{list(t.shape)}"
+        )
+    return t
+
+
+def apply_rotary_pos_emb(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+    *,
+    interleaved: bool = False,
+    table_layout: str = "cat",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``apply_rotary_pos_emb``, fused: rotate q and k by per-token cos/sin.
+
+    Shapes:
+        q: ``[b, h, s, d]`` (``unsqueeze_dim=1``, transformers' default) or ``[b, s, h, d]``
+            (``unsqueeze_dim=2``).
+        k: the same form with ``hk`` heads and the same ``s``.
+        cos, sin: what a transformers rotary module returns, ``[b or 1, s, w]`` (or ``[s, w]``),
+            ``w = r`` for ``"cat"``/``"repeat"`` tables and ``n`` for ``"half"``; any float dtype.
+
+    Returns new ``(q', k')`` in the input forms and dtypes; channels ``r..d-1`` pass through.
+
+    >>> import torch
+    >>> from posenc.hf import apply_rotary_pos_emb
+    >>> angle = torch.arange(3.0)[:, None] * torch.tensor([1.0, 0.1])  # [s, n]
+    >>> cos, sin = torch.cat([angle, angle], -1).cos(), torch.cat([angle, angle], -1).sin()
+    >>> q, k = apply_rotary_pos_emb(torch.ones(1, 2, 3, 4), torch.ones(1, 1, 3, 4), cos[None], sin[None])
+    >>> q.shape, k.shape
+    (torch.Size([1, 2, 3, 4]), torch.Size([1, 1, 3, 4]))
+    """
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(
+            f"unsqueeze_dim must be 1 (q [b, h, s, d]) or 2 (q [b, s, h, d]), got {unsqueeze_dim!r}"
+        )
+    cos_h, sin_h = half_tables(cos, sin, table_layout)
+    cos_h, sin_h = _as_rows(cos_h, "cos"), _as_rows(sin_h, "sin")  # [1 or b, s, n]
+    return rope_qk(
+        q,
+        k,
+        cos_h,
+        sin_h,
+        layout="interleaved" if interleaved else "half",
+        rotary_dim=2 * cos_h.shape[-1],
+        seq_layout="bhsd" if unsqueeze_dim == 1 else "bshd",
+        backend=backend,
+    )
+
+
+def apply_rotary_emb(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    *,
+    interleaved: bool = False,
+    table_layout: str = "cat",
+    seq_layout: str = "bhsd",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Rotate one tensor (the names of PyTorch's proposed ``F.rotary_embedding``).
+
+    Shapes:
+        x: ``[b, h, s, d]`` (``seq_layout="bhsd"``, SDPA's) or ``[b, s, h, d]`` (``"bshd"``).
+        cos, sin: without ``position_ids``, per-token tables ``[b or 1, s, w]`` or ``[s, w]``
+            (transformers' rotary output); with ``position_ids``, a table ``[N, w]`` whose rows
+            ``position_ids`` selects.
+        position_ids: ``[s]`` or ``[b, s]`` integer rows of the table.
+
+    ``w`` is ``r`` for ``table_layout="cat"`` (transformers' default) or ``"repeat"``, ``n`` for
+    ``"half"`` (PyTorch's proposal, flash-attn). Returns a new tensor like ``x``.
+    """
+    cos_h, sin_h = half_tables(cos, sin, table_layout)
+    layout = "interleaved" if interleaved else "half"
+    empty = x.narrow(1 if seq_layout == "bhsd" else 2, 0, 0)  # a key with no heads: q alone
+    if position_ids is None:
+        cos_h, sin_h = _as_rows(cos_h, "cos"), _as_rows(sin_h, "sin")
+        out, _ = rope_qk(
+            x, empty, cos_h, sin_h, layout=layout, seq_layout=seq_layout, backend=backend
+        )
+        return out
+    if cos_h.dim() != 2:
+        raise ValueError(
+            f"with position_ids, cos and sin must be tables [N, w], got {list(cos.shape)}"
+        )
+    position_ids = check_positions(position_ids, "position_ids", ranks=(1, 2))
+    out, _ = rope_qk(
+        x,
+        empty,
+        cos_h,
+        sin_h,
+        positions=position_ids,
+        layout=layout,
+        seq_layout=seq_layout,
+        backend=backend,
+    )
+    return out
+
+
+# --- the rotary module ---------------------------------------------------------------------------
+
+
+def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any]) -> Any:
+    """A copy of a transformers text config whose RoPE scaling is ``scaling``.
+
+    ``scaling`` is a flat dict (``{"rope_type": "yarn", "factor": 4.0, ...}``), applied to every
+    layer type that has RoPE, or a dict keyed by layer type (``{"full_attention": {...}}``),
+    applied to the types it names. Each layer type keeps its own ``rope_theta``,
+    ``partial_rotary_factor`` and M-RoPE keys; its old scaling keys are replaced.
+    """
+    if not isinstance(scaling, Mapping):
+        raise TypeError(f"scaling must be a dict of rope parameters, got {type(scaling).__name__}")
+    cfg = copy.deepcopy(text_config)
+    params = copy.deepcopy(dict(cfg.rope_parameters or {}))
+    labels = set(getattr(cfg, "layer_types", None) or ())
+    nested = [k for k, v in params.items() if k in labels or isinstance(v, Mapping)]
+    keyed = bool(scaling) and all(isinstance(v, Mapping) for v in scaling.values())
+
+    def rescaled(own: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+        kept = {
+            k: v for k, v in own.items() if k in _MODULE_KEYS and k not in ("rope_type", "type")
+        }
+        return {**kept, **new}
+
+    if not nested:
+        if keyed:
+            raise ValueError(
+                f"scaling is keyed by layer type {sorted(scaling)} but this config has one set "
+                "of rope parameters: pass a flat dict ({'rope_type': ..., ...})"
+            )
+        params = rescaled(params, scaling)
+    elif keyed:
+        unknown = sorted(set(scaling) - set(nested))
+        if unknown:
+            raise ValueError(f"scaling names layer types {unknown}; this config has {nested}")
+        for key, new in scaling.items():
+            if params[key] is None:
+                raise ValueError(f"layer type {key!r} uses no RoPE: it cannot be scaled")
+            params[key] = rescaled(params[key], new)
+    else:
+        for key in nested:
+            if params[key] is not None:
+                params[key] = rescaled(params[key], scaling)
+    # Rebuilt by the config class, so its own standardization runs as it would for a model built
+    # with these parameters (Phi-3's config-level original length wins, defaults are filled).
+    if hasattr(cfg, "to_dict") and hasattr(type(cfg), "from_dict"):
+        return type(cfg).from_dict({**cfg.to_dict(), "rope_parameters": params})
+    cfg.rope_parameters = params
+    return cfg
+
+
+class HFRotaryEmbedding(nn.Module):
+    """A transformers rotary module computed by posenc: ``forward(x, position_ids) -> (cos, sin)``.
+
+    Args:
+        config: a transformers config (or anything :func:`posenc.hf.rope_from_hf` reads).
+        scaling: None (the config's own RoPE), or rope parameters replacing the config's
+            scaling (see :func:`with_rope_parameters`): context extension.
+        table_layout: ``"cat"`` (default: transformers' ``cat(freqs, freqs)``) or ``"repeat"``
+            (Cohere's ``repeat_interleave``); see the module docstring.
+        dtype: the dtype of the returned tables; None (default) returns ``x.dtype`` as
+            transformers does.
+
+    Shapes: ``x`` any tensor (its dtype and device are read); ``position_ids [b, s]`` (M-RoPE:
+    ``[3, b, s]`` too) -> ``cos, sin [b, s, r]``. With per-layer-type parameters (Gemma-3,
+    OLMo-3) pass ``layer_type`` as those models' own class takes it. Holds no buffers: the
+    model's ``state_dict`` is unchanged when it replaces the model's own rotary module.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        scaling: Mapping[str, Any] | None = None,
+        *,
+        table_layout: str = "cat",
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_choice("table_layout", table_layout, ("cat", "repeat"))
+        text = (
+            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        )
+        if scaling is not None:
+            text = with_rope_parameters(text, scaling)
+        params = getattr(text, "rope_parameters", None) or {}
+        labels = set(getattr(text, "layer_types", None) or ())
+        self.layer_types = tuple(
+            k
+            for k, v in params.items()
+            if (k in labels or isinstance(v, Mapping)) and v is not None
+        )
+        # Plain attributes, not submodules: the posenc modules keep their frequencies on the CPU
+        # (module.to(bfloat16) must not round them) and have no state to save.
+        if self.layer_types:
+            self.ropes = {t: rope_from_hf(text, t) for t in self.layer_types}
+        else:
+            self.ropes = {None: rope_from_hf(text)}
+        self.table_layout, self.dtype = table_layout, dtype
+
+    def rope(self, layer_type: str | None = None) -> RotaryEmbedding:
+        """The posenc rotary module of ``layer_type`` (None where the config has one)."""
+        if layer_type is None and len(self.ropes) == 1:
+            return next(iter(self.ropes.values()))
+        if layer_type not in self.ropes:
+            raise ValueError(
+                f"layer_type must be one of {list(self.layer_types)} for this config, got "
+                f"{layer_type!r}"
+            )
+        return self.ropes[layer_type]
+
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [*]``, ``position_ids [b, s]`` (M-RoPE ``[3, b, s]``) -> ``cos, sin [b, s, r]``."""
+        rope = self.rope(layer_type)
+        if isinstance(rope, MRoPE):
+            cos, sin = _mrope_cos_sin(rope, position_ids)  # [b, s, n]
+        else:
+            cos, sin = rope.cos_sin(check_positions(position_ids, "position_ids", ranks=(1, 2)))
+        if self.table_layout == "cat":  # [f0 .. f(n-1)] -> [f0 .. f(n-1) f0 .. f(n-1)]
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        else:  # [f0 f1 ..] -> [f0 f0 f1 f1 ..]
+            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+        dtype = x.dtype if self.dtype is None else self.dtype
+        return cos.to(device=x.device, dtype=dtype), sin.to(device=x.device, dtype=dtype)
+
+    def extra_repr(self) -> str:
+        return f"ropes={self.ropes}, table_layout={self.table_layout!r}"
+
+
+def _mrope_cos_sin(rope: MRoPE, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE cos/sin ``[b, s, n]`` of ``position_ids [b, s]`` (text) or ``[3, b, s]``."""
+    pos = check_positions(position_ids, "position_ids", ranks=(2, 3))
+    pos3 = pos if pos.dim() == 3 else pos[None].expand(3, *pos.shape)  # [3, b, s]
+    if pos3.shape[0] != 3:
+        raise ValueError(f"M-RoPE position_ids must be [b, s] or [3, b, s], got {list(pos.shape)}")
+    if host_readable(pos3):
+        inv_freq, factor = rope.frequencies(max_position(pos3) + 1)
+    else:
+        inv_freq, factor = rope._traced_frequencies(pos3, pos3)
+    return mrope_cos_sin(pos3, inv_freq, rope.mrope_section, rope.interleaved, factor)

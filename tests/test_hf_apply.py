@@ -1,0 +1,376 @@
+"""posenc inside a transformers model: ``apply_posenc`` on a tiny random model of every supported
+architecture gives stock transformers' logits (prefill, left padding, decode with a KV cache) and
+greedy tokens; bf16 is no worse than transformers' own bf16; ``scaling=`` equals transformers
+built with the same ``rope_parameters``; a wrong rotation planted inside posenc is caught."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM, DynamicCache  # noqa: E402
+
+import posenc.hf.rotary as hf_rotary  # noqa: E402
+from posenc.hf.patch import (  # noqa: E402
+    SUPPORTED,
+    apply_posenc,
+    remove_posenc,
+    supported_model_types,
+)
+
+TOL = 1e-6
+COMMON: dict[str, Any] = {
+    "vocab_size": 97,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "head_dim": 16,
+    "pad_token_id": 0,
+    # Large weights make attention scores large, so a wrong rotation moves the logits.
+    "initializer_range": 0.3,
+    "attn_implementation": "eager",
+}
+SLIDING = {"sliding_window": 4}
+EXTRA: dict[str, dict[str, Any]] = {
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+    },
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "phi3": {"partial_rotary_factor": 0.5},
+    "gemma2": SLIDING,
+    "gemma3_text": {
+        **SLIDING,
+        "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        },
+    },
+    "olmo3": {**SLIDING, "num_hidden_layers": 4},
+    "cohere2": {**SLIDING, "num_hidden_layers": 4},
+    "smollm3": {"num_hidden_layers": 4},
+    "gpt_neox": {"partial_rotary_factor": 0.5},
+    "stablelm": {"partial_rotary_factor": 0.5},
+    "glm": {"partial_rotary_factor": 0.5},
+    "deepseek_v3": {
+        "head_dim": 8,  # the rope part: qk_rope_head_dim
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+    },
+}
+# The text decoders of the vision-language models are built inside the full model.
+VL = {"qwen2_vl": [2, 3, 3], "qwen2_5_vl": [2, 3, 3]}
+ARCHS = [t for t in supported_model_types() if not t.endswith("_text") or t == "gemma3_text"]
+ARCHS = [t for t in ARCHS if t != "gemma3"]  # gemma3 (multimodal) shares gemma3_text's module
+
+
+def tiny(model_type: str, rope_parameters: dict | None = None, **kw: Any) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if model_type in VL:
+        text = {**COMMON, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                              "mrope_section": VL[model_type]}}  # fmt: skip
+        if rope_parameters is not None:
+            text["rope_parameters"] = {**rope_parameters, "mrope_section": VL[model_type]}
+        vision = {"depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2,
+                  "out_hidden_size": 64, "intermediate_size": 32}  # fmt: skip
+        cfg = CONFIG_MAPPING[model_type](text_config=text, vision_config=vision, **kw)
+        cfg._attn_implementation = "eager"
+        module = importlib.import_module(f"transformers.models.{model_type}")
+        cls = next(
+            getattr(module, n) for n in dir(module) if n.endswith("ForConditionalGeneration")
+        )
+        return cls(cfg).eval()
+    args = {**COMMON, **EXTRA.get(model_type, {}), **kw}
+    if rope_parameters is not None:
+        args["rope_parameters"] = rope_parameters
+    return AutoModelForCausalLM.from_config(CONFIG_MAPPING[model_type](**args)).eval()
+
+
+def patched(model: torch.nn.Module, **kw: Any) -> torch.nn.Module:
+    return apply_posenc(copy.deepcopy(model), **kw)
+
+
+def left_padded(batch: int = 3, seq: int = 10) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, COMMON["vocab_size"], (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, :3] = 0  # left padding
+    mask[1, :1] = 0
+    ids = ids.masked_fill(mask == 0, COMMON["pad_token_id"])
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    return ids, mask, positions
+
+
+def logits(model: torch.nn.Module, ids, mask, positions, model_type: str) -> torch.Tensor:
+    kw = {} if model_type in VL else {"position_ids": positions}
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, **kw).logits
+
+
+def worst(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((a - b).abs()[mask.bool()].max())
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_prefill_with_left_padding_gives_stock_logits(model_type: str) -> None:
+    stock = tiny(model_type)
+    ids, mask, positions = left_padded()
+    want = logits(stock, ids, mask, positions, model_type)
+    got = logits(patched(stock), ids, mask, positions, model_type)
+    assert worst(want, got, mask) <= TOL
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_decode_with_cache_gives_stock_logits(model_type: str) -> None:
+    stock = tiny(model_type)
+    fused = patched(stock)
+    ids, _, _ = left_padded(batch=2, seq=9)
+
+    def run(model: torch.nn.Module) -> list[torch.Tensor]:
+        cache, out = DynamicCache(config=model.config), []
+        with torch.no_grad():
+            step = model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
+            out.append(step.logits)
+            for i in range(5, 9):
+                step = model(input_ids=ids[:, i : i + 1], past_key_values=cache, use_cache=True)
+                out.append(step.logits)
+        return out
+
+    for want, got in zip(run(stock), run(fused), strict=True):
+        assert float((want - got).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_greedy_generate_gives_stock_tokens(model_type: str) -> None:
+    stock = tiny(model_type)
+    ids, mask, _ = left_padded(batch=2, seq=6)
+    kw = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        want = stock.generate(input_ids=ids, attention_mask=mask, **kw)
+        got = patched(stock).generate(input_ids=ids, attention_mask=mask, **kw)
+    assert torch.equal(want, got)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "cohere", "glm", "deepseek_v3", "qwen2_vl"])
+def test_bf16_is_no_worse_than_transformers_bf16(model_type: str) -> None:
+    stock = tiny(model_type)
+    ids, mask, positions = left_padded()
+    reference = logits(stock, ids, mask, positions, model_type)
+    stock16 = copy.deepcopy(stock).to(torch.bfloat16)
+    err_stock = worst(logits(stock16, ids, mask, positions, model_type).float(), reference, mask)
+    fused16 = patched(stock).to(torch.bfloat16)
+    err_fused = worst(logits(fused16, ids, mask, positions, model_type).float(), reference, mask)
+    assert err_fused <= 1.1 * err_stock + 1e-3, (err_fused, err_stock)
+
+
+def test_state_dict_is_unchanged_and_remove_restores_the_model() -> None:
+    stock = tiny("llama")
+    model = copy.deepcopy(stock)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    apply_posenc(model, scaling={"rope_type": "linear", "factor": 2.0})
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all("forward" in a.__dict__ for a in model.posenc_patch.attention)
+    remove_posenc(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+    ids, mask, positions = left_padded()
+    assert torch.equal(
+        logits(model, ids, mask, positions, "llama"), logits(stock, ids, mask, positions, "llama")
+    )
+
+
+def test_other_models_of_the_same_class_are_untouched() -> None:
+    a, b = tiny("llama"), tiny("llama")
+    apply_posenc(a)
+    assert not any("forward" in m.__dict__ for m in b.modules())
+    from transformers.models.llama import modeling_llama
+
+    assert modeling_llama.apply_rotary_pos_emb.__module__ == modeling_llama.__name__
+
+
+def test_the_patched_layers_run_posenc(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = hf_rotary.rope_qk
+    model = patched(tiny("llama"))
+    monkeypatch.setattr(hf_rotary, "rope_qk", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ids, mask, positions = left_padded()
+    logits(model, ids, mask, positions, "llama")
+    assert len(calls) == COMMON["num_hidden_layers"]
+
+
+def _swapped_pairs(real: Any) -> Any:
+    def planted(q, k, cos, sin, *, layout: str = "half", **kw: Any):  # the wrong pairing
+        return real(q, k, cos, sin, layout="interleaved" if layout == "half" else "half", **kw)
+
+    return planted
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_a_wrong_rotation_inside_posenc_is_caught(
+    model_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stock = tiny(model_type)
+    monkeypatch.setattr(hf_rotary, "rope_qk", _swapped_pairs(hf_rotary.rope_qk))
+    with pytest.raises(RuntimeError, match="no longer rotates as posenc expects"):
+        patched(stock)  # the check at patch time
+    # Past that check, the logits comparison of these tests fails too.
+    monkeypatch.setattr("posenc.hf.patch.check_rotation", lambda *a: None)
+    ids, mask, positions = left_padded()
+    want = logits(stock, ids, mask, positions, model_type)
+    assert worst(want, logits(patched(stock), ids, mask, positions, model_type), mask) > 1e-3
+
+
+def test_a_changed_transformers_rotation_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.models.llama import modeling_llama
+
+    def interleaved_apply(q, k, cos, sin, unsqueeze_dim=1):
+        def rot(x):
+            return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", interleaved_apply)
+    with pytest.raises(RuntimeError, match=r"modeling_llama\.apply_rotary_pos_emb no longer"):
+        apply_posenc(tiny("llama"))
+
+
+# (model type, scaling, config keys both models get: lengths the scaling must cross at seq 12)
+SCALINGS = [
+    ("llama", {"rope_type": "linear", "factor": 4.0}, {}),
+    ("llama", {"rope_type": "dynamic", "factor": 2.0}, {"max_position_embeddings": 8}),
+    ("llama", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, {}),
+    (
+        "llama",
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        },
+        {},
+    ),
+    (
+        "phi3",
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0 + i / 8 for i in range(4)],
+            "long_factor": [2.0 + i for i in range(4)],
+            "original_max_position_embeddings": 6,
+        },
+        {"original_max_position_embeddings": 6},  # Phi-3's config-level length wins
+    ),
+    ("cohere", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8}, {}),
+    (
+        "deepseek_v3",
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 8,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        {},
+    ),
+    ("qwen2_vl", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8}, {}),
+]
+
+
+@pytest.mark.parametrize(("model_type", "scaling", "lengths"), SCALINGS)
+def test_scaling_equals_transformers_with_the_same_rope_parameters(
+    model_type: str, scaling: dict, lengths: dict
+) -> None:
+    base = tiny(model_type, **lengths)
+    own = base.config.get_text_config(decoder=True).rope_parameters  # theta, partial rotary: kept
+    kept = {k: own[k] for k in ("rope_theta", "partial_rotary_factor") if k in own}
+    reference = tiny(model_type, {**kept, **scaling}, **lengths)
+    reference.load_state_dict(base.state_dict())
+    ids, mask, positions = left_padded(seq=12)  # past every original length above
+    want = logits(reference, ids, mask, positions, model_type)
+    got = logits(patched(base, scaling=scaling), ids, mask, positions, model_type)
+    assert worst(want, got, mask) <= 1e-5
+    assert worst(want, logits(base, ids, mask, positions, model_type), mask) > 1e-3
+
+
+def test_scaling_per_layer_type_equals_transformers() -> None:
+    full = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    base = tiny("gemma3_text")
+    params = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_theta": 1e6, **full},
+    }
+    reference = tiny("gemma3_text", params)
+    reference.load_state_dict(base.state_dict())
+    ids, mask, positions = left_padded(seq=12)
+    want = logits(reference, ids, mask, positions, "gemma3_text")
+    got = logits(
+        patched(base, scaling={"full_attention": full}), ids, mask, positions, "gemma3_text"
+    )
+    assert worst(want, got, mask) <= 1e-5
+
+
+def test_torch_compile_gives_the_eager_logits() -> None:
+    model = patched(tiny("llama"))
+    ids, mask, positions = left_padded()
+    want = logits(model, ids, mask, positions, "llama")
+    compiled = torch.compile(model, fullgraph=False)
+    got = logits(compiled, ids, mask, positions, "llama")
+    assert worst(want, got, mask) <= 1e-5
+
+
+def test_refusals_name_what_is_wrong() -> None:
+    gpt2 = AutoModelForCausalLM.from_config(
+        CONFIG_MAPPING["gptj"](vocab_size=32, n_embd=32, n_layer=1, n_head=2, rotary_dim=8)
+    )
+    with pytest.raises(ValueError, match=r"does not support model_type 'gptj'; supported: .*llama"):
+        apply_posenc(gpt2)
+    with pytest.raises(TypeError, match="takes a transformers model"):
+        apply_posenc(torch.nn.Linear(2, 2))
+    model = tiny("llama")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        apply_posenc(model, backend="cuda")
+    with pytest.raises(ValueError, match="rope_type"):
+        apply_posenc(model, scaling={"rope_type": "yarnn", "factor": 2.0})
+    assert getattr(model, "posenc_patch", None) is None  # nothing changed by the failed calls
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    with pytest.raises(ValueError, match="has no posenc applied"):
+        remove_posenc(model)
+    apply_posenc(model)
+    with pytest.raises(ValueError, match="already has posenc applied"):
+        apply_posenc(model)
+    with pytest.raises(ValueError, match="keyed by layer type"):
+        apply_posenc(remove_posenc(model), scaling={"full_attention": {"rope_type": "linear"}})
+
+
+def test_every_supported_type_has_its_modeling_module() -> None:
+    for model_type, (module, names) in SUPPORTED.items():
+        modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+        assert all(callable(getattr(modeling, n)) for n in names), model_type
