@@ -5,6 +5,11 @@
   rotary module, exact to the architecture named by ``model_type``).
 * :mod:`.plan`: :func:`position_plan` (what each decoder layer does with positions: rotation or
   NoPE, span, query temperature); :mod:`.inspect` prints it (``posenc inspect``).
+* :mod:`.patch`: :func:`apply_posenc` / :func:`remove_posenc` (posenc's fused rotation inside a
+  loaded transformers model, per instance, exact to the stock model).
+* :mod:`.rotary`: transformers-shaped pieces: :class:`HFRotaryEmbedding`
+  (``forward(x, position_ids) -> (cos, sin)``), :func:`apply_rotary_pos_emb` and
+  :func:`apply_rotary_emb` (fused, on transformers' cos/sin).
 * :mod:`.load`: :func:`resolve_config` (a dict, config object, ``config.json`` path, model folder
   or cached model id; never the network).
 """
@@ -24,7 +29,9 @@ from .config import (
     rope_from_hf,
 )
 from .load import resolve_config
+from .patch import PosencPatch, apply_posenc, remove_posenc, supported_model_types
 from .plan import LayerPositions, PositionPlan, position_plan
+from .rotary import HFRotaryEmbedding, apply_rotary_emb, apply_rotary_pos_emb
 from .temperature import attention_temperature_from_hf
 
 __all__ = [
@@ -38,11 +45,18 @@ __all__ = [
     "ROPE_INTERLEAVE_MODEL_TYPES",
     "ROTARY_DIM_MODEL_TYPES",
     "UNSUPPORTED_MODEL_TYPES",
+    "HFRotaryEmbedding",
     "LayerPositions",
+    "PosencPatch",
     "PositionPlan",
+    "apply_posenc",
+    "apply_rotary_emb",
+    "apply_rotary_pos_emb",
     "attention_temperature_from_hf",
     "hf_rope_kwargs",
     "position_plan",
+    "remove_posenc",
     "resolve_config",
     "rope_from_hf",
+    "supported_model_types",
 ]
