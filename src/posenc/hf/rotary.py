@@ -245,13 +245,14 @@ class HFRotaryEmbedding(nn.Module):
         config: a transformers config (or anything :func:`posenc.hf.rope_from_hf` reads).
         scaling: None (the config's own RoPE), or rope parameters replacing the config's
             scaling (see :func:`with_rope_parameters`): context extension.
-        table_layout: ``"cat"`` (default: transformers' ``cat(freqs, freqs)``) or ``"repeat"``
-            (Cohere's ``repeat_interleave``); see the module docstring.
+        table_layout: ``"cat"`` (default: transformers' ``cat(freqs, freqs)``), ``"repeat"``
+            (Cohere's ``repeat_interleave``) or ``"half"`` (gpt-oss: one column per pair); see
+            the module docstring.
         dtype: the dtype of the returned tables; None (default) returns ``x.dtype`` as
             transformers does.
 
     Shapes: ``x`` any tensor (its dtype and device are read); ``position_ids [b, s]`` (M-RoPE:
-    ``[3, b, s]`` too) -> ``cos, sin [b, s, r]``. With per-layer-type parameters (Gemma-3,
+    ``[3, b, s]`` too) -> ``cos, sin [b, s, r]`` (``[b, s, n]`` for ``"half"``). With per-layer-type parameters (Gemma-3,
     OLMo-3) pass ``layer_type`` as those models' own class takes it. Holds no buffers: the
     model's ``state_dict`` is unchanged when it replaces the model's own rotary module.
     """
@@ -265,7 +266,7 @@ class HFRotaryEmbedding(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_choice("table_layout", table_layout, ("cat", "repeat"))
+        check_choice("table_layout", table_layout, TABLE_LAYOUTS)
         text = (
             config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         )
@@ -308,7 +309,7 @@ class HFRotaryEmbedding(nn.Module):
             cos, sin = rope.cos_sin(check_positions(position_ids, "position_ids", ranks=(1, 2)))
         if self.table_layout == "cat":  # [f0 .. f(n-1)] -> [f0 .. f(n-1) f0 .. f(n-1)]
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-        else:  # [f0 f1 ..] -> [f0 f0 f1 f1 ..]
+        elif self.table_layout == "repeat":  # [f0 f1 ..] -> [f0 f0 f1 f1 ..]
             cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
         dtype = x.dtype if self.dtype is None else self.dtype
         return cos.to(device=x.device, dtype=dtype), sin.to(device=x.device, dtype=dtype)
