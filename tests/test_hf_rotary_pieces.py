@@ -174,7 +174,7 @@ def test_hf_rotary_embedding_has_no_state() -> None:
 def test_bad_calls_name_what_is_wrong() -> None:
     q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
     cos, sin = table(torch.randn(1, 3, 4), "cat")
-    with pytest.raises(ValueError, match="unsqueeze_dim must be 1 .* or 2"):
+    with pytest.raises(ValueError, match=r"unsqueeze_dim must be 1 .* or 2"):
         apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=3)
     with pytest.raises(ValueError, match="table_layout must be one of"):
         apply_rotary_pos_emb(q, k, cos, sin, table_layout="complex")
