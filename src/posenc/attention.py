@@ -107,6 +107,14 @@ class DeviceConstants(nn.Module):
                 self._buffers[name] = moved if moved.dtype == buf.dtype else buf.to(moved.device)
         return self
 
+    def reset_(self, **tensors: torch.Tensor) -> None:
+        """Set the constants to ``tensors`` (recomputed by the owner's ``reset_parameters``), on
+        the device each one is on now and in the dtype given: after ``to_empty()`` the buffers
+        hold uninitialized memory (or, on the meta device, none)."""
+        for name, tensor in tensors.items():
+            old = self._buffers[name]
+            self._buffers[name] = tensor.to(old.device if old is not None else tensor.device)
+
     def get(self, name: str, device: torch.device) -> torch.Tensor:
         """The constant ``name`` on ``device``: a copy only when the module was not moved there."""
         tensor = self._buffers[name]
@@ -525,6 +533,16 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(dim, self.num_kv_heads * hd, bias=qkv_bias, **kw)
         self.v_proj = nn.Linear(dim, self.num_kv_heads * hd, bias=qkv_bias, **kw)
         self.o_proj = nn.Linear(num_heads * hd, dim, bias=out_bias, **kw)
+
+    def reset_parameters(self) -> None:
+        """Reset the encoding and the projections, in the order they were built (after
+        ``to_empty()`` on a meta-built module: :mod:`posenc.deferred`)."""
+        self._reset_tree({id(self)})
+
+    def _reset_tree(self, seen: set[int]) -> None:
+        from .deferred import reset_submodules  # posenc.deferred imports nothing of posenc
+
+        reset_submodules(self, seen)
 
     def extra_repr(self) -> str:
         return (

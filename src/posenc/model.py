@@ -26,6 +26,7 @@ from torch import nn
 from . import registry
 from ._checks import check_positive_int, default_positions
 from .attention import Attention, KVCache
+from .deferred import reset_submodules
 from .rotary.temperature import QueryTemperature
 
 # Options added after the lab's first results: to_dict leaves them out at their defaults, so the
@@ -216,6 +217,17 @@ class TransformerLM(nn.Module):
         )
         self.norm = nn.RMSNorm(cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
+        self.apply(self._init)
+
+    def reset_parameters(self) -> None:
+        """Initialize the whole model as the constructor does (after ``to_empty()`` on a
+        meta-built model, :mod:`posenc.deferred`): every submodule's ``reset_parameters`` in
+        the order they were built (each shared encoding once), then the model's own init of
+        linear and embedding weights. With the same seed, the weights of a direct build."""
+        self._reset_tree({id(self)})
+
+    def _reset_tree(self, seen: set[int]) -> None:
+        reset_submodules(self, seen)
         self.apply(self._init)
 
     @staticmethod

@@ -34,8 +34,13 @@ class LearnedEncoding(nn.Module):
         self.dim = check_positive_int("dim", dim)
         init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         check_table_size("max_positions", max_positions, dim, "the learned table")
+        self.init_std = init_std
         self.weight = nn.Parameter(torch.empty(max_positions, dim, device=device, dtype=dtype))
-        nn.init.normal_(self.weight, std=init_std)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the table from ``N(0, init_std**2)``."""
+        nn.init.normal_(self.weight, std=self.init_std)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Shapes: ``x [b, s, dim]``, ``positions [s]`` or ``[b, s]`` -> ``[b, s, dim]``."""
@@ -97,8 +102,13 @@ class Learned2D(nn.Module):
         init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         n = num_prefix_tokens + grid_h * grid_w
         check_table_size("num_prefix_tokens + grid_h * grid_w", n, dim, "the learned table")
+        self.init_std = init_std
         self.weight = nn.Parameter(torch.empty(n, dim, device=device, dtype=dtype))
-        nn.init.normal_(self.weight, std=init_std)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the table from ``N(0, init_std**2)``."""
+        nn.init.normal_(self.weight, std=self.init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Shapes: ``x [b, num_prefix_tokens + h*w, dim]`` -> same."""

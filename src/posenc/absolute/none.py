@@ -13,6 +13,9 @@ class NoPE(nn.Module):
 
     family: ClassVar[str] = "none"
 
+    def reset_parameters(self) -> None:
+        """Nothing to initialize (the deferred-init convention, :mod:`posenc.deferred`)."""
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Shapes: ``x [b, s, dim]`` -> ``x`` unchanged (``positions`` ignored)."""
         return x

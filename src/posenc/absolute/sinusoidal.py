@@ -45,11 +45,21 @@ class SinusoidalEncoding(nn.Module):
         base = check_number("base", base, low=1.0, low_open=True)
         self.dim, self.base, self.layout = dim, base, layout
         self.scale_input = bool(scale_input)
-        cache = sinusoidal_table(torch.arange(cache_len), dim, base, layout)  # [cache_len, dim]
+        self.cache_len = cache_len
         # The float32 table's first rows and the float64 frequencies: recomputable, so not in
         # state_dict; moved with the module, never cast (module.to(bfloat16) would round them).
-        inv_freq = sinusoidal_inv_freq(dim, base, layout)  # [dim//2]
-        self.constants = DeviceConstants(cache=cache, inv_freq=inv_freq).to(device)
+        self.constants = DeviceConstants(**self._constants()).to(device)
+
+    def _constants(self) -> dict[str, torch.Tensor]:
+        positions = torch.arange(self.cache_len)
+        return {
+            "cache": sinusoidal_table(positions, self.dim, self.base, self.layout),  # [n, dim]
+            "inv_freq": sinusoidal_inv_freq(self.dim, self.base, self.layout),  # [dim//2]
+        }
+
+    def reset_parameters(self) -> None:
+        """Recompute the cached rows and frequencies (after ``to_empty()``; no weights)."""
+        self.constants.reset_(**self._constants())
 
     def table(self, positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``positions [*]`` -> ``[*, dim]`` float32.

@@ -26,6 +26,10 @@ class ALiBi(PositionBias):
         # Moves with the module, never cast (module.to(bfloat16) would round it); not in state_dict.
         self.constants = DeviceConstants(slopes=alibi_slopes(num_heads)).to(device)  # [h] float32
 
+    def reset_parameters(self) -> None:
+        """Recompute the slopes (after ``to_empty()``; no learned weights)."""
+        self.constants.reset_(slopes=alibi_slopes(self.num_heads))
+
     def slopes(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """The head slopes ``m_h`` on ``device``, float32 ``[h]``."""
         return self.constants.get("slopes", torch.device(device))

@@ -52,8 +52,17 @@ class FIRE(PositionBias):
         )
         self.c = nn.Parameter(torch.tensor(float(init_c), **kw))  # type: ignore[arg-type]
         self.L_multiplier = nn.Parameter(torch.tensor(1.0, **kw))  # type: ignore[arg-type]
+        self.init_c = float(init_c)
         self.init_threshold = float(init_threshold)  # a constant, not learned (the multiplier is)
         self.eps = float(eps)
+
+    def reset_parameters(self) -> None:
+        """Redraw the MLP as ``nn.Linear`` draws it; ``c = init_c``, ``L_multiplier = 1``."""
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):
+                layer.reset_parameters()
+        nn.init.constant_(self.c, self.init_c)
+        nn.init.constant_(self.L_multiplier, 1.0)
 
     def threshold(self) -> torch.Tensor:
         """The learned threshold ``L`` (a scalar tensor)."""

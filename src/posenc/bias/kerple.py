@@ -64,10 +64,16 @@ class KERPLE(PositionBias):
         # the parameters' dtype holds (below float16's smallest normal, 6e-5, it would clamp to
         # 0, and the power kernel's 0 ** 0 is 1).
         self.eps = check_number("eps", eps, low=1e-4, high=1.0)
-        scale1, scale2 = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
         kw = {"device": device, "dtype": dtype}
-        self.r1 = nn.Parameter(torch.rand(num_heads, **kw) * scale1)  # type: ignore[arg-type]
-        self.r2 = nn.Parameter(torch.rand(num_heads, **kw) * scale2)  # type: ignore[arg-type]
+        self.r1 = nn.Parameter(torch.empty(num_heads, **kw))  # type: ignore[arg-type]
+        self.r2 = nn.Parameter(torch.empty(num_heads, **kw))  # type: ignore[arg-type]
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw ``r1``, ``r2`` as the reference implementation does (class docstring)."""
+        scale1, scale2 = (2.0, 1.0) if self.variant == "log" else (1.0, 2.0)
+        nn.init.uniform_(self.r1, 0.0, scale1)  # the values of torch.rand(h) * scale1
+        nn.init.uniform_(self.r2, 0.0, scale2)
 
     @property
     def _r2_max(self) -> float | None:

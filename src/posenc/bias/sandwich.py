@@ -63,12 +63,20 @@ class Sandwich(PositionBias):
         self.base = check_number("base", base, low=1.0, low_open=True)
         why = "the distances cached as a table; longer calls build their own"
         self.cache_len = check_int_at_most("cache_len", cache_len, MAX_TABLE_ROWS, why)
-        table = sandwich_distance_table(cache_len - 1, d_prime, base).float()  # validates d_prime
-        # 1 / r_h with ALiBi's compression ratios r_h = 8h/H, h = 1..H. Both move with the
-        # module, never cast (module.to(bfloat16) would round them); not in state_dict.
-        ratio = 8.0 * torch.arange(1, num_heads + 1, dtype=torch.float64) / num_heads
-        inv_ratio = (1.0 / ratio).float()  # [h]
-        self.constants = DeviceConstants(inv_ratio=inv_ratio, table=table).to(device)
+        # Both move with the module, never cast (module.to(bfloat16) would round them); not in
+        # state_dict.
+        self.constants = DeviceConstants(**self._constants()).to(device)  # validates d_prime
+
+    def _constants(self) -> dict[str, torch.Tensor]:
+        table = sandwich_distance_table(self.cache_len - 1, self.d_prime, self.base).float()
+        # 1 / r_h with ALiBi's compression ratios r_h = 8h/H, h = 1..H.
+        h = self.num_heads
+        ratio = 8.0 * torch.arange(1, h + 1, dtype=torch.float64) / h
+        return {"inv_ratio": (1.0 / ratio).float(), "table": table}  # [h], [cache_len]
+
+    def reset_parameters(self) -> None:
+        """Recompute the ratios and the distance table (after ``to_empty()``; no weights)."""
+        self.constants.reset_(**self._constants())
 
     def inv_ratio(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """``1 / r_h`` on ``device``, float32 ``[h]``."""

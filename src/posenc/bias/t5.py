@@ -40,6 +40,10 @@ class T5RelativeBias(PositionBias):
             num_buckets, num_heads, device=device, dtype=dtype
         )
 
+    def reset_parameters(self) -> None:
+        """Redraw the table as ``nn.Embedding`` draws it (``N(0, 1)``)."""
+        self.relative_attention_bias.reset_parameters()
+
     def _buckets(self, rel: torch.Tensor) -> torch.Tensor:
         return t5_relative_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
 

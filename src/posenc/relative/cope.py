@@ -94,10 +94,16 @@ class CoPE(RelativeEncoding):
         why = "it sizes the position embedding table"
         self.npos_max = check_int_at_most("npos_max", npos_max, MAX_TABLE_ROWS, why)
         init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
-        table = torch.zeros(npos_max, head_dim, device=device, dtype=dtype)
-        if init_std > 0:
-            table.normal_(std=init_std)
-        self.pos_emb = nn.Parameter(table)  # e [npos_max, d]
+        self.init_std = init_std
+        self.pos_emb = nn.Parameter(torch.empty(npos_max, head_dim, device=device, dtype=dtype))
+        self.reset_parameters()  # e [npos_max, d]
+
+    def reset_parameters(self) -> None:
+        """The table at zero (``init_std = 0``, CoPE starts as NoPE) or ``N(0, init_std**2)``."""
+        if self.init_std > 0:
+            nn.init.normal_(self.pos_emb, std=self.init_std)
+        else:
+            nn.init.zeros_(self.pos_emb)
 
     def attend(
         self,

@@ -122,6 +122,12 @@ class DeBERTaRelative(RelativeEncoding):
             nn.Linear(dim, inner, **kw) if not share_att_key and "p2c" in types else None  # type: ignore[arg-type]
         )
 
+    def reset_parameters(self) -> None:
+        """Redraw the relative embeddings, norm and projections as their modules draw them."""
+        for module in (self.rel_embeddings, self.norm, self.pos_key_proj, self.pos_query_proj):
+            if module is not None:
+                module.reset_parameters()
+
     @property
     def scale_factor(self) -> int:
         """``1 + `` the number of position terms (DeBERTa's ``scale_factor``)."""

@@ -38,10 +38,16 @@ class ShawRelative(RelativeEncoding):
         init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         n = 2 * max_distance + 1
         kw = {"device": device, "dtype": dtype}
-        self.rel_k = nn.Parameter(torch.randn(n, head_dim, **kw) * init_std)  # type: ignore[arg-type]
-        self.rel_v = (
-            nn.Parameter(torch.randn(n, head_dim, **kw) * init_std) if values else None  # type: ignore[arg-type]
-        )
+        self.init_std = init_std
+        self.rel_k = nn.Parameter(torch.empty(n, head_dim, **kw))  # type: ignore[arg-type]
+        self.rel_v = nn.Parameter(torch.empty(n, head_dim, **kw)) if values else None  # type: ignore[arg-type]
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw ``aK`` (then ``aV``) from ``N(0, init_std**2)``."""
+        for table in (self.rel_k, self.rel_v):
+            if table is not None:
+                nn.init.normal_(table, std=self.init_std)  # the values of randn(n, d) * init_std
 
     def attend(
         self,

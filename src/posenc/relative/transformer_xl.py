@@ -64,12 +64,27 @@ class TransformerXLRelative(RelativeEncoding):
         self.base = check_number("base", base, low=1.0, low_open=True)
         init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         kw = {"device": device, "dtype": dtype}
+        self.init_std = init_std
         self.r_net = nn.Linear(dim, num_heads * head_dim, bias=False, **kw)  # type: ignore[arg-type]
-        self.r_w_bias = nn.Parameter(torch.randn(num_heads, head_dim, **kw) * init_std)  # type: ignore[arg-type]
-        self.r_r_bias = nn.Parameter(torch.randn(num_heads, head_dim, **kw) * init_std)  # type: ignore[arg-type]
+        self.r_w_bias = nn.Parameter(torch.empty(num_heads, head_dim, **kw))  # type: ignore[arg-type]
+        self.r_r_bias = nn.Parameter(torch.empty(num_heads, head_dim, **kw))  # type: ignore[arg-type]
+        self._reset_biases()
         # The dim/2 frequencies of R, float64: moves with the module, never cast.
-        inv_freq = sinusoidal_inv_freq(dim, self.base, "concat")  # [dim/2]
-        self.constants = DeviceConstants(inv_freq=inv_freq).to(device)
+        self.constants = DeviceConstants(inv_freq=self._inv_freq()).to(device)
+
+    def _inv_freq(self) -> torch.Tensor:
+        return sinusoidal_inv_freq(self.dim, self.base, "concat")  # [dim/2]
+
+    def _reset_biases(self) -> None:
+        for bias in (self.r_w_bias, self.r_r_bias):
+            nn.init.normal_(bias, std=self.init_std)  # the values of randn(h, d) * init_std
+
+    def reset_parameters(self) -> None:
+        """Redraw ``W_R`` as ``nn.Linear`` does, ``u`` and ``v`` from ``N(0, init_std**2)``,
+        and recompute the frequencies of ``R``."""
+        self.r_net.reset_parameters()
+        self._reset_biases()
+        self.constants.reset_(inv_freq=self._inv_freq())
 
     def _angles(self, positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[*]`` integer -> ``r f [*, dim/2]`` float64."""

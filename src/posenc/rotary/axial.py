@@ -121,13 +121,20 @@ class Axial2DRoPE(nn.Module):
         self.num_prefix_tokens, self.layout = num_prefix_tokens, layout
         self.frequencies, self.arrangement, self.backend = frequencies, arrangement, backend
         self.angle_dtype = resolve_angle_dtype(angle_dtype)
-        rows, cols = axial_inv_freq(head_dim, base, frequencies, self.angle_dtype)
         # Buffers that move with the module and are never cast (module.to(bfloat16) would round
         # them); not in state_dict.
-        self.constants = DeviceConstants(
-            inv_freq=torch.cat((rows, cols)).cpu(),  # [d/2]: row pairs then column pairs
-            axis=torch.arange(2).repeat_interleave(head_dim // 4),  # [d/2]: 0 0 .. 1 1 ..
-        )
+        self.constants = DeviceConstants(**self._constants())
+
+    def _constants(self) -> dict[str, torch.Tensor]:
+        rows, cols = axial_inv_freq(self.head_dim, self.base, self.frequencies, self.angle_dtype)
+        return {
+            "inv_freq": torch.cat((rows, cols)),  # [d/2]: row pairs then column pairs
+            "axis": torch.arange(2).repeat_interleave(self.head_dim // 4),  # [d/2]: 0 0 .. 1 1 ..
+        }
+
+    def reset_parameters(self) -> None:
+        """Recompute the frequencies (after ``to_empty()``; no learned weights)."""
+        self.constants.reset_(**self._constants())
 
     def cos_sin(self, coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 ``cos``, ``sin`` of (row, column) coordinates: ``[*, 2]`` -> ``[*, d/2]``.

@@ -219,19 +219,33 @@ class RotaryEmbedding(nn.Module):
         self.interleaved = layout == "interleaved"
         # Channels the rotation touches: proportional spreads its r/2 frequencies over the head.
         self.span = head_dim if self.rope_type == "proportional" else rotary_dim
-        # Frequencies live on the CPU as plain attributes, not buffers: ``module.to(bfloat16)``
-        # would round a floating buffer (the classic inv_freq bug). Copies per device are cached.
-        self._sets: dict[str, tuple[torch.Tensor, float]] = {
-            "base": rope_inv_freq(
-                rotary_dim, self.base, self.scaling, head_dim, dtype=self.angle_dtype
-            )
-        }
-        if self.rope_type == "longrope":
-            self._sets["long"] = self._compute(self._original_len() + 1)
-        self.attention_factor = self._sets["base"][1]
+        self._sets: dict[str, tuple[torch.Tensor, float]] = {}
         self._tables: dict[tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self._on_device: dict[tuple[torch.device, str], torch.Tensor] = {}
         self._backends: dict[tuple[str, torch.dtype, torch.dtype], str] = {}
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Compute the frequency sets and empty the caches (no learned weights here).
+
+        Frequencies live on the CPU as plain attributes, not buffers: ``module.to(bfloat16)``
+        would round a floating buffer (the classic inv_freq bug), and they are computed on the
+        CPU even under ``with torch.device("meta")``, so a meta-built module has them exact
+        (:mod:`posenc.deferred`). Copies per device are cached.
+        """
+        with torch.device("cpu"):
+            sets = {
+                "base": rope_inv_freq(
+                    self.rotary_dim, self.base, self.scaling, self.head_dim, dtype=self.angle_dtype
+                )
+            }
+            self._sets = sets
+            if self.rope_type == "longrope":
+                sets["long"] = self._compute(self._original_len() + 1)
+        self.attention_factor = sets["base"][1]
+        self._tables.clear()
+        self._on_device.clear()
+        self._backends.clear()
 
     # --- frequencies ---------------------------------------------------------------------------
 

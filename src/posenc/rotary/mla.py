@@ -115,6 +115,10 @@ class DecoupledRoPE(nn.Module):
         self.rope_dim, self.nope_dim = rope_dim, nope_dim
         self.head_dim = nope_dim + rope_dim
 
+    def reset_parameters(self) -> None:
+        """The rotary part's frequencies (:meth:`RotaryEmbedding.reset_parameters`)."""
+        self.rope.reset_parameters()
+
     def _split(self, x: torch.Tensor, name: str) -> tuple[torch.Tensor | None, torch.Tensor]:
         if x.dim() == 4 and x.shape[-1] == self.head_dim:
             return x[..., : self.nope_dim], x[..., self.nope_dim :]  # [.., nope], [.., rope]

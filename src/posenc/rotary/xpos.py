@@ -82,13 +82,17 @@ class XPos(nn.Module):
         self.head_dim, self.base, self.scale_base, self.gamma = head_dim, base, scale_base, gamma
         self.layout, self.center, self.backend = layout, center, backend
         self.angle_dtype = resolve_angle_dtype(angle_dtype)
-        inv_freq, _ = rope_inv_freq(head_dim, base, dtype=self.angle_dtype)  # [d/2]
         # Buffers that move with the module and are never cast (module.to(bfloat16) would round
         # them); not in state_dict.
-        self.constants = DeviceConstants(
-            inv_freq=inv_freq.cpu(),
-            log_zeta=xpos_zeta(head_dim, gamma).log(),  # [d/2] each
-        )
+        self.constants = DeviceConstants(**self._constants())
+
+    def _constants(self) -> dict[str, torch.Tensor]:
+        inv_freq, _ = rope_inv_freq(self.head_dim, self.base, dtype=self.angle_dtype)  # [d/2]
+        return {"inv_freq": inv_freq, "log_zeta": xpos_zeta(self.head_dim, self.gamma).log()}
+
+    def reset_parameters(self) -> None:
+        """Recompute the frequencies and decay bases (after ``to_empty()``; no learned weights)."""
+        self.constants.reset_(**self._constants())
 
     def max_offset(self, dtype: torch.dtype = torch.float32) -> int:
         """The largest ``|p - center|`` whose scales a tensor of ``dtype`` holds (the tables are
