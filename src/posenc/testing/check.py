@@ -1,0 +1,328 @@
+"""``check_rope(impl, config)``: any RoPE implementation against posenc's reading of a config.
+
+The rules, in one place (docs/testing.md explains them with an example):
+
+* **Inputs.** ``q [b, h, s, d]`` and ``k [b, hk, s, d]`` with every head vector of unit norm
+  (random, seeded), cast to the probe's dtype; ``position_ids [b, s]`` int64, ``[3, b, s]`` for
+  M-RoPE configs (Qwen2-VL/2.5-VL/3-VL, Qwen3.5). ``d`` is the reference module's ``head_dim``:
+  the whole head for partial rotary (channels past ``rotary_dim`` must pass through), the rope
+  part ``qk_rope_head_dim`` for MLA (DeepSeek), the layer type's own head dim (Gemma-4).
+* **The reference** is :func:`posenc.hf.rope_from_hf` with float64 angles, applied in float64 to
+  the inputs as the implementation received them (so the cast of the inputs is not counted), at
+  the length ``max(position_ids) + 1`` (transformers' rule for dynamic NTK and LongRoPE).
+* **Errors**: worst absolute difference of the implementation's ``q'``, ``k'`` (in float64)
+  from the reference, per probe.
+* **Thresholds**, per probe: ``max(floor, slack * own)`` (``slack`` 4 in float32, 2 in bf16 and
+  fp16: :data:`SLACK`), where ``own`` is the worst error of
+  posenc's reference evaluated the way transformers evaluates it in that dtype (float32: float32
+  angles and a float32 rotation; bf16/fp16: the float32 cos/sin cast to the dtype and
+  ``x * cos + rotate(x) * sin`` in the dtype), against float64, on the same inputs. ``floor``:
+  ``1e-6`` in float32 (an absolute error on unit-norm inputs), one ulp of the largest reference
+  value in bf16/fp16. Below a few thousand positions the float32 threshold is the floor; far
+  out it is set by the ``p * 6e-8`` rad of a float32 angle, which no float32 implementation
+  avoids. A NoPE layer type (rope parameters ``None``) must return ``q``, ``k`` bit for bit.
+* **cos/sin implementations** (``kind="cos_sin"``, or detected: a pair of ``[b, s, w]``/
+  ``[s, w]`` tensors or one complex ``e^{i angle}`` tensor): the tables are compared with the
+  reference's in the architecture's layout (``w = r``: ``cat(c, c)`` for half pairs,
+  ``repeat_interleave(c, 2)`` for interleaved ones; ``w = r / 2``: one entry per pair), with the
+  same rule (float32 cos/sin cast to the dtype as ``own``), and the rotation by those tables
+  (posenc's, in float64) is judged as above.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import torch
+
+from ..hf.config import _get, _head_dim, _nested_keys, read_config
+from ..hf.load import resolve_config
+from .probes import Probe, rope_probes
+from .reference import Reference
+from .report import Position, ProbeResult, RopeReport
+
+Impl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, str | None], Any]
+KINDS = ("auto", "qk", "cos_sin")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FLOAT32_FLOOR = 1e-6
+#: The default factor on the reference's own error, per dtype. float32: a float32 implementation
+#: whose frequencies are ``exp(-ln(base) 2i / d)`` instead of transformers' ``1 / base ** (2i / d)``
+#: reaches 2.4x the reference's float32 error at 4x max (plain RoPE, theta 10000); bf16: rounding
+#: dominates, and an implementation that rotates in float32 and casts once sits at 0.5-0.6x.
+SLACK = {torch.float32: 4.0, torch.bfloat16: 2.0, torch.float16: 2.0}
+
+
+def _read(config: Any) -> tuple[Any, frozenset[str]]:
+    """``(decoder config, model types)`` as :func:`posenc.hf.rope_from_hf` reads them."""
+    return read_config(resolve_config(config), True)
+
+
+def rope_layer_types(config: Any) -> list[tuple[str | None, bool]]:
+    """``[(layer_type, uses_rope)]`` of a config: the keys its rope parameters are nested under
+    (``uses_rope`` False where they are None: NoPE), or ``[(None, True)]`` for one set."""
+    cfg, _ = _read(config)
+    params = _get(cfg, "rope_parameters") or {}
+    nested = _nested_keys(params, _get(cfg, "_rope_type_labels") or _get(cfg, "layer_types"))
+    if not nested:
+        return [(None, True)]
+    return [(key, params[key] is not None) for key in nested]
+
+
+def _describe(config: Any) -> tuple[str, int | None]:
+    """``(model_type or "config", max_position_embeddings)`` of the decoder config."""
+    cfg, model_types = _read(config)
+    label = _get(config, "model_type") or min(model_types, default=None) or "config"
+    return str(label), _get(cfg, "max_position_embeddings")
+
+
+def _unit(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)  # [b, h, s, d]
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+def _floor(dtype: torch.dtype, ref: torch.Tensor) -> float:
+    if dtype == torch.float32:
+        return FLOAT32_FLOOR
+    top = float(ref.abs().max())
+    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top)) if top > 0 else 0.0
+
+
+def _token_err(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``[b, s]``: the worst error of each token over heads and channels (NaN counts as inf)."""
+    diff = (out.to(torch.float64) - ref).abs().nan_to_num(nan=math.inf)  # [b, h, s, d]
+    return diff.amax(dim=(1, 3))
+
+
+def _as_tables(out: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """An implementation's cos/sin as ``[b|1, s, w]``, or None if ``out`` is not cos/sin."""
+    if isinstance(out, torch.Tensor) and out.is_complex():
+        out = (out.real, out.imag)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        return None
+    cos, sin = out
+    if not all(isinstance(t, torch.Tensor) and t.dim() in (2, 3) for t in (cos, sin)):
+        return None
+    return (cos[None], sin[None]) if cos.dim() == 2 else (cos, sin)
+
+
+class _Case:
+    """One probe in one dtype: inputs, the reference and the threshold."""
+
+    def __init__(
+        self, ref: Reference, probe: Probe, dtype: torch.dtype, heads: int, kv_heads: int, seed: int
+    ) -> None:
+        self.ref, self.probe, self.dtype = ref, probe, dtype
+        pos = probe.position_ids
+        b, s = pos.shape[-2], pos.shape[-1]
+        gen = torch.Generator().manual_seed(seed)
+        self.q = _unit((b, heads, s, ref.head_dim), gen).to(dtype)  # [b, h, s, d]
+        self.k = _unit((b, kv_heads, s, ref.head_dim), gen).to(dtype)  # [b, hk, s, d]
+        self.cos, self.sin = ref.cos_sin(pos)  # float64 [b, s, n]
+        self.ref_q = ref.rotate(self.q.double(), self.cos, self.sin)
+        self.ref_k = ref.rotate(self.k.double(), self.cos, self.sin)
+        cos32, sin32 = ref.cos_sin(pos, exact=False)
+        if dtype == torch.float32:
+            own = [ref.rotate(x, cos32, sin32) for x in (self.q, self.k)]
+            own_cs = max(_max(cos32 - self.cos), _max(sin32 - self.sin))
+        else:
+            own = [ref.rotate_in_dtype(x, cos32, sin32) for x in (self.q, self.k)]
+            own_cs = max(_max(cos32.to(dtype) - self.cos), _max(sin32.to(dtype) - self.sin))
+        self.own = max(_max(own[0] - self.ref_q), _max(own[1] - self.ref_k))
+        self.own_cos_sin = own_cs
+
+    def thresholds(self, slack: float) -> tuple[float, float]:
+        """``(rotation threshold, cos/sin threshold)``."""
+        rot = max(_floor(self.dtype, self.ref_q), slack * self.own)
+        return rot, max(_floor(self.dtype, self.cos), slack * self.own_cos_sin)
+
+
+def _max(t: torch.Tensor) -> float:
+    return float(t.to(torch.float64).abs().nan_to_num(nan=math.inf).max())
+
+
+def _first(bad: torch.Tensor, pos: torch.Tensor) -> Position | None:
+    """The position id of the first ``True`` of ``bad [b, s]`` in row-major order."""
+    hits = bad.flatten().nonzero()
+    if not len(hits):
+        return None
+    row, col = divmod(int(hits[0]), bad.shape[1])
+    if pos.dim() == 3:  # M-RoPE: (t, h, w)
+        return tuple(int(v) for v in pos[:, row, col])
+    return int(pos[row, col])
+
+
+def _result(case: _Case, layer_type: str | None, **kw: Any) -> ProbeResult:
+    return ProbeResult(layer_type, str(case.dtype).removeprefix("torch."), case.probe.name, **kw)
+
+
+def _failed(case: _Case, layer_type: str | None, threshold: float, note: str) -> ProbeResult:
+    inf = math.inf
+    return _result(
+        case, layer_type, q_err=inf, k_err=inf, threshold=threshold, passed=False, note=note
+    )
+
+
+def _judge(
+    impl: Impl, case: _Case, layer_type: str | None, kind: str, slack: float, nope: bool
+) -> ProbeResult:
+    pos = case.probe.position_ids
+    threshold, cs_threshold = (0.0, 0.0) if nope else case.thresholds(slack)
+    q_in, k_in, pos_in = case.q.clone(), case.k.clone(), pos.clone()
+    try:
+        out = impl(q_in, k_in, pos_in, layer_type)
+    except Exception as err:  # a conformance check reports what the implementation did
+        return _failed(case, layer_type, threshold, f"raised {type(err).__name__}: {err}")
+    if not (torch.equal(q_in, case.q) and torch.equal(k_in, case.k) and torch.equal(pos_in, pos)):
+        return _failed(case, layer_type, threshold, "modified its inputs in place")
+    tables = _as_tables(out) if kind != "qk" else None
+    cos_sin_err = None
+    if tables is not None:
+        if nope:
+            return _failed(case, layer_type, threshold, "returned cos/sin for a NoPE layer type")
+        got = _check_tables(case, tables)
+        if isinstance(got, str):
+            return _failed(case, layer_type, threshold, got)
+        out, cs_tok, cos_sin_err = got
+    elif kind == "cos_sin":
+        return _failed(case, layer_type, threshold, "did not return cos, sin [b, s, w] tensors")
+    else:
+        cs_tok = None
+        note = _check_qk(case, out)
+        if note:
+            return _failed(case, layer_type, threshold, note)
+    ref_q, ref_k = (case.q.double(), case.k.double()) if nope else (case.ref_q, case.ref_k)
+    q_tok, k_tok = _token_err(out[0], ref_q), _token_err(out[1], ref_k)
+    bad = (q_tok > threshold) | (k_tok > threshold)
+    if cs_tok is not None:
+        bad |= cs_tok > cs_threshold
+    return _result(
+        case, layer_type, q_err=float(q_tok.max()), k_err=float(k_tok.max()), threshold=threshold,
+        passed=not bool(bad.any()), first_failing_position=_first(bad, pos),
+        cos_sin_err=cos_sin_err, cos_sin_threshold=None if cos_sin_err is None else cs_threshold,
+        note="NoPE: q, k unchanged" if nope else "",
+    )  # fmt: skip
+
+
+def _check_qk(case: _Case, out: Any) -> str:
+    """Why ``out`` is not a valid ``(q', k')``, or ``""``."""
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        return f"returned {type(out).__name__}, not (q', k') or (cos, sin)"
+    for name, got, want in (("q'", out[0], case.q), ("k'", out[1], case.k)):
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            return f"{name} has shape {shape}, expected {tuple(want.shape)}"
+        if got.dtype != want.dtype:
+            return f"{name} is {got.dtype} for {want.dtype} inputs"
+    return ""
+
+
+def _check_tables(
+    case: _Case, tables: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, float] | str:
+    """``((q', k') rotated by the tables, cos/sin error [b, s], worst cos/sin error)``, or why
+    the tables cannot be compared."""
+    ref, (cos, sin) = case.ref, tables
+    b, s, n = case.cos.shape
+    width = cos.shape[-1]
+    if cos.shape != sin.shape or cos.shape[-2] != s or cos.shape[0] not in (1, b):
+        return f"cos/sin have shapes {tuple(cos.shape)}, {tuple(sin.shape)}; expected [{b}, {s}, w]"
+    if width not in (n, ref.span):
+        return f"cos/sin end in {width}; expected {ref.span} (rotary dim) or {n} (one per pair)"
+    full = width == ref.span and width != n
+    want_cos = ref.expand(case.cos) if full else case.cos  # [b, s, w]
+    want_sin = ref.expand(case.sin) if full else case.sin
+    diff = torch.maximum(
+        (cos.to(torch.float64) - want_cos).abs(), (sin.to(torch.float64) - want_sin).abs()
+    ).nan_to_num(nan=math.inf)  # [b, s, w]
+    tok = diff.amax(dim=-1).expand(b, s)  # [b, s]
+    c, s_ = (ref.reduce(cos), ref.reduce(sin)) if full else (cos, sin)
+    c, s_ = c.to(torch.float64).expand(b, -1, -1), s_.to(torch.float64).expand(b, -1, -1)
+    q = ref.rotate(case.q.double(), c, s_)
+    k = ref.rotate(case.k.double(), c, s_)
+    return (q, k), tok, float(tok.max())
+
+
+def check_rope(
+    impl: Impl,
+    config: Any,
+    *,
+    layer_types: Sequence[str | None] | None = None,
+    dtypes: Sequence[torch.dtype] = (torch.float32, torch.bfloat16),
+    batch: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+    seed: int = 0,
+    kind: str = "auto",
+    layout: str | None = None,
+    max_position: int | None = None,
+    dense_limit: int = 8192,
+    probes: Collection[str] | None = None,
+    slack: float | None = None,
+) -> RopeReport:
+    """Check a RoPE implementation against posenc's reading of a Hugging Face config.
+
+    ``impl(q, k, position_ids, layer_type)`` returns ``(q', k')`` (``q [b, h, s, d]``,
+    ``k [b, hk, s, d]``, ``position_ids [b, s]`` int64, ``[3, b, s]`` for M-RoPE; ``layer_type``
+    a key of the config's per-layer-type rope parameters, or None) or the ``(cos, sin)`` it would
+    rotate with (``[b, s, r]`` in the architecture's layout, or ``[b, s, r / 2]``; one complex
+    tensor is read as ``cos + i sin``). ``config``: anything :func:`posenc.hf.rope_from_hf` takes.
+
+    ``layer_types``: which to check (default every one the config has). ``kind``: ``"auto"``
+    (from what ``impl`` returns), ``"qk"`` or ``"cos_sin"``. ``layout``: override the pairing
+    of the architecture. ``max_position``: the largest position probed (default
+    ``4 * max_position_embeddings - 1``; a model with a fixed table, such as GPT-J's, needs
+    ``max_position_embeddings - 1``). ``probes``: run only these probe names. ``slack``: the
+    factor on the reference's own error in the thresholds (default :data:`SLACK`: 4 in float32,
+    2 in bf16/fp16). The rules are in this module's
+    docstring; the probes in :mod:`posenc.testing.probes`.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    for dtype in dtypes:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtypes must be among {DTYPES}, got {dtype}")
+    if slack is not None and not (isinstance(slack, (int, float)) and slack >= 1):
+        raise ValueError(f"slack must be a number >= 1 (or None: SLACK per dtype), got {slack!r}")
+    config = resolve_config(config)  # a path or model id is read once
+    label, max_pos = _describe(config)
+    if max_pos is None:
+        raise ValueError("config has no max_position_embeddings: the probes are placed by it")
+    every = rope_layer_types(config)
+    if layer_types is not None:
+        known = [lt for lt, _ in every]
+        unknown = [lt for lt in layer_types if lt not in known]
+        if unknown:
+            raise ValueError(f"layer_types {unknown} are not in the config; it has {known}")
+        every = [(lt, rope) for lt, rope in every if lt in layer_types]
+    report = RopeReport(label, kind)
+    for layer_type, uses_rope in every:
+        if not uses_rope and kind == "cos_sin":
+            report.skipped.append(f"layer type {layer_type!r}: NoPE, no cos/sin to compare")
+            continue
+        if not uses_rope:
+            head_dim = _head_dim(_read(config)[0], layer_type)  # inputs only: no rotation
+            ref = Reference({"rope_theta": 10000.0, "head_dim": head_dim}, None)
+            scaling, mrope = None, False
+        else:
+            ref = Reference(config, layer_type, layout)
+            scaling, mrope = ref.exact.scaling, ref.mrope
+        found, skipped = rope_probes(
+            max_pos, scaling, batch=batch, mrope=mrope, max_position=max_position,
+            dense_limit=dense_limit, seed=seed,
+        )  # fmt: skip
+        report.skipped += [f"{layer_type or ''} {s}".strip() for s in skipped]
+        for dtype in dtypes:
+            for probe in found:
+                if probes is not None and probe.name not in probes:
+                    continue
+                case_seed = zlib.crc32(f"{seed}/{layer_type}/{dtype}/{probe.name}".encode())
+                case = _Case(ref, probe, dtype, heads, kv_heads, case_seed)
+                factor = SLACK[dtype] if slack is None else float(slack)
+                report.results.append(_judge(impl, case, layer_type, kind, factor, not uses_rope))
+    if kind == "auto" and report.results:  # what the implementation turned out to return
+        tables = any(r.cos_sin_err is not None for r in report.results)
+        report.kind = "cos_sin" if tables else "qk"
+    return report
