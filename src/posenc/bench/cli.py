@@ -469,3 +469,45 @@ def bench_bias(
         text = bias.markdown_section(rows, env, _command_line(), limit, max_call_s, dev)
         harness.write_section(results, f"bias-{dev.type}", text)
         console.print(f"wrote {results}")
+
+
+# --- model ----------------------------------------------------------------------------------
+
+
+@bench_app.command("model")
+def bench_model(
+    layers: int = typer.Option(4, "--layers", min=1, max=64, help="Decoder layers."),
+    dtypes: str = typer.Option("float32,bfloat16", "--dtypes", help="Comma-separated dtypes."),
+    repeats: int = typer.Option(10, "--repeats", min=1, help="Timed calls per candidate."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads."),
+    results: Path | None = typer.Option(
+        None, "--results", help="Write the figures into this markdown file (its 'hf-model' block)."
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the rows as JSON here."),
+) -> None:
+    """A transformers Llama with posenc applied (posenc.hf.apply_posenc) against the stock
+    model: a prefill and decode steps (CPU), with the share of a step RoPE takes."""
+    import json
+
+    import torch
+
+    from . import harness, hf_model
+
+    try:
+        dtype_list = harness.parse_dtypes(dtypes)
+    except ValueError as e:
+        raise _bad(str(e)) from e
+    if threads is not None:
+        torch.set_num_threads(threads)
+    console, env = _console(torch.device("cpu"), ("transformers",))
+    cases = [("prefill", 1, 512), ("decode", 1, 512), ("decode", 8, 512)]
+    rows = hf_model.run_cases(cases, dtype_list, layers, repeats)
+    _note_load(env)
+    block = hf_model.model_block(rows, env, _command_line())
+    console.print(block)
+    if results is not None:
+        harness.write_section(results, "hf-model-cpu", block)
+        console.print(f"wrote {results}")
+    if json_out is not None:
+        json_out.write_text(json.dumps([r.as_dict() for r in rows], indent=1) + "\n")
+        console.print(f"wrote {json_out}")

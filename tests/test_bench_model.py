@@ -1,0 +1,41 @@
+"""``posenc bench model``: the stock and patched models it times give the same logits, and the
+rows and Markdown block carry every case (tiny shapes here; the real run is in RESULTS.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from posenc.bench import hf_model
+
+SMALL = {**hf_model.MODEL_SHAPES, "hidden_size": 64, "intermediate_size": 96,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64}  # fmt: skip
+
+
+def test_the_two_models_are_the_same_model() -> None:
+    stock, fused = hf_model.tiny_llama(2, torch.float32, SMALL)
+    assert fused.posenc_patch is not None and getattr(stock, "posenc_patch", None) is None
+    ids = torch.randint(64, (2, 9))
+    with torch.no_grad():
+        assert float((stock(input_ids=ids).logits - fused(input_ids=ids).logits).abs().max()) < 1e-5
+
+
+def test_rows_and_block_cover_every_case() -> None:
+    cases = [("prefill", 1, 8), ("decode", 2, 8)]
+    rows = hf_model.run_cases(cases, [torch.float32], layers=1, repeats=1, shapes=SMALL)
+    assert [(r.phase, r.batch, r.tokens) for r in rows] == cases
+    assert all(r.stock_ms > 0 and r.posenc_ms > 0 and 0 < r.rope_share < 1 for r in rows)
+    assert {"speedup", "rope_share", "stock_ms"} <= rows[0].as_dict().keys()
+    block = hf_model.model_block(rows, {"torch": torch.__version__}, "posenc bench model")
+    assert block.count("\n| prefill |") == 1 and block.count("\n| decode |") == 1
+
+
+def test_cli_refuses_a_bad_dtype() -> None:
+    from typer.testing import CliRunner
+
+    from posenc.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "model", "--dtypes", "float8"])
+    assert result.exit_code == 2 and "float8" in result.output
