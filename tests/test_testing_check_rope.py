@@ -325,6 +325,10 @@ def test_rotary_embedding_torch_rotate_queries_or_keys_in_bf16() -> None:
     report = check_rope(impl, PLAIN, layout="interleaved", probes=contiguous, **FAST)
     fails = {(r.dtype, r.probe) for r in report.failures}
     assert fails == {("bfloat16", "batched_offsets"), ("bfloat16", "decode_far")}, report
+    decode, offsets = report.failures  # the figures docs/testing.md gives
+    assert (decode.probe, decode.first_failing_position) == ("decode_far", 15887)
+    assert offsets.first_failing_position == 8193
+    assert 0.4 < decode.q_err < 0.6 and 0.4 < offsets.q_err < 0.6
 
 
 def test_torchtune_rope_is_plain_interleaved_rope() -> None:
