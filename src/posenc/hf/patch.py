@@ -315,12 +315,26 @@ def apply_posenc(
         # Built before anything changes, so a bad scaling leaves the model as it was.
         swaps = _rotary_swaps(model, modeling, scaling, rotations)
     patch.shadow = shadow_module(modeling, overrides)
+    _patch_attention(model, modeling, set(overrides), patch)
+    if scaling is not None:
+        _rescale(patch, swaps, scaling)
+    model.posenc_patch = patch  # type: ignore[assignment]
+    return model
+
+
+def _patch_attention(model: nn.Module, modeling: Any, names: set[str], patch: PosencPatch) -> None:
+    """Give each attention layer of ``modeling`` that calls an overridden name its own forward:
+    its class's, reading globals from the patch's shadow module (one copy per class)."""
+    assert patch.shadow is not None
+    names = {
+        k for k, v in vars(patch.shadow).items() if getattr(v, "__name__", "").startswith("posenc_")
+    }
     copies: dict[type, Any] = {}
     for module in model.modules():
         if type(module).__module__ != modeling.__name__ or "Vision" in type(module).__name__:
             continue
         forward = type(module).forward
-        if not _code_names(forward) & overrides.keys():
+        if not _code_names(forward) & names:
             continue
         if type(module) not in copies:
             copies[type(module)] = with_globals(forward, vars(patch.shadow))
@@ -329,20 +343,25 @@ def apply_posenc(
     if not patch.attention:
         sys.modules.pop(patch.shadow.__name__, None)
         raise RuntimeError(
-            f"found no attention layer of {modeling.__name__} that calls {sorted(overrides)} in "
+            f"found no attention layer of {modeling.__name__} that calls {sorted(names)} in "
             f"this {type(model).__name__}"
         )
-    if scaling is not None:
-        for parent, attr, new in swaps:
-            patch.rotary.append((parent, attr, getattr(parent, attr)))
-            setattr(parent, attr, new)
-        if model_type in MSCALE_SOFTMAX_MODEL_TYPES:
-            for module in patch.attention:
-                patch.softmax_scale.append((module, float(module.scaling)))  # type: ignore[arg-type]
-                scale = mla_softmax_scale(int(module.qk_head_dim), scaling)  # type: ignore[arg-type]
-                setattr(module, "scaling", scale)  # noqa: B010 - a plain float attribute
-    model.posenc_patch = patch  # type: ignore[assignment]
-    return model
+
+
+def _rescale(
+    patch: PosencPatch,
+    swaps: list[tuple[nn.Module, str, nn.Module]],
+    scaling: Mapping[str, Any],
+) -> None:
+    """Swap in the rescaled rotary modules (and DeepSeek-V3's softmax scale), keeping the old."""
+    for parent, attr, new in swaps:
+        patch.rotary.append((parent, attr, getattr(parent, attr)))
+        setattr(parent, attr, new)
+    if patch.model_type in MSCALE_SOFTMAX_MODEL_TYPES:
+        for module in patch.attention:
+            patch.softmax_scale.append((module, float(module.scaling)))  # type: ignore[arg-type]
+            scale = mla_softmax_scale(int(module.qk_head_dim), scaling)  # type: ignore[arg-type]
+            setattr(module, "scaling", scale)  # noqa: B010 - a plain float attribute
 
 
 def _rotary_swaps(
