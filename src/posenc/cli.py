@@ -93,6 +93,23 @@ app.add_typer(plot_app, name="plot")
 app.command("report")(report_command)
 
 
+def inspect_config_command(
+    config: str = typer.Argument(
+        ...,
+        help="A config.json, a model folder holding one, or a model id ('org/name') already in "
+        "the local Hugging Face cache (never downloaded).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
+) -> None:
+    """Show what each decoder layer of a Hugging Face model does with positions."""
+    from .hf.inspect import inspect_command
+
+    inspect_command(config, as_json)
+
+
+app.command("inspect")(inspect_config_command)
+
+
 def _show_version(value: bool) -> None:
     if value:
         typer.echo(f"posenc {__version__}")
