@@ -531,7 +531,8 @@ def rope_from_hf(
     backend: str = "auto",
     use_transformers: bool = True,
 ) -> RotaryEmbedding:
-    """The rotary embedding of a Hugging Face config (object or ``config.json`` dict).
+    """The rotary embedding of a Hugging Face config: a config object, a ``config.json`` dict, a
+    path to a ``config.json`` or a model folder, or a cached model id (:func:`.load.resolve_config`).
 
     Returns a :class:`RotaryEmbedding`, or an :class:`MRoPE` for multimodal RoPE (Qwen2-VL,
     Qwen2.5-VL, Qwen3-VL, Qwen3.5). ``layer_type`` selects the entry of per-layer-type parameters
