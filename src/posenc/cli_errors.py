@@ -14,6 +14,7 @@ EXTRAS = {
     "rotary_embedding_torch": "bench",
     "einops": "bench",
     "mkdocs": "docs",
+    "transformers": "hf",
 }
 
 
