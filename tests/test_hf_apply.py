@@ -380,3 +380,166 @@ def test_every_supported_type_has_its_modeling_module() -> None:
     for model_type, (module, names) in SUPPORTED.items():
         modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
         assert all(callable(getattr(modeling, n)) for n in names), model_type
+
+
+# --- a patched model as users handle it -----------------------------------------------------
+
+
+def test_deepcopy_pickle_and_torch_save_keep_the_patch(tmp_path: Any) -> None:
+    import io
+    import pickle
+
+    stock = tiny("llama")
+    model = patched(stock)
+    ids, mask, positions = left_padded()
+    want = logits(model, ids, mask, positions, "llama")
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    copies = [
+        copy.deepcopy(model),
+        pickle.loads(pickle.dumps(model)),
+        torch.load(buffer, weights_only=False),
+    ]
+    for other in copies:
+        assert (
+            other.posenc_patch is not None
+            and other.posenc_patch.attention[0] is not (model.posenc_patch.attention[0])
+        )
+        assert torch.equal(logits(other, ids, mask, positions, "llama"), want)
+        remove_posenc(other)
+        assert not any("forward" in m.__dict__ for m in other.modules())
+    # A fresh process rebuilds what the patched forwards read.
+    path = tmp_path / "patched.pt"
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+    torch.save({"model": model, "ids": ids, "want": plain}, path)
+    code = (
+        f"import torch; d = torch.load({str(path)!r}, weights_only=False); m = d['model']; "
+        "out = m(input_ids=d['ids']).logits; assert (out - d['want']).abs().max() < 1e-5; "
+        "assert type(m.model.layers[0].self_attn.forward).__name__ == 'PatchedForward'; print('ok')"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_shadow_modules_do_not_pile_up() -> None:
+    import sys
+
+    model = tiny("llama")
+    apply_posenc(model)
+    remove_posenc(model)
+    before = sorted(n for n in sys.modules if n.startswith("posenc_shadow"))
+    for _ in range(4):
+        remove_posenc(apply_posenc(model))
+        apply_posenc(tiny("llama"))
+    assert sorted(n for n in sys.modules if n.startswith("posenc_shadow")) == before
+
+
+def test_an_accelerate_style_hook_is_kept() -> None:
+    """accelerate's device hooks set ``layer._old_forward`` and a ``layer.forward`` that calls
+    it: posenc replaces the old forward under the hook, and remove_posenc puts it back."""
+    import functools
+
+    model = tiny("llama")
+    calls = []
+    for layer in (lay.self_attn for lay in model.model.layers):
+        layer._old_forward = layer.forward
+
+        def hooked(module: torch.nn.Module, *args: Any, **kw: Any) -> Any:
+            calls.append(1)
+            return module._old_forward(*args, **kw)
+
+        layer.forward = functools.partial(hooked, layer)
+    stock = tiny("llama")
+    ids, mask, positions = left_padded()
+    apply_posenc(model)
+    got = logits(model, ids, mask, positions, "llama")
+    assert len(calls) == COMMON["num_hidden_layers"]
+    assert worst(got, logits(stock, ids, mask, positions, "llama"), mask) <= TOL
+    assert type(model.model.layers[0].self_attn._old_forward).__name__ == "PatchedForward"
+    remove_posenc(model)
+    assert isinstance(model.model.layers[0].self_attn.forward, functools.partial)
+    assert type(model.model.layers[0].self_attn._old_forward).__name__ == "method"
+    other = tiny("llama")
+    other.model.layers[0].self_attn.forward = lambda *a, **k: None
+    with pytest.raises(ValueError, match="already has a forward of its own"):
+        apply_posenc(other)
+    assert getattr(other, "posenc_patch", None) is None  # the refusal changed nothing
+    assert not any(
+        type(m.__dict__.get("forward")).__name__ == "PatchedForward" for m in other.modules()
+    )
+
+
+def test_backward_gives_the_stock_gradients() -> None:
+    stock = tiny("llama")
+    model = patched(stock)
+    ids, mask, positions = left_padded()
+    for m in (stock, model):
+        m.zero_grad()
+        m(input_ids=ids, attention_mask=mask, position_ids=positions, labels=ids).loss.backward()
+    for (name, a), b in zip(stock.named_parameters(), model.parameters(), strict=True):
+        assert float((a.grad - b.grad).abs().max()) <= 1e-6, name
+
+
+def test_torch_compile_fullgraph_decode_with_cache() -> None:
+    model = patched(tiny("llama"))
+    ids, _, _ = left_padded(batch=2, seq=8)
+    compiled = torch.compile(model, fullgraph=True)
+    outs = []
+    for m in (model, compiled):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            m(input_ids=ids[:, :6], cache=cache, use_cache=True)
+            outs.append(m(input_ids=ids[:, 6:7], cache=cache, use_cache=True).logits)
+    assert float((outs[0] - outs[1]).abs().max()) <= 1e-5
+
+
+def test_deepseek_v3_without_rope_interleave() -> None:
+    stock = tiny("deepseek_v3", rope_interleave=False)
+    ids, mask, positions = left_padded()
+    want = logits(stock, ids, mask, positions, "deepseek_v3")
+    assert worst(want, logits(patched(stock), ids, mask, positions, "deepseek_v3"), mask) <= TOL
+
+
+@pytest.mark.parametrize("model_type", sorted(VL))
+def test_vision_language_text_with_3d_positions(model_type: str) -> None:
+    stock = tiny(model_type)
+    ids, mask, positions = left_padded()
+    p3 = torch.stack([positions, positions // 2, positions % 3])  # [3, b, s]: t, h, w differ
+    with torch.no_grad():
+        want = stock(input_ids=ids, attention_mask=mask, position_ids=p3).logits
+        got = patched(stock)(input_ids=ids, attention_mask=mask, position_ids=p3).logits
+    assert worst(want, got, mask) <= TOL
+
+
+def test_dynamic_ntk_keeps_transformers_history_across_calls() -> None:
+    """transformers' dynamic NTK keeps the frequencies of the longest call until a call falls
+    within the original length; scaling={'rope_type': 'dynamic'} does the same."""
+    dynamic = {"rope_type": "dynamic", "factor": 2.0}
+    base = tiny("llama", max_position_embeddings=8)
+    reference = tiny("llama", {"rope_theta": 10000.0, **dynamic}, max_position_embeddings=8)
+    reference.load_state_dict(base.state_dict())
+    model = patched(base, scaling=dynamic)
+    g = torch.Generator().manual_seed(3)
+    for length in (20, 12, 20, 6, 12):
+        ids = torch.randint(1, 97, (1, length), generator=g)
+        with torch.no_grad():
+            want, got = reference(input_ids=ids).logits, model(input_ids=ids).logits
+        assert float((want - got).abs().max()) <= 1e-5, length
+
+
+def test_flat_scaling_on_per_layer_type_models_rescales_every_type() -> None:
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    base = tiny("gemma3_text")
+    own = base.config.rope_parameters
+    params = {t: {"rope_theta": own[t]["rope_theta"], **yarn} for t in own}
+    reference = tiny("gemma3_text", params)
+    reference.load_state_dict(base.state_dict())
+    ids, mask, positions = left_padded(seq=12)
+    want = logits(reference, ids, mask, positions, "gemma3_text")
+    got = logits(patched(base, scaling=yarn), ids, mask, positions, "gemma3_text")
+    assert worst(want, got, mask) <= 1e-5

@@ -17,11 +17,8 @@ a rotation is refused instead of silently patched.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
-import itertools
-import sys
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +31,7 @@ from .._checks import check_choice
 from ..functional.rope_scaling import yarn_mscale
 from ..kernels.constants import ROTARY_BACKENDS
 from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb
+from .shadow import PatchedForward, code_names, shadow_module
 
 
 @dataclass(frozen=True)
@@ -49,11 +47,13 @@ class Rotation:
     interleaved: bool = False
     table_layout: str = "cat"
     deinterleave: bool = False
+    partial: bool = False  # it rotates channels 0..r-1 (r = cos width) and passes r..d-1
 
 
 HALF = Rotation()
+HALF_PARTIAL = Rotation(partial=True)  # GPT-NeoX, Phi-3
 # GLM: cat(freqs, freqs) tables, repeated per pair inside, rotate_half on interleaved pairs.
-GLM = Rotation(interleaved=True)
+GLM = Rotation(interleaved=True, partial=True)
 # Cohere: repeat_interleave(freqs, 2) tables and interleaved pairs.
 COHERE = Rotation(interleaved=True, table_layout="repeat")
 DEEPSEEK_INTERLEAVE = Rotation(interleaved=True, deinterleave=True)
@@ -68,7 +68,7 @@ SUPPORTED: dict[str, tuple[str, dict[str, Rotation]]] = {
     "qwen2_moe": ("qwen2_moe", _STANDARD),
     "qwen3": ("qwen3", _STANDARD),
     "qwen3_moe": ("qwen3_moe", _STANDARD),
-    "phi3": ("phi3", _STANDARD),  # partial rotary inside its function: channels r.. pass
+    "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "gemma2": ("gemma2", _STANDARD),
     "gemma3": ("gemma3", _STANDARD),
     "gemma3_text": ("gemma3", _STANDARD),
@@ -77,7 +77,7 @@ SUPPORTED: dict[str, tuple[str, dict[str, Rotation]]] = {
     "olmo3": ("olmo3", _STANDARD),
     "cohere": ("cohere", {"apply_rotary_pos_emb": COHERE}),
     "cohere2": ("cohere2", {"apply_rotary_pos_emb": COHERE}),
-    "gpt_neox": ("gpt_neox", _STANDARD),
+    "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "stablelm": ("stablelm", _STANDARD),
     "glm": ("glm", {"apply_rotary_pos_emb": GLM}),
     "deepseek_v3": (
@@ -157,83 +157,26 @@ def fused_rotation(
 
 
 def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) -> None:
-    """Run ``stock`` and posenc's stand-in on the same random inputs; raise if they differ."""
+    """Run ``stock`` and posenc's stand-in on the same random inputs; raise if they differ
+    (with a partial cos width too where the function passes channels through)."""
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 1, 5, 8, generator=g)
-    angle = torch.randn(2, 5, 4, generator=g) * 3  # [b, s, n], distinct per token and pair
-    if rotation.table_layout == "cat":
-        angle = torch.cat((angle, angle), dim=-1)
-    else:
-        angle = angle.repeat_interleave(2, dim=-1)
-    cos, sin = angle.cos(), angle.sin()
-    want = stock(q, k, cos, sin)
-    got = fused_rotation(rotation, stock, "torch")(q, k, cos, sin)
-    worst = max(float((w - o).abs().max()) for w, o in zip(want, got, strict=True))
-    if worst > 1e-5:
-        raise RuntimeError(
-            f"{where} no longer rotates as posenc expects ({rotation}; max difference {worst:.3g} "
-            "on a random probe): this transformers version is not supported by apply_posenc"
-        )
-
-
-# --- per-instance copies of a forward with other globals ----------------------------------------
-
-_shadows = itertools.count()
-
-
-def shadow_module(modeling: types.ModuleType, overrides: Mapping[str, Any]) -> types.ModuleType:
-    """A copy of module ``modeling`` in which the names ``overrides`` resolve differently,
-    registered in ``sys.modules`` under a name of its own: torch.compile finds the globals of
-    the functions it traces by their module's name, so the copy must be importable."""
-    name = f"posenc_shadow_{next(_shadows)}_{modeling.__name__.replace('.', '_')}"
-    shadow = types.ModuleType(name, modeling.__doc__)
-    skip = ("__name__", "__spec__", "__loader__", "__doc__")
-    shadow.__dict__.update({k: v for k, v in vars(modeling).items() if k not in skip})
-    shadow.__dict__.update(overrides)
-    sys.modules[name] = shadow
-    return shadow
-
-
-def with_globals(fn: Any, scope: dict[str, Any]) -> Any:
-    """A copy of function ``fn`` that reads its global names from ``scope``.
-
-    Decorated functions (``functools.wraps`` chains, e.g. transformers' ``deprecate_kwarg``)
-    are copied wrapper by wrapper: each copy's closure holds the copy of the function it wraps;
-    the wrappers keep their own globals.
-    """
-    inner = getattr(fn, "__wrapped__", None)
-    if inner is None:
-        globals_, closure = scope, fn.__closure__
-    else:
-        new_inner = with_globals(inner, scope)
-        cells = list(fn.__closure__ or ())
-        held = [i for i, c in enumerate(cells) if _cell(c) is inner]
-        if not held:
-            raise RuntimeError(f"cannot re-create the decorator around {fn.__qualname__}")
-        for i in held:
-            cells[i] = types.CellType(new_inner)
-        globals_, closure = fn.__globals__, tuple(cells)
-    new: Any = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, closure)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    functools.update_wrapper(new, fn, updated=())
-    if inner is not None:
-        new.__wrapped__ = new_inner
-    else:
-        del new.__wrapped__
-    return new
-
-
-def _cell(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
-
-
-def _code_names(fn: Any) -> set[str]:
-    while getattr(fn, "__wrapped__", None) is not None:
-        fn = fn.__wrapped__
-    return set(fn.__code__.co_names)
+    for n in (4, 2) if rotation.partial else (4,):  # rotary dim 8 of 8, then 4 of 8
+        angle = torch.randn(2, 5, n, generator=g) * 3  # [b, s, n], distinct per token and pair
+        if rotation.table_layout == "cat":
+            angle = torch.cat((angle, angle), dim=-1)
+        else:
+            angle = angle.repeat_interleave(2, dim=-1)
+        cos, sin = angle.cos(), angle.sin()
+        want = stock(q, k, cos, sin)
+        got = fused_rotation(rotation, stock, "torch")(q, k, cos, sin)
+        worst = max(float((w - o).abs().max()) for w, o in zip(want, got, strict=True))
+        if worst > 1e-5:
+            raise RuntimeError(
+                f"{where} no longer rotates as posenc expects ({rotation}; max difference "
+                f"{worst:.3g} on a random probe of rotary dim {2 * n} of 8): this transformers "
+                "version is not supported by apply_posenc"
+            )
 
 
 # --- apply / remove -----------------------------------------------------------------------------
@@ -246,8 +189,10 @@ class PosencPatch:
     model_type: str
     backend: str
     scaling: Mapping[str, Any] | None
-    shadow: types.ModuleType | None = None
     attention: list[nn.Module] = field(default_factory=list)
+    # (layer, attribute, what it held): the layer's own forward attribute, or accelerate's
+    # ``_old_forward`` under its device hook; None where the class's forward served.
+    forwards: list[tuple[nn.Module, str, Any]] = field(default_factory=list)
     rotary: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
     softmax_scale: list[tuple[nn.Module, float]] = field(default_factory=list)
 
@@ -303,49 +248,63 @@ def apply_posenc(
     if getattr(model, "posenc_patch", None) is not None:
         raise ValueError("this model already has posenc applied: call remove_posenc(model) first")
     model_type = _model_type(model)
-    module_name, rotations = SUPPORTED[model_type]
-    modeling = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
-    overrides = {}
-    for name, rotation in rotations.items():
-        stock = getattr(modeling, name)
-        check_rotation(stock, rotation, f"{modeling.__name__}.{name}")
-        overrides[name] = fused_rotation(rotation, stock, backend)
+    modeling, rotations = _modeling(model_type)
+    for name, rotation in rotations.items():  # each call: the installed transformers is checked
+        check_rotation(getattr(modeling, name), rotation, f"{modeling.__name__}.{name}")
     patch = PosencPatch(model_type, backend, None if scaling is None else dict(scaling))
     if scaling is not None:
         # Built before anything changes, so a bad scaling leaves the model as it was.
         swaps = _rotary_swaps(model, modeling, scaling, rotations)
-    patch.shadow = shadow_module(modeling, overrides)
-    _patch_attention(model, modeling, set(overrides), patch)
+    layers = _attention_layers(model, modeling, set(rotations))
+    for layer in layers:
+        attr = "_old_forward" if "_old_forward" in layer.__dict__ else "forward"
+        if attr == "forward" and "forward" in layer.__dict__:
+            raise ValueError(
+                f"{type(layer).__name__} of this model already has a forward of its own (another "
+                "patch or hook): apply posenc first, or remove that patch"
+            )
+    for layer in layers:
+        attr = "_old_forward" if "_old_forward" in layer.__dict__ else "forward"
+        patch.forwards.append((layer, attr, layer.__dict__.get(attr)))
+        setattr(layer, attr, PatchedForward(layer, model_type, backend, shadow_for))
+        patch.attention.append(layer)
+    model.posenc_patch = patch  # type: ignore[assignment]
     if scaling is not None:
         _rescale(patch, swaps, scaling)
-    model.posenc_patch = patch  # type: ignore[assignment]
     return model
 
 
-def _patch_attention(model: nn.Module, modeling: Any, names: set[str], patch: PosencPatch) -> None:
-    """Give each attention layer of ``modeling`` that calls an overridden name its own forward:
-    its class's, reading globals from the patch's shadow module (one copy per class)."""
-    assert patch.shadow is not None
-    names = {
-        k for k, v in vars(patch.shadow).items() if getattr(v, "__name__", "").startswith("posenc_")
+def _modeling(model_type: str) -> tuple[types.ModuleType, dict[str, Rotation]]:
+    module_name, rotations = SUPPORTED[model_type]
+    modeling = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
+    return modeling, rotations
+
+
+def shadow_for(model_type: str, backend: str) -> types.ModuleType:
+    """The shadow of ``model_type``'s modeling module whose rotation functions are posenc's."""
+    modeling, rotations = _modeling(model_type)
+    overrides = {
+        name: fused_rotation(rotation, getattr(modeling, name), backend)
+        for name, rotation in rotations.items()
     }
-    copies: dict[type, Any] = {}
-    for module in model.modules():
-        if type(module).__module__ != modeling.__name__ or "Vision" in type(module).__name__:
-            continue
-        forward = type(module).forward
-        if not _code_names(forward) & names:
-            continue
-        if type(module) not in copies:
-            copies[type(module)] = with_globals(forward, vars(patch.shadow))
-        module.forward = types.MethodType(copies[type(module)], module)
-        patch.attention.append(module)
-    if not patch.attention:
-        sys.modules.pop(patch.shadow.__name__, None)
+    return shadow_module(modeling, backend, overrides)
+
+
+def _attention_layers(model: nn.Module, modeling: Any, names: set[str]) -> list[nn.Module]:
+    """The layers of ``modeling``'s classes whose forward calls one of ``names``."""
+    layers = [
+        m
+        for m in model.modules()
+        if type(m).__module__ == modeling.__name__
+        and "Vision" not in type(m).__name__
+        and code_names(type(m).forward) & names
+    ]
+    if not layers:
         raise RuntimeError(
             f"found no attention layer of {modeling.__name__} that calls {sorted(names)} in "
             f"this {type(model).__name__}"
         )
+    return layers
 
 
 def _rescale(
@@ -392,13 +351,14 @@ def remove_posenc(model: nn.Module) -> nn.Module:
     patch = getattr(model, "posenc_patch", None)
     if not isinstance(patch, PosencPatch):
         raise ValueError("this model has no posenc applied (apply_posenc was not called on it)")
-    for module in patch.attention:
-        module.__dict__.pop("forward", None)
+    for layer, attr, before in patch.forwards:
+        if before is None:
+            layer.__dict__.pop(attr, None)
+        else:
+            setattr(layer, attr, before)
     for parent, attr, original in patch.rotary:
         setattr(parent, attr, original)
     for module, scale in patch.softmax_scale:
         setattr(module, "scaling", scale)  # noqa: B010 - a plain float attribute
-    if patch.shadow is not None:
-        sys.modules.pop(patch.shadow.__name__, None)
     del model.posenc_patch
     return model

@@ -4,7 +4,8 @@ For people who wire posenc into a model themselves, in the shapes transformers u
 
 * :class:`HFRotaryEmbedding`: ``forward(x, position_ids[, layer_type]) -> (cos, sin)``, the
   interface of every ``*RotaryEmbedding`` class of transformers, exact to the model's own class
-  (cos/sin equal bit for bit in float32), with any posenc scaling in place of the config's.
+  (cos/sin within 1e-6 in float32, bit for bit in bfloat16), with any posenc scaling in place
+  of the config's; dynamic NTK keeps transformers' history of the longest length.
 * :func:`apply_rotary_pos_emb`: transformers' ``apply_rotary_pos_emb(q, k, cos, sin,
   unsqueeze_dim=1)``, computed by posenc's fused kernel in one pass over q and k.
 * :func:`apply_rotary_emb`: one tensor, with the argument names of PyTorch's proposed
@@ -286,6 +287,9 @@ class HFRotaryEmbedding(nn.Module):
         else:
             self.ropes = {None: rope_from_hf(text)}
         self.table_layout, self.dtype = table_layout, dtype
+        # Dynamic NTK as transformers keeps it: the longest length seen since the last call
+        # within the original length (its ``max_seq_len_cached``), per layer type.
+        self.dynamic_len: dict[str | None, int] = {}
 
     def rope(self, layer_type: str | None = None) -> RotaryEmbedding:
         """The posenc rotary module of ``layer_type`` (None where the config has one)."""
@@ -306,13 +310,32 @@ class HFRotaryEmbedding(nn.Module):
         if isinstance(rope, MRoPE):
             cos, sin = _mrope_cos_sin(rope, position_ids)  # [b, s, n]
         else:
-            cos, sin = rope.cos_sin(check_positions(position_ids, "position_ids", ranks=(1, 2)))
+            positions = check_positions(position_ids, "position_ids", ranks=(1, 2))
+            cos, sin = rope.cos_sin(positions, self._dynamic_length(rope, layer_type, positions))
         if self.table_layout == "cat":  # [f0 .. f(n-1)] -> [f0 .. f(n-1) f0 .. f(n-1)]
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         elif self.table_layout == "repeat":  # [f0 f1 ..] -> [f0 f0 f1 f1 ..]
             cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
         dtype = x.dtype if self.dtype is None else self.dtype
         return cos.to(device=x.device, dtype=dtype), sin.to(device=x.device, dtype=dtype)
+
+    def _dynamic_length(
+        self, rope: RotaryEmbedding, layer_type: str | None, positions: torch.Tensor
+    ) -> int | None:
+        """The length dynamic NTK's frequencies are for, with transformers' history: they grow
+        with the longest call and fall back only when a call is within the original length.
+        Reads the largest position on the host, as transformers' own module does."""
+        if rope.rope_type != "dynamic":
+            return None
+        original = int(rope.scaling["original_max_position_embeddings"])  # type: ignore[index]
+        seq_len = max_position(positions) + 1
+        cached = self.dynamic_len.get(layer_type, original)
+        if seq_len > cached:
+            cached = seq_len
+        elif seq_len < original:
+            cached = original
+        self.dynamic_len[layer_type] = cached
+        return cached
 
     def extra_repr(self) -> str:
         return f"ropes={self.ropes}, table_layout={self.table_layout!r}"
