@@ -110,6 +110,24 @@ def inspect_config_command(
 app.command("inspect")(inspect_config_command)
 
 
+def explore_command(
+    out: str = typer.Option(
+        "posenc-explore.html", "--out", "-o", help="The page to write (.html)."
+    ),
+    open_page: bool = typer.Option(False, "--open", help="Open it in the default web browser."),
+) -> None:
+    """Write one self-contained HTML page (works offline) to explore the encodings: table,
+    similarity, RoPE rotation and wavelengths against encoding, d_model, position and scaling."""
+    from pathlib import Path
+
+    from .explore.cli import explore_page
+
+    explore_page(Path(out), open_page)
+
+
+app.command("explore")(explore_command)
+
+
 def _show_version(value: bool) -> None:
     if value:
         typer.echo(f"posenc {__version__}")

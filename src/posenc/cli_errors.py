@@ -15,6 +15,7 @@ EXTRAS = {
     "einops": "bench",
     "mkdocs": "docs",
     "transformers": "hf",
+    "plotly": "explore",
 }
 
 
