@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+
+from _docs_site import build_site
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", ROOT / "README.zh-CN.md"]
@@ -85,27 +84,20 @@ def test_every_guide_has_code_and_a_figure() -> None:
             assert heading in text, f"{name}.md lacks {heading!r}"
 
 
-def test_docs_build_strict(tmp_path: Path) -> None:
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("mkdocstrings_handlers.python")
-    pytest.importorskip("matplotlib")
-    # Quick tiny models for the attention figures (docs/hooks.py); the figures are tested in
-    # test_plots.py, this test checks the site builds without a warning.
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "POSENC_DOCS_TRAIN_STEPS": "3"}
-    result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-4000:]
+def test_docs_build_strict(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # One build per session, shared with tests/test_docs_offline.py (tests/_docs_site.py).
+    site, returncode, log = build_site(tmp_path_factory)
+    assert returncode == 0, log[-4000:]
     assert "WARNING" not in log, log[-4000:]
-    site = tmp_path / "site"
     for page in ("index.html", "absolute/index.html", "api/functional/index.html"):
         assert (site / page).exists(), page
+    kernels = (site / "api" / "kernels" / "index.html").read_text(encoding="utf-8")
+    assert 'id="posenc.kernels.rope_qk"' in kernels and (site / "kernels" / "index.html").exists()
+    assert 'id="posenc.relative.cope.CoPE"' in (site / "api/relative/index.html").read_text()
+    # README.zh-CN.md as a page (docs/hooks.py), linked from the home page and the nav.
+    zh = (site / "zh" / "index.html").read_text(encoding="utf-8")
+    assert "各部分在哪里" in zh and '<a href="../">English</a>' in zh
+    assert 'href="zh/"' in (site / "index.html").read_text(encoding="utf-8")
     assert (site / "img" / "wavelengths.png").stat().st_size > 5_000
     api = (site / "api" / "functional" / "index.html").read_text(encoding="utf-8")
     assert "rope_inv_freq" in api and "sinusoidal_table" in api  # generated from docstrings
@@ -118,8 +110,8 @@ def test_docs_build_strict(tmp_path: Path) -> None:
 
 def test_formulas_are_math_not_code_blocks() -> None:
     """The guides write formulas as $...$ / $$...$$ (rendered by MathJax through
-    pymdownx.arithmatex), never as ```text blocks; the build needs only the Markdown extension
-    (in the docs extra), and MathJax itself is a script the served pages load from a CDN."""
+    pymdownx.arithmatex), never as ```text blocks; the Markdown extension is in the docs extra,
+    and MathJax is shipped with the site (copied by docs/hooks.py), not loaded from a CDN."""
     yaml = pytest.importorskip("yaml")  # mkdocs's own dependency
     for path in sorted((ROOT / "docs").glob("*.md")):
         text = path.read_text(encoding="utf-8")
@@ -131,6 +123,9 @@ def test_formulas_are_math_not_code_blocks() -> None:
     assert "pymdownx.arithmatex" in exts
     scripts = cfg["extra_javascript"]
     assert "javascripts/mathjax.js" in scripts and (ROOT / "docs/javascripts/mathjax.js").exists()
-    assert any(s.startswith("https://cdn.jsdelivr.net/npm/mathjax@3/") for s in scripts)
-    docs_extra = re.search(r"^docs = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert "javascripts/mathjax/tex-svg.js" in scripts
+    assert not any(s.startswith(("http:", "https:", "//")) for s in scripts), scripts
+    docs_extra = re.search(
+        r"^docs = \[(.*?)\]$", (ROOT / "pyproject.toml").read_text(), re.M | re.S
+    )
     assert docs_extra and '"pymdown-extensions' in docs_extra[1]
