@@ -64,3 +64,39 @@ def test_readme_images_exist() -> None:
             image = path.parent / target
             assert image.is_file(), f"{path.name} shows {target}, which does not exist"
             assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", target
+
+
+GENERATED_BLOCK = re.compile(r"^<!-- (lab:[\w-]+) -->\n(.*?)^<!-- /\1 -->$", re.M | re.S)
+
+
+def generated_blocks(path: Path) -> dict[str, str]:
+    """The blocks ``posenc lab report --readme FILE`` writes: ``{"lab:table": text, ...}``."""
+    return {m[1]: m[2] for m in GENERATED_BLOCK.finditer(path.read_text(encoding="utf-8"))}
+
+
+def test_generated_blocks_found() -> None:
+    blocks = generated_blocks(READMES[0])
+    assert set(blocks) == {"lab:table", "lab:length", "lab:extend", "lab:passkey"}
+    assert all(text.count("\n|") > 5 for text in blocks.values())  # each holds a table
+
+
+def test_chinese_readme_carries_the_english_readmes_results() -> None:
+    """README.zh-CN.md has every generated results block of README.md, character for character
+    (both are written by the same `posenc lab report --readme FILE`; a stale copy fails here)."""
+    english, chinese = generated_blocks(READMES[0]), generated_blocks(READMES[1])
+    assert set(chinese) == set(english)
+    for name, text in english.items():
+        assert chinese[name] == text, f"README.zh-CN.md's {name} block differs from README.md's"
+
+
+def test_readme_report_writes_the_chinese_readme(tmp_path: Path) -> None:
+    """The command that writes README.md's blocks writes the Chinese README's the same way: the
+    marker lines are the only thing it needs (posenc._markdown.replace_block)."""
+    from posenc._markdown import replace_block
+
+    copy = tmp_path / "README.zh-CN.md"
+    copy.write_text(READMES[1].read_text(encoding="utf-8"), encoding="utf-8")
+    replace_block(copy, "<!-- lab:table -->", "<!-- /lab:table -->", "| a |\n|---|\n| 1 |\n")
+    after = generated_blocks(copy)
+    assert after["lab:table"] == "| a |\n|---|\n| 1 |\n"
+    assert after["lab:extend"] == generated_blocks(READMES[0])["lab:extend"]  # others untouched
