@@ -13,7 +13,13 @@ import torch
 from _docs_site import build_site
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC_FILES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", ROOT / "README.zh-CN.md"]
+TOUR_FILES = sorted((ROOT / "docs" / "tour").rglob("*.md"))  # the tour, English and zh/
+DOC_FILES = [
+    *sorted((ROOT / "docs").glob("*.md")),
+    *TOUR_FILES,
+    ROOT / "README.md",
+    ROOT / "README.zh-CN.md",
+]
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
@@ -33,7 +39,11 @@ def test_block_extraction() -> None:
         tmp.unlink()
 
 
-@pytest.mark.parametrize("path", [p for p in DOC_FILES if p.exists()], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [p for p in DOC_FILES if p.exists()],
+    ids=lambda p: p.relative_to(ROOT / "docs").as_posix() if p in TOUR_FILES else p.name,
+)
 def test_doc_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = python_blocks(path)
     if not blocks:
