@@ -12,6 +12,8 @@ Nothing generated is committed, and the built site needs no network:
   style sheet is written to ``css/pygments.css``.
 * ``zh.md``: README.zh-CN.md, the Chinese quick start, with its links turned into links inside
   the site (or, for files outside docs/, their repository paths as text).
+
+It also makes the headings' ids valid CSS selectors (:func:`css_safe_slug`).
 """
 
 from __future__ import annotations
@@ -122,6 +124,21 @@ def zh_page(readme: str) -> str:
         return f"`{path}`" if text.strip("`") == path else f"{text}（`{path}`）"
 
     return _LINK.sub(fix, readme)
+
+
+def css_safe_slug(value: str, separator: str) -> str:
+    """Python-Markdown's heading slug, with ``_`` before one that starts with a digit: the
+    theme's scrollspy looks each table-of-contents target up as a CSS selector, and ``#1-order``
+    is not one (a heading such as "1. Order" then stops the page's scripts with an error)."""
+    from markdown.extensions.toc import slugify
+
+    slug = slugify(value, separator)
+    return f"_{slug}" if slug[:1].isdigit() else slug
+
+
+def on_config(config: Any) -> Any:
+    config.mdx_configs.setdefault("toc", {})["slugify"] = css_safe_slug
+    return config
 
 
 def on_files(files: Any, config: Any) -> Any:
