@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import pytest
 import torch
 
@@ -12,6 +15,7 @@ from transformers import (  # noqa: E402
     DeepseekV3Config,
     GlmConfig,
     GPTJConfig,
+    LlamaConfig,
     Phi3Config,
     Qwen2VLConfig,
 )
@@ -337,7 +341,7 @@ def test_qwen3_5_partial_mrope_matches_transformers() -> None:
 
 
 def test_mrope_of_unverified_architectures_raises() -> None:
-    raw = {"model_type": "glm4v_text", "hidden_size": 64, "num_attention_heads": 4,
+    raw = {"model_type": "hy_v4_vl_text", "hidden_size": 64, "num_attention_heads": 4,
            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}}  # fmt: skip
     with pytest.raises(ValueError, match="posenc reproduces the M-RoPE of"):
         rope_from_hf(raw, use_transformers=False)
@@ -513,3 +517,51 @@ def test_qwen3_yarn_recipe_and_glm4_partial_interleaved() -> None:
             rope = rope_from_hf(raw, use_transformers=use_transformers)
             assert _cos_sin_error(rope, rotary(config), positions) <= 2 * TOL
     assert (rope.layout, rope.rotary_dim) == ("interleaved", 64)
+
+
+# --- names and YaRN factors that used to be read silently --------------------------------------
+
+
+@pytest.mark.parametrize("use_transformers", [True, False])
+def test_unknown_model_type_raises_naming_close_matches(use_transformers: bool) -> None:
+    raw = {"model_type": "GPTJ", "n_embd": 64, "n_head": 4, "rotary_dim": 8}
+    with pytest.raises(ValueError, match=r"unknown model_type 'GPTJ'.*close matches: \['gptj'"):
+        rope_from_hf(raw, use_transformers=use_transformers)
+    raw["model_type"] = "gptj"  # the right name reads
+    assert rope_from_hf(raw, use_transformers=use_transformers).layout == "interleaved"
+
+
+@pytest.mark.parametrize("use_transformers", [True, False])
+def test_yarn_without_factor_raises(use_transformers: bool) -> None:
+    raw = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+           "max_position_embeddings": 8192,
+           "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4,
+                               "original_max_position_embeddings": 2048}}  # fmt: skip
+    # posenc's own reader says so; transformers refuses to build the config (its message)
+    match = "YaRN rope parameters need 'factor'" if not use_transformers else "keys.*'factor'"
+    with pytest.raises(ValueError, match=match):
+        rope_from_hf(raw, use_transformers=use_transformers)
+    with pytest.raises(Exception, match="factor"):
+        LlamaConfig.from_dict(copy.deepcopy(raw))
+    obj = LlamaConfig.from_dict(
+        {**raw, "rope_parameters": {**raw["rope_parameters"], "factor": 4.0}}
+    )
+    del obj.rope_parameters["factor"]  # a config object without it: posenc's message
+    with pytest.raises(ValueError, match="YaRN rope parameters need 'factor'"):
+        rope_from_hf(obj)
+    raw["rope_parameters"]["factor"] = None  # null: the ratio of the lengths, as transformers
+    assert rope_from_hf(raw, use_transformers=use_transformers).scaling["factor"] == 4.0
+
+
+@pytest.mark.parametrize("use_transformers", [True, False])
+def test_yarn_factor_that_disagrees_with_the_lengths_warns(use_transformers: bool) -> None:
+    raw = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+           "max_position_embeddings": 8192,
+           "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4,
+                               "original_max_position_embeddings": 2048}}  # fmt: skip
+    with pytest.warns(UserWarning, match=r"YaRN factor 2 disagrees .* = 8192 / 2048 = 4"):
+        rope_from_hf(raw, use_transformers=use_transformers)
+    raw["rope_parameters"]["factor"] = 4.0  # agrees: silent
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rope_from_hf(raw, use_transformers=use_transformers)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,52 +42,20 @@ import torch
 from ..functional.rope_scaling import ORIG, ROPE_SCALING
 from ..functional.rotary import normalize_scaling
 from ..rotary import MRoPE, RotaryEmbedding
-from .load import resolve_config
-
-# --- what each architecture does (read from transformers' modeling code) -----------------------
-
-# Attention rotates pairs (x[2i], x[2i+1]): rotate_every_two / "interleaved" rotate_half, or a
-# complex product (DeepSeek-V2, Llama-4), or MLA models that always de-interleave.
-INTERLEAVED_MODEL_TYPES = frozenset(
-    {
-        "axk2", "bailing_hybrid", "blt", "codegen", "cohere", "cohere2", "cohere2_moe",
-        "deepseek_v2", "deepseek_v32", "dots3_note", "dots3_note_text", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
-        "glm_moe_dsa", "gptj", "helium", "llama4", "llama4_text", "longcat_flash",
-        "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
-        "openai_privacy_filter",
-    }
-)  # fmt: skip
-# MLA models with a ``rope_interleave`` flag (and its class default): True -> interleaved pairs.
-# transformers then writes the rotated channels de-interleaved ([x0 x2 .. | x1 x3 ..]); queries and
-# keys get the same permutation, so attention scores equal those of the interleaved rotation.
-ROPE_INTERLEAVE_MODEL_TYPES: dict[str, bool] = {
-    "axk1": True, "deepseek_v3": True, "glm4_moe_lite": True, "mistral4": True,
-    "sarvam_mla": True, "youtu": True,
-}  # fmt: skip
-# Model types whose M-RoPE posenc reproduces, with the sections their rotary class falls back to
-# when the config has none (None: no fallback, plain RoPE then).
-MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
-    "qwen2_vl": None, "qwen2_vl_text": None, "qwen2_5_vl": None, "qwen2_5_vl_text": None,
-    "qwen3_vl": (24, 20, 20), "qwen3_vl_text": (24, 20, 20),
-    "qwen3_vl_moe": (24, 20, 20), "qwen3_vl_moe_text": (24, 20, 20),
-    "qwen3_5": (11, 11, 10), "qwen3_5_text": (11, 11, 10),
-    "qwen3_5_moe": (11, 11, 10), "qwen3_5_moe_text": (11, 11, 10),
-}  # fmt: skip
-# Their rotary class interleaves the sections (T H W T H W ...) whatever ``mrope_interleaved`` says.
-INTERLEAVED_MROPE_MODEL_TYPES = frozenset(
-    t for t in MROPE_MODEL_TYPES if t.startswith(("qwen3_vl", "qwen3_5"))
+from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
+    HALF_MODEL_TYPES,
+    INTERLEAVED_MODEL_TYPES,
+    INTERLEAVED_MROPE_MODEL_TYPES,
+    LLAMA4_MODEL_TYPES,
+    LLAMA4_SCALING_MODEL_TYPES,
+    MROPE_MODEL_TYPES,
+    ROPE_INTERLEAVE_MODEL_TYPES,
+    ROTARY_DIM_MODEL_TYPES,
+    UNSUPPORTED_MODEL_TYPES,
+    known_model_type,
+    unknown_model_type_error,
 )
-# The rotary dim is the config's ``rotary_dim`` (else hidden_size), not a factor of head_dim.
-ROTARY_DIM_MODEL_TYPES = frozenset({"codegen", "gptj"})
-# Attention that multiplies queries by ``llama_4_scaling_beta``'s scale (rope parameter key).
-LLAMA4_SCALING_MODEL_TYPES = frozenset({"ministral3", "mistral3"})
-LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
-# Architectures whose rotation posenc cannot express.
-UNSUPPORTED_MODEL_TYPES = {
-    "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
-    "deepseek_v4": "it rotates the trailing rope slice of each head ([nope | rope]) in "
-    "interleaved pairs; posenc rotates the leading channels",
-}
+from .load import resolve_config
 
 # Keys of a rope parameter dict that are not scaling options: the module's own, and those other
 # posenc functions read. Everything else goes to the scaling dict, which rejects unknown keys.
@@ -94,8 +63,8 @@ _MODULE_KEYS = frozenset(
     {"rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section",
      "mrope_interleaved", "llama_4_scaling_beta"}
 )  # fmt: skip
-# Ministral-3's class default stores max_position_embeddings in its rope parameters (unused there).
-_IGNORED_KEYS = {"ministral3": frozenset({"max_position_embeddings"})}
+# Ministral-3's and Mistral-4's class defaults store max_position_embeddings in its rope parameters (unused there).
+_IGNORED_KEYS = {t: frozenset({"max_position_embeddings"}) for t in ("ministral3", "mistral4")}
 # transformers fills original_max_position_embeddings of these from the model config.
 #: The rope types a Hugging Face config may name, from the one scaling table.
 HF_ROPE_TYPES = tuple(name for name, spec in ROPE_SCALING.items() if spec.in_transformers)
@@ -294,6 +263,9 @@ def _text_config(config: Any, use_transformers: bool) -> Any:
     """The decoder's config to read: a transformers 5.x object, or a dict of the same shape."""
     if isinstance(config, Mapping):
         _check_types(config)
+        model_type = config.get("model_type")
+        if isinstance(model_type, str) and not known_model_type(model_type):
+            raise unknown_model_type_error(model_type)
         obj = _transformers_config(config) if use_transformers else None
         if obj is None:
             return _standardize(config)
@@ -441,6 +413,16 @@ def _scaling(cfg: Any, params: Mapping[str, Any], rope_type: str) -> dict[str, A
     spec = ROPE_SCALING[rope_type]
     if spec.original_is_max_position:  # transformers' dynamic NTK grows past max_position
         scaling[orig_name] = max_pos
+    if rope_type == "yarn" and "factor" not in scaling:
+        raise ValueError(
+            "YaRN rope parameters need 'factor' (transformers reads rope_parameters['factor']); "
+            "give the extension factor, or null for max_position_embeddings / "
+            "original_max_position_embeddings"
+        )
+    if rope_type == "yarn" and _is_number(max_pos):
+        mismatch = yarn_factor_mismatch(max_pos, scaling["factor"], scaling.get(orig_name))
+        if mismatch:
+            warnings.warn(mismatch, stacklevel=2)
     if "factor" in spec.derived and scaling.get("factor") is None:
         # DeepSeek-V3, Phi-3: the factor is the extension ratio of the two lengths.
         length = _positive_int(max_pos, "max_position_embeddings")
@@ -451,6 +433,23 @@ def _scaling(cfg: Any, params: Mapping[str, Any], rope_type: str) -> dict[str, A
         if scaling.get(key) is not None:
             _number(scaling[key], key, "a finite number")
     return normalize_scaling(scaling)  # the checks the module makes, with the rope type named
+
+
+def yarn_factor_mismatch(max_pos: float, factor: Any, orig: Any) -> str | None:
+    """transformers' YaRN check: the message when an explicit ``factor`` disagrees with
+    ``max_position_embeddings / original_max_position_embeddings`` (and that ratio is not 1, as
+    it is when the original length was filled in from ``max_position_embeddings``), else None.
+    transformers warns and uses the factor."""
+    if factor is None or not _is_number(orig) or orig <= 0:
+        return None
+    implicit = max_pos / orig
+    if implicit in (factor, 1):
+        return None
+    return (
+        f"YaRN factor {factor:g} disagrees with max_position_embeddings / "
+        f"original_max_position_embeddings = {max_pos} / {orig} = {implicit:g} "
+        f"(transformers warns and uses the factor {factor:g})"
+    )
 
 
 def _mrope(params: Mapping[str, Any], model_types: frozenset[str]) -> dict[str, Any]:

@@ -29,7 +29,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..functional.rope_scaling import ORIG, ROPE_SCALING
-from .config import _MODULE_KEYS, FALLBACK_DEFAULTS, _has_rope_keys, _nested_keys, read_config
+from .config import (
+    _MODULE_KEYS,
+    FALLBACK_DEFAULTS,
+    _has_rope_keys,
+    _nested_keys,
+    read_config,
+    yarn_factor_mismatch,
+)
 from .load import resolve_config
 from .plan import LayerPositions, PositionPlan, longest_wavelength, plan_of
 
@@ -213,16 +220,10 @@ def _yarn_warnings(plan: PositionPlan) -> list[str]:
         if sc is None or sc.get("rope_type") != "yarn" or plan.max_position_embeddings is None:
             continue
         factor, orig = sc.get("factor"), sc.get(ORIG)
-        if not orig:
-            continue
-        implicit = plan.max_position_embeddings / orig
-        if implicit not in (factor, 1) and (factor, orig) not in seen:
+        message = yarn_factor_mismatch(plan.max_position_embeddings, factor, orig)
+        if message and (factor, orig) not in seen:
             seen.add((factor, orig))
-            out.append(
-                f"YaRN factor {factor:g} disagrees with max_position_embeddings / "
-                f"original_max_position_embeddings = {plan.max_position_embeddings} / {orig} = "
-                f"{implicit:g} (transformers warns and uses the factor {factor:g})"
-            )
+            out.append(message)
     return out
 
 

@@ -1,0 +1,143 @@
+"""What each transformers architecture does with positions, read from its modeling code.
+
+Tables keyed by ``model_type``: the pair layout, the rotary dim rule, M-RoPE, the query
+temperature, the architectures posenc refuses (with the reason), and :func:`known_model_type`
+with :func:`unknown_model_type_error` for names neither posenc nor transformers knows.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+# Attention rotates pairs (x[2i], x[2i+1]): rotate_every_two / "interleaved" rotate_half, or a
+# complex product (DeepSeek-V2, Llama-4), or MLA models that always de-interleave.
+INTERLEAVED_MODEL_TYPES = frozenset(
+    {
+        "axk2", "bailing_hybrid", "blt", "codegen", "cohere", "cohere2", "cohere2_moe",
+        "deepseek_v2", "deepseek_v32", "dots3_note", "dots3_note_text", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
+        "glm_moe_dsa", "gptj", "helium", "llama4", "llama4_text", "longcat_flash",
+        "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
+        "openai_privacy_filter",
+        # rotate_half over (x[2i], x[2i+1]) (rotate_half_text / rotate_half_llm / BLT's own), or
+        # q reshaped into pairs (Perception Encoder audio/video)
+        "blt_global_transformer", "blt_local_decoder", "blt_local_encoder", "blt_patcher",
+        "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm_ocr", "glm_ocr_text",
+        "pe_audio", "pe_audio_encoder", "pe_audio_video", "pe_audio_video_encoder",
+        "pe_video", "pe_video_encoder",
+    }
+)  # fmt: skip
+# MLA models with a ``rope_interleave`` flag (and its class default): True -> interleaved pairs.
+# transformers then writes the rotated channels de-interleaved ([x0 x2 .. | x1 x3 ..]); queries and
+# keys get the same permutation, so attention scores equal those of the interleaved rotation.
+ROPE_INTERLEAVE_MODEL_TYPES: dict[str, bool] = {
+    "axk1": True, "deepseek_v3": True, "glm4_moe_lite": True, "mistral4": True,
+    "sarvam_mla": True, "youtu": True,
+}  # fmt: skip
+# Model types whose M-RoPE posenc reproduces, with the sections their rotary class falls back to
+# when the config has none (None: no fallback, plain RoPE then).
+MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
+    "qwen2_vl": None, "qwen2_vl_text": None, "qwen2_5_vl": None, "qwen2_5_vl_text": None,
+    "qwen3_vl": (24, 20, 20), "qwen3_vl_text": (24, 20, 20),
+    "qwen3_vl_moe": (24, 20, 20), "qwen3_vl_moe_text": (24, 20, 20),
+    "qwen3_5": (11, 11, 10), "qwen3_5_text": (11, 11, 10),
+    "qwen3_5_moe": (11, 11, 10), "qwen3_5_moe_text": (11, 11, 10),
+}  # fmt: skip
+# Their rotary class interleaves the sections (T H W T H W ...) whatever ``mrope_interleaved`` says.
+INTERLEAVED_MROPE_MODEL_TYPES = frozenset(
+    t for t in MROPE_MODEL_TYPES if t.startswith(("qwen3_vl", "qwen3_5"))
+)
+# The rotary dim is the config's ``rotary_dim`` (else hidden_size), not a factor of head_dim.
+ROTARY_DIM_MODEL_TYPES = frozenset({"codegen", "gptj"})
+# Attention that multiplies queries by ``llama_4_scaling_beta``'s scale (rope parameter key).
+LLAMA4_SCALING_MODEL_TYPES = frozenset({"ministral3", "mistral3", "mistral4"})
+LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
+# Architectures whose rotation posenc cannot express.
+UNSUPPORTED_MODEL_TYPES = {
+    "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
+    "deepseek_v4": "it rotates the trailing rope slice of each head ([nope | rope]) in "
+    "interleaved pairs; posenc rotates the leading channels",
+    **dict.fromkeys(
+        ("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text"),
+        "its rotary class applies M-RoPE sections (mrope_section, [8, 12, 12] when the config "
+        "has none) laid out as GLM-4V does; posenc.rotary.MRoPE has Qwen's section layouts only",
+    ),
+}
+
+
+# Half-split pairs (x[i], x[i + r/2]), transformers' plain rotate_half: the model types known to
+# rotate that way (measured against each type's own rotary class and apply function, see
+# tests/test_hf_sweep.py), so that a dict read without transformers can tell a known architecture
+# from a misspelt one.
+HALF_MODEL_TYPES = frozenset(
+    {
+        "EvollaModel", "afmoe", "apertus", "apertus1p5", "apertus1p5_text", "arcee", "aria",
+        "aria_text", "bamba", "bitnet", "chameleon", "csm", "csm_depth_decoder_model", "cwm",
+        "dbrx", "deepseek_ocr2", "deepseek_ocr2_encoder", "deepseek_ocr2_text", "dia",
+        "dia_decoder", "dia_encoder", "diffllama", "diffusion_gemma", "diffusion_gemma_text",
+        "doge", "dory", "dots1", "dots3_note_audio_encoder", "embedding_gemma2",
+        "embedding_gemma2_text", "emu3", "emu3_text_model", "esm", "esmc", "eurobert", "evolla",
+        "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2",
+        "gemma3", "gemma3n", "gemma3n_text", "gemma4", "gemma4_text", "gemma4_unified",
+        "gemma4_unified_text", "glmasr", "glmasr_encoder", "gpt_neox_japanese",
+        "gradium_phonon_tts", "granite", "granite4_vision", "granite4_vision_text",
+        "granite_docling", "granite_docling_text", "granite_swa", "granitemoe",
+        "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "gte", "higgs_audio_v2",
+        "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl", "hunyuan_vl_text",
+        "hy_v3", "hy_v4", "hyperclovax", "idefics", "jais2", "jetmoe", "jina_embeddings_v3",
+        "kolibri1", "kyutai_speech_to_text", "laguna", "lara_mini", "lasr_encoder", "lfm2",
+        "lfm2_moe", "lfm3", "llama", "mellum", "mimi", "mimi_decoder", "mimi_encoder",
+        "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl",
+        "minimax_m3_vl_text", "ministral", "mistral", "mixtral", "mllama", "mllama_text_model",
+        "modernbert", "modernbert-decoder", "molmo2", "molmo2_text", "moshi", "muse_glimmer",
+        "muse_glimmer_assistant", "muse_glimmer_text", "muse_spark", "muse_spark_text",
+        "musicflamingo", "nemotron", "nemotron3_5_transcribe_asr_audio",
+        "nemotron3_5_transcribe_word_timestamp", "nemotron3_diarization_audio", "neomme",
+        "neucodec", "nomic_bert", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe",
+        "paddleocr_vl", "paddleocr_vl_text", "phi3", "phi4_multimodal", "phimoe", "pocket_tts",
+        "pocket_tts_audio_tokenizer", "pocket_tts_audio_tokenizer_decoder",
+        "pocket_tts_audio_tokenizer_encoder", "qwen2", "qwen2_5_omni", "qwen2_5_omni_dit",
+        "qwen2_5_omni_talker", "qwen2_5_omni_text", "qwen2_5_omni_thinker", "qwen2_moe",
+        "qwen3", "qwen3_moe", "qwen3_omni_moe_talker_code_predictor",
+        "qwen3_omni_moe_talker_text", "qwen4_exp", "qwen4_exp_text", "recurrent_gemma",
+        "seed_oss", "smollm3", "solar_open", "starcoder2", "step3p5", "step3p7",
+        "t5_gemma_module", "t5gemma", "t5gemma2", "t5gemma2_decoder", "t5gemma2_encoder",
+        "t5gemma2_text", "timesfm2_5", "ultrabert", "unlimited_ocr", "unlimited_ocr_text",
+        "vaultgemma", "voxtral_realtime", "voxtral_realtime_encoder", "voxtral_realtime_text",
+        "xcodec2", "zamba2", "zaya"
+    }
+)  # fmt: skip
+
+
+def _posenc_model_types() -> frozenset[str]:
+    from .config import FALLBACK_DEFAULTS
+
+    return frozenset().union(
+        INTERLEAVED_MODEL_TYPES, ROPE_INTERLEAVE_MODEL_TYPES, MROPE_MODEL_TYPES,
+        ROTARY_DIM_MODEL_TYPES, LLAMA4_SCALING_MODEL_TYPES, LLAMA4_MODEL_TYPES,
+        UNSUPPORTED_MODEL_TYPES, HALF_MODEL_TYPES, FALLBACK_DEFAULTS,
+    )  # fmt: skip
+
+
+def _transformers_model_types() -> frozenset[str]:
+    try:  # a name lookup only: transformers is optional
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        return frozenset()
+    return frozenset(CONFIG_MAPPING.keys())
+
+
+def known_model_type(model_type: str) -> bool:
+    """Whether posenc's tables or the installed transformers know ``model_type``."""
+    return model_type in _posenc_model_types() or model_type in _transformers_model_types()
+
+
+def unknown_model_type_error(model_type: str) -> ValueError:
+    """The error for a ``model_type`` nobody knows, naming the close matches."""
+    names = sorted(_posenc_model_types() | _transformers_model_types())
+    lower = {n.lower(): n for n in names}
+    close = [lower[n] for n in difflib.get_close_matches(model_type.lower(), list(lower), n=3)]
+    hint = f"; close matches: {close}" if close else ""
+    return ValueError(
+        f"unknown model_type {model_type!r}: neither posenc's architecture tables nor the "
+        f"installed transformers know it, so its pair layout and rotary dim are unknown{hint}"
+    )

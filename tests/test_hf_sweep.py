@@ -1,0 +1,234 @@
+"""Every model type the installed transformers ships with a rotary class, against posenc.
+
+The sweep enumerates (it keeps no list of types): each ``model_type`` of ``CONFIG_MAPPING`` whose
+``modeling_<type>.py`` defines a ``*RotaryEmbedding`` class built from a config. For the type's
+default config, its own rotary class and the apply function its attention calls, posenc's
+:func:`~posenc.hf.rope_from_hf` must either
+
+* be exact: cos/sin and the rotated q/k equal transformers' (float32, <= 1e-6 times |q|) at a few
+  positions, far ones included (4x ``max_position_embeddings``); or
+* refuse the config with a ValueError that says why.
+
+Nothing may come back silently wrong. A newer transformers with new types shows them here at once.
+Types whose rotary class cannot be built from their own default config, or cannot run on plain
+``[1, s]`` positions, are counted as skipped (transformers itself does not run them that way).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+from transformers import CONFIG_MAPPING  # noqa: E402
+from transformers.models.auto.configuration_auto import model_type_to_module_name  # noqa: E402
+
+from posenc.hf import (  # noqa: E402
+    INTERLEAVED_MODEL_TYPES,
+    ROPE_INTERLEAVE_MODEL_TYPES,
+    UNSUPPORTED_MODEL_TYPES,
+    hf_rope_kwargs,
+    rope_from_hf,
+)
+from posenc.hf.architectures import HALF_MODEL_TYPES  # noqa: E402
+from test_hf_corpus import reference_cos_sin, reference_rotation, rope_keys  # noqa: E402
+
+MODELS = Path(transformers.__file__).parent / "models"
+TOL = 1e-6
+_APPLY = re.compile(r"\b(apply_\w*rot\w*|apply_\w*emb\w*)\(")
+
+
+def _modeling(model_type: str) -> Any | None:
+    name = model_type_to_module_name(model_type)
+    path = MODELS / name / f"modeling_{name}.py"
+    if not path.exists() or not re.search(r"^class \w*RotaryEmbedding\(", path.read_text(), re.M):
+        return None
+    return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+
+def _rotary_classes(module: Any) -> list[type]:
+    """The module's ``*RotaryEmbedding`` classes built from a config, text ones first."""
+    found = []
+    for name, obj in vars(module).items():
+        if name.endswith("RotaryEmbedding") and isinstance(obj, type):
+            params = list(inspect.signature(obj.__init__).parameters)
+            if obj.__module__ == module.__name__ and params[1:2] == ["config"]:
+                found.append(obj)
+    return sorted(found, key=lambda c: ("Text" not in c.__name__, c.__name__))
+
+
+def _apply_function(module: Any, rotary: type) -> Any | None:
+    """The apply function the attention beside ``rotary`` calls (text attention for a text
+    rotary class; vision or audio attention never for a text one)."""
+    calls: list[str] = []
+    other = ("Vision", "Audio", "Vit", "Patch")
+    for name, obj in vars(module).items():
+        if not (isinstance(obj, type) and obj.__module__ == module.__name__):
+            continue
+        if "Attention" not in name or any(s in name for s in other) != any(
+            s in rotary.__name__ for s in other
+        ):
+            continue
+        try:
+            calls += _APPLY.findall(inspect.getsource(obj))
+        except (OSError, TypeError):
+            continue
+    names = [c for c in dict.fromkeys(calls) if hasattr(module, c)]
+    # MLA models call the interleaved variant when rope_interleave is set, the plain one otherwise
+    if len(names) > 1:
+        return None
+    return getattr(module, names[0]) if names else None
+
+
+def _reference(module: Any, apply: Any, text: Any, out: Any, q: torch.Tensor, k: torch.Tensor,
+               r: int) -> Any:  # fmt: skip
+    """``apply`` (the attention's function) on ``q [b, h, s, d]``, ``k``; transformers rotates
+    the first ``cos.shape[-1]`` channels (all of them for Gemma-4's proportional RoPE)."""
+    if isinstance(out, torch.Tensor):  # complex e^{i angle}: DeepSeek-V2, Llama-4
+        return reference_rotation(module, text, r, q, k, out)
+    cos, sin = out
+    r = max(r, cos.shape[-1])  # gpt-oss: one cos per pair; Gemma-4: the whole head
+    if list(inspect.signature(apply).parameters)[1:3] == ["cos", "sin"]:  # Gemma-3n/4: one x
+        parts = [apply(x[..., :r], cos, sin) for x in (q, k)]
+    else:
+        parts = list(apply(q[..., :r], k[..., :r], cos, sin))
+    return tuple(torch.cat((p, x[..., r:]), -1) for p, x in zip(parts, (q, k), strict=True))
+
+
+def _deinterleaved(x: torch.Tensor, r: int) -> torch.Tensor:
+    rot = x[..., :r]  # [x0' x1' x2' x3'] -> [x0' x2' | x1' x3']
+    return torch.cat((rot[..., 0::2], rot[..., 1::2], x[..., r:]), -1)
+
+
+def sweep_one(model_type: str) -> tuple[str, str]:
+    """``(verdict, detail)``: verdict one of exact, refused, wrong, skipped."""
+    module = _modeling(model_type)
+    if module is None:
+        return "none", ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            text = CONFIG_MAPPING[model_type]().get_text_config(decoder=True)
+        except Exception as err:  # a default config transformers itself cannot build
+            return "skipped", f"no default config: {err!r:.80}"
+    for cls in _rotary_classes(module):
+        try:
+            rotary = cls(text)
+            break
+        except Exception:
+            continue
+    else:
+        return "skipped", "no rotary class builds from the default config"
+    try:
+        params = getattr(text, "rope_parameters", None) or {}
+        keys = [lt for lt in rope_keys(text) if lt is None or params[lt] is not None]  # not NoPE
+        ropes = {lt: rope_from_hf(text, lt) for lt in keys}
+    except ValueError as err:
+        return "refused", str(err)
+    worst = 0.0
+    apply = _apply_function(module, type(rotary))
+    for lt, rope in ropes.items():
+        kw = hf_rope_kwargs(text, lt)
+        length = getattr(text, "max_position_embeddings", None) or 4096
+        top = length if model_type in ("gptj", "codegen") else 4 * length  # GPT-J's table ends
+        positions = torch.tensor([[0, 1, 7, 100, length - 1, top - 1]])
+        extra = () if lt is None else (lt,)
+        try:
+            ref = rotary(torch.zeros(1), positions, *extra)
+        except Exception as err:
+            return "skipped", f"rotary class does not run on [1, s] positions: {err!r:.80}"
+        cos_ref, sin_ref = reference_cos_sin(ref, model_type, rope.span // 2)
+        cos, sin = rope.cos_sin(positions, seq_len=top)
+        scale = max(1.0, rope.attention_factor)
+        err = max((cos - cos_ref).abs().max().item(), (sin - sin_ref).abs().max().item())
+        worst = max(worst, err / scale)
+        if apply is None:
+            continue
+        r, d = kw["rotary_dim"], kw["head_dim"]
+        torch.manual_seed(0)
+        q, k = torch.randn(1, 2, 6, d), torch.randn(1, 1, 6, d)
+        if model_type in ("gptj", "codegen"):
+            sin_, cos_ = ref  # GPT-J: (sin, cos), one tensor [b, s, h, r] at a time
+            theirs = [
+                torch.cat((apply(x[..., :r].transpose(1, 2), sin_, cos_).transpose(1, 2),
+                           x[..., r:]), -1)
+                for x in (q, k)
+            ]  # fmt: skip
+        else:
+            try:
+                theirs = list(_reference(module, apply, text, ref, q, k, r))
+            except Exception as err:
+                return "skipped", f"apply function {apply.__name__} not callable here: {err!r:.80}"
+        ours = rope(q, k, positions)
+        for o, t in zip(ours, theirs, strict=True):
+            if apply.__name__.endswith("_interleave"):  # written back de-interleaved
+                o = _deinterleaved(o, ref[0].shape[-1])
+            worst = max(worst, (o - t).abs().max().item() / 4)  # |q| up to ~4
+    if worst > TOL:
+        return "wrong", f"max error {worst:.3g}"
+    return "exact", f"max error {worst:.3g}" + ("" if apply else " (cos/sin only)")
+
+
+TYPES = sorted(t for t in CONFIG_MAPPING if _modeling(t) is not None)
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, tuple[str, str]]:
+    return {t: sweep_one(t) for t in TYPES}
+
+
+def test_sweep_finds_the_rotary_models(verdicts: dict[str, tuple[str, str]]) -> None:
+    exact = [t for t, (v, _) in verdicts.items() if v == "exact"]
+    assert len(TYPES) >= 150 and len(exact) >= 150, (len(TYPES), len(exact))
+    for t in ("llama", "gptj", "deepseek_v3", "gemma3_text", "qwen3_vl_text", "pe_audio_encoder"):
+        assert verdicts[t][0] == "exact", (t, verdicts[t])
+
+
+def test_nothing_is_silently_wrong(verdicts: dict[str, tuple[str, str]]) -> None:
+    wrong = {t: d for t, (v, d) in verdicts.items() if v == "wrong"}
+    assert not wrong, wrong
+
+
+def test_refusals_say_why(verdicts: dict[str, tuple[str, str]]) -> None:
+    for t, (v, detail) in verdicts.items():
+        if v == "refused":
+            assert len(detail) > 20 and ("posenc" in detail or "must be" in detail), (t, detail)
+    for t in ("nanochat", "deepseek_v4", "glm4v_text"):
+        assert verdicts[t][0] == "refused" and t in UNSUPPORTED_MODEL_TYPES, (t, verdicts[t])
+
+
+def test_mistral4_reads_llama_4_scaling_beta(verdicts: dict[str, tuple[str, str]]) -> None:
+    assert verdicts["mistral4"][0] == "exact", verdicts["mistral4"]
+
+
+def test_every_exact_type_is_in_posencs_tables(verdicts: dict[str, tuple[str, str]]) -> None:
+    """So that posenc knows the type's layout without transformers too."""
+    from posenc.hf.architectures import known_model_type
+
+    tables = HALF_MODEL_TYPES | INTERLEAVED_MODEL_TYPES | ROPE_INTERLEAVE_MODEL_TYPES.keys()
+    missing = [t for t, (v, _) in verdicts.items() if v == "exact" and t not in tables]
+    assert all(known_model_type(t) for t in missing)
+    # a type transformers added after these tables was measured above all the same; list it
+    # in a table so the reader without transformers knows it
+    assert len(missing) <= 40, missing
+
+
+def test_interleaved_types_are_caught_when_read_as_half(monkeypatch: Any) -> None:
+    """Negative control: reading a type of each new interleaved family as half is caught."""
+    from posenc.hf import architectures, config
+
+    for t in ("ernie4_5_vl_moe_text", "glm_ocr_text", "blt_patcher", "pe_video_encoder"):
+        assert sweep_one(t)[0] == "exact", t
+        half = architectures.INTERLEAVED_MODEL_TYPES - {t}
+        with monkeypatch.context() as m:
+            m.setattr(config, "INTERLEAVED_MODEL_TYPES", half)
+            assert sweep_one(t)[0] == "wrong", t
