@@ -565,3 +565,47 @@ def test_yarn_factor_that_disagrees_with_the_lengths_warns(use_transformers: boo
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rope_from_hf(raw, use_transformers=use_transformers)
+
+
+@pytest.mark.parametrize("numerator", [139, 141, 51])  # 512 * factor odd: 69, 70, 25 pairs
+def test_gemma4_odd_rotary_dim_rounds_as_transformers(numerator: int) -> None:
+    """Gemma-4's proportional RoPE rotates 2 * int(factor * head_dim // 2) channels."""
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+
+    config = Gemma4TextConfig()
+    config.rope_parameters["full_attention"]["partial_rotary_factor"] = numerator / 512
+    rope = rope_from_hf(config, "full_attention")
+    assert rope.rotary_dim == 2 * (numerator // 2) and rope.span == 512
+    positions = torch.tensor([[0, 5, 1000, 100000]])
+    cos_ref, sin_ref = Gemma4TextRotaryEmbedding(config)(
+        torch.zeros(1), positions, "full_attention"
+    )
+    cos, sin = rope.cos_sin(positions, seq_len=100001)
+    assert (cos - cos_ref[..., :256]).abs().max() <= TOL
+    assert (sin - sin_ref[..., :256]).abs().max() <= TOL
+    assert torch.equal(cos_ref[..., :256], cos_ref[..., 256:])  # half layout, as posenc reads it
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_longrope_switch_at_original_length_matches_transformers(traced: bool) -> None:
+    """Lengths L and L + 1 (L = original_max_position_embeddings): short factors at L, long
+    ones at L + 1, on the host path and on the traced (device-side) path alike."""
+    n = 16  # pairs of head_dim 32
+    config = Phi3Config(hidden_size=64, num_attention_heads=2, max_position_embeddings=4096,
+                        original_max_position_embeddings=1024,
+                        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                                         "short_factor": [1.0 + i / 10 for i in range(n)],
+                                         "long_factor": [2.0 + i for i in range(n)]})  # fmt: skip
+    rope = rope_from_hf(config)
+    for length in (1024, 1025):
+        positions = torch.arange(length)[None]
+        cos_ref, sin_ref = Phi3RotaryEmbedding(config)(torch.zeros(1), positions)
+        if traced:
+            inv_freq, factor = rope._traced_frequencies(positions, positions)
+            angles = positions[0, :, None].float() * inv_freq
+            cos, sin = angles.cos() * factor, angles.sin() * factor
+        else:
+            cos, sin = rope.cos_sin(positions, seq_len=length)
+        assert (cos - cos_ref[..., :n]).abs().max() <= TOL, length
+        assert (sin - sin_ref[..., :n]).abs().max() <= TOL, length

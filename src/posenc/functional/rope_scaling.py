@@ -91,6 +91,9 @@ def _factors(key: str, value: Any, rope_type: str) -> list[float]:
     return [float(v) for v in value]
 
 
+#: The largest dynamic NTK ``factor``: far above any real extension, far below an overflow.
+MAX_DYNAMIC_FACTOR = 1e6
+
 #: Every scaling key and its check. ``None`` is accepted for optional keys (the type's default).
 KEY_CHECKS: dict[str, Callable[[str, Any, str], Any]] = {
     "factor": _at_least_one,
@@ -215,6 +218,13 @@ def _yarn(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
     return inv_freq, _yarn_factor(sc)
 
 
+def longrope_is_long(seq_len: Any, orig: int) -> Any:
+    """LongRoPE's switch, the one rule every caller uses: the long factors once the length
+    (``max position + 1``; an int or a 0-d tensor) exceeds ``original_max_position_embeddings``,
+    as transformers' ``seq_len > original_max_position_embeddings``."""
+    return seq_len > orig
+
+
 def _longrope(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
     orig, dim = sc["original_max_position_embeddings"], c.dim
     for key in ("short_factor", "long_factor"):
@@ -236,12 +246,11 @@ def _longrope(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
 
     base_pow = c.base ** _exponents(dim, dim, c.dtype, c.device)
     if c.seq_len is None or isinstance(c.seq_len, int):
-        long = c.seq_len is not None and c.seq_len > orig
+        long = c.seq_len is not None and longrope_is_long(c.seq_len, orig)
         return inv("long_factor" if long else "short_factor"), float(attention_factor)
     # A traced length (a tensor): choose on the device, as transformers does, without a host read.
-    return torch.where(c.seq_len > orig, inv("long_factor"), inv("short_factor")), float(
-        attention_factor
-    )
+    is_long = longrope_is_long(c.seq_len, orig)
+    return torch.where(is_long, inv("long_factor"), inv("short_factor")), float(attention_factor)
 
 
 def _llama3(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
@@ -392,6 +401,12 @@ def _check_relations(rope_type: str, out: dict[str, Any]) -> None:
         raise ValueError(
             "scaling['high_freq_factor'] must be greater than scaling['low_freq_factor'] "
             f"for rope_type 'llama3', got {out['high_freq_factor']} and {out['low_freq_factor']}"
+        )
+    if rope_type == "dynamic" and out["factor"] > MAX_DYNAMIC_FACTOR:
+        # base * (factor * s / L - (factor - 1)) ** (r / (r - 2)) overflows float64 to inf/NaN
+        raise ValueError(
+            f"scaling['factor'] must be <= {MAX_DYNAMIC_FACTOR:g} for rope_type 'dynamic' (the "
+            f"grown base overflows past it), got {out['factor']}"
         )
     if rope_type == "yarn":
         fast, slow = out.get("beta_fast") or 32, out.get("beta_slow") or 1

@@ -25,6 +25,7 @@ from ..functional.rope_scaling import (
     ROPE_SCALING,
     Ctx,
     check_base,
+    longrope_is_long,
     normalize_scaling,
     rope_inv_freq,
     scaled_inv_freq,
@@ -264,7 +265,7 @@ class RotaryEmbedding(nn.Module):
         """Which frequency set serves a call of length ``seq_len`` (``"grown"``: not cacheable)."""
         if self.rope_type == "dynamic" and seq_len > self._original_len():
             return "grown"
-        if self.rope_type == "longrope" and seq_len > self._original_len():
+        if self.rope_type == "longrope" and longrope_is_long(seq_len, self._original_len()):
             return "long"
         return "base"
 
@@ -300,7 +301,8 @@ class RotaryEmbedding(nn.Module):
         top = tops[0] if len(tops) == 1 else torch.maximum(*tops)  # 0-d, stays on the device
         if self.rope_type == "longrope":  # the same attention factor for both sets
             long, short = self._inv_freq_on(device, "long"), self._inv_freq_on(device)
-            return torch.where(top + 1 > self._original_len(), long, short), self.attention_factor
+            is_long = longrope_is_long(top + 1, self._original_len())
+            return torch.where(is_long, long, short), self.attention_factor
         return self._compute(top + 1, device)  # dynamic NTK: a where() over both bases
 
     # --- cos/sin -------------------------------------------------------------------------------

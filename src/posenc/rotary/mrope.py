@@ -19,6 +19,7 @@ through::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -197,7 +198,16 @@ def mrope_positions(
                 raise ValueError(
                     f"{kind} grid h, w ({h}, {w}) must be divisible by spatial_merge_size {m}"
                 )
-            interval = float(seg[2]) if len(seg) == 3 else 1.0
+            interval = seg[2] if len(seg) == 3 else 1.0
+            if (
+                isinstance(interval, bool)
+                or not isinstance(interval, (int, float))
+                or not (math.isfinite(interval) and interval > 0)
+            ):
+                raise ValueError(
+                    f"a {kind} segment's time_interval must be a finite number > 0 (temporal "
+                    f"positions per frame), got {interval!r}"
+                )
             temporal = (torch.arange(t, device=device) * interval).long() + current  # [t]
             rows = torch.arange(h // m, device=device) + current  # [h/m]
             cols = torch.arange(w // m, device=device) + current  # [w/m]
