@@ -40,6 +40,7 @@ from posenc.hf import (  # noqa: E402
     rope_from_hf,
 )
 from posenc.hf.architectures import HALF_MODEL_TYPES  # noqa: E402
+from posenc.rotary import MRoPE  # noqa: E402
 from test_hf_corpus import reference_cos_sin, reference_rotation, rope_keys  # noqa: E402
 
 MODELS = Path(transformers.__file__).parent / "models"
@@ -232,3 +233,30 @@ def test_interleaved_types_are_caught_when_read_as_half(monkeypatch: Any) -> Non
         with monkeypatch.context() as m:
             m.setattr(config, "INTERLEAVED_MODEL_TYPES", half)
             assert sweep_one(t)[0] == "wrong", t
+
+
+def test_mrope_types_with_3d_positions() -> None:
+    """Every M-RoPE type posenc reads, on distinct temporal/height/width positions, against the
+    type's own rotary class and apply function."""
+    from posenc.hf import MROPE_MODEL_TYPES
+
+    torch.manual_seed(1)
+    checked = 0
+    for model_type in sorted(MROPE_MODEL_TYPES):
+        module = _modeling(model_type)
+        if model_type not in CONFIG_MAPPING or module is None:
+            continue
+        text = CONFIG_MAPPING[model_type]().get_text_config(decoder=True)
+        rotary = _rotary_classes(module)[0](text)  # text classes first
+        apply = _apply_function(module, type(rotary))
+        rope = rope_from_hf(text)
+        if not isinstance(rope, MRoPE):  # Qwen2-VL's default config has no sections
+            continue
+        positions = torch.randint(0, 4 * text.max_position_embeddings, (3, 1, 5))  # [3, b, s]
+        d = rope.head_dim
+        q, k = torch.randn(1, 2, 5, d), torch.randn(1, 1, 5, d)
+        theirs = _reference(module, apply, text, rotary(q, positions), q, k, rope.rotary_dim)
+        for o, t in zip(rope(q, k, positions), theirs, strict=True):
+            assert (o - t).abs().max().item() <= 4 * TOL, model_type
+        checked += 1
+    assert checked >= 10

@@ -41,10 +41,11 @@ MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
     "qwen3_vl_moe": (24, 20, 20), "qwen3_vl_moe_text": (24, 20, 20),
     "qwen3_5": (11, 11, 10), "qwen3_5_text": (11, 11, 10),
     "qwen3_5_moe": (11, 11, 10), "qwen3_5_moe_text": (11, 11, 10),
+    "cosmos3_edge": (24, 20, 20), "cosmos3_edge_text": (24, 20, 20),  # Qwen3-VL's, renamed
 }  # fmt: skip
 # Their rotary class interleaves the sections (T H W T H W ...) whatever ``mrope_interleaved`` says.
 INTERLEAVED_MROPE_MODEL_TYPES = frozenset(
-    t for t in MROPE_MODEL_TYPES if t.startswith(("qwen3_vl", "qwen3_5"))
+    t for t in MROPE_MODEL_TYPES if t.startswith(("qwen3_vl", "qwen3_5", "cosmos3_edge"))
 )
 # The rotary dim is the config's ``rotary_dim`` (else hidden_size), not a factor of head_dim.
 ROTARY_DIM_MODEL_TYPES = frozenset({"codegen", "gptj"})
