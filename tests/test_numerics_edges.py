@@ -51,3 +51,59 @@ def test_mrope_positions_checks_time_interval(interval: object) -> None:
 def test_mrope_positions_time_interval_scales_time() -> None:
     pos = mrope_positions([("video", (3, 2, 2), 2.5)], spatial_merge_size=2)  # [3, 3]
     assert pos[0].tolist() == [math.floor(i * 2.5) for i in range(3)]
+
+
+# --- float16 biases at far distances -----------------------------------------------------------
+
+
+def _far_call(backend: str, dtype: torch.dtype) -> torch.Tensor:
+    """One query at 2e6 whose visible keys (memory at 0..3) are all far: ALiBi's first head
+    gives them -1.25e5, below float16's -65504. The query's own key is masked out."""
+    from posenc import Attention
+    from posenc.bias import ALiBi
+
+    torch.manual_seed(0)
+    attn = Attention(16, 2, causal=False, encoding=ALiBi(2), backend=backend)
+    x, memory = torch.randn(1, 1, 16), torch.randn(1, 4, 16)
+    keep = torch.tensor([[True, True, True, True, False]])  # [b, t]: memory keys only
+    attn = attn.to(dtype)
+    return attn(
+        x.to(dtype), torch.tensor([2_000_000]), memory=memory.to(dtype),
+        memory_positions=torch.arange(4), attn_mask=keep,
+    ).float()  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "explicit"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_far_bias_in_half_precision_gives_the_float32_answer(
+    backend: str, dtype: torch.dtype
+) -> None:
+    want = _far_call(backend, torch.float32)
+    got = _far_call(backend, dtype)
+    assert torch.isfinite(got).all(), got
+    tol = 2e-2 if dtype == torch.float16 else 1e-1
+    assert (got - want).abs().max() <= tol * want.abs().max()
+
+
+def test_bias_in_dtype_keeps_far_rows_finite() -> None:
+    from posenc.functional.bias import bias_in_dtype
+
+    bias = -1e5 - torch.arange(4.0).expand(1, 2, 4)  # [h, s, t], every key far
+    keep = torch.tensor([[True, True, True, False], [False] * 4])  # second row: nothing visible
+    out = bias_in_dtype(bias, torch.float16, keep)
+    assert torch.isfinite(out[0, 0, :3]).all() and out[0, 0, 3] == float("-inf")
+    assert torch.isneginf(out[0, 1]).all()  # a row with no visible key stays fully masked
+    want = torch.softmax(bias[0, 0, :3].double(), -1)
+    assert (torch.softmax(out[0, 0, :3].double(), -1) - want).abs().max() <= 1e-3
+    assert torch.equal(bias_in_dtype(bias, torch.float32), bias)  # float32: untouched
+
+
+def test_attention_checks_the_encodings_head_count() -> None:
+    from posenc import Attention
+    from posenc.bias import ALiBi, T5RelativeBias
+
+    with pytest.raises(ValueError, match=r"ALiBi was built for num_heads=1, but this Attention"):
+        Attention(16, 2, encoding=ALiBi(1))
+    with pytest.raises(ValueError, match="num_heads=4"):
+        Attention(32, 4, encoding=T5RelativeBias(2))
+    Attention(16, 2, encoding=ALiBi(2))  # the matching count builds

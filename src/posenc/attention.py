@@ -73,6 +73,7 @@ from ._checks import (
     default_positions,
     resolve_head_dim,
 )
+from .functional.bias import bias_in_dtype
 
 ENCODING_FAMILIES = ("none", "absolute", "rotary", "bias", "relative")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex", "explicit")
@@ -517,6 +518,12 @@ class Attention(nn.Module):
         self.head_dim = head_dim = resolve_head_dim(dim, num_heads, head_dim)
         self.family: str = _encoding_family(encoding, backend)
         self.encoding = encoding
+        heads = getattr(encoding, "num_heads", None)
+        if isinstance(heads, int) and heads != num_heads:
+            raise ValueError(
+                f"encoding {type(encoding).__name__} was built for num_heads={heads}, but this "
+                f"Attention has num_heads={num_heads}: build it with num_heads={num_heads}"
+            )
         self.backend = backend
         self.compile_flex = bool(compile_flex)
         self.block_mask_cache = (
@@ -767,7 +774,7 @@ class Attention(nn.Module):
         if self.family == "bias":
             assert self.encoding is not None
             bias = cast(BiasFamily, self.encoding).bias(positions, k_positions)  # [(b,) h, s, t]
-            scores = scores + bias.to(scores.dtype)
+            scores = scores + bias_in_dtype(bias, scores.dtype, keep)
         probs = masked_softmax(scores, keep, self.dropout if self.training else 0.0)
         return probs @ v  # [b, h, s, d]
 
@@ -788,10 +795,9 @@ class Attention(nn.Module):
         if self.family == "bias":
             assert self.encoding is not None
             bias = cast(BiasFamily, self.encoding).bias(positions, k_positions)  # [(b,) h, s, t]
-            if keep is not None:
-                bias = bias.masked_fill(~keep, float("-inf"))
+            mask = bias_in_dtype(bias, q.dtype, keep)  # finite far rows in float16 too
             return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=self.scale
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale
             )
         if keep is None and self.causal and s == t:
             # The plain causal mask: SDPA's fused causal kernel, no mask tensor.

@@ -370,3 +370,22 @@ def sandwich_embedding(
     inv_freq = sandwich_inv_freq(d_prime, base, positions.device)  # [d'/2]
     angles = positions.to(torch.float64)[..., None] * inv_freq  # [*, d'/2]
     return torch.cat((angles.cos(), angles.sin()), dim=-1).to(dtype)  # [*, d']
+
+
+def bias_in_dtype(
+    bias: torch.Tensor, dtype: torch.dtype, keep: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A float32 bias in the attention's ``dtype``, masked where ``keep`` is False (``-inf``).
+
+    Below float32 (float16, bfloat16) each row is first shifted by its largest visible entry:
+    softmax is unchanged by a per-row constant, and a row whose keys are all far (ALiBi at
+    distance 2e5: -1e5, below float16's -65504) stays finite instead of turning to -inf (a wrong
+    row on SDPA, NaN on the explicit path). Shapes: ``bias [(b,) h, s, t]``, ``keep`` broadcast
+    against it; returns the broadcast shape in ``dtype``. No value is read back to the host.
+    """
+    if keep is not None:
+        bias = torch.where(keep, bias, float("-inf"))  # [(b,) h, s, t]
+    if dtype in (torch.float16, torch.bfloat16):
+        top = bias.detach().amax(dim=-1, keepdim=True)  # [(b,) h, s, 1]
+        bias = bias - torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return bias.to(dtype)
