@@ -107,3 +107,16 @@ def test_attention_checks_the_encodings_head_count() -> None:
     with pytest.raises(ValueError, match="num_heads=4"):
         Attention(32, 4, encoding=T5RelativeBias(2))
     Attention(16, 2, encoding=ALiBi(2))  # the matching count builds
+
+
+def test_rotary_head_dim_and_cache_len_are_capped() -> None:
+    from posenc.hf import rope_from_hf
+    from posenc.rotary.embedding import MAX_CACHE_LEN, MAX_HEAD_DIM
+
+    with pytest.raises(ValueError, match=rf"head_dim must be <= {MAX_HEAD_DIM} "):
+        RotaryEmbedding(2 * MAX_HEAD_DIM)
+    with pytest.raises(ValueError, match=rf"cache_len must be <= {MAX_CACHE_LEN} "):
+        RotaryEmbedding(64, cache_len=MAX_CACHE_LEN + 1)
+    with pytest.raises(ValueError, match=rf"head_dim must be <= {MAX_HEAD_DIM}"):
+        rope_from_hf({"model_type": "llama", "head_dim": 10**8, "rope_theta": 1e4})
+    RotaryEmbedding(MAX_HEAD_DIM, cache_len=MAX_CACHE_LEN)  # the caps themselves build (lazily)

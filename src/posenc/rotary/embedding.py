@@ -16,8 +16,8 @@ from torch import nn
 from .._checks import (
     check_choice,
     check_even,
+    check_int_at_most,
     check_positions,
-    check_positive_int,
     default_positions,
     host_readable,
 )
@@ -47,6 +47,12 @@ def resolve_angle_dtype(angle_dtype: torch.dtype | str) -> torch.dtype:
         )
     assert dtype is not None
     return dtype
+
+
+#: The largest ``head_dim`` (real models use up to 512): a table of ``head_dim / 2`` frequencies.
+MAX_HEAD_DIM = 1 << 14
+#: The largest ``cache_len``: the cached cos/sin table has ``cache_len`` rows of ``r / 2`` pairs.
+MAX_CACHE_LEN = 1 << 20
 
 
 def check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> None:
@@ -203,6 +209,7 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         check_even("head_dim", head_dim, "RoPE")
+        check_int_at_most("head_dim", head_dim, MAX_HEAD_DIM, "the channels of one head")
         check_choice("layout", layout, ROTARY_LAYOUTS)
         check_choice("backend", backend, ROTARY_BACKENDS)
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
@@ -215,7 +222,10 @@ class RotaryEmbedding(nn.Module):
         self.rope_type = "default" if self.scaling is None else self.scaling["rope_type"]
         self.spec = ROPE_SCALING[self.rope_type]
         self.angle_dtype = resolve_angle_dtype(angle_dtype)
-        self.cache_len = check_positive_int("cache_len", cache_len)
+        self.cache_len = check_int_at_most(
+            "cache_len", cache_len, MAX_CACHE_LEN,
+            "rows of the cached cos/sin table; later positions are computed per call",
+        )  # fmt: skip
         self.backend = backend
         self.interleaved = layout == "interleaved"
         # Channels the rotation touches: proportional spreads its r/2 frequencies over the head.
