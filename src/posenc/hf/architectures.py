@@ -21,7 +21,8 @@ INTERLEAVED_MODEL_TYPES = frozenset(
         # rotate_half over (x[2i], x[2i+1]) (rotate_half_text / rotate_half_llm / BLT's own), or
         # q reshaped into pairs (Perception Encoder audio/video)
         "blt_global_transformer", "blt_local_decoder", "blt_local_encoder", "blt_patcher",
-        "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm_ocr", "glm_ocr_text",
+        "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm_ocr", "glm_ocr_text", "glm4v",
+        "glm4v_text", "hy_v4_vl", "hy_v4_vl_text",
         "pe_audio", "pe_audio_encoder", "pe_audio_video", "pe_audio_video_encoder",
         "pe_video", "pe_video_encoder",
     }
@@ -42,10 +43,19 @@ MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
     "qwen3_5": (11, 11, 10), "qwen3_5_text": (11, 11, 10),
     "qwen3_5_moe": (11, 11, 10), "qwen3_5_moe_text": (11, 11, 10),
     "cosmos3_edge": (24, 20, 20), "cosmos3_edge_text": (24, 20, 20),  # Qwen3-VL's, renamed
+    # Qwen2-VL's section layout; GLM-4V and GLM-OCR over interleaved pairs, the others half
+    **dict.fromkeys(
+        ("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text",
+         "glm_ocr", "glm_ocr_text"), (8, 12, 12),
+    ),
+    # Qwen3-VL's interleaved sections over interleaved pairs
+    "hy_v4_vl": (24, 20, 20), "hy_v4_vl_text": (24, 20, 20),
 }  # fmt: skip
 # Their rotary class interleaves the sections (T H W T H W ...) whatever ``mrope_interleaved`` says.
 INTERLEAVED_MROPE_MODEL_TYPES = frozenset(
-    t for t in MROPE_MODEL_TYPES if t.startswith(("qwen3_vl", "qwen3_5", "cosmos3_edge"))
+    t
+    for t in MROPE_MODEL_TYPES
+    if t.startswith(("qwen3_vl", "qwen3_5", "cosmos3_edge", "hy_v4_vl"))
 )
 # The rotary dim is the config's ``rotary_dim`` (else hidden_size), not a factor of head_dim.
 ROTARY_DIM_MODEL_TYPES = frozenset({"codegen", "gptj"})
@@ -57,11 +67,6 @@ UNSUPPORTED_MODEL_TYPES = {
     "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
     "deepseek_v4": "it rotates the trailing rope slice of each head ([nope | rope]) in "
     "interleaved pairs; posenc rotates the leading channels",
-    **dict.fromkeys(
-        ("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text"),
-        "its rotary class applies M-RoPE sections (mrope_section, [8, 12, 12] when the config "
-        "has none) laid out as GLM-4V does; posenc.rotary.MRoPE has Qwen's section layouts only",
-    ),
 }
 
 

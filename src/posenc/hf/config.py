@@ -568,6 +568,7 @@ def rope_module(
             rotary_dim=kw["rotary_dim"],
             angle_dtype=angle_dtype,
             backend=backend,
+            layout=layout or kw["layout"],
         )
     return RotaryEmbedding(
         kw["head_dim"],

@@ -44,6 +44,9 @@ class MRoPE(RotaryEmbedding):
         interleaved: Qwen3-VL's interleaved section layout (``T H W T H W ... T T``).
         rotary_dim: ``r``, the rotated channels (default ``head_dim``); Qwen3.5 rotates a quarter
             of the head (``partial_rotary_factor``).
+        layout: the channel pairs, as for :class:`RotaryEmbedding`: ``"half"`` (Qwen) or
+            ``"interleaved"`` (GLM-4V, HunYuan-V4-VL: ``x[2i], x[2i+1]``). The sections assign
+            pairs to axes whatever the layout: pair ``i`` takes the angle of its axis.
     """
 
     def __init__(
@@ -57,9 +60,10 @@ class MRoPE(RotaryEmbedding):
         rotary_dim: int | None = None,
         angle_dtype: torch.dtype | str = torch.float64,
         backend: str = "auto",
+        layout: str = "half",
     ) -> None:
         super().__init__(
-            head_dim, base, scaling, "half", rotary_dim, angle_dtype=angle_dtype, backend=backend
+            head_dim, base, scaling, layout, rotary_dim, angle_dtype=angle_dtype, backend=backend
         )
         self.mrope_section = tuple(mrope_section)
         self.interleaved = bool(interleaved)
@@ -129,7 +133,7 @@ class MRoPE(RotaryEmbedding):
                 kpos3, inv_freq, self.mrope_section, self.interleaved, factor
             )
         return apply_rotary_qk(
-            q, k, cos_q, sin_q, cos_k, sin_k, "half", self.span, backend=self.backend
+            q, k, cos_q, sin_q, cos_k, sin_k, self.layout, self.span, backend=self.backend
         )
 
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> MRoPE:
@@ -143,6 +147,7 @@ class MRoPE(RotaryEmbedding):
             rotary_dim=self.rotary_dim,
             angle_dtype=self.angle_dtype,
             backend=self.backend,
+            layout=self.layout,
         )
 
     def extra_repr(self) -> str:
