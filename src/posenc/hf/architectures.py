@@ -76,7 +76,7 @@ UNSUPPORTED_MODEL_TYPES = {
 # from a misspelt one.
 HALF_MODEL_TYPES = frozenset(
     {
-        "EvollaModel", "afmoe", "apertus", "apertus1p5", "apertus1p5_text", "arcee", "aria",
+        "EvollaModel", "afmoe", "apertus", "beam", "apertus1p5", "apertus1p5_text", "arcee", "aria",
         "aria_text", "bamba", "bitnet", "chameleon", "csm", "csm_depth_decoder_model", "cwm",
         "dbrx", "deepseek_ocr2", "deepseek_ocr2_encoder", "deepseek_ocr2_text", "dia",
         "dia_decoder", "dia_encoder", "diffllama", "diffusion_gemma", "diffusion_gemma_text",
