@@ -499,7 +499,7 @@ def bench_model(
         raise _bad(str(e)) from e
     if threads is not None:
         torch.set_num_threads(threads)
-    console, env = _console(torch.device("cpu"), ("transformers",))
+    console, env = _console(torch.device("cpu"), ("torch", "transformers", "posenc"))
     cases = [("prefill", 1, 512), ("decode", 1, 512), ("decode", 8, 512)]
     rows = hf_model.run_cases(cases, dtype_list, layers, repeats)
     _note_load(env)
