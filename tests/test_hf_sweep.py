@@ -43,6 +43,9 @@ from test_hf_corpus import reference_cos_sin, reference_rotation, rope_keys  # n
 MODELS = Path(transformers.__file__).parent / "models"
 TOL = 1e-6
 _APPLY = re.compile(r"\b(apply_\w*rot\w*|apply_\w*emb\w*)\(")
+# Name parts of rotary and attention classes that are not the text decoder's (Qwen2.5-Omni's
+# token-to-wave DiT has a plain rotary class beside the thinker's M-RoPE one).
+_NOT_TEXT = ("Vision", "Audio", "Vit", "Patch", "DiT")
 
 
 def _modeling(model_type: str) -> Any | None:
@@ -61,14 +64,21 @@ def _rotary_classes(module: Any) -> list[type]:
             params = list(inspect.signature(obj.__init__).parameters)
             if obj.__module__ == module.__name__ and params[1:2] == ["config"]:
                 found.append(obj)
-    return sorted(found, key=lambda c: ("Text" not in c.__name__, c.__name__))
+    return sorted(
+        found,
+        key=lambda c: (
+            "Text" not in c.__name__,
+            any(s in c.__name__ for s in _NOT_TEXT),
+            c.__name__,
+        ),
+    )
 
 
 def _apply_function(module: Any, rotary: type) -> Any | None:
     """The apply function the attention beside ``rotary`` calls (text attention for a text
     rotary class; vision or audio attention never for a text one)."""
     calls: list[str] = []
-    other = ("Vision", "Audio", "Vit", "Patch")
+    other = _NOT_TEXT
     for name, obj in vars(module).items():
         if not (isinstance(obj, type) and obj.__module__ == module.__name__):
             continue
@@ -274,7 +284,12 @@ def test_mrope_types_with_3d_positions() -> None:
         if t in CONFIG_MAPPING and _modeling(t) is not None
     }
     checked = {t: e for t, e in errors.items() if e is not None}
-    assert len(checked) >= 16 and {"glm4v_text", "glm_ocr_text", "hy_v4_vl_text"} <= set(checked)
+    assert len(checked) >= 16 and {
+        "glm4v_text",
+        "glm_ocr_text",
+        "hy_v4_vl_text",
+        "qwen2_5_omni_thinker",
+    } <= set(checked)
     assert all(e <= 4 * TOL for e in checked.values()), checked
 
 

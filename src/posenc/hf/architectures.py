@@ -38,6 +38,11 @@ ROPE_INTERLEAVE_MODEL_TYPES: dict[str, bool] = {
 # when the config has none (None: no fallback, plain RoPE then).
 MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
     "qwen2_vl": None, "qwen2_vl_text": None, "qwen2_5_vl": None, "qwen2_5_vl_text": None,
+    # Qwen2-VL's section layout, falling back to [16, 24, 24] (Qwen2_5OmniRotaryEmbedding)
+    **dict.fromkeys(
+        ("qwen2_5_omni", "qwen2_5_omni_text", "qwen2_5_omni_thinker", "qwen2_5_omni_talker"),
+        (16, 24, 24),
+    ),
     "qwen3_vl": (24, 20, 20), "qwen3_vl_text": (24, 20, 20),
     "qwen3_vl_moe": (24, 20, 20), "qwen3_vl_moe_text": (24, 20, 20),
     "qwen3_5": (11, 11, 10), "qwen3_5_text": (11, 11, 10),

@@ -18,7 +18,7 @@ ones with their ``text_config``) and returns the :class:`~posenc.rotary.RotaryEm
 * **Per-layer-type parameters** (Gemma-3, OLMo-3, Gemma-4): pass ``layer_type=``; scaling that a
   4.x file gives in ``rope_scaling`` applies to the full-attention layers only, as transformers
   does.
-* **M-RoPE** (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 with partial rotary).
+* **M-RoPE** (Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni, Qwen3-VL, Qwen3.5 with partial rotary).
 * **Attention temperature** (Llama-4, Ministral-3's ``llama_4_scaling_beta``) is not part of the
   rotation: :func:`attention_temperature_from_hf` returns it as a
   :class:`~posenc.rotary.temperature.QueryTemperature`.
