@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..attention import DeviceConstants
@@ -15,20 +17,33 @@ class ALiBi(PositionBias):
     ``i``, ``j`` are the query and key *positions*. The causal form is the paper's; on the keys a
     causal mask keeps (``j <= i``) both forms agree, and the linear one is also what BLOOM's
     ``m_h * j`` becomes after softmax's shift invariance. The symmetric form is for encoders.
-    Slopes ``m_h`` from :func:`posenc.functional.alibi_slopes`.
+    Slopes ``m_h`` from :func:`posenc.functional.alibi_slopes`: the paper's, or ``slopes`` (a
+    tensor or sequence of ``num_heads`` finite numbers, e.g. a checkpoint's) when given.
     """
 
     def __init__(
-        self, num_heads: int, causal: bool = True, device: torch.device | str | None = None
+        self,
+        num_heads: int,
+        causal: bool = True,
+        device: torch.device | str | None = None,
+        *,
+        slopes: torch.Tensor | Sequence[float] | None = None,
     ) -> None:
         super().__init__(num_heads)
         self.causal = bool(causal)
+        # float64 CPU copy of custom slopes (None: the paper's), kept for reset_parameters.
+        self.custom_slopes = (
+            None if slopes is None else alibi_slopes(num_heads, torch.float64, slopes=slopes)
+        )
         # Moves with the module, never cast (module.to(bfloat16) would round it); not in state_dict.
-        self.constants = DeviceConstants(slopes=alibi_slopes(num_heads)).to(device)  # [h] float32
+        self.constants = DeviceConstants(slopes=self._slopes()).to(device)  # [h] float32
+
+    def _slopes(self) -> torch.Tensor:
+        return alibi_slopes(self.num_heads, slopes=self.custom_slopes)
 
     def reset_parameters(self) -> None:
         """Recompute the slopes (after ``to_empty()``; no learned weights)."""
-        self.constants.reset_(slopes=alibi_slopes(self.num_heads))
+        self.constants.reset_(slopes=self._slopes())
 
     def slopes(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """The head slopes ``m_h`` on ``device``, float32 ``[h]``."""
@@ -65,4 +80,5 @@ class ALiBi(PositionBias):
         return alibi
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, causal={self.causal}"
+        custom = "" if self.custom_slopes is None else ", slopes=custom"
+        return f"num_heads={self.num_heads}, causal={self.causal}{custom}"

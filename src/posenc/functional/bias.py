@@ -17,6 +17,7 @@ edge.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -81,29 +82,60 @@ def relative_position_matrix(positions: torch.Tensor, k_positions: torch.Tensor)
 # --- ALiBi -------------------------------------------------------------------------------------
 
 
-def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def alibi_slopes(
+    num_heads: int,
+    dtype: torch.dtype = torch.float32,
+    *,
+    slopes: torch.Tensor | Sequence[float] | None = None,
+) -> torch.Tensor:
     """ALiBi head slopes (Press et al., 2022), ``[h]``.
 
     For ``n`` a power of two the slopes are the geometric sequence ``2^(-8/n), 2^(-16/n), ...,
     2^(-8)``. Otherwise take the ``2^floor(log2 n)`` slopes of the nearest lower power of two and
     fill up with every other slope (the 1st, 3rd, 5th, ...) of the next power of two, which
     interleaves the extra heads between the existing ones. Computed in float64, rounded once.
+
+    ``slopes`` (a tensor or sequence of ``num_heads`` finite real numbers) replaces the paper's:
+    custom or trained slopes, e.g. a checkpoint's; they are validated and returned in ``dtype``.
     """
     check_positive_int("num_heads", num_heads)
     if num_heads > MAX_TABLE_ROWS:
         raise ValueError(
             f"num_heads must be <= {MAX_TABLE_ROWS} (one slope per head), got {num_heads}"
         )
+    if slopes is not None:
+        return _custom_slopes(num_heads, slopes).to(dtype)
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
         return [start ** (i + 1) for i in range(n)]
 
     closest = 2 ** math.floor(math.log2(num_heads))
-    slopes = power_of_two(closest)
+    paper = power_of_two(closest)
     if closest != num_heads:
-        slopes += power_of_two(2 * closest)[0::2][: num_heads - closest]
-    return torch.tensor(slopes, dtype=torch.float64).to(dtype)
+        paper += power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(paper, dtype=torch.float64).to(dtype)
+
+
+def _custom_slopes(num_heads: int, slopes: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    """``slopes`` checked (``[num_heads]``, finite, real) as a float64 CPU tensor."""
+    allowed = f"a tensor or sequence of num_heads = {num_heads} finite real numbers"
+    if isinstance(slopes, torch.Tensor):
+        if slopes.dtype == torch.bool or slopes.is_complex():
+            raise ValueError(f"slopes must be {allowed}, got a {slopes.dtype} tensor")
+        values = slopes.detach().to("cpu", torch.float64)
+    else:
+        if isinstance(slopes, (str, bytes)) or not isinstance(slopes, Sequence):
+            raise ValueError(f"slopes must be {allowed}, got {type(slopes).__name__}")
+        bad = [v for v in slopes if isinstance(v, bool) or not isinstance(v, (int, float))]
+        if bad:
+            raise ValueError(f"slopes must be {allowed}, got {bad[0]!r} among them")
+        values = torch.tensor([float(v) for v in slopes], dtype=torch.float64)
+    if values.dim() != 1 or values.shape[0] != num_heads:
+        raise ValueError(f"slopes must be {allowed}, got shape {list(values.shape)}")
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError(f"slopes must be {allowed}, got {values.tolist()}")
+    return values
 
 
 # --- T5 ----------------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ def sinusoidal_table(
     layout: str = "interleaved",
     dtype: torch.dtype = torch.float32,
     inv_freq: torch.Tensor | None = None,
+    *,
+    signed: bool = False,
 ) -> torch.Tensor:
     """Sinusoidal encodings of integer ``positions``.
 
@@ -61,6 +63,9 @@ def sinusoidal_table(
         concat       [sin(p f0) sin(p f1) ... | cos(p f0) cos(p f1) ...]   Transformer-XL; even dim
         fairseq      [sin ... | cos ... | 0]   fairseq/tensor2tensor frequencies; odd dim gets a
                      zero last column
+
+    ``signed=True`` accepts negative positions: the relative sinusoid of Transformer-XL and
+    Conformer encodes offsets ``j - i`` of either sign (``sin`` odd, ``cos`` even in ``p``).
     """
     check_choice("layout", layout, SINUSOIDAL_LAYOUTS)
     check_positive_int("dim", dim)
@@ -69,7 +74,7 @@ def sinusoidal_table(
             f"dim must be even for the {layout!r} sinusoidal layout, got {dim} "
             "(only layout='fairseq' allows an odd dim, with a zero last column)"
         )
-    positions = check_positions(positions)
+    positions = check_positions(positions, allow_negative=bool(signed))
     if inv_freq is None:
         inv_freq = sinusoidal_inv_freq(dim, base, layout).to(positions.device)
     angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # [*, dim//2]

@@ -19,7 +19,8 @@ class ShawRelative(RelativeEncoding):
 
     ``c(r) = clip(r, -k, k)`` with ``k = max_distance``: beyond ``k`` every distance shares one
     embedding. ``aK, aV [2k + 1, d]`` are shared by the heads of one layer, as in the paper;
-    build one instance per layer. ``values=False`` keeps only the key term.
+    build one instance per layer. ``values=False`` keeps only the key term. ``per_head=True``
+    gives each of ``num_heads`` heads its own embeddings: ``aK, aV [2k + 1, h, d]``.
     """
 
     def __init__(
@@ -30,17 +31,33 @@ class ShawRelative(RelativeEncoding):
         init_std: float = 0.02,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        per_head: bool = False,
+        num_heads: int | None = None,
     ) -> None:
         super().__init__()
         self.head_dim = check_positive_int("head_dim", head_dim)
+        self.per_head = bool(per_head)
+        if self.per_head:
+            if num_heads is None:
+                raise ValueError("per_head=True needs num_heads (a positive integer), got None")
+            self.num_heads: int | None = check_positive_int("num_heads", num_heads)
+        elif num_heads is not None:
+            raise ValueError(
+                f"num_heads sizes per-head tables and is allowed only with per_head=True, "
+                f"got num_heads={num_heads!r} with per_head=False"
+            )
+        else:
+            self.num_heads = None
         why = "it sizes the 2 * max_distance + 1 embeddings"
         self.max_distance = check_int_at_most("max_distance", max_distance, MAX_TABLE_ROWS, why)
         init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         n = 2 * max_distance + 1
+        shape = (n, head_dim) if self.num_heads is None else (n, self.num_heads, head_dim)
         kw = {"device": device, "dtype": dtype}
         self.init_std = init_std
-        self.rel_k = nn.Parameter(torch.empty(n, head_dim, **kw))  # type: ignore[arg-type]
-        self.rel_v = nn.Parameter(torch.empty(n, head_dim, **kw)) if values else None  # type: ignore[arg-type]
+        self.rel_k = nn.Parameter(torch.empty(shape, **kw))  # type: ignore[arg-type]
+        self.rel_v = nn.Parameter(torch.empty(shape, **kw)) if values else None  # type: ignore[arg-type]
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -68,11 +85,16 @@ class ShawRelative(RelativeEncoding):
         b, h, s, d = q.shape
         if d != self.head_dim:
             raise ValueError(f"q's head_dim must be {self.head_dim}, got {d}")
+        if self.num_heads is not None and h != self.num_heads:
+            raise ValueError(f"q must have num_heads = {self.num_heads} heads (per_head), got {h}")
         scale = 1.0 / math.sqrt(d) if scale is None else scale
         k, v = repeat_kv(k, h), repeat_kv(v, h)  # [b, h, t, d]
         idx = batch_heads(clipped_relative_index(qp, kp, self.max_distance), b, h)  # [b, h, s, t]
         # q . aK for the 2k + 1 distinct distances, then pick each pair's: O(s k d), not O(s t d).
-        rel_logits = q @ self.rel_k.t()  # [b, h, s, 2k + 1]
+        if self.num_heads is None:
+            rel_logits = q @ self.rel_k.t()  # [b, h, s, 2k + 1]
+        else:
+            rel_logits = torch.einsum("bhsd,rhd->bhsr", q, self.rel_k)  # [b, h, s, 2k + 1]
         scores = (q @ k.transpose(-1, -2) + rel_logits.gather(-1, idx)) * scale  # [b, h, s, t]
         probs = softmax_probs(scores, mask, dropout_p)
         out = probs @ v  # [b, h, s, d]
@@ -80,8 +102,15 @@ class ShawRelative(RelativeEncoding):
             # sum_j a_ij aV[c(j - i)] = sum_r (sum of a_ij over keys at clipped distance r) aV[r]
             by_distance = probs.new_zeros(b, h, s, self.rel_v.shape[0])  # [b, h, s, 2k + 1]
             by_distance.scatter_add_(-1, idx, probs)
-            out = out + by_distance @ self.rel_v
+            if self.num_heads is None:
+                out = out + by_distance @ self.rel_v
+            else:
+                out = out + torch.einsum("bhsr,rhd->bhsd", by_distance, self.rel_v)
         return out
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_distance={self.max_distance}, values={self.rel_v is not None}"
+        heads = "" if self.num_heads is None else f", per_head=True, num_heads={self.num_heads}"
+        return (
+            f"head_dim={self.head_dim}, max_distance={self.max_distance}, "
+            f"values={self.rel_v is not None}{heads}"
+        )
