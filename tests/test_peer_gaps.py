@@ -154,3 +154,12 @@ def test_shaw_per_head_errors() -> None:
     q = torch.randn(1, 3, 2, 4)
     with pytest.raises(ValueError, match="num_heads = 2"):
         shaw.attend(q, q, q)
+
+
+def test_registry_offers_per_head_shaw() -> None:
+    from posenc.registry import build, options
+
+    assert options("shaw")["per_head"] is False
+    shaw = build("shaw", dim=32, num_heads=4, per_head=True)
+    assert isinstance(shaw, ShawRelative) and shaw.rel_k.shape == (33, 4, 8)
+    assert build("shaw", dim=32, num_heads=4).rel_k.shape == (33, 8)

@@ -202,10 +202,15 @@ def _sandwich(ctx: BuildContext, *, d_prime: int = 128, base: float = 10000.0) -
     shared=False,
     description="Shaw et al.: clipped relative key/value embeddings",
 )
-def _shaw(ctx: BuildContext, *, max_distance: int = 16, values: bool = True) -> nn.Module:
+def _shaw(
+    ctx: BuildContext, *, max_distance: int = 16, values: bool = True, per_head: bool = False
+) -> nn.Module:
     from .relative import ShawRelative
 
-    return ShawRelative(ctx.head_dim, max_distance=max_distance, values=values)
+    heads = ctx.num_heads if per_head else None  # per_head: one table per head
+    return ShawRelative(
+        ctx.head_dim, max_distance=max_distance, values=values, per_head=per_head, num_heads=heads
+    )
 
 
 @register(
