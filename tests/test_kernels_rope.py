@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from posenc.kernels import (
     apply_rotary_reference,
     available_backends,
+    backends,
     rope_op,
     rope_qk,
     select_backend,
@@ -444,9 +445,9 @@ def test_cos_sin_gradients_flow_on_auto() -> None:
 
 
 def test_auto_falls_back_to_torch_without_the_cpu_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rope_op, "_cpu_ready", lambda: False)
-    monkeypatch.setattr(rope_op, "cpu_kernel_status", lambda: "no C compiler found")
-    monkeypatch.setattr(rope_op, "_AUTO_CHOICE", {})  # auto's memo of the constants patched above
+    monkeypatch.setattr(backends, "_cpu_ready", lambda: False)
+    monkeypatch.setattr(backends, "cpu_kernel_status", lambda: "no C compiler found")
+    monkeypatch.setattr(backends, "_AUTO_CHOICE", {})  # auto's memo of the constants patched above
     cos, sin = tables(4, 8)
     x = torch.randn(1, 1, 4, 8)
     assert select_backend("auto", x, (cos, sin)) == "torch"
