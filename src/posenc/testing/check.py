@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -279,6 +280,32 @@ def check_rope(
     2 in bf16/fp16). The rules are in this module's
     docstring; the probes in :mod:`posenc.testing.probes`.
     """
+    _check_options(kind, dtypes, slack)
+    config = resolve_config(config)  # a path or model id is read once
+    label, max_pos = _describe(config)
+    if max_pos is None:
+        raise ValueError("config has no max_position_embeddings: the probes are placed by it")
+    run = _Run(impl, kind, tuple(dtypes), heads, kv_heads, seed, probes, slack)
+    report = RopeReport(label, kind)
+    for layer_type, uses_rope in _chosen_layer_types(config, layer_types):
+        if not uses_rope and kind == "cos_sin":
+            report.skipped.append(f"layer type {layer_type!r}: NoPE, no cos/sin to compare")
+            continue
+        ref = _layer_reference(config, layer_type, uses_rope, layout)
+        found, skipped = rope_probes(
+            max_pos, ref.exact.scaling if uses_rope else None, batch=batch,
+            mrope=uses_rope and ref.mrope, max_position=max_position, dense_limit=dense_limit,
+            seed=seed,
+        )  # fmt: skip
+        report.skipped += [f"{layer_type or ''} {s}".strip() for s in skipped]
+        report.results += run.judge_all(ref, found, layer_type, nope=not uses_rope)
+    if kind == "auto" and report.results:  # what the implementation turned out to return
+        tables = any(r.cos_sin_err is not None for r in report.results)
+        report.kind = "cos_sin" if tables else "qk"
+    return report
+
+
+def _check_options(kind: str, dtypes: Sequence[torch.dtype], slack: float | None) -> None:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     for dtype in dtypes:
@@ -286,43 +313,56 @@ def check_rope(
             raise ValueError(f"dtypes must be among {DTYPES}, got {dtype}")
     if slack is not None and not (isinstance(slack, (int, float)) and slack >= 1):
         raise ValueError(f"slack must be a number >= 1 (or None: SLACK per dtype), got {slack!r}")
-    config = resolve_config(config)  # a path or model id is read once
-    label, max_pos = _describe(config)
-    if max_pos is None:
-        raise ValueError("config has no max_position_embeddings: the probes are placed by it")
+
+
+def _chosen_layer_types(
+    config: Any, layer_types: Sequence[str | None] | None
+) -> list[tuple[str | None, bool]]:
+    """The config's ``[(layer_type, uses_rope)]``, only those in ``layer_types`` if given."""
     every = rope_layer_types(config)
-    if layer_types is not None:
-        known = [lt for lt, _ in every]
-        unknown = [lt for lt in layer_types if lt not in known]
-        if unknown:
-            raise ValueError(f"layer_types {unknown} are not in the config; it has {known}")
-        every = [(lt, rope) for lt, rope in every if lt in layer_types]
-    report = RopeReport(label, kind)
-    for layer_type, uses_rope in every:
-        if not uses_rope and kind == "cos_sin":
-            report.skipped.append(f"layer type {layer_type!r}: NoPE, no cos/sin to compare")
-            continue
-        if not uses_rope:
-            head_dim = _head_dim(_read(config)[0], layer_type)  # inputs only: no rotation
-            ref = Reference({"rope_theta": 10000.0, "head_dim": head_dim}, None)
-            scaling, mrope = None, False
-        else:
-            ref = Reference(config, layer_type, layout)
-            scaling, mrope = ref.exact.scaling, ref.mrope
-        found, skipped = rope_probes(
-            max_pos, scaling, batch=batch, mrope=mrope, max_position=max_position,
-            dense_limit=dense_limit, seed=seed,
-        )  # fmt: skip
-        report.skipped += [f"{layer_type or ''} {s}".strip() for s in skipped]
-        for dtype in dtypes:
+    if layer_types is None:
+        return every
+    known = [lt for lt, _ in every]
+    unknown = [lt for lt in layer_types if lt not in known]
+    if unknown:
+        raise ValueError(f"layer_types {unknown} are not in the config; it has {known}")
+    return [(lt, rope) for lt, rope in every if lt in layer_types]
+
+
+def _layer_reference(
+    config: Any, layer_type: str | None, uses_rope: bool, layout: str | None
+) -> Reference:
+    """The reference of one layer type; for a NoPE one, only its inputs' shape matters."""
+    if uses_rope:
+        return Reference(config, layer_type, layout)
+    head_dim = _head_dim(_read(config)[0], layer_type)  # inputs only: no rotation
+    return Reference({"rope_theta": 10000.0, "head_dim": head_dim}, None)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What :func:`check_rope` holds fixed over its probes."""
+
+    impl: Impl
+    kind: str
+    dtypes: tuple[torch.dtype, ...]
+    heads: int
+    kv_heads: int
+    seed: int
+    probes: Collection[str] | None
+    slack: float | None
+
+    def judge_all(
+        self, ref: Reference, found: list[Probe], layer_type: str | None, nope: bool
+    ) -> list[ProbeResult]:
+        """Each probe of ``found`` (those named in ``probes``) in each dtype."""
+        out = []
+        for dtype in self.dtypes:
             for probe in found:
-                if probes is not None and probe.name not in probes:
+                if self.probes is not None and probe.name not in self.probes:
                     continue
-                case_seed = zlib.crc32(f"{seed}/{layer_type}/{dtype}/{probe.name}".encode())
-                case = _Case(ref, probe, dtype, heads, kv_heads, case_seed)
-                factor = SLACK[dtype] if slack is None else float(slack)
-                report.results.append(_judge(impl, case, layer_type, kind, factor, not uses_rope))
-    if kind == "auto" and report.results:  # what the implementation turned out to return
-        tables = any(r.cos_sin_err is not None for r in report.results)
-        report.kind = "cos_sin" if tables else "qk"
-    return report
+                key = f"{self.seed}/{layer_type}/{dtype}/{probe.name}"
+                case = _Case(ref, probe, dtype, self.heads, self.kv_heads, zlib.crc32(key.encode()))
+                factor = SLACK[dtype] if self.slack is None else float(self.slack)
+                out.append(_judge(self.impl, case, layer_type, self.kind, factor, nope))
+        return out

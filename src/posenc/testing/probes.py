@@ -93,6 +93,28 @@ def _left_padded(batch: int, s: int) -> torch.Tensor:
     return position_ids
 
 
+def _switch_probes(
+    prefix: str,
+    letter: str,
+    orig: int,
+    deltas: tuple[int, ...],
+    sides: tuple[str, str],
+    dense_limit: int,
+    rng: random.Random,
+) -> list[Probe]:
+    """One dense probe of length ``n = orig + d`` for each ``d`` in ``deltas``, named
+    ``{prefix}_{letter}-1`` etc.; ``sides``: what applies at ``n <= orig`` and at ``n > orig``."""
+    out = []
+    for d in deltas:
+        n = orig + d
+        label = letter + (f"{d:+d}" if d else "")
+        row = _same(_dense_or_tail(n, dense_limit, rng), 1)
+        out.append(
+            Probe(f"{prefix}_{label}", row, f"length {n} ({letter} = {orig}): {sides[n > orig]}")
+        )
+    return out
+
+
 def _scaling_probes(
     scaling: Mapping[str, Any] | None,
     batch: int,
@@ -106,25 +128,11 @@ def _scaling_probes(
     rope_type = scaling["rope_type"]
     out: list[Probe] = []
     if rope_type == "longrope":
-        for label, n in (("L-1", orig - 1), ("L", orig), ("L+1", orig + 1)):
-            which = "long" if n > orig else "short"
-            out.append(
-                Probe(
-                    f"longrope_switch_{label}",
-                    _same(_dense_or_tail(n, dense_limit, rng), 1),
-                    f"length {n} (L = {orig}): {which} factors",
-                )
-            )
+        sides = ("short factors", "long factors")
+        out += _switch_probes("longrope_switch", "L", orig, (-1, 0, 1), sides, dense_limit, rng)
     elif rope_type == "dynamic":
-        for label, n in (("M", orig), ("M+1", orig + 1)):
-            which = "grown base" if n > orig else "plain base"
-            out.append(
-                Probe(
-                    f"dynamic_switch_{label}",
-                    _same(_dense_or_tail(n, dense_limit, rng), 1),
-                    f"length {n} (M = {orig}): {which}",
-                )
-            )
+        sides = ("plain base", "grown base")
+        out += _switch_probes("dynamic_switch", "M", orig, (0, 1), sides, dense_limit, rng)
         grown = _sparse({0, 1, orig - 1, orig, orig + 1, rng.randrange(2 * orig)}, 2 * orig - 1)
         out.append(
             Probe("dynamic_grown_2M", _same(grown, batch), f"base grown for length {2 * orig}")
@@ -168,8 +176,25 @@ def rope_probes(
     m = max_position_embeddings
     top = 4 * m - 1 if max_position is None else max_position
     rng = random.Random(seed)
-    far = [rng.randrange(top + 1) for _ in range(batch * 16)]
     probes = [
+        *_common_probes(m, top, batch, rng),
+        *_scaling_probes(scaling, batch, dense_limit, rng),
+    ]
+    if mrope:
+        probes = [*(_as_mrope(p) for p in probes), _mrope_vision(m, batch)]
+    kept = [p for p in probes if p.seq_len - 1 <= top]
+    skipped = [
+        f"{p.name}: needs position {p.seq_len - 1} > max_position {top}"
+        for p in probes
+        if p.seq_len - 1 > top
+    ]
+    return kept, skipped
+
+
+def _common_probes(m: int, top: int, batch: int, rng: random.Random) -> list[Probe]:
+    """The probes every layer type gets, up to position ``top`` (``m``: max_position_embeddings)."""
+    far = [rng.randrange(top + 1) for _ in range(batch * 16)]
+    return [
         Probe("position_0", torch.zeros(batch, 1, dtype=torch.long), "the identity (x factor)"),
         Probe("first_64", _same(list(range(64)), batch), "arange(64)"),
         Probe(
@@ -198,21 +223,21 @@ def rope_probes(
             "arange(32) + another offset per row",
         ),
         Probe("left_padded", _left_padded(batch, 24), "cumsum(mask) - 1, padding at 1"),
-        *_scaling_probes(scaling, batch, dense_limit, rng),
     ]
-    if mrope:
-        probes = [Probe(p.name, p.position_ids.expand(3, -1, -1), p.why) for p in probes]
-        grid = mrope_positions([("text", 5), ("image", (1, 4, 6)), ("text", 3)])  # [3, s]
-        offsets = torch.tensor([0, m - int(grid.max()) - 1][:batch] + [m] * max(0, batch - 2))
-        vision = grid[:, None, :] + offsets.clamp(min=0)[None, :, None]  # [3, b, s]
-        probes.append(Probe("mrope_vision", vision, "text, a 4 x 6 image grid, text"))
-    kept = [p for p in probes if p.seq_len - 1 <= top]
-    skipped = [
-        f"{p.name}: needs position {p.seq_len - 1} > max_position {top}"
-        for p in probes
-        if p.seq_len - 1 > top
-    ]
-    return kept, skipped
+
+
+def _as_mrope(p: Probe) -> Probe:
+    """A text probe for M-RoPE: the same positions on the three axes ``[3, b, s]``."""
+    return Probe(p.name, p.position_ids.expand(3, -1, -1), p.why)
+
+
+def _mrope_vision(m: int, batch: int) -> Probe:
+    """Text, an image grid and text with distinct T/H/W positions ``[3, b, s]``; row 1 placed so
+    that its largest position is ``m - 1``, later rows past ``m``."""
+    grid = mrope_positions([("text", 5), ("image", (1, 4, 6)), ("text", 3)])  # [3, s]
+    offsets = torch.tensor([0, m - int(grid.max()) - 1][:batch] + [m] * max(0, batch - 2))
+    vision = grid[:, None, :] + offsets.clamp(min=0)[None, :, None]  # [3, b, s]
+    return Probe("mrope_vision", vision, "text, a 4 x 6 image grid, text")
 
 
 def _offsets(batch: int, end: int) -> list[int]:
