@@ -1,8 +1,13 @@
-# One-command set-up and runs. A CPU build of torch is installed first so that nothing pulls
-# CUDA packages; override with e.g. `make test TORCH_SPEC="torch==2.5.1"` or TORCH_SPEC=torch.
+# One-command set-up and runs. A CPU build of torch is installed first, from PyTorch's CPU wheel
+# index, so that nothing pulls CUDA packages (PyPI's Linux torch is the CUDA build, ~20 nvidia-*
+# packages). Where that index cannot be reached (an offline machine with its own wheel folder or
+# mirror) pip's configured indexes are used instead. Override with e.g.
+# `make setup TORCH_SPEC="torch==2.5.1"`, TORCH_INDEX=https://download.pytorch.org/whl/cu128 for a
+# CUDA build, or TORCH_INDEX= for pip's own choice.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.posenc-installed
 
@@ -13,7 +18,14 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	@if [ -n "$(TORCH_INDEX)" ] && $(BIN)/python -c "import sys, urllib.request; \
+		urllib.request.urlopen(sys.argv[1].rstrip('/') + '/torch/', timeout=10)" "$(TORCH_INDEX)" 2>/dev/null; then \
+		echo "torch: $(TORCH_SPEC) from $(TORCH_INDEX)"; \
+		$(BIN)/python -m pip install -q "$(TORCH_SPEC)" --index-url "$(TORCH_INDEX)"; \
+	else \
+		echo "torch: $(TORCH_SPEC) from pip's configured indexes ($(or $(TORCH_INDEX),TORCH_INDEX is empty) not reachable or not set)"; \
+		$(BIN)/python -m pip install -q "$(TORCH_SPEC)"; \
+	fi
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	# timm is a test reference only; its dependencies would pull torchvision (a CUDA build),
 	# and the tests load the one timm file they compare against without it.
