@@ -138,7 +138,9 @@ def sweep_one(model_type: str) -> tuple[str, str]:
         return "skipped", "no rotary class builds from the default config"
     try:
         params = getattr(text, "rope_parameters", None) or {}
-        keys = [lt for lt in rope_keys(text) if lt is None or params[lt] is not None]  # not NoPE
+        # DeepSeek-V4 keys its rope sets by label (main, compress), not by layer type
+        labels = list(getattr(text, "_rope_type_labels", None) or ()) or rope_keys(text)
+        keys = [lt for lt in labels if lt is None or params[lt] is not None]  # not NoPE
         ropes = {lt: rope_from_hf(text, lt) for lt in keys}
     except ValueError as err:
         return "refused", str(err)
@@ -210,8 +212,15 @@ def test_refusals_say_why(verdicts: dict[str, tuple[str, str]]) -> None:
     for t, (v, detail) in verdicts.items():
         if v == "refused":
             assert len(detail) > 20 and ("posenc" in detail or "must" in detail), (t, detail)
-    for t in ("nanochat", "deepseek_v4"):
-        assert verdicts[t][0] == "refused" and t in UNSUPPORTED_MODEL_TYPES, (t, verdicts[t])
+    assert verdicts["nanochat"][0] == "refused" and "nanochat" in UNSUPPORTED_MODEL_TYPES
+
+
+def test_labelled_and_indexer_types_are_exact(verdicts: dict[str, tuple[str, str]]) -> None:
+    """DeepSeek-V4 (both rope sets, the trailing interleaved slice) and the DSA models whose
+    indexers rotate apart from their MLA (tests/test_hf_deepseek_v4.py, tests/test_hf_indexer.py
+    check the slices, the value rotation and the indexers)."""
+    for t in ("deepseek_v4", "deepseek_v32", "glm_moe_dsa"):
+        assert verdicts[t][0] == "exact", (t, verdicts[t])
 
 
 def test_mistral4_reads_llama_4_scaling_beta(verdicts: dict[str, tuple[str, str]]) -> None:

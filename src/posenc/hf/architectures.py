@@ -14,7 +14,7 @@ import difflib
 INTERLEAVED_MODEL_TYPES = frozenset(
     {
         "axk2", "bailing_hybrid", "blt", "codegen", "cohere", "cohere2", "cohere2_moe",
-        "deepseek_v2", "deepseek_v32", "dots3_note", "dots3_note_text", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
+        "deepseek_v2", "deepseek_v32", "deepseek_v4", "dots3_note", "dots3_note_text", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
         "glm_moe_dsa", "gptj", "helium", "llama4", "llama4_text", "longcat_flash",
         "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
         "openai_privacy_filter",
@@ -70,8 +70,6 @@ LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
 # Architectures whose rotation posenc cannot express.
 UNSUPPORTED_MODEL_TYPES = {
     "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
-    "deepseek_v4": "it rotates the trailing rope slice of each head ([nope | rope]) in "
-    "interleaved pairs; posenc rotates the leading channels",
 }
 
 

@@ -55,6 +55,7 @@ from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
     known_model_type,
     unknown_model_type_error,
 )
+from .labels import LABELLED_DEFAULTS, rope_label
 from .load import resolve_config
 
 # Keys of a rope parameter dict that are not scaling options: the module's own, and those other
@@ -214,6 +215,8 @@ def _standardize(raw: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in FALLBACK_DEFAULTS.get(model_type, {}).items():
         if cfg.get(key) is None:
             cfg[key] = value
+    if model_type in LABELLED_DEFAULTS:  # DeepSeek-V4: its rope sets by label
+        cfg = LABELLED_DEFAULTS[model_type](cfg)
     if cfg.get("qk_rope_head_dim") is not None:  # MLA: the module rotates the rope part only
         cfg["head_dim"] = cfg["qk_rope_head_dim"]
     if model_type == "llama4_text" and cfg.get("no_rope_layers") is None:
@@ -500,6 +503,7 @@ def hf_rope_kwargs(
 
 def rope_kwargs(cfg: Any, model_types: frozenset[str], layer_type: str | None) -> dict[str, Any]:
     """:func:`hf_rope_kwargs` of a config already read by :func:`read_config`."""
+    label, layer_type = rope_label(model_types, layer_type)  # DeepSeek-V4, DSA indexers
     params = _layer_params(cfg, layer_type)
     rope_type = _rope_type(params, model_types)
     ignored = set().union(*(_IGNORED_KEYS.get(t, frozenset()) for t in model_types))
@@ -517,7 +521,7 @@ def rope_kwargs(cfg: Any, model_types: frozenset[str], layer_type: str | None) -
         "rotary_dim": _rotary_dim(cfg, params, head_dim, model_types, rope_type),
     }
     out.update(_mrope(params, model_types))
-    return out
+    return out if label is None else label.apply(out, cfg)
 
 
 def rope_from_hf(
@@ -535,7 +539,8 @@ def rope_from_hf(
 
     Returns a :class:`RotaryEmbedding`, or an :class:`MRoPE` for multimodal RoPE (Qwen2-VL,
     Qwen2.5-VL, Qwen3-VL, Qwen3.5). ``layer_type`` selects the entry of per-layer-type parameters
-    (Gemma-3/4, OLMo-3: ``"sliding_attention"``, ``"full_attention"``). ``layout`` overrides the
+    (Gemma-3/4, OLMo-3: ``"sliding_attention"``, ``"full_attention"``) or a label
+    (:mod:`.labels`: DeepSeek-V4's ``"main"``/``"compress"``, ``"indexer"``). ``layout`` overrides the
     pairing inferred from ``model_type``. ``angle_dtype=float32`` (default) reproduces
     transformers' arithmetic. For MLA models (DeepSeek) the module's ``head_dim`` is
     ``qk_rope_head_dim``: apply it to the rope part of the queries and keys.

@@ -39,6 +39,7 @@ from .config import (
     rope_kwargs,
     rope_module,
 )
+from .labels import rope_label
 from .load import resolve_config
 from .temperature import temperature_of
 
@@ -241,7 +242,8 @@ def _uses_rope(cfg: Any, model_types: frozenset[str], i: int, layer_type: str, s
         return _get(cfg, "sliding_window") is None or sliding
     params = _get(cfg, "rope_parameters") or {}
     nested = _nested_keys(params, _get(cfg, "_rope_type_labels") or _get(cfg, "layer_types"))
-    return not nested or params.get(layer_type) is not None
+    key = rope_label(model_types, layer_type)[1]  # DeepSeek-V4: the label the layer type reads
+    return not nested or params.get(key) is not None
 
 
 def plan_of(
