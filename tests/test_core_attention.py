@@ -127,7 +127,7 @@ def test_causal_block_mask_equals_create_block_mask(s: int, t: int) -> None:
 
 
 def test_plain_causal_attention_builds_no_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    import posenc.attention as attention_module
+    import posenc.attention.module as attention_module
 
     attn = Attention(16, 2, causal=True).double()
     x = torch.randn(1, 6, 16, dtype=torch.float64)

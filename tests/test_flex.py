@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from posenc import Attention, KVCache, ModelConfig, TransformerLM
-from posenc import attention as attention_module
 from posenc.attention import BlockMaskCache, flex_available
+from posenc.attention import policy as attention_policy
 from posenc.bias import FIRE, KERPLE, ALiBi, Sandwich, T5RelativeBias
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -125,7 +125,7 @@ def _qkv(s: int, dtype=torch.float32, grad: bool = False):
 
 
 def test_auto_choice_rules(monkeypatch) -> None:
-    monkeypatch.setattr(attention_module, "FLEX_MIN_SCORES", 64 * 64)
+    monkeypatch.setattr(attention_policy, "FLEX_MIN_SCORES", 64 * 64)
     bias = Attention(32, 4, 2, encoding=ALiBi(4))
     with torch.no_grad():
         expect_flex = "flex" if flex_available("cpu") else "sdpa"
@@ -179,7 +179,7 @@ def test_block_mask_cache_keys_and_eviction() -> None:
 
 def test_one_block_mask_serves_every_layer(monkeypatch) -> None:
     built = []
-    import posenc.attention as attention_module
+    import posenc.attention.masks as attention_module
 
     real = attention_module.causal_block_mask
     monkeypatch.setattr(

@@ -568,9 +568,9 @@ def test_attention_passes_the_index_layout_from_its_arguments() -> None:
     seen = []
 
     class Spy(ShawRelative):
-        def attend(self, q, k, v, **kw):
-            seen.append(kw["index_layout"])
-            return super().attend(q, k, v, **kw)
+        def scores(self, q, k, call):
+            seen.append(call.index_layout)
+            return super().scores(q, k, call)
 
     attn = Attention(16, 4, encoding=Spy(4))
     x = torch.randn(1, 3, 16)

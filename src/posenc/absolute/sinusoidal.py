@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_number, check_positive_int, host_readable
-from ..attention import DeviceConstants
+from .._constants import DeviceConstants
 from ..functional.sinusoidal import SINUSOIDAL_LAYOUTS, sinusoidal_inv_freq, sinusoidal_table
 from .common import check_table_size, resolve_positions
 

@@ -1,5 +1,6 @@
 """Pure tensor functions: the parity points of posenc. Modules are thin layers over these."""
 
+from .attention import explicit_attention, masked_softmax, repeat_kv
 from .bias import (
     alibi_slopes,
     deberta_log_bucket,
@@ -42,10 +43,12 @@ __all__ = [
     "apply_rotary_qk",
     "clipped_relative_index",
     "deberta_log_bucket",
+    "explicit_attention",
     "extension_scaling",
     "fire_normalized_distance",
     "kerple_log_bias",
     "kerple_power_bias",
+    "masked_softmax",
     "mrope_axis_index",
     "mrope_cos_sin",
     "normalize_scaling",
@@ -54,6 +57,7 @@ __all__ = [
     "randomized_positions",
     "rel_shift",
     "relative_position_matrix",
+    "repeat_kv",
     "resample_1d",
     "resample_2d",
     "rope_cos_sin",

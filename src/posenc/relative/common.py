@@ -1,12 +1,17 @@
-"""The base of the relative family: content-dependent schemes that own the score computation.
+"""The base of the relative family: content-dependent schemes whose position term needs the
+query or key content, so it cannot be a content-free SDPA mask or a FlexAttention ``score_mod``.
 
-``attend(q, k, v, *, positions, k_positions, index_layout, mask, scale, dropout_p, attention)``
-``-> [b, h, s, d]``
-with ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` (not yet repeated for grouped-query attention),
-``mask`` a bool keep-mask ``[s, t]`` or ``[b, 1|h, s, t]`` (or None) and ``attention`` the calling
-:class:`~posenc.attention.Attention` (DeBERTa reuses its projections; Transformer-XL reads
-``causal``). Scores are explicit ``[b, h, s, t]``: the position term depends on the query
-content, so it cannot be a content-free SDPA mask or a FlexAttention ``score_mod`` over scalars.
+Each encoding gives its scaled logits, ``scores(q, k, call) -> [b, h, s, t]``, and where its
+values carry position too (Shaw's), ``values(probs, call) -> [b, h, s, d]`` added to
+``probs @ v``; the mask, the softmax and ``@ v`` belong to the attention's explicit path
+(:func:`posenc.attention.explicit_path`). ``q [b, h, s, d]``, ``k [b, h, t, d]`` (keys already
+repeated for grouped-query attention); ``call`` is a :class:`~posenc.attention.ScoreContext`:
+checked ``positions``/``k_positions``, ``index_layout``, the keep-``mask`` ``[s, t]`` or
+``[b, 1|h, s, t]`` (or None), ``scale``, ``causal`` and the layer's ``q_proj``/``k_proj`` (DeBERTa
+with ``share_att_key`` projects its relative embeddings with them).
+
+``attend(q, k, v, *, positions, k_positions, index_layout, mask, scale, dropout_p, q_proj, k_proj)``
+runs one encoding alone (validating its inputs) through the same explicit path.
 
 Positions (``positions [s]|[b, s]`` of the queries, ``k_positions [t]|[b, t]`` of the keys) default
 to the *index layout*: keys at ``0 .. t - 1`` and the queries the last ``s`` of them
@@ -18,14 +23,17 @@ never read from the values; Transformer-XL then takes its rel-shift path.
 
 from __future__ import annotations
 
-from typing import ClassVar
+import math
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from .._checks import default_positions
-from ..attention import masked_softmax as softmax_probs
+from .._context import ScoreContext
 from ..bias.common import check_index_layout, check_pair
+from ..functional.attention import explicit_attention as explicit_path
+from ..functional.attention import masked_softmax as softmax_probs
 
 __all__ = [
     "RelativeEncoding",
@@ -41,6 +49,17 @@ class RelativeEncoding(nn.Module):
 
     family: ClassVar[str] = "relative"
 
+    def scores(self, q: torch.Tensor, k: torch.Tensor, call: ScoreContext) -> torch.Tensor:
+        """Shapes: ``q [b, h, s, d]``, ``k [b, h, t, d]`` -> scaled logits ``[b, h, s, t]``."""
+        raise NotImplementedError
+
+    def values(self, probs: torch.Tensor, call: ScoreContext) -> torch.Tensor | None:
+        """The position term of the values, ``probs [b, h, s, t]`` -> ``[b, h, s, d]``, or None."""
+        return None
+
+    def check_heads(self, q: torch.Tensor) -> None:
+        """Shape checks of this encoding on ``q [b, h, s, d]`` (head count, head_dim)."""
+
     def attend(
         self,
         q: torch.Tensor,
@@ -54,11 +73,62 @@ class RelativeEncoding(nn.Module):
         scale: float | None = None,
         dropout_p: float = 0.0,
         attention: nn.Module | None = None,
+        q_proj: nn.Module | None = None,
+        k_proj: nn.Module | None = None,
+        causal: bool | None = None,
     ) -> torch.Tensor:
         """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]``, ``positions [s]|[b, s]``,
         ``k_positions [t]|[b, t]`` (default: the index layout, module docstring),
-        ``mask [s, t]|[b, 1|h, s, t]`` -> ``[b, h, s, d]``."""
-        raise NotImplementedError
+        ``mask [s, t]|[b, 1|h, s, t]`` -> ``[b, h, s, d]``.
+
+        ``q_proj``/``k_proj``: the projections DeBERTa's ``share_att_key`` uses; ``causal``: the
+        mask hides keys after each query by index (Transformer-XL then skips negative
+        distances). ``attention`` (an :class:`~posenc.attention.Attention`) supplies all three
+        when they are not given.
+        """
+        call = self.call(
+            q, k, v, positions, k_positions, index_layout, mask, scale,
+            attention=attention, q_proj=q_proj, k_proj=k_proj, causal=causal,
+        )  # fmt: skip
+        out = explicit_path(
+            q, k, v, scale=call.scale, mask=mask, dropout_p=dropout_p,
+            scores=lambda q_, k_: self.scores(q_, k_, call),
+            values=lambda probs: self.values(probs, call),
+        )  # fmt: skip
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    def call(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor | None,
+        k_positions: torch.Tensor | None,
+        index_layout: bool,
+        mask: torch.Tensor | None,
+        scale: float | None,
+        **layer: Any,
+    ) -> ScoreContext:
+        """The :class:`~posenc.attention.ScoreContext` of a standalone call, inputs checked."""
+        index_layout = self.implied_index_layout(index_layout, positions, k_positions)
+        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout, mask)
+        self.check_heads(q)
+        attention = layer.get("attention")
+        causal = layer.get("causal")
+        causal = bool(getattr(attention, "causal", False)) if causal is None else bool(causal)
+        return ScoreContext(
+            qp, kp, index_layout, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
+            causal, mask,
+            q_proj=layer.get("q_proj") or getattr(attention, "q_proj", None),
+            k_proj=layer.get("k_proj") or getattr(attention, "k_proj", None),
+        )  # fmt: skip
+
+    def implied_index_layout(
+        self, index_layout: bool, positions: torch.Tensor | None, k_positions: torch.Tensor | None
+    ) -> bool:
+        """The index layout a standalone call promises (Transformer-XL: also no positions)."""
+        return index_layout
 
 
 def check_attend_inputs(

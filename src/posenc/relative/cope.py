@@ -24,15 +24,13 @@ input dtype: a bf16 cumulative sum is off by several positions past a few hundre
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from .._checks import INIT_STD_MAX, check_int_at_most, check_number, check_positive_int
-from ..attention import repeat_kv
+from .._context import ScoreContext
 from ..functional.bias import MAX_TABLE_ROWS
-from .common import RelativeEncoding, check_attend_inputs, softmax_probs
+from .common import RelativeEncoding
 
 __all__ = ["CoPE", "cope_positions", "interpolate_logits"]
 
@@ -105,36 +103,23 @@ class CoPE(RelativeEncoding):
         else:
             nn.init.zeros_(self.pos_emb)
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-        index_layout: bool = False,
-        mask: torch.Tensor | None = None,
-        scale: float | None = None,
-        dropout_p: float = 0.0,
-        attention: nn.Module | None = None,
-    ) -> torch.Tensor:
-        """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]``, ``mask [s, t]|[b, 1|h, s, t]``
-        -> ``[b, h, s, d]``. ``positions``/``k_positions`` are checked but not used."""
-        check_attend_inputs(q, k, v, positions, k_positions, index_layout, mask)
+    def check_heads(self, q: torch.Tensor) -> None:
         h, d = q.shape[1], q.shape[3]
         if d != self.head_dim or h != self.num_heads:
             raise ValueError(
                 f"q must have {self.num_heads} heads of head_dim {self.head_dim}, got h={h}, d={d}"
             )
-        scale = 1.0 / math.sqrt(d) if scale is None else scale
-        k, v = repeat_kv(k, h), repeat_kv(v, h)  # [b, h, t, d]
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, call: ScoreContext) -> torch.Tensor:
+        """Shapes: ``q [b, h, s, d]``, ``k [b, h, t, d]`` -> ``[b, h, s, t]``; the mask decides
+        which keys count. Positions are not used (the position is the count)."""
+        self.check_heads(q)
+        scale = call.scale
         content = q @ k.transpose(-1, -2)  # q_i . k_j: [b, h, s, t]
-        pos = cope_positions(content * scale, mask, self.npos_max)  # [b, h, s, t]
+        pos = cope_positions(content * scale, call.mask, self.npos_max)  # [b, h, s, t]
         int_logits = q @ self.pos_emb.t()  # z_i[n] = q_i . e[n]: [b, h, s, npos_max]
         pos_logits = interpolate_logits(int_logits, pos).to(content.dtype)  # [b, h, s, t]
-        probs = softmax_probs((content + pos_logits) * scale, mask, dropout_p)
-        return probs @ v  # [b, h, s, d]
+        return (content + pos_logits) * scale
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_heads={self.num_heads}, npos_max={self.npos_max}"

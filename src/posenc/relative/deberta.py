@@ -9,14 +9,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_int_at_most, check_number, check_positive_int, resolve_head_dim
-from ..attention import repeat_kv
+from .._context import ScoreContext
 from ..functional.bias import (
     MAX_TABLE_ROWS,
     deberta_check_buckets,
     deberta_log_bucket,
     relative_position_matrix,
 )
-from .common import RelativeEncoding, batch_heads, check_attend_inputs, softmax_probs
+from .common import RelativeEncoding, batch_heads
 
 DEBERTA_POS_ATT_TYPES = ("c2p", "p2c")
 
@@ -148,58 +148,47 @@ class DeBERTaRelative(RelativeEncoding):
             p = self.norm(p)
         return F.dropout(p, self.pos_dropout, self.training)
 
-    def _projection(self, term: str, attention: nn.Module | None) -> nn.Module:
+    def _projection(self, term: str, call: ScoreContext) -> nn.Module:
         """``W_k`` (c2p) or ``W_q`` (p2c): the attention's own with ``share_att_key``, else ours."""
         if self.share_att_key:
-            if attention is None:
+            proj = call.k_proj if term == "c2p" else call.q_proj
+            if proj is None:
                 raise ValueError(
-                    "share_att_key=True needs the calling attention (its q_proj/k_proj)"
+                    "share_att_key=True needs the calling attention's projections: pass q_proj and "
+                    "k_proj (or attention=) to attend"
                 )
-            proj = getattr(attention, "k_proj" if term == "c2p" else "q_proj", None)
         else:
             proj = self.pos_key_proj if term == "c2p" else self.pos_query_proj
         if not isinstance(proj, nn.Module):
             raise TypeError(f"no position projection for {term}: attention lacks q_proj/k_proj")
         return proj
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-        index_layout: bool = False,
-        mask: torch.Tensor | None = None,
-        scale: float | None = None,
-        dropout_p: float = 0.0,
-        attention: nn.Module | None = None,
-    ) -> torch.Tensor:
-        """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``."""
-        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout, mask)
+    def check_heads(self, q: torch.Tensor) -> None:
+        if q.shape[3] != self.head_dim:
+            raise ValueError(f"q's head_dim must be {self.head_dim}, got {q.shape[3]}")
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, call: ScoreContext) -> torch.Tensor:
+        """Shapes: ``q [b, h, s, d]``, ``k [b, h, t, d]`` -> ``[b, h, s, t]``, divided by
+        ``sqrt(scale_factor)`` on top of ``call.scale``."""
+        self.check_heads(q)
         b, h, _, d = q.shape
-        if d != self.head_dim:
-            raise ValueError(f"q's head_dim must be {self.head_dim}, got {d}")
-        scale = (1.0 / math.sqrt(d) if scale is None else scale) / math.sqrt(self.scale_factor)
-        k, v = repeat_kv(k, h), repeat_kv(v, h)  # [b, h, t, d]
+        scale = call.scale / math.sqrt(self.scale_factor)
         scores = q @ k.transpose(-1, -2)  # [b, h, s, t]
         if self.pos_att_type:
-            idx = batch_heads(self.relative_index(qp, kp), b, h)  # [b, h, s, t]
+            idx = batch_heads(self.relative_index(call.positions, call.k_positions), b, h)
             p = self.relative_embeddings()  # [2 span, dim]
         if "c2p" in self.pos_att_type:
-            pos_k = _heads(self._projection("c2p", attention)(p), d, h)  # [h, 2 span, d]
+            pos_k = _heads(self._projection("c2p", call)(p), d, h)  # [h, 2 span, d]
             c2p = q @ pos_k.transpose(-1, -2)  # [b, h, s, 2 span]
             scores = scores + c2p.gather(-1, idx)  # [b, h, s, t]
         if "p2c" in self.pos_att_type:
-            pos_q = _heads(self._projection("p2c", attention)(p), d, h)  # [h, 2 span, d]
+            pos_q = _heads(self._projection("p2c", call)(p), d, h)  # [h, 2 span, d]
             p2c = k @ pos_q.transpose(-1, -2)  # [b, h, t, 2 span]
             # Key j against the query-side embedding of the same pair's bucket d(i, j):
             # gather along keys' rows with the transposed index, then back to [b, h, s, t].
             p2c = p2c.gather(-1, idx.transpose(-1, -2))  # [b, h, t, s]
             scores = scores + p2c.transpose(-1, -2)  # [b, h, s, t]
-        probs = softmax_probs(scores * scale, mask, dropout_p)
-        return probs @ v  # [b, h, s, d]
+        return scores * scale
 
     def extra_repr(self) -> str:
         return (

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from .._checks import INIT_STD_MAX, check_int_at_most, check_number, check_positive_int
-from ..attention import repeat_kv
+from .._context import ScoreContext
 from ..functional.bias import MAX_TABLE_ROWS
 from ..functional.relative import clipped_relative_index
-from .common import RelativeEncoding, batch_heads, check_attend_inputs, softmax_probs
+from .common import RelativeEncoding, batch_heads
 
 
 class ShawRelative(RelativeEncoding):
@@ -66,47 +64,44 @@ class ShawRelative(RelativeEncoding):
             if table is not None:
                 nn.init.normal_(table, std=self.init_std)  # the values of randn(n, d) * init_std
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-        index_layout: bool = False,
-        mask: torch.Tensor | None = None,
-        scale: float | None = None,
-        dropout_p: float = 0.0,
-        attention: nn.Module | None = None,
-    ) -> torch.Tensor:
-        """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``."""
-        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout, mask)
-        b, h, s, d = q.shape
+    def check_heads(self, q: torch.Tensor) -> None:
+        h, d = q.shape[1], q.shape[3]
         if d != self.head_dim:
             raise ValueError(f"q's head_dim must be {self.head_dim}, got {d}")
         if self.num_heads is not None and h != self.num_heads:
             raise ValueError(f"q must have num_heads = {self.num_heads} heads (per_head), got {h}")
-        scale = 1.0 / math.sqrt(d) if scale is None else scale
-        k, v = repeat_kv(k, h), repeat_kv(v, h)  # [b, h, t, d]
-        idx = batch_heads(clipped_relative_index(qp, kp, self.max_distance), b, h)  # [b, h, s, t]
+
+    def _index(self, call: ScoreContext, b: int, h: int) -> torch.Tensor:
+        """Each pair's clipped distance, ``[b, h, s, t]``; made once per call (scores and values)."""
+        idx = call.scratch.get(self)
+        if idx is None:
+            rel = clipped_relative_index(call.positions, call.k_positions, self.max_distance)
+            idx = call.scratch[self] = batch_heads(rel, b, h)  # [b, h, s, t]
+        return idx
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, call: ScoreContext) -> torch.Tensor:
+        """Shapes: ``q [b, h, s, d]``, ``k [b, h, t, d]`` -> ``[b, h, s, t]``."""
+        self.check_heads(q)
+        idx = self._index(call, q.shape[0], q.shape[1])  # [b, h, s, t]
         # q . aK for the 2k + 1 distinct distances, then pick each pair's: O(s k d), not O(s t d).
         if self.num_heads is None:
             rel_logits = q @ self.rel_k.t()  # [b, h, s, 2k + 1]
         else:
             rel_logits = torch.einsum("bhsd,rhd->bhsr", q, self.rel_k)  # [b, h, s, 2k + 1]
-        scores = (q @ k.transpose(-1, -2) + rel_logits.gather(-1, idx)) * scale  # [b, h, s, t]
-        probs = softmax_probs(scores, mask, dropout_p)
-        out = probs @ v  # [b, h, s, d]
-        if self.rel_v is not None:
-            # sum_j a_ij aV[c(j - i)] = sum_r (sum of a_ij over keys at clipped distance r) aV[r]
-            by_distance = probs.new_zeros(b, h, s, self.rel_v.shape[0])  # [b, h, s, 2k + 1]
-            by_distance.scatter_add_(-1, idx, probs)
-            if self.num_heads is None:
-                out = out + by_distance @ self.rel_v
-            else:
-                out = out + torch.einsum("bhsr,rhd->bhsd", by_distance, self.rel_v)
-        return out
+        return (q @ k.transpose(-1, -2) + rel_logits.gather(-1, idx)) * call.scale  # [b, h, s, t]
+
+    def values(self, probs: torch.Tensor, call: ScoreContext) -> torch.Tensor | None:
+        """``sum_j a_ij aV[c(j - i)]``: ``probs [b, h, s, t]`` -> ``[b, h, s, d]`` (None without aV)."""
+        if self.rel_v is None:
+            return None
+        b, h, s, _ = probs.shape
+        idx = self._index(call, b, h)  # [b, h, s, t]
+        # sum_j a_ij aV[c(j - i)] = sum_r (sum of a_ij over keys at clipped distance r) aV[r]
+        by_distance = probs.new_zeros(b, h, s, self.rel_v.shape[0])  # [b, h, s, 2k + 1]
+        by_distance.scatter_add_(-1, idx, probs)
+        if self.num_heads is None:
+            return by_distance @ self.rel_v
+        return torch.einsum("bhsr,rhd->bhsd", by_distance, self.rel_v)
 
     def extra_repr(self) -> str:
         heads = "" if self.num_heads is None else f", per_head=True, num_heads={self.num_heads}"

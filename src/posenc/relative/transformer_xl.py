@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from .._checks import INIT_STD_MAX, check_number, check_positive_int, resolve_head_dim
-from ..attention import DeviceConstants, repeat_kv
+from .._constants import DeviceConstants
+from .._context import ScoreContext
 from ..bias.common import reference_position
 from ..functional.relative import rel_shift
 from ..functional.sinusoidal import sinusoidal_inv_freq
-from .common import RelativeEncoding, check_attend_inputs, softmax_probs
+from .common import RelativeEncoding
 
 
 class TransformerXLRelative(RelativeEncoding):
@@ -141,46 +140,37 @@ class TransformerXLRelative(RelativeEncoding):
         r = r.view(-1, h, d).transpose(0, 1)  # [h, L, d]
         return rel_shift(qv @ r.transpose(-1, -2), t)  # [b, h, s, L] -> [b, h, s, t]
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-        index_layout: bool = False,
-        mask: torch.Tensor | None = None,
-        scale: float | None = None,
-        dropout_p: float = 0.0,
-        attention: nn.Module | None = None,
-    ) -> torch.Tensor:
-        """Shapes: ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` -> ``[b, h, s, d]``.
-
-        ``index_layout`` (or both positions None): the index layout, module docstring of
-        :mod:`posenc.relative` (rel-shift when cheaper). ``attention.causal`` (if given and True) promises that ``mask`` hides keys after the
-        query by index; only then are negative distances skipped.
-        """
-        index_layout = index_layout or (positions is None and k_positions is None)
-        qp, kp = check_attend_inputs(q, k, v, positions, k_positions, index_layout, mask)
-        b, h, s, d = q.shape
+    def check_heads(self, q: torch.Tensor) -> None:
+        h, d = q.shape[1], q.shape[3]
         if (h, d) != (self.num_heads, self.head_dim):
             raise ValueError(
                 f"q must have {self.num_heads} heads of {self.head_dim}, got {h} of {d}"
             )
-        t = k.shape[2]
-        scale = 1.0 / math.sqrt(d) if scale is None else scale
-        k, v = repeat_kv(k, h), repeat_kv(v, h)  # [b, h, t, d]
-        causal = bool(getattr(attention, "causal", False)) and mask is not None
 
+    def implied_index_layout(
+        self, index_layout: bool, positions: torch.Tensor | None, k_positions: torch.Tensor | None
+    ) -> bool:
+        """``attend`` without positions is the index layout too (rel-shift applies)."""
+        return index_layout or (positions is None and k_positions is None)
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, call: ScoreContext) -> torch.Tensor:
+        """Shapes: ``q [b, h, s, d]``, ``k [b, h, t, d]`` -> ``[b, h, s, t]``.
+
+        ``call.index_layout``: the index layout, module docstring of :mod:`posenc.relative`
+        (rel-shift when cheaper). ``call.causal`` promises that ``call.mask`` hides keys after
+        the query by index; only then are negative distances skipped.
+        """
+        self.check_heads(q)
+        b, h, s, d = q.shape
+        t = k.shape[2]
+        causal = call.causal and call.mask is not None
         content = (q + self.r_w_bias[:, None, :]) @ k.transpose(-1, -2)  # [b, h, s, t]
         qv = q + self.r_r_bias[:, None, :]  # [b, h, s, d]
-        if index_layout and s and t and rel_shift_is_cheaper(b, h, s, t, d, self.dim, causal):
+        if call.index_layout and s and t and rel_shift_is_cheaper(b, h, s, t, d, self.dim, causal):
             position = self.rel_shift_scores(qv, t, causal)  # [b, h, s, t]
         else:
-            position = self.position_scores(qv, qp, kp)  # [b, h, s, t]
-        probs = softmax_probs((content + position) * scale, mask, dropout_p)
-        return probs @ v  # [b, h, s, d]
+            position = self.position_scores(qv, call.positions, call.k_positions)  # [b, h, s, t]
+        return (content + position) * call.scale
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, base={self.base}"

@@ -33,7 +33,7 @@ from .._checks import (
     check_positive_int,
     check_values,
 )
-from ..attention import DeviceConstants
+from .._constants import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
 from .embedding import check_qk, resolve_angle_dtype, resolve_qk_positions
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_even, check_number, check_positions, check_values
-from ..attention import DeviceConstants
+from .._constants import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
 from ..kernels.rope_op import mixed_backend
 from .embedding import check_qk, resolve_angle_dtype, resolve_qk_positions
