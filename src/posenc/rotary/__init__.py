@@ -4,14 +4,25 @@ from .axial import Axial2DRoPE, axial_inv_freq, grid_coords
 from .embedding import RotaryEmbedding
 from .mla import DecoupledRoPE, expand_shared_key, mla_softmax_scale
 from .mrope import MRoPE, mrope_positions
-from .trailing import rotate_trailing
+from .mrope_index import (
+    MROPE_POSITION_LAYOUTS,
+    MROPE_POSITION_MODEL_TYPES,
+    TOKEN_TYPES,
+    MRoPEPositionLayout,
+    mrope_position_ids,
+)
 from .temperature import QueryTemperature, llama4_scaling_scale, llama4_temperature_scale
+from .trailing import rotate_trailing
 from .xpos import XPos, xpos_zeta
 
 __all__ = [
+    "MROPE_POSITION_LAYOUTS",
+    "MROPE_POSITION_MODEL_TYPES",
+    "TOKEN_TYPES",
     "Axial2DRoPE",
     "DecoupledRoPE",
     "MRoPE",
+    "MRoPEPositionLayout",
     "QueryTemperature",
     "RotaryEmbedding",
     "XPos",
@@ -21,6 +32,7 @@ __all__ = [
     "llama4_scaling_scale",
     "llama4_temperature_scale",
     "mla_softmax_scale",
+    "mrope_position_ids",
     "mrope_positions",
     "rotate_trailing",
     "xpos_zeta",
