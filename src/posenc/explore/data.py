@@ -91,6 +91,26 @@ def _short(scaling: dict[str, Any] | None) -> str:
     return "{" + ", ".join(items) + "}"
 
 
+def _arrays(
+    matrix: torch.Tensor,
+    embedded: torch.Tensor,
+    rotation: np.ndarray,
+    pairs: list[int],
+    wavelengths: np.ndarray,
+) -> dict[str, Any]:
+    """A frame's arrays: the shown ``matrix`` rows, the similarity row of the ``embedded``
+    positions ``[P, d]``, the ``rotation [3, 2, P]`` of the shown ``pairs``, and every pair's
+    wavelength."""
+    return {
+        "matrix": matrix.numpy(),
+        "similarity": _relative_row(embedded),
+        "rotation": rotation.astype(np.float32),
+        "rotation_pairs": pairs,
+        "rotation_names": _names(pairs, wavelengths),
+        "wavelengths": wavelengths.astype(np.float32),
+    }
+
+
 def sinusoidal_frame(dim: int, num_positions: int, stride: int) -> dict[str, Any]:
     """One sinusoidal frame (module docstring): ``sinusoidal_table`` and its frequencies."""
     positions = torch.arange(num_positions)
@@ -104,12 +124,7 @@ def sinusoidal_frame(dim: int, num_positions: int, stride: int) -> dict[str, Any
         ]
     )  # [3, 2, P]
     return {
-        "matrix": table[::stride].numpy(),
-        "similarity": _relative_row(table),
-        "rotation": rotation.astype(np.float32),
-        "rotation_pairs": pairs,
-        "rotation_names": _names(pairs, wavelengths),
-        "wavelengths": wavelengths.astype(np.float32),
+        **_arrays(table[::stride], table, rotation, pairs, wavelengths),
         "attention_factor": 1.0,
         "scaling": None,
         "eval_len": None,
@@ -141,12 +156,7 @@ def rope_frame(
     rotation = np.stack([turning[:, [i, i + n]].T.numpy() for i in pairs])  # [3, 2, P]
     wavelengths = (2 * math.pi / inv_freq.double()).numpy()  # [n]
     return {
-        "matrix": cos[::stride].numpy(),
-        "similarity": _relative_row(rotated),
-        "rotation": rotation.astype(np.float32),
-        "rotation_pairs": pairs,
-        "rotation_names": _names(pairs, wavelengths),
-        "wavelengths": wavelengths.astype(np.float32),
+        **_arrays(cos[::stride], rotated, rotation, pairs, wavelengths),
         "attention_factor": attention_factor,
         "scaling": scaling,
         "eval_len": eval_len,
@@ -173,43 +183,15 @@ def explorer_data(
     ``eval_len[str(factor)] = train_len * factor`` (the length each extension targets) and the
     positions of the matrix rows.
     """
-    check_positive_int("num_positions", num_positions)
-    check_positive_int("train_len", train_len)
-    check_positive_int("stride", stride)
-    for d in dims:
-        check_positive_int("d_model", d)
-        if d % 2 or d < 4:
-            raise ValueError(f"each d_model must be even and >= 4, got {d}")
-    for name in scalings:
-        check_choice("scaling", name, SCALINGS)
-    for f in factors:
-        if isinstance(f, bool) or not isinstance(f, int) or f < 2:
-            raise ValueError(
-                f"each factor must be an integer >= 2 (a context extension), got {f!r}"
-            )
+    _check_grid(dims, num_positions, train_len, factors, scalings, stride)
     eval_lens = {str(f): train_len * f for f in factors}
     frames: dict[str, Any] = {"sinusoidal": {}, "rope": {}}
     for d in dims:
         frames["sinusoidal"][str(d)] = {"none": {"1": sinusoidal_frame(d, num_positions, stride)}}
-        by_scaling: dict[str, Any] = {}
-        for name in scalings:
-            if name == "none":
-                by_scaling[name] = {
-                    "1": rope_frame(d, num_positions, stride, None, train_len, base)
-                }
-                continue
-            by_scaling[name] = {
-                str(f): rope_frame(
-                    d,
-                    num_positions,
-                    stride,
-                    extension_scaling(name, float(f), train_len, d // 2),
-                    train_len * f,
-                    base,
-                )
-                for f in factors
-            }
-        frames["rope"][str(d)] = by_scaling
+        frames["rope"][str(d)] = {
+            name: _rope_frames(d, num_positions, stride, name, factors, train_len, base)
+            for name in scalings
+        }
     meta = {
         "encodings": [{"id": k, "label": v} for k, v in ENCODINGS.items()],
         "dims": [int(d) for d in dims],
@@ -224,3 +206,52 @@ def explorer_data(
         "radii": list(RADII),
     }
     return {"meta": meta, "frames": frames}
+
+
+def _check_grid(
+    dims: Sequence[int],
+    num_positions: int,
+    train_len: int,
+    factors: Sequence[int],
+    scalings: Sequence[str],
+    stride: int,
+) -> None:
+    check_positive_int("num_positions", num_positions)
+    check_positive_int("train_len", train_len)
+    check_positive_int("stride", stride)
+    for d in dims:
+        check_positive_int("d_model", d)
+        if d % 2 or d < 4:
+            raise ValueError(f"each d_model must be even and >= 4, got {d}")
+    for name in scalings:
+        check_choice("scaling", name, SCALINGS)
+    for f in factors:
+        if isinstance(f, bool) or not isinstance(f, int) or f < 2:
+            raise ValueError(
+                f"each factor must be an integer >= 2 (a context extension), got {f!r}"
+            )
+
+
+def _rope_frames(
+    d: int,
+    num_positions: int,
+    stride: int,
+    name: str,
+    factors: Sequence[int],
+    train_len: int,
+    base: float,
+) -> dict[str, Any]:
+    """``{str(factor): frame}`` of one scaling (plain RoPE, ``"none"``: factor ``"1"`` only)."""
+    if name == "none":
+        return {"1": rope_frame(d, num_positions, stride, None, train_len, base)}
+    return {
+        str(f): rope_frame(
+            d,
+            num_positions,
+            stride,
+            extension_scaling(name, float(f), train_len, d // 2),
+            train_len * f,
+            base,
+        )
+        for f in factors
+    }

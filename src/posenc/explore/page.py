@@ -120,30 +120,44 @@ def view_templates(train_len: int) -> dict[str, Any]:
     import plotly.graph_objects as go
     import plotly.io as pio
 
-    def layout(title: str, x: str, y: str, **more: Any) -> dict[str, Any]:
-        return {
-            "template": "plotly_white",
-            "title": {"text": title, "x": 0.02, "font": {"size": 15}},
-            "xaxis": {"title": {"text": x}},
-            "yaxis": {"title": {"text": y}},
-            "margin": {"l": 64, "r": 24, "t": 54, "b": 54},
-            "legend": {"orientation": "h", "y": -0.18, "x": 0},
-            **more,
-        }
+    figures = {
+        "matrix": _matrix_view(go),
+        "similarity": _similarity_view(go),
+        "rotation": _rotation_view(go),
+        "wavelengths": _wavelength_view(go),
+    }
+    return {name: json.loads(pio.to_json(fig)) for name, fig in figures.items()}
 
-    matrix = go.Figure(
+
+def _layout(title: str, x: str, y: str, **more: Any) -> dict[str, Any]:
+    return {
+        "template": "plotly_white",
+        "title": {"text": title, "x": 0.02, "font": {"size": 15}},
+        "xaxis": {"title": {"text": x}},
+        "yaxis": {"title": {"text": y}},
+        "margin": {"l": 64, "r": 24, "t": 54, "b": 54},
+        "legend": {"orientation": "h", "y": -0.18, "x": 0},
+        **more,
+    }
+
+
+def _matrix_view(go: Any) -> Any:
+    return go.Figure(
         go.Heatmap(
             colorscale="RdBu", zmid=0, colorbar={"title": {"text": "value"}},
             hovertemplate="p %{y}, column %{x}: %{z:.4f}<extra></extra>",
         ),
-        layout(
+        _layout(
             "", "", "position p (every other row)",
             yaxis={"title": {"text": "position p (rows: every other position)"},
                    "autorange": "reversed"},
             margin={"l": 64, "r": 24, "t": 54, "b": 54},
         ),
     )  # fmt: skip
-    similarity = go.Figure(
+
+
+def _similarity_view(go: Any) -> Any:
+    return go.Figure(
         [
             go.Scatter(mode="lines", line={"color": COLOURS[0], "width": 2},
                        hovertemplate="n %{x}: %{y:.4g}<extra></extra>"),
@@ -152,8 +166,11 @@ def view_templates(train_len: int) -> dict[str, Any]:
                 opacity=0.8, hovertemplate="n %{x}: %{y:.4g}<extra></extra>",
             ),
         ],
-        layout("", "position n", ""),
+        _layout("", "position n", ""),
     )  # fmt: skip
+
+
+def _rotation_view(go: Any) -> Any:
     rotation_traces = []
     for colour in COLOURS:
         # Per pair: every position (faint dots), positions 0..p (dots), the hand to p.
@@ -166,35 +183,31 @@ def view_templates(train_len: int) -> dict[str, Any]:
                        marker={"size": [0, 12], "color": colour},
                        hovertemplate="(%{x:.3f}, %{y:.3f})<extra></extra>"),
         ]  # fmt: skip
-    rotation = go.Figure(
+    return go.Figure(
         rotation_traces,
-        layout(
+        _layout(
             "", "first channel of the pair", "second channel",
             yaxis={"title": {"text": "second channel"}, "scaleanchor": "x", "range": [-1.3, 1.3]},
             xaxis={"title": {"text": "first channel of the pair"}, "range": [-1.3, 1.3],
                    "constrain": "domain"},
         ),
     )  # fmt: skip
-    wavelengths = go.Figure(
+
+
+def _wavelength_view(go: Any) -> Any:
+    return go.Figure(
         [
             go.Scatter(mode="lines+markers", line={"color": COLOURS[0], "width": 2},
                        marker={"size": 5}, hovertemplate="pair %{x}: %{y:.4g}<extra></extra>"),
             go.Scatter(mode="lines", name="plain RoPE", line={"color": "#9a9a9a", "width": 1.5},
                        hovertemplate="pair %{x}: %{y:.4g}<extra></extra>"),
         ],
-        layout(
+        _layout(
             "Wavelength 2π/θᵢ of each pair, in positions", "pair i", "wavelength (positions)",
             yaxis={"title": {"text": "wavelength (positions, log scale)"}, "type": "log",
                    "dtick": 1},
         ),
     )  # fmt: skip
-    figures = {
-        "matrix": matrix,
-        "similarity": similarity,
-        "rotation": rotation,
-        "wavelengths": wavelengths,
-    }
-    return {name: json.loads(pio.to_json(fig)) for name, fig in figures.items()}
 
 
 def initial_state(meta: dict[str, Any]) -> dict[str, Any]:
