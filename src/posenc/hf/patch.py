@@ -59,37 +59,33 @@ COHERE = Rotation(interleaved=True, table_layout="repeat")
 DEEPSEEK_INTERLEAVE = Rotation(interleaved=True, deinterleave=True)
 
 _STANDARD = {"apply_rotary_pos_emb": HALF}
+_Entry = tuple[str, dict[str, Rotation]]
+
+
+# Architectures that rotate half pairs with apply_rotary_pos_emb in the modeling module named by
+# their model type (the last two: text decoders of vision-language models, whose M-RoPE is in the
+# rotary module).
+_STANDARD_TYPES = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3",
+    "granite", "olmo2", "olmo3", "stablelm", "smollm3", "qwen2_vl", "qwen2_5_vl",
+)  # fmt: skip
+
+
 #: model_type -> (transformers modeling module, {rotation function name: how it rotates}).
-SUPPORTED: dict[str, tuple[str, dict[str, Rotation]]] = {
-    "llama": ("llama", _STANDARD),
-    "mistral": ("mistral", _STANDARD),
-    "mixtral": ("mixtral", _STANDARD),
-    "qwen2": ("qwen2", _STANDARD),
-    "qwen2_moe": ("qwen2_moe", _STANDARD),
-    "qwen3": ("qwen3", _STANDARD),
-    "qwen3_moe": ("qwen3_moe", _STANDARD),
-    "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
-    "gemma2": ("gemma2", _STANDARD),
-    "gemma3": ("gemma3", _STANDARD),
+SUPPORTED: dict[str, _Entry] = {
+    **{t: (t, _STANDARD) for t in _STANDARD_TYPES},
     "gemma3_text": ("gemma3", _STANDARD),
-    "granite": ("granite", _STANDARD),
-    "olmo2": ("olmo2", _STANDARD),
-    "olmo3": ("olmo3", _STANDARD),
+    "qwen2_vl_text": ("qwen2_vl", _STANDARD),
+    "qwen2_5_vl_text": ("qwen2_5_vl", _STANDARD),
+    "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
+    "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "cohere": ("cohere", {"apply_rotary_pos_emb": COHERE}),
     "cohere2": ("cohere2", {"apply_rotary_pos_emb": COHERE}),
-    "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),
-    "stablelm": ("stablelm", _STANDARD),
     "glm": ("glm", {"apply_rotary_pos_emb": GLM}),
     "deepseek_v3": (
         "deepseek_v3",
         {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
     ),
-    "smollm3": ("smollm3", _STANDARD),
-    # Text decoders of the vision-language models (their M-RoPE is in the rotary module).
-    "qwen2_vl": ("qwen2_vl", _STANDARD),
-    "qwen2_vl_text": ("qwen2_vl", _STANDARD),
-    "qwen2_5_vl": ("qwen2_5_vl", _STANDARD),
-    "qwen2_5_vl_text": ("qwen2_5_vl", _STANDARD),
 }
 
 

@@ -18,6 +18,23 @@ from .constants import SEQ_LAYOUTS
 from .reference import RopeArgs
 
 
+def check_kernel_tensor(
+    name: str, t: torch.Tensor, kernel: str, device: torch.device | str, dtypes: tuple
+) -> None:
+    """A kernel launcher's check of one of its ``[b, h, s, d]`` inputs or outputs: on ``device``
+    (a device, or a device type such as ``"cpu"``), 4-D, one of ``dtypes``, a unit stride on d."""
+    if (t.device.type if isinstance(device, str) else t.device) != device:
+        raise ValueError(f"{name} must be on {device} for the {kernel}, got {t.device}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be 4-D [b, h, s, d], got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        *most, last = (str(d).removeprefix("torch.") for d in dtypes)
+        names = f"{', '.join(most)} or {last}" if most else last  # "float32 or bfloat16"
+        raise TypeError(f"{name} must be {names} for the {kernel}, got {t.dtype}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a unit stride on head_dim, got strides {t.stride()}")
+
+
 def unit_last(t: torch.Tensor) -> torch.Tensor:
     """``t`` with a unit stride on its last dim (the kernels' one layout requirement)."""
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .canonical import check_kernel_tensor
 from .constants import CPU_KERNEL_DTYPES
 from .reference import RopeArgs
 
@@ -159,17 +160,6 @@ def cpu_kernel_status() -> str:
     return _status
 
 
-def _check_tensor(name: str, t: torch.Tensor) -> None:
-    if t.device.type != "cpu":
-        raise ValueError(f"{name} must be on the CPU for the CPU kernel, got {t.device}")
-    if t.dim() != 4:
-        raise ValueError(f"{name} must be 4-D [b, h, s, d], got shape {tuple(t.shape)}")
-    if t.dtype not in CPU_KERNEL_DTYPES:
-        raise TypeError(f"{name} must be float32 or bfloat16 for the CPU kernel, got {t.dtype}")
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name} must have a unit stride on head_dim, got strides {t.stride()}")
-
-
 def rope_cpu(
     x: torch.Tensor,
     out: torch.Tensor,
@@ -190,8 +180,8 @@ def rope_cpu(
     if status:
         raise RuntimeError(f"the CPU rotary kernel is unavailable: {status}")
     assert _lib is not None
-    _check_tensor("x", x)
-    _check_tensor("out", out)
+    for name, t in (("x", x), ("out", out)):
+        check_kernel_tensor(name, t, "CPU kernel", "cpu", CPU_KERNEL_DTYPES)
     if out.shape != x.shape or out.dtype != x.dtype:
         raise ValueError(f"out must match x, got {tuple(out.shape)} {out.dtype} for {x.dtype}")
     b, _, s, d = x.shape

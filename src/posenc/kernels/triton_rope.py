@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .canonical import check_kernel_tensor
 from .constants import TRITON_DTYPES
 from .reference import RopeArgs
 
@@ -131,6 +132,53 @@ def _load_table(
 
 
 @triton.jit
+def _rotate_side(
+    X,
+    OUT,
+    COS,
+    SIN,
+    POS,
+    b,
+    rows,
+    seq,
+    head0,
+    n_heads,
+    heads_per_program,
+    stride_xb,
+    stride_xh,
+    stride_xs,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_cb,
+    stride_cs,
+    stride_sb,
+    stride_ss,
+    stride_pb,
+    head_dim,
+    HALF: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    CONJ: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    COPY_TAIL: tl.constexpr,
+):
+    """One program's share of q or of k: the table rows of ``rows`` (those below ``seq``), then
+    heads ``head0 ..`` rotated with them."""
+    row_mask = rows < seq
+    cos, sin = _load_table(
+        COS, SIN, POS, b, rows, row_mask, stride_cb, stride_cs, stride_sb, stride_ss, stride_pb,
+        HALF, BLOCK_R, HAS_POS, CONJ,
+    )  # fmt: skip
+    _rotate_heads(
+        X, OUT, cos, sin, b, rows, row_mask, head0, n_heads, heads_per_program,
+        stride_xb, stride_xh, stride_xs, stride_ob, stride_oh, stride_os, head_dim,
+        HALF, BLOCK_R, BLOCK_T, INTERLEAVED, COPY_TAIL,
+    )  # fmt: skip
+
+
+@triton.jit
 def _rope_qk_kernel(
     Q,
     K,
@@ -186,40 +234,19 @@ def _rope_qk_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S).to(tl.int64)
     group = tl.program_id(2)
     if group < q_groups:
-        q_mask = rows < seq_q
-        cos, sin = _load_table(
-            COS_Q, SIN_Q, POS_Q, b, rows, q_mask,
-            stride_cqb, stride_cqs, stride_sqb, stride_sqs, stride_pqb,
-            HALF, BLOCK_R, HAS_POS_Q, CONJ,
-        )  # fmt: skip
-        _rotate_heads(
-            Q, QO, cos, sin, b, rows, q_mask, group * heads_per_program, n_heads_q,
-            heads_per_program, stride_qb, stride_qh, stride_qs, stride_qob, stride_qoh,
-            stride_qos, head_dim, HALF, BLOCK_R, BLOCK_T, INTERLEAVED, COPY_TAIL,
+        _rotate_side(
+            Q, QO, COS_Q, SIN_Q, POS_Q, b, rows, seq_q, group * heads_per_program, n_heads_q,
+            heads_per_program, stride_qb, stride_qh, stride_qs, stride_qob, stride_qoh, stride_qos,
+            stride_cqb, stride_cqs, stride_sqb, stride_sqs, stride_pqb, head_dim,
+            HALF, BLOCK_R, BLOCK_T, INTERLEAVED, CONJ, HAS_POS_Q, COPY_TAIL,
         )  # fmt: skip
     else:
-        k_mask = rows < seq_k
-        cos, sin = _load_table(
-            COS_K, SIN_K, POS_K, b, rows, k_mask,
-            stride_ckb, stride_cks, stride_skb, stride_sks, stride_pkb,
-            HALF, BLOCK_R, HAS_POS_K, CONJ,
+        _rotate_side(
+            K, KO, COS_K, SIN_K, POS_K, b, rows, seq_k, (group - q_groups) * heads_per_program,
+            n_heads_k, heads_per_program, stride_kb, stride_kh, stride_ks, stride_kob, stride_koh,
+            stride_kos, stride_ckb, stride_cks, stride_skb, stride_sks, stride_pkb, head_dim,
+            HALF, BLOCK_R, BLOCK_T, INTERLEAVED, CONJ, HAS_POS_K, COPY_TAIL,
         )  # fmt: skip
-        _rotate_heads(
-            K, KO, cos, sin, b, rows, k_mask, (group - q_groups) * heads_per_program, n_heads_k,
-            heads_per_program, stride_kb, stride_kh, stride_ks, stride_kob, stride_koh,
-            stride_kos, head_dim, HALF, BLOCK_R, BLOCK_T, INTERLEAVED, COPY_TAIL,
-        )  # fmt: skip
-
-
-def _check(name: str, t: torch.Tensor, device: torch.device) -> None:
-    if t.device != device:
-        raise ValueError(f"{name} must be on {device} like q, got {t.device}")
-    if t.dim() != 4:
-        raise ValueError(f"{name} must be 4-D [b, h, s, d], got shape {tuple(t.shape)}")
-    if t.dtype not in TRITON_DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name} must have a unit stride on head_dim, got strides {t.stride()}")
 
 
 def _check_table(name: str, t: torch.Tensor, b: int, half: int, device: torch.device) -> None:
@@ -261,7 +288,7 @@ def _check_args(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor) -> None:
     q, k, cos_q, sin_q, cos_k, sin_k, positions_q, positions_k, rotary_dim, _ = a
     device = q.device
     for name, x in (("q", q), ("k", k), ("q_out", q_out), ("k_out", k_out)):
-        _check(name, x, device)
+        check_kernel_tensor(name, x, "Triton kernel", device, TRITON_DTYPES)
     if q_out.shape != q.shape or k_out.shape != k.shape:
         raise ValueError("q_out and k_out must have the shapes of q and k")
     if len({q.dtype, k.dtype, q_out.dtype, k_out.dtype}) != 1:
