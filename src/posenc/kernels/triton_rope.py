@@ -33,105 +33,6 @@ MIN_PROGRAMS_TO_GROUP_HEADS = 4096
 
 
 @triton.jit
-def _rotate_heads(
-    X,
-    OUT,
-    cos,
-    sin,
-    b,
-    rows,
-    row_mask,
-    head0,
-    n_heads,
-    heads_per_program,
-    stride_xb,
-    stride_xh,
-    stride_xs,
-    stride_ob,
-    stride_oh,
-    stride_os,
-    head_dim,
-    HALF: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    COPY_TAIL: tl.constexpr,
-):
-    """Rotate rows ``rows`` of heads ``head0 .. head0 + heads_per_program - 1`` (those below
-    ``n_heads``) of one tensor with the loaded ``cos``, ``sin`` tiles ``[BLOCK_S, BLOCK_R]``."""
-    cols = tl.arange(0, BLOCK_R)
-    col_mask = (cols < HALF)[None, :]
-    if INTERLEAVED:
-        # pairs (x[2i], x[2i + 1])
-        c1 = 2 * cols
-        c2 = 2 * cols + 1
-    else:
-        # pairs (x[i], x[i + r/2])
-        c1 = cols
-        c2 = cols + HALF
-    tcols = 2 * HALF + tl.arange(0, BLOCK_T)
-    tcol_mask = (tcols < head_dim)[None, :]
-    # Pointers advance by one head per step (pointer arithmetic is 64-bit; a head index times
-    # its stride in int32 could overflow on long sequences).
-    xp = X + b * stride_xb + head0.to(tl.int64) * stride_xh + rows[:, None] * stride_xs
-    op = OUT + b * stride_ob + head0.to(tl.int64) * stride_oh + rows[:, None] * stride_os
-    for i in range(heads_per_program):
-        # [BLOCK_S, 1]; the head test is broadcast to a vector first (the interpreter rejects
-        # a mask combined from a vector and a scalar)
-        live = (row_mask & ((tl.zeros_like(rows) + head0 + i) < n_heads))[:, None]
-        mask = live & col_mask
-        x1 = tl.load(xp + c1[None, :], mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(xp + c2[None, :], mask=mask, other=0.0).to(tl.float32)
-        o1 = x1 * cos - x2 * sin
-        o2 = x2 * cos + x1 * sin
-        tl.store(op + c1[None, :], o1.to(OUT.dtype.element_ty), mask=mask)
-        tl.store(op + c2[None, :], o2.to(OUT.dtype.element_ty), mask=mask)
-        if COPY_TAIL:
-            # partial rotary, out of place: dims r..d-1 are copied through unchanged
-            tmask = live & tcol_mask
-            tail = tl.load(xp + tcols[None, :], mask=tmask, other=0.0)
-            tl.store(op + tcols[None, :], tail, mask=tmask)
-        xp += stride_xh
-        op += stride_oh
-
-
-@triton.jit
-def _load_table(
-    COS,
-    SIN,
-    POS,
-    b,
-    rows,
-    row_mask,
-    stride_cb,
-    stride_cs,
-    stride_sb,
-    stride_ss,
-    stride_pb,
-    HALF: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    HAS_POS: tl.constexpr,
-    CONJ: tl.constexpr,
-):
-    """cos and sin ``[BLOCK_S, BLOCK_R]`` (float32) of the given rows; sin negated for CONJ."""
-    cols = tl.arange(0, BLOCK_R)
-    mask = row_mask[:, None] & (cols < HALF)[None, :]
-    if HAS_POS:
-        table_rows = tl.load(POS + b * stride_pb + rows, mask=row_mask, other=0).to(tl.int64)
-    else:
-        table_rows = rows
-    cos = tl.load(
-        COS + b * stride_cb + table_rows[:, None] * stride_cs + cols[None, :], mask=mask, other=0.0
-    ).to(tl.float32)
-    sin = tl.load(
-        SIN + b * stride_sb + table_rows[:, None] * stride_ss + cols[None, :], mask=mask, other=0.0
-    ).to(tl.float32)
-    if CONJ:
-        sin = -sin
-    return cos, sin
-
-
-@triton.jit
 def _rotate_side(
     X,
     OUT,
@@ -164,18 +65,61 @@ def _rotate_side(
     HAS_POS: tl.constexpr,
     COPY_TAIL: tl.constexpr,
 ):
-    """One program's share of q or of k: the table rows of ``rows`` (those below ``seq``), then
-    heads ``head0 ..`` rotated with them."""
+    """One program's share of q or of k: rows ``rows`` (those below ``seq``) of heads ``head0 ..
+    head0 + heads_per_program - 1`` (those below ``n_heads``), rotated with the cos/sin rows of
+    those positions, loaded once as ``[BLOCK_S, BLOCK_R]`` float32 tiles (sin negated for CONJ)."""
     row_mask = rows < seq
-    cos, sin = _load_table(
-        COS, SIN, POS, b, rows, row_mask, stride_cb, stride_cs, stride_sb, stride_ss, stride_pb,
-        HALF, BLOCK_R, HAS_POS, CONJ,
-    )  # fmt: skip
-    _rotate_heads(
-        X, OUT, cos, sin, b, rows, row_mask, head0, n_heads, heads_per_program,
-        stride_xb, stride_xh, stride_xs, stride_ob, stride_oh, stride_os, head_dim,
-        HALF, BLOCK_R, BLOCK_T, INTERLEAVED, COPY_TAIL,
-    )  # fmt: skip
+    cols = tl.arange(0, BLOCK_R)
+    col_mask = (cols < HALF)[None, :]
+    if HAS_POS:
+        table_rows = tl.load(POS + b * stride_pb + rows, mask=row_mask, other=0).to(tl.int64)
+    else:
+        table_rows = rows
+    table_mask = row_mask[:, None] & col_mask
+    cos = tl.load(
+        COS + b * stride_cb + table_rows[:, None] * stride_cs + cols[None, :],
+        mask=table_mask,
+        other=0.0,
+    ).to(tl.float32)
+    sin = tl.load(
+        SIN + b * stride_sb + table_rows[:, None] * stride_ss + cols[None, :],
+        mask=table_mask,
+        other=0.0,
+    ).to(tl.float32)
+    if CONJ:
+        sin = -sin
+    if INTERLEAVED:
+        # pairs (x[2i], x[2i + 1])
+        c1 = 2 * cols
+        c2 = 2 * cols + 1
+    else:
+        # pairs (x[i], x[i + r/2])
+        c1 = cols
+        c2 = cols + HALF
+    tcols = 2 * HALF + tl.arange(0, BLOCK_T)
+    tcol_mask = (tcols < head_dim)[None, :]
+    # Pointers advance by one head per step (pointer arithmetic is 64-bit; a head index times
+    # its stride in int32 could overflow on long sequences).
+    xp = X + b * stride_xb + head0.to(tl.int64) * stride_xh + rows[:, None] * stride_xs
+    op = OUT + b * stride_ob + head0.to(tl.int64) * stride_oh + rows[:, None] * stride_os
+    for i in range(heads_per_program):
+        # [BLOCK_S, 1]; the head test is broadcast to a vector first (the interpreter rejects
+        # a mask combined from a vector and a scalar)
+        live = (row_mask & ((tl.zeros_like(rows) + head0 + i) < n_heads))[:, None]
+        mask = live & col_mask
+        x1 = tl.load(xp + c1[None, :], mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(xp + c2[None, :], mask=mask, other=0.0).to(tl.float32)
+        o1 = x1 * cos - x2 * sin
+        o2 = x2 * cos + x1 * sin
+        tl.store(op + c1[None, :], o1.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(op + c2[None, :], o2.to(OUT.dtype.element_ty), mask=mask)
+        if COPY_TAIL:
+            # partial rotary, out of place: dims r..d-1 are copied through unchanged
+            tmask = live & tcol_mask
+            tail = tl.load(xp + tcols[None, :], mask=tmask, other=0.0)
+            tl.store(op + tcols[None, :], tail, mask=tmask)
+        xp += stride_xh
+        op += stride_oh
 
 
 @triton.jit
