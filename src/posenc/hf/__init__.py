@@ -10,6 +10,8 @@
 * :mod:`.rotary`: transformers-shaped pieces: :class:`HFRotaryEmbedding`
   (``forward(x, position_ids) -> (cos, sin)``), :func:`apply_rotary_pos_emb` and
   :func:`apply_rotary_emb` (fused, on transformers' cos/sin).
+* :mod:`.labels`: rope sets named by label (DeepSeek-V4's ``main``/``compress``, the DSA
+  indexers' ``indexer``); :mod:`.fope`: :func:`fope_from_hf` (Intern-S1-Pro's FoPE).
 * :mod:`.load`: :func:`resolve_config` (a dict, config object, ``config.json`` path, model folder
   or cached model id; never the network).
 """
@@ -28,6 +30,8 @@ from .config import (
     hf_rope_kwargs,
     rope_from_hf,
 )
+from .fope import fope_from_hf
+from .labels import LABELLED_ROPES, LAYER_TYPE_LABELS
 from .load import resolve_config
 from .patch import PosencPatch, apply_posenc, remove_posenc, supported_model_types
 from .plan import LayerPositions, PositionPlan, position_plan
@@ -39,6 +43,8 @@ __all__ = [
     "HF_ROPE_TYPES",
     "INTERLEAVED_MODEL_TYPES",
     "INTERLEAVED_MROPE_MODEL_TYPES",
+    "LABELLED_ROPES",
+    "LAYER_TYPE_LABELS",
     "LLAMA4_MODEL_TYPES",
     "LLAMA4_SCALING_MODEL_TYPES",
     "MROPE_MODEL_TYPES",
@@ -53,6 +59,7 @@ __all__ = [
     "apply_rotary_emb",
     "apply_rotary_pos_emb",
     "attention_temperature_from_hf",
+    "fope_from_hf",
     "hf_rope_kwargs",
     "position_plan",
     "remove_posenc",

@@ -70,6 +70,11 @@ LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
 # Architectures whose rotation posenc cannot express.
 UNSUPPORTED_MODEL_TYPES = {
     "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
+    **dict.fromkeys(
+        ("interns1_pro", "interns1_pro_text"),
+        "its FoPE mixes learned coefficients into cos/sin: build posenc.rotary.FoPE with "
+        "posenc.hf.fope_from_hf(config) and load the checkpoint's rotary_emb.cos_coef/sin_coef",
+    ),
 }
 
 

@@ -86,22 +86,30 @@ def _write(fig: Figure, out: Path) -> None:
     typer.echo(caption(fig))
 
 
+def _draw(kind: str, out: Path, **options: Any) -> None:
+    """``posenc plot <kind>``: check ``--out``, build the figure, write it and its caption."""
+    out = _check_out(out)
+    _write(_make(kind, **options), out)
+
+
+def _list_option(default: str, help_text: str) -> Any:
+    """An option holding comma-separated names (read with :func:`_names`)."""
+    return typer.Option(default, help=f"comma-separated {help_text}")
+
+
 @plot_app.command("table")
 def table(
     out: Path = _out("table.png"),
-    encodings: str = typer.Option(
-        "sinusoidal,rope", help="comma-separated: sinusoidal, rope (one panel each)"
+    encodings: str = _list_option(
+        "sinusoidal,rope", "encodings: sinusoidal, rope (one panel each)"
     ),
     positions: int = typer.Option(128, min=1, help="number of positions (rows)"),
     dim: int = typer.Option(64, min=2, help="encoding / head dimension (columns), even"),
     base: float = typer.Option(10000.0, help="frequency base"),
 ) -> None:
     """The encoding matrix (positions x dimensions): sinusoidal table and RoPE's cos table."""
-    out = _check_out(out)
-    _write(
-        _make("table", encodings=_names(encodings), num_positions=positions, dim=dim, base=base),
-        out,
-    )
+    names = _names(encodings)
+    _draw("table", out, encodings=names, num_positions=positions, dim=dim, base=base)
 
 
 @plot_app.command("similarity")
@@ -113,11 +121,9 @@ def similarity(
     start: int = typer.Option(100, min=0, help="the position p compared with p + k"),
 ) -> None:
     """PE(p)·PE(p+k) against k (sinusoidal) and RoPE's long-term decay bound (RoFormer §3.4.3)."""
-    out = _check_out(out)
-    fig = _make(
-        "similarity", dim=dim, max_offset=max_offset, bases=_floats(bases, "--bases"), start=start
-    )
-    _write(fig, out)
+    out = _check_out(out)  # --out is checked first, then --bases
+    floats = _floats(bases, "--bases")
+    _draw("similarity", out, dim=dim, max_offset=max_offset, bases=floats, start=start)
 
 
 @plot_app.command("wavelengths")
@@ -127,45 +133,29 @@ def wavelengths(
     base: float = typer.Option(10000.0, help="RoPE base (rope_theta)"),
     train_len: int = typer.Option(4096, min=1, help="training length L"),
     factor: float = typer.Option(4.0, help="context-extension factor (> 1)"),
-    methods: str = typer.Option(
-        "none,linear,ntk,dynamic,yarn,llama3,longrope", help="comma-separated scaling methods"
-    ),
+    methods: str = _list_option("none,linear,ntk,dynamic,yarn,llama3,longrope", "scaling methods"),
 ) -> None:
     """Per-pair RoPE wavelengths and how each scaling method changes them."""
-    out = _check_out(out)
-    fig = _make(
-        "wavelengths",
-        head_dim=head_dim,
-        base=base,
-        train_len=train_len,
-        factor=factor,
+    _draw(
+        "wavelengths", out, head_dim=head_dim, base=base, train_len=train_len, factor=factor,
         methods=_names(methods),
-    )
-    _write(fig, out)
+    )  # fmt: skip
 
 
 @plot_app.command("bias")
 def bias(
     out: Path = _out("bias.png"),
-    kinds: str = typer.Option(
-        "", help="comma-separated bias encodings (default: alibi, t5, kerple, fire, sandwich)"
-    ),
+    kinds: str = _list_option("", "bias encodings (default: every registered bias)"),
     heads: int = typer.Option(4, min=1, help="number of heads (columns)"),
     length: int = typer.Option(64, min=1, help="number of positions"),
     bidirectional: bool = typer.Option(False, help="encoder form: no causal mask"),
     seed: int = typer.Option(0, help="seed of the learned tables' initialization"),
 ) -> None:
     """Per-head bias maps B(h, i, j) of ALiBi, T5 buckets, KERPLE, FIRE and Sandwich."""
-    out = _check_out(out)
-    fig = _make(
-        "bias",
-        kinds=_names(kinds) or None,
-        num_heads=heads,
-        length=length,
-        causal=not bidirectional,
-        seed=seed,
-    )
-    _write(fig, out)
+    _draw(
+        "bias", out, kinds=_names(kinds) or None, num_heads=heads, length=length,
+        causal=not bidirectional, seed=seed,
+    )  # fmt: skip
 
 
 @plot_app.command("attention")
@@ -188,19 +178,11 @@ def attention(
     seed: int = typer.Option(0, help="seed of the tiny model"),
 ) -> None:
     """Attention maps at the training length and at 4x it (checkpoint or tiny model)."""
-    out = _check_out(out)
-    fig = _make(
-        "attention",
-        checkpoint=str(checkpoint) if checkpoint is not None else None,
-        encoding=encoding,
-        train_len=train_len,
-        factor=factor,
-        steps=steps,
-        layer=layer,
-        seed=seed,
+    _draw(
+        "attention", out, checkpoint=None if checkpoint is None else str(checkpoint),
+        encoding=encoding, train_len=train_len, factor=factor, steps=steps, layer=layer, seed=seed,
         progress=checkpoint is None,
-    )
-    _write(fig, out)
+    )  # fmt: skip
 
 
 @plot_app.command("lab")
@@ -212,8 +194,7 @@ def lab(
     group: str | None = typer.Option(None, help="result group (default: that of the newest row)"),
 ) -> None:
     """The lab's extrapolation plots: loss vs eval length, loss by position."""
-    out = _check_out(out)
-    _write(_make("lab", results=str(results), group=group), out)
+    _draw("lab", out, results=str(results), group=group)
 
 
 def _lab_results_option() -> Any:
@@ -233,7 +214,7 @@ def _lab_question_command(kind: str, help_text: str) -> None:
         results: Path = _lab_results_option(),
         group: str | None = _group_option(),
     ) -> None:
-        _write(_make(kind, results=str(results), group=group), _check_out(out))
+        _draw(kind, out, results=str(results), group=group)
 
     command.__doc__ = help_text
     plot_app.command(kind)(command)

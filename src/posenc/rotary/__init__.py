@@ -2,6 +2,7 @@
 
 from .axial import Axial2DRoPE, axial_inv_freq, grid_coords
 from .embedding import RotaryEmbedding
+from .fope import FoPE, apply_fope, fope_inv_freq
 from .mla import DecoupledRoPE, expand_shared_key, mla_softmax_scale
 from .mrope import MRoPE, mrope_positions
 from .mrope_index import (
@@ -21,13 +22,16 @@ __all__ = [
     "TOKEN_TYPES",
     "Axial2DRoPE",
     "DecoupledRoPE",
+    "FoPE",
     "MRoPE",
     "MRoPEPositionLayout",
     "QueryTemperature",
     "RotaryEmbedding",
     "XPos",
+    "apply_fope",
     "axial_inv_freq",
     "expand_shared_key",
+    "fope_inv_freq",
     "grid_coords",
     "llama4_scaling_scale",
     "llama4_temperature_scale",
