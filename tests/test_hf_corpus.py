@@ -40,7 +40,10 @@ from posenc.hf import ROPE_INTERLEAVE_MODEL_TYPES, hf_rope_kwargs, rope_from_hf 
 
 CORPUS = Path(__file__).parent / "data" / "hf_configs"
 METADATA = ("_source", "_via", "_notes")
-NAMES = sorted(p.stem for p in CORPUS.glob("*.json"))
+# pending/: published files that other tests' harnesses do not handle yet (kept out of their globs)
+NAMES = sorted(p.stem for p in CORPUS.glob("*.json")) + sorted(
+    f"pending/{p.stem}" for p in CORPUS.glob("pending/*.json")
+)
 TOL = 1e-6  # float32, cos/sin (times the attention factor) and rotated q, k
 
 
@@ -271,9 +274,9 @@ def test_corpus_matches_transformers(name: str) -> None:
 # posenc's own reader (use_transformers=False) disagrees with transformers on these published
 # files today; strict, so a fix shows at once.
 FALLBACK_WRONG = {
-    "kimi-k2.5": "layout: half without transformers, interleaved (DeepSeek-style) with it",
-    "mimo-v2-flash": "a per-layer-type base: 5e6 without transformers where transformers has 1e4",
-    "minimax-m2.5": "the arguments differ from transformers' reading",
+    "pending/kimi-k2.5": "layout: half without transformers, interleaved (DeepSeek-style) with it",
+    "pending/mimo-v2-flash": "a per-layer-type base: 5e6 without transformers where transformers has 1e4",
+    "pending/minimax-m2.5": "the arguments differ from transformers' reading",
 }
 
 

@@ -37,7 +37,9 @@ CORPUS = Path(__file__).parent / "data" / "hf_configs"
 SOURCES = {
     e["name"]: e for e in map(json.loads, (CORPUS / "SOURCES.jsonl").read_text().splitlines())
 }
-FILES = sorted(p.name for p in CORPUS.glob("*.json"))
+FILES = sorted(p.name for p in CORPUS.glob("*.json")) + sorted(
+    f"pending/{p.name}" for p in CORPUS.glob("pending/*.json")
+)
 REFUSED = sorted(f"refused/{p.name}" for p in (CORPUS / "refused").glob("*.json"))
 METADATA = ("_source", "_via", "_notes")
 
@@ -56,22 +58,22 @@ GENERATION = {  # generation settings: transformers 5 keeps them in GenerationCo
 }  # fmt: skip
 DROPPED: dict[tuple[str, str], str] = {
     **{
-        ("kimi-k2.5.json", f"text_config.{k}"): "a generation setting (GenerationConfig's)"
+        ("pending/kimi-k2.5.json", f"text_config.{k}"): "a generation setting (GenerationConfig's)"
         for k in GENERATION
     },
     ("lfm2.5-vl-1.6b.json", "text_config.block_ff_dim"): (
         "LFM2 training-side width; Lfm2Config reads intermediate_size (same 12288)"
     ),
-    ("gemma-4-26b-a4b.json", "text_config.global_head_dim"): (
+    ("pending/gemma-4-26b-a4b.json", "text_config.global_head_dim"): (
         "Gemma4TextConfig (transformers 5.24) keeps no global_head_dim attribute or to_dict key"
     ),
-    ("gemma-4-26b-a4b.json", "text_config.num_global_key_value_heads"): (
+    ("pending/gemma-4-26b-a4b.json", "text_config.num_global_key_value_heads"): (
         "Gemma4TextConfig (transformers 5.24) keeps no num_global_key_value_heads"
     ),
-    ("gemma-4-31b-it-nvfp4.json", "text_config.global_head_dim"): (
+    ("pending/gemma-4-31b-it-nvfp4.json", "text_config.global_head_dim"): (
         "Gemma4TextConfig (transformers 5.24) keeps no global_head_dim attribute or to_dict key"
     ),
-    ("gemma-4-31b-it-nvfp4.json", "text_config.num_global_key_value_heads"): (
+    ("pending/gemma-4-31b-it-nvfp4.json", "text_config.num_global_key_value_heads"): (
         "Gemma4TextConfig (transformers 5.24) keeps no num_global_key_value_heads"
     ),
     ("refused/deepseek-v4-flash.json", "num_hash_layers"): "DeepseekV4Config has no such field",
