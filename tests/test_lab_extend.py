@@ -251,7 +251,8 @@ def test_extend_figure_and_report_section(extended, tmp_path):
     r = CliRunner().invoke(app, ["plot", "extend", "--results", str(extended), "--out", str(png)])
     assert r.exit_code == 0, r.output
     assert png.stat().st_size > 10_000
-    from posenc.plots.extend import draw_extend, extend_data
+    from posenc.lab.extend_report import extend_data
+    from posenc.plots.extend import draw_extend
 
     data = extend_data(extend_rows(extended))
     assert not any(m["key_curve"] for m in data["methods"])  # a byte grid: no passkey panel
@@ -332,7 +333,8 @@ def test_extend_a_passkey_grid_keeps_the_heatmap(tmp_path, monkeypatch):
     assert yarn[-1] == f"{want:.2f}"  # the mean over depths at 2L, recomputed here
 
     # The figure's third panel: key accuracy at 2L at every evaluated step (curve rows too).
-    from posenc.plots.extend import draw_extend, extend_data
+    from posenc.lab.extend_report import extend_data
+    from posenc.plots.extend import draw_extend
 
     data = extend_data(rows)
     method = next(m for m in data["methods"] if m["label"] == "rope + YaRN")

@@ -325,22 +325,23 @@ def test_attention_weights_reproduce_the_attention_output(encoding: str) -> None
         assert float(w.triu(1).abs().max()) == 0.0  # causal
         v = attn.v_proj(x).view(1, 12, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
         mixed = w @ repeat_kv(v, attn.num_heads)  # [1, h, s, d]
+        extra = torch.zeros_like(out)
         if encoding == "shaw":
-            # Shaw adds a relative *value* term sum_j w_ij r^V(i-j): the part not from v.
-            zero = torch.zeros_like(v)
-            pos = torch.arange(12)
-            q = attn.q_proj(x).view(1, 12, 4, attn.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(1, 12, 2, attn.head_dim).transpose(1, 2)
-            mixed = mixed + attn.encoding.attend(
-                q, k, zero, positions=pos, k_positions=pos, mask=torch.ones(12, 12).tril().bool(),
-                scale=attn.scale, dropout_p=0.0, attention=attn,
-            )  # fmt: skip
-        rebuilt = attn.o_proj(mixed.transpose(1, 2).reshape(1, 12, -1))
+            # Shaw adds a relative *value* term sum_j w_ij r^V(i-j), the part not from v: with
+            # v_proj zeroed the layer returns o_proj of that term alone (o_proj is affine).
+            saved = [p.detach().clone() for p in attn.v_proj.parameters()]
+            with torch.no_grad():
+                for p in attn.v_proj.parameters():
+                    p.zero_()
+                extra = attn(x) - attn.o_proj(torch.zeros_like(x))
+                for p, old in zip(attn.v_proj.parameters(), saved, strict=True):
+                    p.copy_(old)
+        rebuilt = attn.o_proj(mixed.transpose(1, 2).reshape(1, 12, -1)) + extra
         torch.testing.assert_close(rebuilt, out, rtol=1e-9, atol=1e-12)
 
 
 def test_tiny_model_learns_the_lag_and_maps_have_the_right_shapes() -> None:
-    from posenc.plots.attention import TINY_LAG, attention_data
+    from posenc.lab.probe import TINY_LAG, attention_data
 
     data = attention_data(encoding="rope", train_len=24, factor=2, steps=120, seed=0)
     train, long = data["maps"]["train"], data["maps"]["long"]
@@ -353,7 +354,7 @@ def test_tiny_model_learns_the_lag_and_maps_have_the_right_shapes() -> None:
 
 
 def test_attention_rejects_bad_layer_and_short_tokens() -> None:
-    from posenc.plots.attention import attention_data
+    from posenc.lab.probe import attention_data
 
     with pytest.raises(ValueError, match="layer must be in"):
         attention_data(encoding="none", train_len=8, steps=1, layer=5)
@@ -392,6 +393,7 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_lab_data_means_match_the_store(lab_run: Path) -> None:
     import json
 
+    from posenc.lab.results import load_rows
     from posenc.plots.lab import lab_data
 
     raw = [
@@ -399,7 +401,7 @@ def test_lab_data_means_match_the_store(lab_run: Path) -> None:
         for line in (lab_run / "results.jsonl").read_text().splitlines()
         if line.strip()
     ]
-    data = lab_data(lab_run)
+    data = lab_data(load_rows(lab_run))
     assert list(data["lengths"]) == [16, 32] and data["train_len"] == 16
     lines = {(x["encoding"], x["variant"]): x for x in data["lines"]}
     assert set(lines) == {("rope", "base"), ("rope", "linear"), ("alibi", "base")}
@@ -416,14 +418,17 @@ def test_lab_data_means_match_the_store(lab_run: Path) -> None:
 
 
 def test_lab_data_without_results_says_how_to_get_them(tmp_path: Path) -> None:
+    from posenc.lab.results import load_rows
     from posenc.plots.lab import lab_data
 
-    with pytest.raises(FileNotFoundError, match="run `posenc lab` first"):
-        lab_data(tmp_path)
+    with pytest.raises(ValueError, match="run `posenc lab` first"):
+        lab_data(load_rows(tmp_path))
+    with pytest.raises(TypeError, match="load_rows"):  # a renderer: it reads no store
+        lab_data(tmp_path)  # type: ignore[arg-type]
 
 
 def test_attention_from_a_lab_checkpoint(lab_run: Path) -> None:
-    from posenc.plots.attention import attention_data, load_checkpoint_model
+    from posenc.lab.probe import attention_data, load_checkpoint_model
 
     ckpt = next((lab_run / "ckpt").glob("rope-s0-*/final.pt"))
     model, info = load_checkpoint_model(ckpt.parent)  # a cell folder works too
@@ -665,8 +670,8 @@ def test_lab_report_and_plot_lab_draw_the_same_figure(lab_run: Path, tmp_path: P
 def test_tiny_model_trains_through_the_lab_loop_with_a_progress_bar(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from posenc.lab import progress as progress_module
-    from posenc.lab import train as lab_train
+    from posenc.lab import probe as lab_train
+    from posenc.lab import probe as progress_module
 
     calls: list[dict] = []
     steps_seen: list[int] = []

@@ -29,11 +29,6 @@ from .attention import Attention, KVCache
 from .deferred import reset_submodules
 from .rotary.temperature import QueryTemperature
 
-# Options added after the lab's first results: to_dict leaves them out at their defaults, so the
-# identities (and hashes) of configurations that do not use them are unchanged.
-_NEW_DEFAULT_NONE = ("nope_every", "temperature")
-
-
 def nope_layers(num_layers: int, nope_every: int | None) -> tuple[int, ...]:
     """The 0-based layers without position encoding: ``i`` with ``(i + 1) % nope_every == 0``.
 
@@ -84,11 +79,8 @@ class ModelConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for name in _NEW_DEFAULT_NONE:
-            if d[name] is None:
-                del d[name]
-        return d
+        """Every field, as plain data (``ModelConfig(**cfg.to_dict())`` round-trips)."""
+        return asdict(self)
 
 
 class TemperedAttention(Attention):

@@ -1,14 +1,21 @@
 """The lab: train short, test long. Every registered encoding trained on real text at length L
 and measured at L, 2L, 4L, 8L, with inference-time RoPE rescaling, on one CPU or many GPUs.
 
-Modules, by concern: :mod:`~posenc.lab.presets` (configuration), :mod:`~posenc.lab.data` and
-:mod:`~posenc.lab.tasks` (tokens), :mod:`~posenc.lab.train`, :mod:`~posenc.lab.evaluate`,
-:mod:`~posenc.lab.experiment` (the grid), :mod:`~posenc.lab.store` (results),
-:mod:`~posenc.lab.lock` (one run per output folder), :mod:`~posenc.lab.progress` (progress bars),
-:mod:`~posenc.lab.report` (table, CSV, the figure), :mod:`~posenc.lab.stats` (intervals over
-seeds), :mod:`~posenc.lab.extend` and :mod:`~posenc.lab.extend_report` (``posenc lab extend``:
-extension by fine-tuning), :mod:`~posenc.lab.passkey` (the byte-level passkey prompt),
-:mod:`~posenc.lab.cli` (``posenc lab``).
+Modules, by concern: configuration: :mod:`~posenc.lab.config` (the dataclasses),
+:mod:`~posenc.lab.presets` (the named presets), :mod:`~posenc.lab.labels` (the one label
+parser), :mod:`~posenc.lab.options` (the lab options of a label), :mod:`~posenc.lab.cell` (a cell
+resolved once), :mod:`~posenc.lab.identity` (the versioned identities that key results),
+:mod:`~posenc.lab.flags` (the CLI's flag table); tokens: :mod:`~posenc.lab.batches`,
+:mod:`~posenc.lab.data`, :mod:`~posenc.lab.tasks`; running: :mod:`~posenc.lab.dist`,
+:mod:`~posenc.lab.checkpoint`, :mod:`~posenc.lab.train`, :mod:`~posenc.lab.evaluate`,
+:mod:`~posenc.lab.run` (what a run holds: lock, distributed state, stop signal, progress, log,
+store), :mod:`~posenc.lab.experiment` (the grid), :mod:`~posenc.lab.extend` (``posenc lab
+extend``: extension by fine-tuning), :mod:`~posenc.lab.lock`, :mod:`~posenc.lab.progress`;
+results: :mod:`~posenc.lab.rows` (the rows as dataclasses), :mod:`~posenc.lab.store`,
+:mod:`~posenc.lab.results` (the one reader), :mod:`~posenc.lab.report` and
+:mod:`~posenc.lab.extend_report` (tables, CSV, figures), :mod:`~posenc.lab.stats` (intervals over
+seeds); :mod:`~posenc.lab.passkey` (the byte-level passkey prompt), :mod:`~posenc.lab.probe` (the
+attention probe's model), :mod:`~posenc.lab.cli` (``posenc lab``).
 
 Names below are imported on first use, so ``import posenc.lab`` stays cheap.
 """
@@ -41,10 +48,15 @@ _EXPORTS = {
     "ResultStore": "store",
     "write_report": "report",
     "print_table": "report",
-    "load_rows": "report",
+    "load_rows": "results",
+    "Cell": "cell",
+    "resolve_cell": "cell",
+    "parse_label": "labels",
+    "GridRow": "rows",
+    "ExtendRow": "rows",
     "ExtendConfig": "extend",
     "run_extend": "extend",
-    "extend_rows": "extend_report",
+    "extend_rows": "results",
     "mean_ci": "stats",
 }
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
 
 from . import DEFAULT_RUN_TIME
+from .flags import DEVICE, LAB_FLAGS, OUT, PLOTS, QUIET, RESTART, RESUME, Flag, csv_list, with_flags
+from .flags import Overrides as Overrides
+from .flags import build_config as build_config
 
 lab_app = typer.Typer(
     help=(
@@ -32,276 +34,23 @@ lab_app = typer.Typer(
 )
 
 
-def _csv(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
 def _fail(msg: str, code: int = 2) -> None:
     from ..cli_errors import fail
 
     fail(msg, code)
 
 
-@dataclass(frozen=True)
-class Overrides:
-    """What ``posenc lab``'s options change in a preset, by name; None keeps the preset's value.
-
-    ``encodings``, ``eval_lens`` and ``rope_scalings`` are comma-separated (``rope_scalings``
-    ``"none"``: no rescaling); ``text``, ``dataset`` and ``task`` pick the data (at most one);
-    ``seeds`` seeds from ``seed`` on (None: the preset's number of seeds).
-    """
-
-    encodings: str | None = None
-    train_len: int | None = None
-    eval_lens: str | None = None
-    seeds: int | None = None
-    seed: int = 0
-    steps: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    dim: int | None = None
-    layers: int | None = None
-    heads: int | None = None
-    eval_tokens: int | None = None
-    sliding: int | None = None
-    rope_scalings: str | None = None
-    text: str | None = None
-    dataset: str | None = None
-    task: str | None = None
-    include_tests: bool | None = None
-    ckpt_every: int | None = None
-    compile_model: bool | None = None
-
-
-def _given(**values: Any) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if v is not None}
-
-
-def build_config(preset: str, over: Overrides | None = None) -> Any:
-    """The preset named ``preset`` (a :class:`~posenc.lab.presets.LabConfig`) with ``over``'s
-    fields replaced."""
-    from .presets import preset as get_preset
-
-    over = over or Overrides()
-    cfg = get_preset(preset)
-    seeds = over.seeds if over.seeds is not None else len(cfg.seeds)
-    if seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    train = replace(cfg.train, **_given(steps=over.steps, batch_size=over.batch_size, lr=over.lr))
-    if train.warmup_steps >= train.steps:
-        train = replace(train, warmup_steps=max(1, train.steps // 10))
-    return replace(
-        cfg,
-        encodings=tuple(map(_label, _csv(over.encodings) or cfg.encodings)),
-        seeds=tuple(range(over.seed, over.seed + seeds)),
-        model=_model_shape(cfg.model, over),
-        train=train,
-        data=_data_config(cfg.data, over),
-        eval=_eval_config(cfg.eval, over),
-        **_given(train_len=over.train_len, ckpt_every=over.ckpt_every, compile=over.compile_model),
-    )
-
-
-def _label(label: str) -> str:
-    """``"ALiBi:eps=1"`` -> ``"alibi:eps=1"``: registry names are case-insensitive, while a label
-    keys the preset's options, the results and the checkpoints, so one spelling is kept."""
-    name, sep, rest = label.partition(":")
-    return name.strip().lower() + sep + rest
-
-
-def _model_shape(model: Any, over: Overrides) -> Any:
-    sizes = {"dim": over.dim, "num_layers": over.layers, "num_heads": over.heads}
-    return replace(model, **_given(**sizes))
-
-
-def _data_config(data: Any, over: Overrides) -> Any:
-    sources = [s for s, v in (("text", over.text), ("hf", over.dataset), ("task", over.task)) if v]
-    if len(sources) > 1:
-        raise ValueError("pass at most one of --text, --dataset, --task")
-    if sources:
-        data = replace(
-            data, source=sources[0], path=over.text, dataset=over.dataset, task=over.task
-        )
-    return replace(data, **_given(include_tests=over.include_tests))
-
-
-def _eval_config(ev: Any, over: Overrides) -> Any:
-    lens = _csv(over.eval_lens)
-    if lens is not None:
-        ev = replace(ev, lengths=tuple(int(v) if v.isdigit() else v for v in lens))
-    ev = replace(ev, **_given(tokens=over.eval_tokens, stride=over.sliding))
-    scal = _csv(over.rope_scalings)
-    if scal is not None:
-        ev = replace(ev, rope_scalings=() if scal == ["none"] else tuple(scal))
-    return ev
-
-
-def _preset_default(get: Callable[[Any], Any], none: str = "none") -> str:
-    """Each preset's value of an option, for ``--help``: ``"cpu-small 500, cpu 2000, ..."``, or
-    the one value when every preset has it; ``none`` says what None means."""
-    from .presets import PRESETS
-
-    def show(v: Any) -> str:
-        if v is None:
-            return none
-        if isinstance(v, bool):
-            return "on" if v else "off"
-        if isinstance(v, tuple):
-            return ",".join(map(str, v)) or "none"
-        return str(v)
-
-    values = {name: show(get(cfg)) for name, cfg in PRESETS.items()}
-    if len(set(values.values())) == 1:
-        return next(iter(values.values()))
-    return ", ".join(f"{name} {v}" for name, v in values.items())
-
-
-def _opt(
-    default: Any,
-    *names: str,
-    get: Callable[[Any], Any] | None = None,
-    none: str = "none",
-    **kw: Any,
-) -> Any:
-    """A typer option; ``get`` reads its preset's value, shown as the default in ``--help``."""
-    if get is not None:
-        kw["show_default"] = _preset_default(get, none)
-    return typer.Option(default, *names, **kw)
-
-
-_ENCODINGS = _opt(
-    "default",
-    "--encodings",
-    "-e",
-    help="Comma-separated names from `posenc list` (name:key=value sets an option), "
-    "'default' (the standard set that is registered), 'length' (training-time length "
-    "methods, CoPE, Llama-4 NoPE layers and temperature) or 'all'.",
-)
-_PRESET = _opt("cpu-small", "--preset", "-p", help="cpu-small, cpu, gpu or gpu-small.")
-_TRAIN_LEN = _opt(
-    None, "--train-len", "-L", min=2, help="Train length L.", get=lambda c: c.train_len
-)
-_EVAL_LENS = _opt(
-    None,
-    "--eval-lens",
-    help="Comma-separated eval lengths: tokens (256) or multiples (4x).",
-    get=lambda c: c.eval.lengths,
-)
-_SEEDS = _opt(
-    None,
-    "--seeds",
-    min=1,
-    help="Number of seeds per encoding (the report gives mean and 95% interval).",
-    get=lambda c: len(c.seeds),
-)
-_SEED = _opt(0, "--seed", help="First seed.")
-_STEPS = _opt(None, "--steps", min=1, help="Training steps.", get=lambda c: c.train.steps)
-_BATCH = _opt(
-    None,
-    "--batch-size",
-    min=1,
-    help="Global batch (sequences).",
-    get=lambda c: c.train.batch_size,
-)
-_LR = _opt(None, "--lr", help="Peak learning rate (> 0).", get=lambda c: c.train.lr)
-_DIM = _opt(None, "--dim", min=1, help="Model width.", get=lambda c: c.model.dim)
-_LAYERS = _opt(None, "--layers", min=1, help="Number of blocks.", get=lambda c: c.model.num_layers)
-_HEADS = _opt(None, "--heads", min=1, help="Attention heads.", get=lambda c: c.model.num_heads)
-_EVAL_TOKENS = _opt(
-    None, "--eval-tokens", min=1, help="Test tokens per length.", get=lambda c: c.eval.tokens
-)
-_SLIDING = _opt(
-    None,
-    "--sliding",
-    min=1,
-    help="Sliding-window evaluation with this stride (none: non-overlapping windows).",
-    get=lambda c: c.eval.stride,
-)
-_ROPE_SCALINGS = _opt(
-    None,
-    "--rope-scalings",
-    help="RoPE rescalings to sweep (linear,ntk,dynamic,yarn or none).",
-    get=lambda c: c.eval.rope_scalings,
-)
-_TEXT = _opt(None, "--text", help="Your corpus: a file, folder or glob.")
-_DATASET = _opt(None, "--dataset", help="A Hugging Face dataset NAME[:CONFIG] in the local cache.")
-_TASK = _opt(
-    None,
-    "--task",
-    help="A synthetic task: copy, reverse, associative-recall, passkey (retrieval heatmaps).",
-)
-_INCLUDE_TESTS = _opt(
-    None,
-    "--include-tests/--no-include-tests",
-    help="Read the stdlib's test suites too.",
-    get=lambda c: c.data.include_tests,
-)
-_OUT = _opt(Path("runs/lab"), "--out", "-o", help="Output folder.")
-_RESUME = _opt(False, "--resume", help="Continue interrupted cells.")
-_RESTART = _opt(False, "--restart", help="Discard interrupted cells' progress.")
-_THREADS = _opt(
-    None,
-    "--threads",
-    min=1,
-    help="torch CPU threads.",
-    get=lambda c: c.threads,
-    none="every core",
-)
-_DEVICE = _opt("auto", "--device", help="auto, cpu or cuda.")
-_CKPT_EVERY = _opt(
-    None, "--ckpt-every", min=1, help="Checkpoint interval.", get=lambda c: c.ckpt_every
-)
-_COMPILE = _opt(
-    None,
-    "--compile/--no-compile",
-    help="Train through torch.compile, on CUDA only. Not part of any hash.",
-    get=lambda c: c.compile,
-)
-_QUIET = _opt(False, "--quiet", "-q", help="No progress bar or log.")
-_PLOTS = _opt(True, "--plots/--no-plots", help="Write PNG plots.")
-
-
-@lab_app.callback(invoke_without_command=True)
-def lab(
-    ctx: typer.Context,
-    encodings: str = _ENCODINGS,
-    preset: str = _PRESET,
-    train_len: int | None = _TRAIN_LEN,
-    eval_lens: str | None = _EVAL_LENS,
-    seeds: int | None = _SEEDS,
-    seed: int = _SEED,
-    steps: int | None = _STEPS,
-    batch_size: int | None = _BATCH,
-    lr: float | None = _LR,
-    dim: int | None = _DIM,
-    layers: int | None = _LAYERS,
-    heads: int | None = _HEADS,
-    eval_tokens: int | None = _EVAL_TOKENS,
-    sliding: int | None = _SLIDING,
-    rope_scalings: str | None = _ROPE_SCALINGS,
-    text: str | None = _TEXT,
-    dataset: str | None = _DATASET,
-    task: str | None = _TASK,
-    include_tests: bool | None = _INCLUDE_TESTS,
-    out: Path = _OUT,
-    resume: bool = _RESUME,
-    restart: bool = _RESTART,
-    threads: int | None = _THREADS,
-    device: str = _DEVICE,
-    ckpt_every: int | None = _CKPT_EVERY,
-    compile_model: bool | None = _COMPILE,
-    quiet: bool = _QUIET,
-    plots: bool = _PLOTS,
-) -> None:
+def _lab(ctx: typer.Context, **options: Any) -> None:
     """Run the grid: every encoding x seed, skipping finished cells, then print the table.
 
     An option left out takes the preset's value (shown as its default). Bad values, unknown
     encodings or options and a device that is not there are refused before anything trains.
     """
-    if ctx.invoked_subcommand is None:  # every option above, passed on by name
-        _run_lab(**{k: v for k, v in locals().items() if k != "ctx"})
+    if ctx.invoked_subcommand is None:
+        _run_lab(**options)
+
+
+lab = lab_app.callback(invoke_without_command=True)(with_flags(_lab, LAB_FLAGS, context=True))
 
 
 def _run_lab(
@@ -360,20 +109,18 @@ def _report_run(out: Path, summary: Any, *, quiet: bool, plots: bool) -> None:
 def preflight(cfg: Any, device: str = "auto") -> None:
     """Refuse a grid before any data is read or cell trained: ValueError naming what is wrong
     (a number out of range, a model shape, an encoding or option that does not build at this
-    shape, a device that is not there)."""
+    shape, a device that is not there). Each label is resolved into its cell (on bytes) and the
+    cell's encoding built as the model would."""
     from .. import registry
     from .._checks import check_positive_int
-    from .experiment import check_config, resolve_encodings
-    from .presets import model_config
-    from .train import resolve_device
+    from .cell import resolve_cell, resolve_labels
+    from .dist import resolve_device
+    from .experiment import check_config
 
     check_config(cfg)
     shape = cfg.model
-    for name, value in (
-        ("dim", shape.dim),
-        ("layers", shape.num_layers),
-        ("heads", shape.num_heads),
-    ):
+    for name, value in (("dim", shape.dim), ("layers", shape.num_layers),
+                        ("heads", shape.num_heads)):  # fmt: skip
         check_positive_int(f"--{name}", value)
     if shape.dim % shape.num_heads:
         raise ValueError(f"--dim ({shape.dim}) must be divisible by --heads ({shape.num_heads})")
@@ -381,19 +128,15 @@ def preflight(cfg: Any, device: str = "auto") -> None:
         resolve_device(device)
     except RuntimeError as e:
         raise ValueError(f"--device {device}: {e}") from None
-    for label in resolve_encodings(cfg.encodings):
-        m = model_config(cfg, label, vocab_size=256)
+    for label in resolve_labels(cfg.encodings):
+        m = resolve_cell(cfg, label, cfg.seeds[0], 256, "preflight").model
         try:
-            registry.build(
-                m.encoding,
-                dim=m.dim,
-                num_heads=m.num_heads,
-                max_len=m.max_len,
-                causal=m.causal,
-                **m.encoding_kwargs,
-            )
+            registry.build(m.encoding, dim=m.dim, num_heads=m.num_heads, max_len=m.max_len,
+                           causal=m.causal, **m.encoding_kwargs)  # fmt: skip
         except (TypeError, ValueError) as e:
-            raise ValueError(f"encoding {label!r} cannot be built at this shape: {e}") from None
+            raise ValueError(
+                f"encoding {label.text!r} cannot be built at this shape: {e}"
+            ) from None
 
 
 def _in_process_group() -> bool:
@@ -537,70 +280,61 @@ def _report_extend(out: Path, group: str | None, plots: bool, readme: Path | Non
         _fail(str(e))
 
 
-_X_METHODS = _opt(
-    None,
-    "--methods",
-    help="RoPE methods: none (unscaled), linear (PI), ntk, yarn, longrope, dynamic.",
-    show_default="all six",
-)
-_X_ENCODINGS = _opt(
-    None,
-    "--encodings",
-    "-e",
-    help="Grid encodings to extend (rotary ones with every method, the others unchanged).",
-    show_default="rope,alibi,t5,kerple,fire,sandwich",
-)
-_X_REFERENCE = _opt(
-    None,
-    "--reference",
-    help="Encodings trained from scratch at the target length (the bar); 'none' for none.",
-    show_default="rope",
-)
+#: ``posenc lab extend``: flag -> field (its :class:`~posenc.lab.extend.ExtendConfig`'s where a
+#: ``path`` is given), in ``--help`` order.
+EXTEND_FLAGS: tuple[Flag, ...] = (
+    OUT,
+    Flag("group", ("--group", "-g"), str | None, "The grid (hash prefix).",
+         show_default="the newest"),
+    Flag("target", ("--target",), float, "Fine-tune length as a multiple of L.", 4.0,
+         path="target"),
+    Flag("steps", ("--steps",), int | None, "Fine-tune steps.", min=1, path="steps",
+         show_default="2% of the grid's steps"),
+    Flag("lr", ("--lr",), float | None, "Constant fine-tune learning rate.", path="lr",
+         show_default="the grid's final"),
+    Flag("methods", ("--methods",), str | None,
+         "RoPE methods: none (unscaled), linear (PI), ntk, yarn, longrope, dynamic.",
+         path="methods", convert=lambda v: tuple(csv_list(v) or ()), show_default="all six"),
+    Flag("encodings", ("--encodings", "-e"), str | None,
+         "Grid encodings to extend (rotary ones with every method, the others unchanged).",
+         path="encodings", convert=lambda v: tuple(csv_list(v) or ()),
+         show_default="rope,alibi,t5,kerple,fire,sandwich"),
+    Flag("reference", ("--reference",), str | None,
+         "Encodings trained from scratch at the target length (the bar); 'none' for none.",
+         path="reference", show_default="rope",
+         convert=lambda v: () if v.strip().lower() == "none" else tuple(csv_list(v) or ())),
+    Flag("curve", ("--curve",), str | None,
+         "Fine-tune steps evaluated at the target length (e.g. 1,2,5).", path="curve",
+         convert=lambda v: tuple(_int_list("--curve", v)),
+         show_default="1,2,5,10,... below --steps"),
+    RESUME,
+    RESTART,
+    Flag("threads", ("--threads",), int | None, "torch CPU threads.", min=1, grid=False,
+         show_default="the grid's"),
+    DEVICE,
+    QUIET,
+    PLOTS,
+)  # fmt: skip
 
 
-@lab_app.command("extend")
-def extend(
-    out: Path = _OUT,
-    group: str | None = _opt(None, "--group", "-g", help="The grid (hash prefix).",
-                             show_default="the newest"),
-    target: float = _opt(4.0, "--target", help="Fine-tune length as a multiple of L."),
-    steps: int | None = _opt(None, "--steps", min=1, help="Fine-tune steps.",
-                             show_default="2% of the grid's steps"),
-    lr: float | None = _opt(None, "--lr", help="Constant fine-tune learning rate.",
-                            show_default="the grid's final"),
-    methods: str | None = _X_METHODS,
-    encodings: str | None = _X_ENCODINGS,
-    reference: str | None = _X_REFERENCE,
-    curve: str | None = _opt(None, "--curve", help="Fine-tune steps evaluated at the target "
-                             "length (e.g. 1,2,5).", show_default="1,2,5,10,... below --steps"),
-    resume: bool = _RESUME,
-    restart: bool = _RESTART,
-    threads: int | None = _opt(None, "--threads", min=1, help="torch CPU threads.",
-                               show_default="the grid's"),
-    device: str = _DEVICE,
-    quiet: bool = _QUIET,
-    plots: bool = _PLOTS,
-) -> None:  # fmt: skip
+def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, threads: int | None,
+            device: str, quiet: bool, plots: bool, **given: Any) -> None:  # fmt: skip
     """Fine-tune the grid's finished cells at a longer length with each RoPE method (and the
     bias encodings unchanged): zero-shot vs fine-tuned, and the steps to come within 0.02 bits
     of a model trained at that length from scratch. Resumable; rows go to the grid's store."""
-    from .experiment import RunOptions
     from .extend import ExtendConfig, run_extend
     from .extend_report import extend_rows, print_extend_table, write_extend_report
+    from .run import RunOptions
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
     with _refusals():
-        given: dict[str, Any] = {}
-        for name, value in (("methods", methods), ("encodings", encodings)):
-            if value is not None:
-                given[name] = tuple(_csv(value) or ())
-        if reference is not None:
-            none = reference.strip().lower() == "none"
-            given["reference"] = () if none else tuple(_csv(reference) or ())
-        if curve is not None:
-            given["curve"] = tuple(_int_list("--curve", curve))
-        cfg = ExtendConfig(target=target, steps=steps, lr=lr, **given)
+        fields: dict[str, Any] = {}
+        for flag in EXTEND_FLAGS:
+            value = given.get(flag.field)
+            if flag.path is not None and value is not None:
+                fields[flag.path] = flag.convert(value) if flag.convert else value
+        cfg = ExtendConfig(**fields)
         opts = RunOptions(
             out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
         )
@@ -611,6 +345,9 @@ def extend(
         written = write_extend_report(out, rows, plots=plots)
         if not quiet:
             print("wrote " + ", ".join(str(p) for p in written.values()))
+
+
+extend = lab_app.command("extend")(with_flags(_extend, EXTEND_FLAGS, context=False))
 
 
 @contextmanager
@@ -631,7 +368,7 @@ def _refusals() -> Iterator[None]:
 
 def _int_list(option: str, value: str) -> list[int]:
     try:
-        return [int(v) for v in _csv(value) or ()]
+        return [int(v) for v in csv_list(value) or ()]
     except ValueError:
         raise ValueError(f"{option} takes comma-separated integers, got {value!r}") from None
 

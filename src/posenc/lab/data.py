@@ -30,10 +30,14 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .presets import DataConfig
+from .batches import IGNORE, SPLITS, shard, step_generator
+from .config import DataConfig
 
-IGNORE = -100  #: target value of an unscored position (``F.cross_entropy``'s ignore_index)
-SPLITS = ("train", "valid", "test")
+__all__ = [
+    "IGNORE", "SPLITS", "ByteCorpus", "DataUnavailable", "LabData", "load_data", "shard",
+    "split_files", "step_generator",
+]  # fmt: skip
+
 FILE_SEPARATOR = b"\x00"
 _CACHE_FORMAT = 1
 # Directories never read from the standard library: installed packages, bytecode, and (unless
@@ -79,24 +83,6 @@ class DataUnavailable(RuntimeError, ValueError):
 
     A ValueError too, so the CLI reports it in one line like any other bad option; still a
     RuntimeError for callers that caught that before."""
-
-
-def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
-    """A generator seeded by ``(seed, step, salt)``: batches are pure functions of the step.
-
-    Mixing through a hash (not ``seed + step``) keeps seed 0 step 1 from equalling seed 1 step 0.
-    """
-    digest = hashlib.sha256(f"{seed}:{step}:{salt}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
-
-
-def shard(batch_size: int, rank: int, world: int) -> slice:
-    """Rows of a global batch that ``rank`` of ``world`` takes (every ``world``-th row)."""
-    if batch_size % world:
-        raise ValueError(
-            f"batch_size ({batch_size}) must be divisible by the number of processes ({world})"
-        )
-    return slice(rank, batch_size, world)
 
 
 # --- byte corpora --------------------------------------------------------------------------

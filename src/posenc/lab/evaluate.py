@@ -86,41 +86,14 @@ def score(
     """
     dist = dist or Dist()
     model.eval()
-    device = dist.device
-    # float64 accumulators: sums of ~1e5 losses in float32 would lose the last digits.
-    total = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, correct
-    pos_sum = torch.zeros(seq_len, dtype=torch.float64, device=device)
-    pos_cnt = torch.zeros(seq_len, dtype=torch.float64, device=device)
     depths = getattr(data, "eval_depths", None)
-    # per depth: correct answer tokens, answer tokens, keys right in every digit, sequences
-    by_depth = torch.zeros(4, len(depths or ()), dtype=torch.float64, device=device)
+    tally = _Tally.zeros(seq_len, len(depths or ()), dist.device)
     rows = max(1, cfg.batch_tokens // seq_len)
-    windows = data.eval_windows(seq_len, cfg.tokens, cfg.stride)
-    for x, y in _batches(windows, rows, dist):
-        x, y = x.to(device), y.to(device)
-        autocast = device.type == "cuda"
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=autocast):
-            logits = model(x)  # [b, s, vocab]
-        logits = logits.float()
-        losses = F.cross_entropy(
-            logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="none"
-        ).view_as(y)  # [b, s]
-        mask = y != IGNORE
-        total[0] += losses.double().sum()
-        total[1] += mask.sum()
-        right = (logits.argmax(-1) == y) & mask  # [b, s]
-        total[2] += right.sum()
-        pos_sum += losses.double().sum(0)
-        pos_cnt += mask.sum(0)
-        if depths is not None:
-            at = data.depth_index(x)  # type: ignore[attr-defined]  # [b] depth of each row
-            hits, asked = right.sum(1), mask.sum(1)  # [b]
-            per_row = torch.stack([hits, asked, hits == asked, torch.ones_like(hits)])  # [4, b]
-            by_depth.index_add_(1, at, per_row.double())
-    dist.sum_(by_depth)
-    dist.sum_(total)
-    dist.sum_(pos_sum)
-    dist.sum_(pos_cnt)
+    for x, y in _batches(data.eval_windows(seq_len, cfg.tokens, cfg.stride), rows, dist):
+        tally.add(model, x.to(dist.device), y.to(dist.device), data if depths is not None else None)
+    for t in (tally.by_depth, tally.total, tally.pos_sum, tally.pos_cnt):
+        dist.sum_(t)
+    total = tally.total
     n = float(total[1])
     if n == 0:
         raise ValueError(f"no scored targets at eval length {seq_len}")
@@ -131,15 +104,57 @@ def score(
         "curve": None,
     }
     if cfg.stride is None:
-        out["curve"] = bin_curve(pos_sum.cpu(), pos_cnt.cpu(), cfg.curve_points)
+        out["curve"] = bin_curve(tally.pos_sum.cpu(), tally.pos_cnt.cpu(), cfg.curve_points)
     if depths is not None:
-        hits, asked, exact, seqs = by_depth.cpu().tolist()
+        hits, asked, exact, seqs = tally.by_depth.cpu().tolist()
         out["passkey"] = {
             "acc": [h / a if a else None for h, a in zip(hits, asked, strict=True)],
             "exact": [e / c if c else None for e, c in zip(exact, seqs, strict=True)],
             "sequences": [int(c) for c in seqs],
         }
     return out
+
+
+@dataclass
+class _Tally:
+    """What :func:`score` sums over batches, in float64 (sums of ~1e5 losses in float32 would
+    lose the last digits): ``total`` (loss sum, targets, correct), per-position loss sums and
+    target counts ``[s]``, and per passkey depth ``[4, depths]`` (correct answer tokens, answer
+    tokens, keys right in every digit, sequences)."""
+
+    total: torch.Tensor
+    pos_sum: torch.Tensor
+    pos_cnt: torch.Tensor
+    by_depth: torch.Tensor
+
+    @classmethod
+    def zeros(cls, seq_len: int, depths: int, device: torch.device) -> _Tally:
+        def z(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.float64, device=device)
+
+        return cls(z(3), z(seq_len), z(seq_len), z(4, depths))
+
+    def add(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, depth_of: Any) -> None:
+        """Score one batch ``x, y [b, s]`` (``depth_of``: passkey data, binning rows by depth)."""
+        autocast = x.device.type == "cuda"
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(x)  # [b, s, vocab]
+        logits = logits.float()
+        losses = F.cross_entropy(
+            logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="none"
+        ).view_as(y)  # [b, s]
+        mask = y != IGNORE
+        self.total[0] += losses.double().sum()
+        self.total[1] += mask.sum()
+        right = (logits.argmax(-1) == y) & mask  # [b, s]
+        self.total[2] += right.sum()
+        self.pos_sum += losses.double().sum(0)
+        self.pos_cnt += mask.sum(0)
+        if depth_of is not None:
+            at = depth_of.depth_index(x)  # [b] depth of each row
+            hits, asked = right.sum(1), mask.sum(1)  # [b]
+            per_row = torch.stack([hits, asked, hits == asked, torch.ones_like(hits)])  # [4, b]
+            self.by_depth.index_add_(1, at, per_row.double())
 
 
 def bin_curve(loss_sum: torch.Tensor, count: torch.Tensor, points: int) -> dict[str, list[Any]]:

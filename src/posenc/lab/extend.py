@@ -48,23 +48,19 @@ import torch
 
 from .. import registry
 from ..functional.rope_scaling import ROPE_SCALING, extension_scaling
-from ..model import ModelConfig
+from ..model import ModelConfig, TransformerLM
+from .checkpoint import FINAL, load_checkpoint
+from .config import DataConfig, EvalConfig, TrainConfig
 from .data import LabData, load_data
+from .dist import init_distributed
 from .evaluate import evaluate_model
-from .experiment import RunOptions, _grid_lock, _jsonable, cell_dir, versions
-from .presets import DataConfig, EvalConfig, TrainConfig, stable_hash
-from .progress import progress_bars, step_task
-from .report import load_rows
-from .store import RESULTS_FILE, ResultStore
-from .train import (
-    FINAL,
-    Dist,
-    Interrupted,
-    StopFlag,
-    init_distributed,
-    load_checkpoint,
-    train_model,
-)
+from .identity import jsonable, model_identity, stable_hash
+from .progress import step_task
+from .results import load_rows
+from .rows import EXTEND, REFERENCE, ExtendRow, ExtendRuntime, runtime_dict
+from .run import RunContext, RunOptions, cell_dir, make_log, open_run, versions
+from .store import RESULTS_FILE
+from .train import Interrupted, train_model
 
 #: The RoPE methods a rotary cell is fine-tuned with ("none": no rescaling).
 ROPE_METHODS: tuple[str, ...] = ("none", "linear", "ntk", "yarn", "longrope", "dynamic")
@@ -72,7 +68,6 @@ ROPE_METHODS: tuple[str, ...] = ("none", "linear", "ntk", "yarn", "longrope", "d
 #: Bias encodings extended by the fine-tune alone (no rescaling exists for them).
 BIAS_ENCODINGS: tuple[str, ...] = ("alibi", "t5", "kerple", "fire", "sandwich")
 
-EXTEND, REFERENCE = "extend", "extend-reference"
 EXTEND_DIR = "extend"
 
 
@@ -287,12 +282,12 @@ def jobs(bases: list[_Base], cfg: ExtendConfig) -> list[_Job]:
         methods = cfg.methods if registry.entry(base.model.encoding).family == "rotary" else ()
         for method in methods or ("none",):
             model = method_model(base, method, length)
-            ident = _jsonable(
+            ident = jsonable(
                 {
                     "kind": EXTEND,
                     "base": base.row["train_hash"],
                     "method": method,
-                    "model": model.to_dict(),
+                    "model": model_identity(model),
                     "train": asdict(tune),
                 }
             )
@@ -304,10 +299,10 @@ def jobs(bases: list[_Base], cfg: ExtendConfig) -> list[_Job]:
             continue
         model = replace(base.model, max_len=target_len(base, cfg))
         train = same_tokens(base.train, base.train_len, model.max_len)
-        ident = _jsonable(
+        ident = jsonable(
             {
                 "kind": REFERENCE,
-                "model": model.to_dict(),
+                "model": model_identity(model),
                 "train": asdict(train),
                 "data": base.row["identity"]["train"]["data"],
                 "seed": base.seed,
@@ -334,18 +329,14 @@ class _Extend:
     """What every job of one :func:`run_extend` call shares."""
 
     cfg: ExtendConfig
-    opts: RunOptions
     data: LabData
     group: str
-    dist: Dist
-    stop: StopFlag
-    progress: Any
-    log: Callable[[str], None]
+    ctx: RunContext
     summary: ExtendSummary
 
     @property
-    def store(self) -> ResultStore:
-        return ResultStore(self.opts.out / RESULTS_FILE)
+    def store(self) -> Any:
+        return self.ctx.store
 
     def eval_config(self, base: _Base) -> EvalConfig:
         """The grid's evaluation without its inference-time variants (the fine-tuned model is
@@ -373,16 +364,18 @@ class _Extend:
             return
         ev = replace(self.eval_config(job.base), lengths=tuple(lengths))
         t_eval = time.perf_counter()
-        evaluation = evaluate_model(model, self.data, job.base.train_len, lengths, ev, self.dist)
+        evaluation = evaluate_model(
+            model, self.data, job.base.train_len, lengths, ev, self.ctx.dist
+        )
         results = evaluation["variants"]["base"]["results"]
         bits = [(n, results[str(n)]["bits"]) for n in lengths]
         shown = "  ".join(f"{n}:{b:.3f}" if b is not None else f"{n}:n/a" for n, b in bits)
-        self.log(f"{job.label} (seed {job.base.seed}) step {step}: {shown}")
+        self.ctx.log(f"{job.label} (seed {job.base.seed}) step {step}: {shown}")
         row = self.row(job, step, config_hash, evaluation, time.perf_counter() - t_eval, t0)
-        if self.dist.main and self.store.append(row):
+        if self.ctx.dist.main and self.store.append(row):
             self.summary.written += 1
             self.summary.rows.append(row)
-        self.dist.barrier()
+        self.ctx.dist.barrier()
 
     def row(
         self,
@@ -393,39 +386,37 @@ class _Extend:
         eval_seconds: float,
         t0: float,
     ) -> dict[str, Any]:
-        base = job.base
-        return {
-            "schema": base.row["schema"],
-            "kind": job.kind,
-            "encoding": base.label,
-            "encoding_name": base.model.encoding,
-            "family": base.row["family"],
-            "method": job.method,
-            "label": job.label,
-            "seed": base.seed,
-            "config_hash": config_hash,
-            "job_hash": job.hash,
-            "group": self.group,
-            "base_group": base.row["group"],
-            "base_config_hash": base.row["config_hash"],
-            "preset": base.row.get("preset"),
-            "train_len": base.train_len,
-            "target_len": job.model.max_len,
-            "step": step,
-            "steps": job.train.steps,
-            "tokens_per_step": job.train.batch_size * job.model.max_len,
-            "identity": job.identity,
-            "data": base.row["data"],
-            "eval": evaluation,
-            "runtime": {
-                "eval_seconds": eval_seconds,
-                "elapsed_seconds": time.perf_counter() - t0,
-                "device": str(self.dist.device),
-                "threads": torch.get_num_threads(),
-            },
-            "versions": versions(),
-            "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
+        """The stored row of ``job`` after ``step`` steps (:class:`~posenc.lab.rows.ExtendRow`)."""
+        base, dist = job.base, self.ctx.dist
+        runtime = ExtendRuntime(eval_seconds, time.perf_counter() - t0, str(dist.device),
+                                torch.get_num_threads())  # fmt: skip
+        return ExtendRow(
+            schema=base.row["schema"],
+            kind=job.kind,
+            encoding=base.label,
+            encoding_name=base.model.encoding,
+            family=base.row["family"],
+            method=job.method,
+            label=job.label,
+            seed=base.seed,
+            config_hash=config_hash,
+            job_hash=job.hash,
+            group=self.group,
+            base_group=base.row["group"],
+            base_config_hash=base.row["config_hash"],
+            preset=base.row.get("preset"),
+            train_len=base.train_len,
+            target_len=job.model.max_len,
+            step=step,
+            steps=job.train.steps,
+            tokens_per_step=job.train.batch_size * job.model.max_len,
+            identity=job.identity,
+            data=base.row["data"],
+            eval=evaluation,
+            runtime=runtime_dict(runtime),
+            versions=versions(),
+            finished_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        ).to_dict()
 
     def run(self, job: _Job) -> None:
         """Zero-shot row, the fine-tune with its curve rows, the final row (each once)."""
@@ -440,23 +431,27 @@ class _Extend:
                                                           self.key_hash(job, c, target))]  # fmt: skip
         if done and not missing:
             self.summary.skipped += 1
-            self.log(f"skip {job.label} (seed {job.base.seed}): finished already")
+            self.ctx.log(f"skip {job.label} (seed {job.base.seed}): finished already")
             return
         if done:  # finished with another curve: train again (deterministic) for the new points
-            self.log(f"{job.label} (seed {job.base.seed}): fine-tuning again for curve {missing}")
+            self.ctx.log(
+                f"{job.label} (seed {job.base.seed}): fine-tuning again for curve {missing}"
+            )
         init = None
         if job.init:
             init = self.base_weights(job.base)
             if not self.store.has(job.base.label, job.base.seed, self.key_hash(job, 0, lengths)):
-                model = _model_with(job.model, init, self.dist.device)
+                model = _model_with(job.model, init, self.ctx.dist.device)
                 self.measure(job, 0, model, lengths, t0)
 
         def hook(step: int, model: Any) -> None:
             self.measure(job, step, model, target, t0)
 
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{job.kind}-{job.base.label}-{job.method}")
-        ckpt_dir = self.opts.out / EXTEND_DIR / f"{safe}-s{job.base.seed}-{job.hash}"
-        on_step, finish = step_task(self.progress, f"{job.label} s{job.base.seed}", job.train.steps)
+        ckpt_dir = self.ctx.opts.out / EXTEND_DIR / f"{safe}-s{job.base.seed}-{job.hash}"
+        on_step, finish = step_task(
+            self.ctx.progress, f"{job.label} s{job.base.seed}", job.train.steps
+        )
         result = train_model(
             job.model,
             job.train,
@@ -466,11 +461,11 @@ class _Extend:
             # A rerun for new curve points leaves the finished run's checkpoint alone.
             ckpt_dir=None if done else ckpt_dir,
             ckpt_every=job.train.steps if job.init else 100,
-            resume=self.opts.resume,
-            restart=self.opts.restart,
-            dist=self.dist,
+            resume=self.ctx.opts.resume,
+            restart=self.ctx.opts.restart,
+            dist=self.ctx.dist,
             progress=on_step,
-            stop=self.stop,
+            stop=self.ctx.stop,
             init=init,
             hook=hook if job.init else None,
             hook_steps=curve,
@@ -479,7 +474,7 @@ class _Extend:
         self.measure(job, job.train.steps, result.model, lengths, t0)
 
     def base_weights(self, base: _Base) -> dict[str, torch.Tensor]:
-        path = cell_dir(self.opts.out, base.label, base.seed, base.row["train_hash"]) / FINAL
+        path = cell_dir(self.ctx.opts.out, base.label, base.seed, base.row["train_hash"]) / FINAL
         if not path.exists():
             raise FileNotFoundError(
                 f"{path}: the trained weights of {base.label} (seed {base.seed}) are missing; "
@@ -490,8 +485,6 @@ class _Extend:
 
 
 def _model_with(cfg: ModelConfig, state: dict[str, torch.Tensor], device: torch.device) -> Any:
-    from ..model import TransformerLM
-
     with torch.random.fork_rng(devices=[]):  # the init draws leave the RNG as it was
         model = TransformerLM(cfg)
     model.load_state_dict(state)
@@ -545,12 +538,7 @@ def run_extend(
     dist = init_distributed(opts.device)
     if dist.enabled:
         raise ValueError("posenc lab extend runs in one process (not under torchrun)")
-    say = print_fn if print_fn is not None else (None if opts.quiet else print)
-
-    def log(msg: str) -> None:
-        if say is not None:
-            say(msg)
-
+    log = make_log(dist, opts.quiet, print_fn)
     cfg, bases = _bases(cfg, opts, group)
     todo = jobs(bases, cfg)
     trained = {j.base.label for j in todo if j.kind == REFERENCE}
@@ -564,19 +552,12 @@ def run_extend(
         f"{target_len(bases[0], cfg)} tokens, {cfg.steps} fine-tune steps (lr {cfg.lr:g}, "
         f"curve {list(cfg.curve or ())}), {len(todo)} run(s), group {ext_group}"
     )
-    with _grid_lock(opts.out, dist):
-        data = _data_of(bases[0].row)
-        stop = StopFlag()
-        restore = stop.install()
-        try:
-            with progress_bars(not opts.quiet) as progress:
-                ext = _Extend(cfg, opts, data, ext_group, dist, stop, progress, log, summary)
-                for job in todo:
-                    if stop.signum is not None:
-                        raise Interrupted(stop.signum)
-                    ext.run(job)
-        finally:
-            restore()
+    with open_run(opts, dist, log) as run:
+        ext = _Extend(cfg, _data_of(bases[0].row), ext_group, run, summary)
+        for job in todo:
+            if run.stop.signum is not None:
+                raise Interrupted(run.stop.signum)
+            ext.run(job)
     summary.wall_seconds = time.perf_counter() - t_start
     log(f"extend done in {summary.wall_seconds:.1f} s: {summary.written} row(s) written")
     return summary

@@ -14,25 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from .._markdown import markdown_table, replace_block
-from .extend import EXTEND, REFERENCE
-from .presets import stable_hash
-from .store import RESULTS_FILE, ResultStore
+from .identity import stable_hash
+from .results import extend_rows
+from .rows import EXTEND, REFERENCE
+from .store import RESULTS_FILE
+
+__all__ = [
+    "README_MARKERS", "REPORT_DIR", "ExtendLine", "describe_extend", "extend_data",
+    "extend_lines", "extend_markdown", "extend_rows", "extend_table", "print_extend_table",
+    "reference_for", "steps_to_reference", "write_extend_readme", "write_extend_report",
+]  # fmt: skip
 
 REPORT_DIR = "report"
 README_MARKERS = ("<!-- lab:extend -->", "<!-- /lab:extend -->")
-
-
-def extend_rows(out: str | Path, group: str | None = None) -> list[dict[str, Any]]:
-    """The extend rows of ``group`` (hash prefix; default: the newest extend run)."""
-    rows = [
-        r
-        for r in ResultStore(Path(out) / RESULTS_FILE).rows()
-        if r.get("kind") in (EXTEND, REFERENCE)
-    ]
-    if not rows:
-        return []
-    group = group if group is not None else rows[-1]["group"]
-    return [r for r in rows if r["group"].startswith(group)]
 
 
 def _bits(row: dict[str, Any], n: int) -> float | None:
@@ -275,6 +269,46 @@ def write_extend_readme(path: str | Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
+def extend_data(rows: list[dict[str, Any]], tolerance: float = 0.02) -> dict[str, Any]:
+    """What :func:`posenc.plots.extend.draw_extend` draws: the lines of its panels, means over
+    seeds (NaN where a length did not apply)."""
+    lines = extend_lines(rows)
+    lengths = sorted({int(n) for r in rows for n in r["eval"]["lengths"]})
+    out: dict[str, Any] = {
+        "lengths": lengths,
+        "train_len": int(rows[0]["train_len"]),
+        "target_len": lines[0].target_len if lines else None,
+        "unit": rows[0]["eval"]["unit"],
+        "tolerance": tolerance,
+        "methods": [],
+        "reference": None,
+    }
+
+    def nan(b: float | None) -> float:
+        return math.nan if b is None else b
+
+    for line in lines:
+        by_length = [nan(line.bits(line.steps, n)) for n in lengths]
+        if line.kind == REFERENCE:
+            # The newest reference (a store may keep an older configuration's too).
+            target = nan(line.bits(line.steps, line.target_len))
+            out["reference"] = {"label": line.label, "target_bits": target, "bits": by_length}
+            continue
+        curve, key_curve = line.curve(), line.key_curve()
+        out["methods"].append(
+            {
+                "label": line.label,
+                "steps": [s for s, _ in curve],
+                "curve": [b for _, b in curve],
+                "zero_shot": [nan(line.bits(0, n)) for n in lengths],
+                "tuned": by_length,
+                "key_steps": [s for s, _ in key_curve],
+                "key_curve": [a for _, a in key_curve],
+            }
+        )
+    return out
+
+
 def write_extend_report(
     out: str | Path, rows: list[dict[str, Any]], plots: bool = True
 ) -> dict[str, Path]:
@@ -287,7 +321,7 @@ def write_extend_report(
     written["extend table"].write_text(extend_markdown(rows) + "\n")
     if plots:
         from ..plots.common import require_matplotlib, save_figure
-        from ..plots.extend import draw_extend, extend_data
+        from ..plots.extend import draw_extend
 
         try:
             require_matplotlib()

@@ -17,8 +17,27 @@ from pathlib import Path
 from typing import Any
 
 from .._markdown import markdown_table, replace_block
+from .results import (
+    QUESTIONS,
+    grid_store_rows,
+    groups,
+    load_rows,
+    newest_group,
+    question_of,
+    question_of_rows,
+    question_rows,
+)
 from .stats import intervals_overlap, mean_ci
-from .store import RESULTS_FILE, ResultStore
+from .store import RESULTS_FILE
+
+__all__ = [
+    "CI_LEVEL", "QUESTIONS", "README_BLOCKS", "README_END", "README_START", "REPORT_DIR",
+    "TIE_MARK", "TableRow", "ci_legend", "describe", "fmt_bits", "grid_store_rows", "groups",
+    "lengths_of", "load_rows", "markdown_bold", "newest_group", "noise_marks",
+    "nope_throughput", "print_table", "question_of", "question_of_rows", "question_rows",
+    "readme_table", "results_markdown", "table_cells", "table_rows", "write_csv",
+    "write_readme_table", "write_report",
+]  # fmt: skip
 
 REPORT_DIR = "report"
 
@@ -37,110 +56,6 @@ class TableRow:
     tokens_per_s_fast: list[float] = field(default_factory=list)
     params: int | None = None
     train_bits: list[float] = field(default_factory=list)
-
-
-def grid_store_rows(out: str | Path) -> list[dict[str, Any]]:
-    """Every grid row of the store at ``out`` (rows without a ``kind``), in the order written."""
-    return [r for r in ResultStore(Path(out) / RESULTS_FILE).rows() if not r.get("kind")]
-
-
-#: The lab's questions, each answered by a kind of grid (its rows' data and options):
-#: extrapolation (the default grid, on text or a synthetic task), length (training-time length methods and the
-#: Llama-4 options: ``--encodings length``), passkey (``--task passkey``).
-QUESTIONS = ("extrapolation", "length", "passkey")
-
-
-def question_of(row: dict[str, Any]) -> str:
-    """Which of :data:`QUESTIONS` a grid row answers (the copy/reverse/recall tasks, like text,
-    are extrapolation)."""
-    fingerprint = str(row.get("data", {}).get("fingerprint", ""))
-    if fingerprint.startswith("task-passkey"):
-        return "passkey"
-    if row.get("lab_options") or row.get("length_method", "arange") != "arange":
-        return "length"
-    return "extrapolation"
-
-
-def question_rows(rows: list[dict[str, Any]], question: str) -> list[dict[str, Any]]:
-    """The rows of one group that answer ``question``.
-
-    A group is a grid minus its encodings, so ``posenc lab`` and ``posenc lab --encodings
-    length`` into one folder share it: ``extrapolation`` takes its plain rows (no lab option),
-    ``length`` its rows with a lab option and the plain rows of the length set
-    (:data:`~posenc.lab.presets.LENGTH_ENCODINGS`: their baselines, CoPE; nothing when no row
-    has a lab option), ``passkey`` the passkey task's."""
-    from .presets import LENGTH_ENCODINGS
-
-    if question not in QUESTIONS:
-        raise ValueError(f"unknown question {question!r}; choose one of {', '.join(QUESTIONS)}")
-    if question == "length":
-        if not any(question_of(r) == "length" for r in rows):
-            return []  # baselines alone are no length table
-        return [
-            r
-            for r in rows
-            if question_of(r) == "length"
-            or (question_of(r) == "extrapolation" and r["encoding"] in LENGTH_ENCODINGS)
-        ]
-    return [r for r in rows if question_of(r) == question]
-
-
-def question_of_rows(rows: list[dict[str, Any]]) -> str:
-    """The question a group's rows answer as a whole: ``passkey`` for the passkey task,
-    ``length`` when every row belongs to the length table (a length grid alone; its plain
-    ``rope`` is a baseline), else ``extrapolation`` (a default grid, with or without a length
-    grid in the same folder)."""
-    asked = {question_of(r) for r in rows}
-    if "passkey" in asked:
-        return "passkey"
-    if "length" in asked and len(question_rows(rows, "length")) == len(rows):
-        return "length"
-    return "extrapolation"
-
-
-def newest_group(out: str | Path, question: str) -> str | None:
-    """The group of the newest grid row of a group that answers ``question``: first among the
-    groups that answer it as a whole (:func:`question_of_rows`), else among those with any row
-    for it (:func:`question_rows`); None if there is none."""
-    if question not in QUESTIONS:
-        raise ValueError(f"unknown question {question!r}; choose one of {', '.join(QUESTIONS)}")
-    rows = grid_store_rows(out)
-    by_group: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_group.setdefault(r["group"], []).append(r)
-    for whole in (True, False):
-        for r in reversed(rows):
-            group = by_group[r["group"]]
-            if (question_of_rows(group) == question) if whole else question_rows(group, question):
-                return str(r["group"])
-    return None
-
-
-def load_rows(
-    out: str | Path, group: str | None = None, all_groups: bool = False
-) -> list[dict[str, Any]]:
-    """Grid rows of ``group`` (default: the group of the newest grid row), or every grid row.
-
-    Rows of another kind (``posenc lab extend``'s, which carry a ``kind``) are left out: they
-    have their own table (:mod:`posenc.lab.extend_report`)."""
-    rows = grid_store_rows(out)
-    if not rows or all_groups:
-        return rows
-    if group is None:
-        group = rows[-1]["group"]
-    picked = [r for r in rows if r["group"].startswith(group)]
-    if not picked:
-        groups = sorted({r["group"] for r in rows})
-        raise ValueError(f"no results in group {group!r}; groups: {', '.join(groups)}")
-    return picked
-
-
-def groups(out: str | Path) -> dict[str, int]:
-    """Group hash -> number of rows."""
-    counts: dict[str, int] = {}
-    for r in grid_store_rows(out):
-        counts[r["group"]] = counts.get(r["group"], 0) + 1
-    return counts
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[TableRow]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .data import IGNORE, SPLITS, shard, step_generator
+from .batches import IGNORE, SPLITS, shard, step_generator
 
 PAD, BOS, SEP = 0, 1, 2
 SYMBOLS = range(16, 80)  # copy/reverse alphabet: 64 symbols

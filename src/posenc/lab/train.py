@@ -11,14 +11,10 @@ and, through :func:`posenc.lab.data.step_generator`, the next batch) and the RNG
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import pickle
 import random
 import signal
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,16 +26,34 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model import ModelConfig, TransformerLM
+from .checkpoint import (
+    CKPT_FORMAT,
+    CKPT_VERSION,
+    FINAL,
+    LAST,
+    CheckpointError,
+    config_diff,
+    load_checkpoint,
+    load_checkpoint_identity,
+    load_weights,
+    payload_digest,
+    read_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from .config import TrainConfig
 from .data import IGNORE, LabData, shard
-from .presets import TrainConfig
+from .dist import Dist, init_distributed, resolve_device
 
-CKPT_FORMAT = "posenc-lab-checkpoint"
-CKPT_VERSION = 2  # 2: a SHA-256 digest of the payload is stored with it
-LAST, FINAL = "last.pt", "final.pt"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is unreadable, or belongs to another configuration."""
+__all__ = [
+    "CKPT_FORMAT", "CKPT_VERSION", "FINAL", "LAST", "CheckpointError", "Dist", "Interrupted",
+    "PositionSampler", "ProgressFn", "ResumeRequired", "StepHook", "StopFlag", "TrainResult",
+    "compile_blocks", "compiles", "config_diff", "init_distributed", "load_checkpoint",
+    "load_checkpoint_identity", "lr_at", "make_optimizer", "payload_digest", "read_checkpoint",
+    "resolve_device", "rng_state", "save_checkpoint", "seed_everything", "set_rng_state",
+    "train_model",
+]  # fmt: skip
 
 
 class ResumeRequired(RuntimeError):
@@ -53,74 +67,6 @@ class Interrupted(Exception):
         where = f"at step {step} (checkpoint written)" if step is not None else "between cells"
         super().__init__(f"stopped by signal {signum} {where}")
         self.signum, self.step = signum, step
-
-
-# --- distributed ---------------------------------------------------------------------------
-
-
-@dataclass
-class Dist:
-    """Where this process runs: ``rank`` of ``world`` processes, on ``device``."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world > 1
-
-    def barrier(self) -> None:
-        if self.enabled:
-            torch.distributed.barrier()
-
-    def sum_(self, t: torch.Tensor) -> torch.Tensor:
-        """All-reduce ``t`` in place (sum over ranks); a no-op in one process."""
-        if self.enabled:
-            torch.distributed.all_reduce(t)
-        return t
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
-        if not self.enabled:
-            return obj
-        box = [obj]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """``auto`` -> CUDA if available, else CPU; or an explicit ``cpu``/``cuda``/``cuda:N``."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but CUDA is not available")
-    return device
-
-
-def init_distributed(device: str = "auto") -> Dist:
-    """Join the process group ``torchrun`` set up (``WORLD_SIZE`` > 1), else a single process.
-
-    Backend: nccl on GPU, gloo on CPU.
-    """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Dist(device=resolve_device(device))
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    dev = resolve_device(device)
-    if dev.type == "cuda":
-        dev = torch.device("cuda", local)
-        torch.cuda.set_device(dev)
-    if not torch.distributed.is_initialized():
-        backend = "nccl" if dev.type == "cuda" else "gloo"
-        torch.distributed.init_process_group(backend=backend)
-    return Dist(rank=rank, world=world, local_rank=local, device=dev)
 
 
 # --- seeds, schedule -----------------------------------------------------------------------
@@ -192,167 +138,6 @@ def compile_blocks(model: TransformerLM) -> None:
     torch.compiler.reset()
     for block in model.blocks:
         block.compile()
-
-
-def rng_state() -> dict[str, Any]:
-    """The torch, numpy and Python RNG states as tensors and plain containers."""
-    _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
-    py_version, py_state, py_gauss = random.getstate()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "gauss": float(gauss),
-        },
-        "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
-    )
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# --- checkpoints ---------------------------------------------------------------------------
-
-
-def payload_digest(payload: Any) -> str:
-    """SHA-256 of a checkpoint payload: every tensor's dtype, shape and bytes, and every plain
-    value, walked in order (dict keys in insertion order, which ``torch.load`` keeps).
-
-    Stored with the checkpoint (key ``sha256``) and recomputed on load, so a flipped byte inside
-    a tensor, which the zip container does not check, is caught.
-    """
-    h = hashlib.sha256()
-    _digest_feed(h, payload)
-    return h.hexdigest()
-
-
-def _digest_feed(h: Any, obj: Any) -> None:
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().to("cpu").contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, any dtype
-    elif isinstance(obj, dict):
-        h.update(f"D{len(obj)};".encode())
-        for k, v in obj.items():
-            _digest_feed(h, k)
-            _digest_feed(h, v)
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"L{len(obj)};".encode())
-        for v in obj:
-            _digest_feed(h, v)
-    elif isinstance(obj, float):
-        h.update(f"F{obj.hex()};".encode())
-    elif isinstance(obj, str):
-        data = obj.encode()
-        h.update(f"S{len(data)};".encode() + data)
-    else:  # None, bool, int: repr is exact
-        h.update(f"{type(obj).__name__}:{obj!r};".encode())
-
-
-def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """``torch.save`` to a temporary file beside ``path``, fsync, then ``os.replace``: a crash
-    leaves the old checkpoint or the new one, never half of one. The payload's digest
-    (:func:`payload_digest`) is stored with it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    full = {"format": CKPT_FORMAT, "version": CKPT_VERSION, **payload}
-    full["sha256"] = payload_digest(full)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(full, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def read_checkpoint(path: str | os.PathLike[str], hint: str | None = None) -> dict[str, Any]:
-    """Load a lab checkpoint with ``weights_only=True`` and verify it: a posenc lab checkpoint,
-    of this format version, whose contents match the digest stored with it.
-
-    Raises :class:`CheckpointError` naming the file (and ``hint``, what to do) otherwise.
-    Returns the payload without its digest.
-    """
-    path = Path(path)
-    hint = (
-        f"delete {path} to train this cell from step 0, or point --out at the right folder"
-        if hint is None
-        else hint
-    )
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError) as e:
-        # torch's first sentence says what failed; the rest (e.g. advice to load with
-        # weights_only=False, which would run the file's code) is not for this reader.
-        first = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""
-        raise CheckpointError(
-            f"checkpoint {path} is unreadable or corrupt ({first or type(e).__name__}); {hint}"
-        ) from e
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
-        raise CheckpointError(f"{path} is not a posenc lab checkpoint; {hint}")
-    if ckpt.get("version") != CKPT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {path} has format version {ckpt.get('version')}, this posenc reads "
-            f"version {CKPT_VERSION}; {hint}"
-        )
-    stored = ckpt.pop("sha256", None)
-    if stored != payload_digest(ckpt):
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: its contents do not match the SHA-256 digest stored "
-            f"with it (a changed or lost byte); {hint}"
-        )
-    return ckpt
-
-
-def load_checkpoint(path: Path, identity: dict[str, Any]) -> dict[str, Any]:
-    """:func:`read_checkpoint`, then check the checkpoint belongs to ``identity``.
-
-    Raises :class:`CheckpointError` naming the file and what to do when it is unreadable, not a
-    lab checkpoint, of another version, corrupt, or of another configuration.
-    """
-    hint = f"delete {path} to train this cell from step 0, or point --out at the right folder"
-    ckpt = read_checkpoint(path, hint)
-    stored = ckpt.get("identity")
-    if stored != identity:
-        diff = ", ".join(config_diff(stored, identity)[:8]) or "unknown fields"
-        raise CheckpointError(
-            f"checkpoint {path} was written for another configuration (differs in: {diff}); {hint}"
-        )
-    return ckpt
-
-
-def load_checkpoint_identity(path: Path) -> dict[str, Any]:
-    """The configuration a checkpoint was written for (verified by :func:`read_checkpoint`)."""
-    identity = read_checkpoint(path).get("identity")
-    if not isinstance(identity, dict):
-        raise CheckpointError(f"{path} is not a posenc lab checkpoint (it has no identity)")
-    return identity
-
-
-def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """``"path: old -> new"`` for each dotted path where two nested dicts differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
-        for k in sorted(set(a) | set(b), key=str):
-            out += config_diff(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return [] if a == b else [f"{prefix[:-1] or '<root>'}: {a!r} -> {b!r}"]
 
 
 # --- training ------------------------------------------------------------------------------
@@ -466,10 +251,9 @@ def train_model(
 ) -> TrainResult:
     """Train (or resume, or reuse) one cell and return the model and its training statistics.
 
-    ``ckpt_dir/final.pt`` (the trained weights) is reused when present. ``ckpt_dir/last.pt``
-    (an interrupted run) is continued when ``resume``, discarded when ``restart``, and otherwise
-    an error: an interrupted run is never silently started over. ``ckpt_dir=None`` trains
-    without writing or reading any checkpoint (the figures' tiny models).
+    ``ckpt_dir/final.pt`` (the trained weights) is reused when present; ``ckpt_dir/last.pt`` (an
+    interrupted run) is continued when ``resume``, discarded when ``restart``, else an error.
+    ``ckpt_dir=None``: no checkpoint written or read (the figures' tiny models).
 
     ``compile_model``: train with compiled blocks (CUDA only, :func:`compiles`;
     :func:`compile_blocks`). The compile happens in the first step (its time is in that step's,
@@ -486,14 +270,11 @@ def train_model(
     """
     dist = dist or Dist()
     if ckpt_dir is not None and (ckpt_dir / FINAL).exists():
-        ckpt = load_checkpoint(ckpt_dir / FINAL, identity)
-        model = TransformerLM(model_cfg)
-        _load_weights(model, ckpt["model"], ckpt_dir / FINAL)
-        return TrainResult(model.to(dist.device), ckpt["stats"], reused=True)
+        return _reuse(model_cfg, ckpt_dir / FINAL, identity, dist)
     seed_everything(seed)
     model = TransformerLM(model_cfg)
     if init is not None:
-        _load_weights(model, init, Path("<init>"))
+        load_weights(model, init, Path("<init>"))
     model = model.to(dist.device)
     run = _Run(model, make_optimizer(model, cfg, dist.device), identity, seed)
     last_path = ckpt_dir / LAST if ckpt_dir is not None else None
@@ -504,20 +285,38 @@ def train_model(
     ckpts = _Checkpoints(last_path, ckpt_every, frozenset(hook_steps) if hook else frozenset())
     _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
     stats = _stats(cfg, model_cfg.max_len, run.losses, run.step_times, model)
-    if dist.main and ckpt_dir is not None:
-        final = {"identity": identity, "model": model.state_dict(), "stats": stats}
-        save_checkpoint(ckpt_dir / FINAL, final)
-        if last_path is not None and last_path.exists():
-            last_path.unlink()
-    dist.barrier()
+    _save_final(run, stats, ckpt_dir, dist)
     if compiled:
-        # Evaluation runs eagerly on a plain copy: the compiled blocks would recompile for each
-        # eval length, and FlexAttention picks its own compiled path there.
-        with torch.random.fork_rng(devices=[]):  # the copy's init draws leave the RNG as it was
-            eager = TransformerLM(model_cfg)
-        eager.load_state_dict(model.state_dict())
-        model = eager.to(dist.device)
+        model = _eager_copy(model, model_cfg, dist)
     return TrainResult(model, stats, resumed_from=run.resumed_from)
+
+
+def _save_final(run: _Run, stats: dict[str, Any], ckpt_dir: Path | None, dist: Dist) -> None:
+    """Rank 0 writes the trained weights (``final.pt``) and drops the interrupted run's
+    ``last.pt``; every rank waits for it."""
+    if dist.main and ckpt_dir is not None:
+        final = {"identity": run.identity, "model": run.model.state_dict(), "stats": stats}
+        save_checkpoint(ckpt_dir / FINAL, final)
+        if (ckpt_dir / LAST).exists():
+            (ckpt_dir / LAST).unlink()
+    dist.barrier()
+
+
+def _eager_copy(model: TransformerLM, model_cfg: ModelConfig, dist: Dist) -> TransformerLM:
+    """A plain copy of compiled-block weights: evaluation runs eagerly (the compiled blocks
+    would recompile for each eval length, and FlexAttention picks its own compiled path)."""
+    with torch.random.fork_rng(devices=[]):  # the copy's init draws leave the RNG as it was
+        eager = TransformerLM(model_cfg)
+    eager.load_state_dict(model.state_dict())
+    return eager.to(dist.device)
+
+
+def _reuse(model_cfg: ModelConfig, path: Path, identity: dict[str, Any], dist: Dist) -> TrainResult:
+    """The trained weights at ``path`` (``final.pt`` of this cell): nothing to train."""
+    ckpt = load_checkpoint(path, identity)
+    model = TransformerLM(model_cfg)
+    load_weights(model, ckpt["model"], path)
+    return TrainResult(model.to(dist.device), ckpt["stats"], reused=True)
 
 
 def _resume_or_restart(run: _Run, last_path: Path, resume: bool, restart: bool, dist: Dist) -> None:
@@ -533,7 +332,7 @@ def _resume_or_restart(run: _Run, last_path: Path, resume: bool, restart: bool, 
             "it, or --restart to discard it and train from step 0"
         )
     ckpt = load_checkpoint(last_path, run.identity)
-    _load_weights(run.model, ckpt["model"], last_path)
+    load_weights(run.model, ckpt["model"], last_path)
     run.opt.load_state_dict(ckpt["optimizer"])
     set_rng_state(ckpt["rng"])
     run.start = run.resumed_from = int(ckpt["step"])
@@ -632,16 +431,6 @@ def _run_hook(hook: StepHook, step: int, run: _Run, net: nn.Module, dist: Dist) 
     hook(step, run.model)
     net.train()
     dist.barrier()
-
-
-def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise CheckpointError(
-            f"checkpoint {path} does not fit this model ({str(e).splitlines()[0]}); delete it "
-            "to train this cell from step 0"
-        ) from e
 
 
 def _stats(

@@ -6,6 +6,8 @@ dashed line with the tolerance band under it: the PI paper's figure of recovery 
 Middle: loss against evaluation length, zero-shot (dashed) and fine-tuned (solid), one colour per
 method; the train and target lengths dotted. Right, on a passkey grid only: the key's accuracy at
 the target length against fine-tune steps (the retrieval side of the same recovery).
+
+A pure renderer of :func:`posenc.lab.extend_report.extend_data`'s lines.
 """
 
 from __future__ import annotations
@@ -33,48 +35,6 @@ KEY_CAPTION = (
     "(chance {chance:g} per digit); the PI and YaRN papers report retrieval recovered by a "
     "short fine-tune."
 )
-
-
-def extend_data(rows: list[dict[str, Any]], tolerance: float = 0.02) -> dict[str, Any]:
-    """Lines of the two panels, means over seeds (NaN where a length did not apply)."""
-    from ..lab.extend import REFERENCE
-    from ..lab.extend_report import extend_lines
-
-    lines = extend_lines(rows)
-    lengths = sorted({int(n) for r in rows for n in r["eval"]["lengths"]})
-    out: dict[str, Any] = {
-        "lengths": lengths,
-        "train_len": int(rows[0]["train_len"]),
-        "target_len": lines[0].target_len if lines else None,
-        "unit": rows[0]["eval"]["unit"],
-        "tolerance": tolerance,
-        "methods": [],
-        "reference": None,
-    }
-
-    def nan(b: float | None) -> float:
-        return math.nan if b is None else b
-
-    for line in lines:
-        by_length = [nan(line.bits(line.steps, n)) for n in lengths]
-        if line.kind == REFERENCE:
-            # The newest reference (a store may keep an older configuration's too).
-            target = nan(line.bits(line.steps, line.target_len))
-            out["reference"] = {"label": line.label, "target_bits": target, "bits": by_length}
-            continue
-        curve, key_curve = line.curve(), line.key_curve()
-        out["methods"].append(
-            {
-                "label": line.label,
-                "steps": [s for s, _ in curve],
-                "curve": [b for _, b in curve],
-                "zero_shot": [nan(line.bits(0, n)) for n in lengths],
-                "tuned": by_length,
-                "key_steps": [s for s, _ in key_curve],
-                "key_curve": [a for _, a in key_curve],
-            }
-        )
-    return out
 
 
 def draw_extend(data: dict[str, Any]) -> Figure:

@@ -86,7 +86,8 @@ def _attention(
     seed: int = 0,
     progress: bool = False,
 ) -> Figure:
-    from .attention import attention_data, draw_attention
+    from ..lab.probe import attention_data
+    from .attention import draw_attention
 
     data = attention_data(
         checkpoint,
@@ -146,7 +147,8 @@ def _length(results: str = "runs/lab", group: str | None = None) -> Figure:
 
 
 def _extend(results: str = "runs/lab", group: str | None = None) -> Figure:
-    from .extend import draw_extend, extend_data
+    from ..lab.extend_report import extend_data
+    from .extend import draw_extend
 
     return draw_extend(extend_data(_rows_or_raise("extend", results, group)))
 

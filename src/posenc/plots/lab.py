@@ -9,8 +9,8 @@ training length has not extrapolated. Left: every encoding as trained, one colou
 variants (RoPE rescalings, an interpolated learned table) beside their base model, each line its
 own colour (and its own line style and marker, so the lines stay apart in grey too).
 
-Rows are read with :func:`posenc.lab.report.load_rows` (by default the group of the newest row),
-the lab's own reader; :func:`lab_data` takes ``rows`` directly as well.
+A pure renderer: :func:`lab_data` folds result rows (as :func:`posenc.lab.results.load_rows`
+reads them from a store) into the arrays :func:`draw_lab` draws; nothing here reads a store.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._stats import mean_ci
 from .common import add_caption, label_axes, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-DEFAULT_LAB_OUT = Path("runs/lab")
 
 CAPTION = (
     "Look at: lines that stay flat past the dotted training length extrapolate; a curve that "
@@ -53,26 +52,12 @@ CI_CAPTION = (
 )
 
 
-def load_lab_rows(
-    out: str | Path = DEFAULT_LAB_OUT, group: str | None = None
-) -> list[dict[str, Any]]:
-    """Result rows of one group from the lab's store (empty list when there is no store)."""
-    from ..lab.report import load_rows
-    from ..lab.store import RESULTS_FILE
-
-    if not (Path(out) / RESULTS_FILE).exists():
-        return []
-    return load_rows(out, group)
-
-
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
 def _ci(values: list[float]) -> float:
     """Half-width of the 95% interval of the mean over seeds; NaN below two seeds."""
-    from ..lab.stats import mean_ci
-
     half = mean_ci(values)[1] if values else None
     return math.nan if half is None else half
 
@@ -91,27 +76,23 @@ def _curve(group_curves: list[dict[str, list[Any]]]) -> tuple[np.ndarray, np.nda
     return np.asarray(x), np.asarray(bits)
 
 
-def lab_data(
-    out: str | Path = DEFAULT_LAB_OUT,
-    group: str | None = None,
-    rows: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """Mean test loss per (encoding, variant) and eval length, and the loss-by-position curves.
+def lab_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean test loss per (encoding, variant) and eval length, and the loss-by-position curves,
+    from the result rows of one group (:func:`posenc.lab.results.load_rows`).
 
     Returns ``lengths [N]`` (sorted eval lengths), ``train_len``, ``unit``, ``group``,
     ``lines``: a list of ``{"label", "encoding", "variant", "bits": [N], "ci": [N]}`` (mean over
     seeds, NaN where a length was not applicable; half-width of the mean's 95% interval over the
     same seeds, NaN below two seeds), and ``curves``: ``{"length", "lines": [{"label",
     "encoding", "variant", "pos": [P], "bits": [P]}]}`` at the longest length (mean over seeds;
-    ``pos`` is each position bin's geometric middle, 1-based).
+    ``pos`` is each position bin's geometric middle, 1-based). Raises ValueError without rows.
     """
-    if rows is None:
-        rows = load_lab_rows(out, group)
-    if not rows:
-        raise FileNotFoundError(
-            f"no lab results in {Path(out) / 'results.jsonl'}; run `posenc lab` first "
-            "(or pass --results to the folder of a lab run)"
+    if isinstance(rows, (str, Path)):
+        raise TypeError(
+            "lab_data takes result rows; read a store's with posenc.lab.results.load_rows(out)"
         )
+    if not rows:
+        raise ValueError("no lab results to draw; run `posenc lab` first")
     lengths = sorted({int(n) for r in rows for n in r["eval"]["lengths"]})
     longest = str(lengths[-1])
     bits: dict[tuple[str, str], dict[int, list[float]]] = {}

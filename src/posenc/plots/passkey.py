@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..lab.tasks import DIGITS
 from .common import add_caption, new_figure, save_figure
 
 if TYPE_CHECKING:
@@ -35,8 +34,9 @@ CAPTION = (
     "fine-tuning. The RoPE rescalings here are inference-only, without that fine-tuning."
 )
 
-#: Accuracy of a guess: one over the passkey's digit alphabet.
-CHANCE = 1 / len(DIGITS)
+#: Accuracy of a guess: one over the passkey's ten digit symbols
+#: (:data:`posenc.lab.tasks.DIGITS`; a test holds the two together).
+CHANCE = 0.1
 
 
 def _matrix(cells: list[list[float | None] | None], n_depths: int) -> np.ndarray:

@@ -1,0 +1,239 @@
+"""``posenc lab``'s options as one table: each :class:`Flag` names its command-line spelling, the
+field it fills and, for a knob of the grid, where that value goes in a
+:class:`~posenc.lab.config.LabConfig` (``"train.steps"``). The typer commands, the
+:class:`Overrides` dataclass and :func:`build_config` are all generated from the table, so a
+knob is added in one line.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field, make_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .config import LabConfig
+from .labels import normalize_label
+
+
+def csv_list(value: str | None) -> list[str] | None:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``; None stays None."""
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _lengths(value: str) -> tuple[int | str, ...]:
+    return tuple(int(v) if v.isdigit() else v for v in csv_list(value) or ())
+
+
+def _scalings(value: str) -> tuple[str, ...]:
+    scal = csv_list(value) or []
+    return () if scal == ["none"] else tuple(scal)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One option: ``field`` (the command's parameter), its ``decls`` (``--train-len``, ``-L``),
+    ``type`` and ``default``; ``path`` where its value goes in a LabConfig (None: not a field of
+    it, or set by :func:`build_config` itself), ``convert`` from the option's text to that value;
+    ``grid``: a knob of the grid (an :class:`Overrides` field) rather than of the run."""
+
+    field: str
+    decls: tuple[str, ...]
+    type: Any
+    help: str
+    default: Any = None
+    path: str | None = None
+    convert: Callable[[Any], Any] | None = None
+    grid: bool = True
+    min: int | None = None
+    none: str = "none"
+    show_default: str | bool | None = None
+    get: Callable[[LabConfig], Any] | None = None
+    unset: Any = None
+
+    def option(self) -> Any:
+        """The typer option; a knob with a ``path`` shows each preset's value as its default."""
+        kw: dict[str, Any] = {"help": self.help}
+        if self.min is not None:
+            kw["min"] = self.min
+        if self.show_default is not None:
+            kw["show_default"] = self.show_default
+        elif self.get is not None or (self.path is not None and self.default is None):
+            get = self.get or (lambda cfg: _get(cfg, self.path or ""))
+            kw["show_default"] = preset_default(get, self.none)
+        return typer.Option(self.default, *self.decls, **kw)
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _set(cfg: Any, path: str, value: Any) -> Any:
+    """``cfg`` with the field at dotted ``path`` replaced (frozen dataclasses, rebuilt upwards)."""
+    head, _, rest = path.partition(".")
+    return replace(cfg, **{head: _set(getattr(cfg, head), rest, value) if rest else value})
+
+
+def preset_default(get: Callable[[LabConfig], Any], none: str = "none") -> str:
+    """Each preset's value of an option (``get`` reads it), for ``--help``: ``"cpu-small 500, cpu 2000, ..."``, or
+    the one value when every preset has it; ``none`` says what None means."""
+    from .presets import PRESETS
+
+    def show(v: Any) -> str:
+        if v is None:
+            return none
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        if isinstance(v, tuple):
+            return ",".join(map(str, v)) or "none"
+        return str(v)
+
+    values = {name: show(get(cfg)) for name, cfg in PRESETS.items()}
+    if len(set(values.values())) == 1:
+        return next(iter(values.values()))
+    return ", ".join(f"{name} {v}" for name, v in values.items())
+
+
+_SEEDS = "Number of seeds per encoding (the report gives mean and 95% interval)."
+_ENCODINGS = (
+    "Comma-separated names from `posenc list` (name:key=value sets an option), 'default' (the "
+    "standard set that is registered), 'length' (training-time length methods, CoPE, Llama-4 "
+    "NoPE layers and temperature) or 'all'."
+)
+_TASK = "A synthetic task: copy, reverse, associative-recall, passkey (retrieval heatmaps)."
+_SLIDING = "Sliding-window evaluation with this stride (none: non-overlapping windows)."
+
+#: Options shared by ``posenc lab`` and ``posenc lab extend``.
+OUT = Flag("out", ("--out", "-o"), Path, "Output folder.", Path("runs/lab"), grid=False)
+RESUME = Flag("resume", ("--resume",), bool, "Continue interrupted cells.", False, grid=False)
+RESTART = Flag(
+    "restart", ("--restart",), bool, "Discard interrupted cells' progress.", False, grid=False
+)
+DEVICE = Flag("device", ("--device",), str, "auto, cpu or cuda.", "auto", grid=False)
+QUIET = Flag("quiet", ("--quiet", "-q"), bool, "No progress bar or log.", False, grid=False)
+PLOTS = Flag("plots", ("--plots/--no-plots",), bool, "Write PNG plots.", True, grid=False)
+
+#: ``posenc lab``: flag -> field (and LabConfig path), in ``--help`` order.
+LAB_FLAGS: tuple[Flag, ...] = (
+    Flag("encodings", ("--encodings", "-e"), str, _ENCODINGS, "default"),
+    Flag("preset", ("--preset", "-p"), str, "cpu-small, cpu, gpu or gpu-small.", "cpu-small",
+         grid=False),
+    Flag("train_len", ("--train-len", "-L"), int | None, "Train length L.", path="train_len",
+         min=2),
+    Flag("eval_lens", ("--eval-lens",), str | None,
+         "Comma-separated eval lengths: tokens (256) or multiples (4x).", path="eval.lengths",
+         convert=_lengths),
+    Flag("seeds", ("--seeds",), int | None, _SEEDS, min=1, get=lambda c: len(c.seeds)),
+    Flag("seed", ("--seed",), int, "First seed.", 0, unset=0),
+    Flag("steps", ("--steps",), int | None, "Training steps.", path="train.steps", min=1),
+    Flag("batch_size", ("--batch-size",), int | None, "Global batch (sequences).",
+         path="train.batch_size", min=1),
+    Flag("lr", ("--lr",), float | None, "Peak learning rate (> 0).", path="train.lr"),
+    Flag("dim", ("--dim",), int | None, "Model width.", path="model.dim", min=1),
+    Flag("layers", ("--layers",), int | None, "Number of blocks.", path="model.num_layers",
+         min=1),
+    Flag("heads", ("--heads",), int | None, "Attention heads.", path="model.num_heads", min=1),
+    Flag("eval_tokens", ("--eval-tokens",), int | None, "Test tokens per length.",
+         path="eval.tokens", min=1),
+    Flag("sliding", ("--sliding",), int | None, _SLIDING, path="eval.stride", min=1),
+    Flag("rope_scalings", ("--rope-scalings",), str | None,
+         "RoPE rescalings to sweep (linear,ntk,dynamic,yarn or none).",
+         path="eval.rope_scalings", convert=_scalings),
+    Flag("text", ("--text",), str | None, "Your corpus: a file, folder or glob."),
+    Flag("dataset", ("--dataset",), str | None,
+         "A Hugging Face dataset NAME[:CONFIG] in the local cache."),
+    Flag("task", ("--task",), str | None, _TASK),
+    Flag("include_tests", ("--include-tests/--no-include-tests",), bool | None,
+         "Read the stdlib's test suites too.", path="data.include_tests"),
+    OUT,
+    RESUME,
+    RESTART,
+    Flag("threads", ("--threads",), int | None, "torch CPU threads.", path="threads", min=1,
+         none="every core", grid=False),
+    DEVICE,
+    Flag("ckpt_every", ("--ckpt-every",), int | None, "Checkpoint interval.", path="ckpt_every",
+         min=1),
+    Flag("compile_model", ("--compile/--no-compile",), bool | None,
+         "Train through torch.compile, on CUDA only. Not part of any hash.", path="compile"),
+    QUIET,
+    PLOTS,
+)  # fmt: skip
+
+#: What ``posenc lab``'s options change in a preset, by field; None keeps the preset's value.
+#: ``encodings``, ``eval_lens`` and ``rope_scalings`` are comma-separated (``rope_scalings``
+#: ``"none"``: no rescaling); ``text``, ``dataset`` and ``task`` pick the data (at most one);
+#: ``seeds`` seeds from ``seed`` on (None: the preset's number of seeds).
+Overrides = make_dataclass(
+    "Overrides",
+    [(f.field, f.type, field(default=f.unset)) for f in LAB_FLAGS if f.grid],
+    frozen=True,
+)
+Overrides.__module__ = __name__
+Overrides.__doc__ = (
+    "What ``posenc lab``'s options change in a preset (:data:`LAB_FLAGS`' grid knobs)."
+)
+
+
+def build_config(preset: str, over: Any = None) -> LabConfig:
+    """The preset named ``preset`` with the fields of ``over`` (an :class:`Overrides`) set."""
+    from .presets import preset as get_preset
+
+    over = over or Overrides()
+    cfg = get_preset(preset)
+    seeds = over.seeds if over.seeds is not None else len(cfg.seeds)
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    labels = csv_list(over.encodings) or list(cfg.encodings)
+    cfg = replace(cfg, encodings=tuple(map(normalize_label, labels)),
+                  seeds=tuple(range(over.seed, over.seed + seeds)))  # fmt: skip
+    for flag in LAB_FLAGS:
+        value = getattr(over, flag.field, None) if flag.grid and flag.path else None
+        if value is not None:
+            cfg = _set(cfg, flag.path, flag.convert(value) if flag.convert else value)  # type: ignore[arg-type]
+    if cfg.train.warmup_steps >= cfg.train.steps:
+        cfg = _set(cfg, "train.warmup_steps", max(1, cfg.train.steps // 10))
+    return _data_source(cfg, over)
+
+
+def _data_source(cfg: LabConfig, over: Any) -> LabConfig:
+    """``--text``, ``--dataset`` or ``--task`` (at most one): the grid's data source."""
+    sources = [s for s, v in (("text", over.text), ("hf", over.dataset), ("task", over.task)) if v]
+    if len(sources) > 1:
+        raise ValueError("pass at most one of --text, --dataset, --task")
+    if not sources:
+        return cfg
+    data = replace(cfg.data, source=sources[0], path=over.text, dataset=over.dataset,
+                   task=over.task)  # fmt: skip
+    return replace(cfg, data=data)
+
+
+def with_flags(body: Callable[..., None], flags: tuple[Flag, ...], *, context: bool) -> Any:
+    """A command function for typer whose parameters are ``flags`` (after a ``ctx`` when
+    ``context``), calling ``body(ctx, **values)`` or ``body(**values)``."""
+
+    def command(*args: Any, **values: Any) -> None:
+        body(*args, **values)
+
+    params = [
+        inspect.Parameter(f.field, inspect.Parameter.KEYWORD_ONLY, default=f.option(),
+                          annotation=f.type)
+        for f in flags
+    ]  # fmt: skip
+    annotations = {f.field: f.type for f in flags}
+    if context:
+        ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                annotation=typer.Context)  # fmt: skip
+        params.insert(0, ctx)
+        annotations["ctx"] = typer.Context
+    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    command.__annotations__ = {**annotations, "return": None}
+    command.__doc__ = body.__doc__
+    command.__name__ = body.__name__.lstrip("_")
+    return command

@@ -1,0 +1,138 @@
+"""Result rows as data: the one place the keys of a stored row are written.
+
+A row is one JSON line of ``<out>/results.jsonl`` (:mod:`posenc.lab.store`): a :class:`GridRow`
+per finished grid cell, an :class:`ExtendRow` per evaluation of ``posenc lab extend``. Writers
+build the dataclass and store :meth:`to_dict`; the reader (:mod:`posenc.lab.results`) gives
+rows back as those dicts, with the fields older rows lack filled in (:func:`upgrade_row`).
+The field order is the key order of the stored JSON (the reports list variants as stored).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+EXTEND, REFERENCE = "extend", "extend-reference"
+
+
+@dataclass(frozen=True)
+class GridRow:
+    """One finished grid cell.
+
+    ``encoding`` is the label (``rope:positions=pose``), ``encoding_kwargs`` the encoding's own
+    options; ``lab_options`` the lab options that are set, resolved (``{}`` for a plain label),
+    and ``length_method`` the training positions (``"arange"``, ``"randomized"``, ``"pose"``),
+    so a report can group by them. ``identity`` is the cell's (its hash is ``config_hash``),
+    ``train`` the training statistics, ``eval`` :func:`posenc.lab.evaluate.evaluate_model`'s
+    result, ``runtime`` how it ran (in no hash)."""
+
+    schema: int
+    encoding: str
+    encoding_name: str
+    encoding_kwargs: dict[str, Any]
+    lab_options: dict[str, Any]
+    length_method: str
+    family: str
+    seed: int
+    config_hash: str
+    train_hash: str
+    group: str
+    preset: str | None
+    train_len: int
+    data: dict[str, Any]
+    identity: dict[str, Any]
+    params: int
+    train: dict[str, Any]
+    eval: dict[str, Any]
+    runtime: dict[str, Any]
+    versions: dict[str, str]
+    finished_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class ExtendRow:
+    """One evaluation of a fine-tune (``kind`` :data:`EXTEND`) or of a model trained at the
+    target length from scratch (:data:`REFERENCE`), after ``step`` of its ``steps``.
+
+    ``config_hash`` keys what it measures and the table it belongs to (``group``); the base
+    cell is ``base_group`` / ``base_config_hash``; ``identity`` is the job's."""
+
+    schema: int
+    kind: str
+    encoding: str
+    encoding_name: str
+    family: str
+    method: str
+    label: str
+    seed: int
+    config_hash: str
+    job_hash: str
+    group: str
+    base_group: str
+    base_config_hash: str
+    preset: str | None
+    train_len: int
+    target_len: int
+    step: int
+    steps: int
+    tokens_per_step: int
+    identity: dict[str, Any]
+    data: dict[str, Any]
+    eval: dict[str, Any]
+    runtime: dict[str, Any]
+    versions: dict[str, str]
+    finished_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class GridRuntime:
+    """How a grid cell ran (``GridRow.runtime``)."""
+
+    world_size: int
+    device: str
+    threads: int
+    compiled: bool
+    resumed_from: int | None
+    reused_weights: bool
+    eval_seconds: float
+    cell_seconds: float
+
+
+@dataclass(frozen=True)
+class ExtendRuntime:
+    """How an extend evaluation ran (``ExtendRow.runtime``)."""
+
+    eval_seconds: float
+    elapsed_seconds: float
+    device: str
+    threads: int
+
+
+#: Fields of a grid row that rows written before them lack, and the value they stand for there.
+GRID_ROW_DEFAULTS: dict[str, Any] = {"lab_options": {}, "length_method": "arange", "preset": None}
+
+#: Fields older extend rows lack.
+EXTEND_ROW_DEFAULTS: dict[str, Any] = {"preset": None}
+
+
+def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with the fields rows written before them lack set to the value they stand for
+    (:data:`GRID_ROW_DEFAULTS`, :data:`EXTEND_ROW_DEFAULTS`); other keys untouched."""
+    defaults = EXTEND_ROW_DEFAULTS if row.get("kind") else GRID_ROW_DEFAULTS
+    missing = {k: v for k, v in defaults.items() if k not in row}
+    if not missing:
+        return row
+    out = dict(row)
+    for key, value in missing.items():
+        out[key] = dict(value) if isinstance(value, dict) else value
+    return out
+
+
+def runtime_dict(runtime: GridRuntime | ExtendRuntime) -> dict[str, Any]:
+    return asdict(runtime)

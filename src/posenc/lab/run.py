@@ -1,0 +1,125 @@
+"""What a lab run holds while it goes, shared by the grid (:mod:`posenc.lab.experiment`) and
+``posenc lab extend`` (:mod:`posenc.lab.extend`): the output folder's lock, the distributed state,
+the stop signal, the progress display, the log and the results store, in one
+:class:`RunContext` opened by :func:`open_run`.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .dist import Dist
+from .lock import FolderLocked
+from .lock import acquire as acquire_lock
+from .lock import release as release_lock
+from .progress import progress_bars
+from .store import RESULTS_FILE, ResultStore
+from .train import StopFlag
+
+
+@dataclass
+class RunOptions:
+    """How (not what) to run: none of these enter a cell's hash."""
+
+    out: Path = Path("runs/lab")
+    resume: bool = False
+    restart: bool = False
+    threads: int | None = None  # None: the preset's (LabConfig.threads)
+    device: str = "auto"
+    quiet: bool = False
+
+
+@dataclass
+class RunContext:
+    """One run in progress: its options, where it runs, what stops it, where it reports.
+
+    ``progress``: a rich ``Progress`` or None; ``log``: rank 0's messages (a no-op elsewhere and
+    when quiet); ``stale``: the killed run whose lock this one took over, if any."""
+
+    opts: RunOptions
+    dist: Dist
+    stop: StopFlag
+    progress: Any
+    log: Callable[[str], None]
+    stale: dict[str, Any] | None = None
+
+    @property
+    def store(self) -> ResultStore:
+        return ResultStore(self.opts.out / RESULTS_FILE)
+
+
+def make_log(
+    dist: Dist, quiet: bool, print_fn: Callable[[str], None] | None
+) -> Callable[[str], None]:
+    """Rank 0's log: ``print_fn`` (default ``print`` unless ``quiet``)."""
+    say = print_fn if print_fn is not None else (print if dist.main and not quiet else None)
+
+    def log(msg: str) -> None:
+        if say is not None and dist.main:
+            say(msg)
+
+    return log
+
+
+@contextmanager
+def open_run(opts: RunOptions, dist: Dist, log: Callable[[str], None]) -> Iterator[RunContext]:
+    """Lock ``opts.out`` (rank 0; every rank raises :class:`FolderLocked` if it is held), catch
+    SIGTERM/SIGINT into a :class:`StopFlag` (one process only: under torchrun the launcher
+    stops the ranks), and show progress bars (rank 0, unless quiet) for the ``with`` body."""
+    with _folder_lock(opts.out, dist) as stale:
+        stop = StopFlag()
+        restore = stop.install() if not dist.enabled else (lambda: None)
+        try:
+            with progress_bars(dist.main and not opts.quiet) as progress:
+                yield RunContext(opts, dist, stop, progress, log, stale)
+        finally:
+            restore()
+
+
+@contextmanager
+def _folder_lock(out: Path, dist: Dist) -> Iterator[dict[str, Any] | None]:
+    """The output folder's lock, taken by rank 0; every rank raises if it is held elsewhere."""
+    fd, stale, error = None, None, None
+    if dist.main:
+        try:
+            fd, stale = acquire_lock(out)
+        except FolderLocked as e:
+            error = str(e)
+    error = dist.broadcast(error)
+    if error is not None:
+        raise FolderLocked(error)
+    try:
+        yield stale
+    finally:
+        if fd is not None:
+            release_lock(fd)
+
+
+def cell_dir(out: Path, encoding: str, seed: int, train_hash: str) -> Path:
+    """A grid cell's checkpoint folder, ``<out>/ckpt/<label>-s<seed>-<train hash>``."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", encoding)
+    return out / "ckpt" / f"{safe}-s{seed}-{train_hash}"
+
+
+def versions() -> dict[str, str]:
+    """The versions a result row records."""
+    import numpy
+
+    from .. import __version__
+
+    return {
+        "posenc": __version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+    }
