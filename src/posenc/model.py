@@ -29,6 +29,7 @@ from .attention import Attention, KVCache
 from .deferred import reset_submodules
 from .rotary.temperature import QueryTemperature
 
+
 def nope_layers(num_layers: int, nope_every: int | None) -> tuple[int, ...]:
     """The 0-based layers without position encoding: ``i`` with ``(i + 1) % nope_every == 0``.
 
