@@ -12,7 +12,29 @@ from ..functional.resample import resample_1d, resample_2d
 from .common import check_table_size, resolve_positions
 
 
-class LearnedEncoding(nn.Module):
+class _LearnedTable(nn.Module):
+    """A learned table ``weight [rows, dim]`` drawn from ``N(0, init_std**2)``."""
+
+    weight: nn.Parameter
+
+    def _init_table(
+        self,
+        rows: int,
+        dim: int,
+        init_std: float,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        self.init_std = init_std
+        self.weight = nn.Parameter(torch.empty(rows, dim, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the table from ``N(0, init_std**2)``."""
+        nn.init.normal_(self.weight, std=self.init_std)
+
+
+class LearnedEncoding(_LearnedTable):
     """``x + W[positions]`` with a learned table ``W [max_positions, dim]`` (BERT, GPT-2).
 
     A position ``>= max_positions`` is an error naming the limit; use :meth:`resized` to make a
@@ -34,13 +56,7 @@ class LearnedEncoding(nn.Module):
         self.dim = check_positive_int("dim", dim)
         init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         check_table_size("max_positions", max_positions, dim, "the learned table")
-        self.init_std = init_std
-        self.weight = nn.Parameter(torch.empty(max_positions, dim, device=device, dtype=dtype))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Draw the table from ``N(0, init_std**2)``."""
-        nn.init.normal_(self.weight, std=self.init_std)
+        self._init_table(max_positions, dim, init_std, device, dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Shapes: ``x [b, s, dim]``, ``positions [s]`` or ``[b, s]`` -> ``[b, s, dim]``."""
@@ -68,7 +84,7 @@ class LearnedEncoding(nn.Module):
         return f"max_positions={self.max_positions}, dim={self.dim}"
 
 
-class Learned2D(nn.Module):
+class Learned2D(_LearnedTable):
     """ViT's learned table over a patch grid plus ``num_prefix_tokens`` (class/register) rows.
 
     ``x [b, num_prefix_tokens + h*w, dim]`` (prefix tokens first, then patches row-major) gets
@@ -102,13 +118,7 @@ class Learned2D(nn.Module):
         init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         n = num_prefix_tokens + grid_h * grid_w
         check_table_size("num_prefix_tokens + grid_h * grid_w", n, dim, "the learned table")
-        self.init_std = init_std
-        self.weight = nn.Parameter(torch.empty(n, dim, device=device, dtype=dtype))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Draw the table from ``N(0, init_std**2)``."""
-        nn.init.normal_(self.weight, std=self.init_std)
+        self._init_table(n, dim, init_std, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Shapes: ``x [b, num_prefix_tokens + h*w, dim]`` -> same."""
