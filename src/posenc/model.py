@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import registry
-from ._checks import check_positive_int, default_positions
-from .attention import Attention, KVCache
+from ._checks import check_positive_int
+from ._context import PositionContext
+from .attention import Attention, KVCache, position_context
 from .deferred import reset_submodules
 from .rotary.temperature import QueryTemperature
 
@@ -85,33 +86,14 @@ class ModelConfig:
 
 
 class TemperedAttention(Attention):
-    """:class:`~posenc.attention.Attention` whose queries are scaled by a
-    :class:`~posenc.rotary.temperature.QueryTemperature` after any rotation, before the scores
-    (and after the KV cache update, which holds keys only). Shapes as Attention's."""
+    """:class:`~posenc.attention.Attention` with a
+    :class:`~posenc.rotary.temperature.QueryTemperature` as its query hook
+    (:meth:`~posenc.rotary.temperature.QueryTemperature.scale_queries`): queries scaled after
+    any rotation, before the scores. Shapes as Attention's."""
 
     def __init__(self, *args: Any, temperature: QueryTemperature, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, query_hook=temperature.scale_queries, **kwargs)
         self.temperature = temperature
-
-    def _attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        positions: torch.Tensor,
-        k_positions: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        index_layout: bool,
-    ) -> torch.Tensor:
-        """``q [b, h, s, d]`` scaled, then Attention's path for ``k, v [b, hk, t, d]``."""
-        s, t = q.shape[2], k.shape[2]
-        if self.temperature.kind == "llama4_temperature":
-            # Llama-4: the queries' indices in the KV cache, past + arange(s), not position_ids.
-            where = default_positions(s, q.device, offset=t - s)  # [s]
-        else:
-            where = positions  # Ministral-3: the position ids, [s] or [b, s]
-        q = self.temperature(q, where)
-        return super()._attend(q, k, v, positions, k_positions, attn_mask, index_layout)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, temperature={self.temperature}"
@@ -150,11 +132,12 @@ class Block(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor | None,
+        context: PositionContext,
         cache: KVCache | None,
         attn_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), positions, cache=cache, attn_mask=attn_mask)
+        """Shapes: ``x [b, s, dim]`` -> ``[b, s, dim]``; ``context``: the forward's positions."""
+        x = x + self.attn(self.norm1(x), cache=cache, attn_mask=attn_mask, context=context)
         return x + self.mlp(self.norm2(x))
 
 
@@ -259,8 +242,12 @@ class TransformerLM(nn.Module):
                 positions = torch.arange(past, past + tokens.shape[1], device=tokens.device)
             x = self.absolute(x, positions)
         x = self.drop(x)
+        # Positions checked once, and each encoding's cos/sin or bias made once, for all layers.
+        b, s = tokens.shape
+        past = caches[0].length if caches is not None else 0
+        ctx = position_context(positions, batch=b, seq=s, device=tokens.device, past=past)
         for i, block in enumerate(self.blocks):
-            x = block(x, positions, caches[i] if caches is not None else None, attn_mask)
+            x = block(x, ctx, caches[i] if caches is not None else None, attn_mask)
         return self.norm(x)
 
     def forward(

@@ -21,10 +21,7 @@ Prefix tokens (class token, registers) come first in the sequence and are not ro
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
-from torch import nn
 
 from .._checks import (
     check_choice,
@@ -35,7 +32,8 @@ from .._checks import (
 )
 from .._constants import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
-from .embedding import check_qk, resolve_angle_dtype, resolve_qk_positions
+from .base import RotaryEncoding, check_qk
+from .embedding import resolve_angle_dtype
 
 AXIAL_FREQUENCIES = ("axis", "alternate")
 AXIAL_ARRANGEMENTS = ("merged", "blocks")
@@ -66,7 +64,7 @@ def grid_coords(grid_h: int, grid_w: int, device: torch.device | str | None = No
     return torch.stack((r.flatten(), c.flatten()), dim=-1)  # [h*w, 2]
 
 
-class Axial2DRoPE(nn.Module):
+class Axial2DRoPE(RotaryEncoding):
     """2-D axial rotary embedding of patch tokens (module docstring for the variants).
 
     Args:
@@ -80,8 +78,6 @@ class Axial2DRoPE(nn.Module):
         arrangement: ``"merged"`` or ``"blocks"``.
         angle_dtype: float64 (default) or float32 (bit-compatible with transformers).
     """
-
-    family: ClassVar[str] = "rotary"
 
     def __init__(
         self,
@@ -144,6 +140,10 @@ class Axial2DRoPE(nn.Module):
         coords = check_positions(coords, "coords")
         if coords.dim() < 1 or coords.shape[-1] != 2:
             raise ValueError(f"coords must end in 2 (row, column), got shape {tuple(coords.shape)}")
+        return self._cos_sin(coords)
+
+    def _cos_sin(self, coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`cos_sin` of checked ``coords [*, 2]``."""
         dev = coords.device
         per_pair = coords[..., self.constants.get("axis", dev)]  # [*, d/2]: row or column
         angles = per_pair.to(self.angle_dtype) * self.constants.get("inv_freq", dev)  # [*, d/2]
@@ -181,7 +181,7 @@ class Axial2DRoPE(nn.Module):
     def _tables(
         self, coords: torch.Tensor, unrotated: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin(coords)  # [*, s, d/2]
+        cos, sin = self._cos_sin(coords)  # [*, s, d/2]
         if unrotated is not None:
             # cos 1, sin 0 is the identity exactly: x*1 - y*0 == x.
             cos = torch.where(unrotated[..., None], torch.ones_like(cos), cos)
@@ -227,26 +227,24 @@ class Axial2DRoPE(nn.Module):
         (cq, sq), (ck, sk) = tables
         return self._rotate(q, k, cq, sq, ck, sk)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate by token index: ``p < num_prefix_tokens`` unrotated, else row-major grid cell
-        ``p - num_prefix_tokens`` of ``grid_size``.
-
-        Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]``; ``positions [s]``/``[b, s]`` and
-        ``k_positions [t]``/``[b, t]`` token indices (default ``arange``).
-        """
+    def _require_grid(self) -> tuple[int, int]:
         if self.grid_size is None:
             raise ValueError(
                 "forward maps token indices to the grid: pass grid_size=(h, w), or call rotate()"
             )
+        return self.grid_size
+
+    def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        self._require_grid()
         check_qk(q, k, self.head_dim)
-        positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
-        gh, gw = self.grid_size
+
+    def tables(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """By token index: ``p < num_prefix_tokens`` unrotated, else row-major grid cell
+        ``p - num_prefix_tokens`` of ``grid_size``. Shapes: ``positions [s]|[b, s]``,
+        ``k_positions [t]|[b, t]`` -> cos/sin ``[(b,) s, d/2]`` and ``[(b,) t, d/2]``."""
+        gh, gw = self._require_grid()
         p = self.num_prefix_tokens
         tables = []
         for name, idx in (("positions", positions), ("k_positions", k_positions)):
@@ -254,6 +252,11 @@ class Axial2DRoPE(nn.Module):
             cell = (idx - p).clamp(min=0)
             coords = torch.stack((cell // gw, cell % gw), dim=-1)  # [(b,) n, 2]
             tables.append(self._tables(coords, idx < p if p else None))
+        return tables
+
+    def apply_tables(
+        self, q: torch.Tensor, k: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         (cq, sq), (ck, sk) = tables
         return self._rotate(q, k, cq, sq, ck, sk)
 

@@ -8,19 +8,11 @@ them to the one rotation path, :func:`posenc.functional.apply_rotary_qk`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, NamedTuple
 
 import torch
-from torch import nn
 
-from .._checks import (
-    check_choice,
-    check_even,
-    check_int_at_most,
-    check_positions,
-    default_positions,
-    host_readable,
-)
+from .._checks import check_choice, check_even, check_int_at_most, check_positions, host_readable
 from ..functional.rope_scaling import (
     ROPE_SCALING,
     Ctx,
@@ -34,6 +26,25 @@ from ..functional.rotary import angles_cos_sin, rope_cos_sin
 from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
 from ..kernels.reference import RopeArgs
 from ..kernels.rope_op import mixed_backend, rope_qk_canonical, select_backend, unit_last
+from .base import (
+    RotaryEncoding,
+    check_qk,
+    max_position,
+    position_range,
+    resolve_qk_positions,
+)
+
+__all__ = [
+    "MAX_CACHE_LEN",
+    "MAX_HEAD_DIM",
+    "RopeTables",
+    "RotaryEmbedding",
+    "check_qk",
+    "max_position",
+    "position_range",
+    "resolve_angle_dtype",
+    "resolve_qk_positions",
+]
 
 
 def resolve_angle_dtype(angle_dtype: torch.dtype | str) -> torch.dtype:
@@ -55,108 +66,20 @@ MAX_HEAD_DIM = 1 << 14
 MAX_CACHE_LEN = 1 << 20
 
 
-def check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> None:
-    """``q [b, h, s, d]`` and ``k [b, hk, t, d]`` with ``d == head_dim``, floating point, on one
-    device."""
-    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
-        raise TypeError(f"q and k must be tensors, got {type(q).__name__} and {type(k).__name__}")
-    if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(
-            "q and k must be 4-D [b, h, s, d] and [b, hk, t, d], "
-            f"got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same head_dim, got {q.shape[-1]} and {k.shape[-1]}"
-        )
-    if q.shape[-1] != head_dim:
-        raise ValueError(
-            f"q and k must have head_dim {head_dim} (this encoding's), got {q.shape[-1]}"
-        )
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(
-            f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
-        )
-    if not (q.is_floating_point() and k.is_floating_point()):
-        raise TypeError(f"q and k must be floating point, got {q.dtype} and {k.dtype}")
-    if q.device != k.device:
-        raise ValueError(f"q and k must be on one device, got {q.device} and {k.device}")
+class RopeTables(NamedTuple):
+    """cos/sin of one call (float32): ``[1 or b, s, n]`` per query and ``[1 or b, t, n]`` per
+    key, or the cached ``[1, cache_len, n]`` table with the positions ``pq [1|b, s]``,
+    ``pk [1|b, t]`` whose rows the kernels gather."""
+
+    cos_q: torch.Tensor
+    sin_q: torch.Tensor
+    cos_k: torch.Tensor
+    sin_k: torch.Tensor
+    pq: torch.Tensor | None
+    pk: torch.Tensor | None
 
 
-def resolve_qk_positions(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    positions: torch.Tensor | None,
-    k_positions: torch.Tensor | None,
-    *,
-    check_values: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions of the ``s`` queries and ``t`` keys, ``[s]``/``[b, s]`` and ``[t]``/``[b, t]``.
-
-    Defaults: keys ``arange(t)`` and queries the last ``s`` of them (``arange(t - s, t)``), so
-    ``s == t`` gives ``arange(s)`` for both; ``k_positions`` defaults to ``positions`` when
-    ``s == t``. ``check_values=False`` leaves the non-negativity check to a caller that reads
-    the positions' range anyway (:func:`position_range`).
-    """
-    b, s, t = q.shape[0], q.shape[2], k.shape[2]
-    if positions is None:
-        positions = default_positions(
-            s, q.device, offset=max(t - s, 0) if k_positions is None else 0
-        )
-        given = False
-    else:
-        given = True
-    positions = _check_pos(positions, "positions", b, s, check_values, q.device)
-    if k_positions is None:
-        if t == s:
-            k_positions = positions
-        elif not given:
-            k_positions = default_positions(t, k.device)
-        else:
-            raise ValueError(
-                f"k has {t} keys but q has {s} queries: pass k_positions ([{t}] or [{b}, {t}])"
-            )
-    else:
-        k_positions = _check_pos(k_positions, "k_positions", b, t, check_values, q.device)
-    return positions, k_positions
-
-
-def _check_pos(
-    p: torch.Tensor, name: str, b: int, n: int, values: bool, device: torch.device
-) -> torch.Tensor:
-    p = check_positions(p, name, ranks=(1, 2), allow_negative=not values, device=device)
-    if p.shape[-1] != n or (p.dim() == 2 and p.shape[0] not in (1, b)):
-        raise ValueError(f"{name} must be [{n}] or [{b}, {n}], got {list(p.shape)}")
-    # int64 row indices: a uint8 index would be read as a mask, and the kernels read int64.
-    return p if p.dtype == torch.int64 else p.long()
-
-
-def position_range(positions: torch.Tensor, k_positions: torch.Tensor) -> int:
-    """The largest of the query and key positions (-1 when both are empty), after checking that
-    none is negative: one read of each tensor's range. Call it only where reading values is
-    free (:func:`posenc._checks.host_readable`)."""
-    lo, hi = 0, -1
-    for name, p in (("positions", positions), ("k_positions", k_positions)):
-        if p.numel() and (name == "positions" or p is not positions):
-            if p.numel() <= 64:  # a decode step: a list is cheaper than a reduction kernel
-                values = p.reshape(-1).tolist()
-                low, high = min(values), max(values)
-            else:
-                mn, mx = p.aminmax()
-                low, high = int(mn), int(mx)
-            lo, hi = min(lo, low), max(hi, high)
-            if lo < 0:
-                raise ValueError(f"{name} must be non-negative, got minimum {lo}")
-    return hi
-
-
-def max_position(*positions: torch.Tensor) -> int:
-    """The largest position of the tensors, -1 when all are empty. A host read: call it only
-    where reading is free (:func:`posenc._checks.host_readable`)."""
-    return max((int(p.max()) for p in positions if p.numel()), default=-1)
-
-
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(RotaryEncoding):
     """Rotary position embedding of queries and keys, with any Hugging Face scaling.
 
     Args:
@@ -192,8 +115,6 @@ class RotaryEmbedding(nn.Module):
     own length (transformers keeps the longer length's frequencies until the length drops below
     the original). During decoding the length only grows, and both agree.
     """
-
-    family: ClassVar[str] = "rotary"
 
     def __init__(
         self,
@@ -360,34 +281,21 @@ class RotaryEmbedding(nn.Module):
         inv_freq, factor = self.frequencies(seq_len)
         return rope_cos_sin(positions, inv_freq, factor)
 
-    # --- forward -------------------------------------------------------------------------------
+    # --- forward (the stanza is RotaryEncoding's) ---------------------------------------------
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate queries and keys by their positions.
+    def checks_position_values(self, q: torch.Tensor) -> bool:
+        # Eager on the CPU the positions' range is read (free there) to pick the table, which
+        # checks them too.
+        return not host_readable(q)
 
-        Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]`` (``hk`` may differ from ``h``: GQA);
-        ``positions [s]`` or ``[b, s]`` and ``k_positions [t]`` or ``[b, t]``, integer. Defaults:
-        ``arange``, with the queries at the last ``s`` key positions; ``k_positions`` defaults to
-        ``positions`` when ``s == t``. Returns new ``(q', k')``, same shapes and dtypes.
-
-        Inputs are checked once, here. Eager on the CPU, positions are read (free there) to
-        serve them from the cached table, whose rows the kernels gather themselves. Elsewhere
-        (an accelerator, torch.compile, CUDA-graph capture) nothing is read back to the host:
-        cos/sin are computed for the call's positions on the device.
-        """
-        check_qk(q, k, self.head_dim)
-        readable = host_readable(q)  # eager CPU: positions are read (free) to pick the table
-        positions, k_positions = resolve_qk_positions(
-            q, k, positions, k_positions, check_values=not readable
-        )
-        q, k = unit_last(q), unit_last(k)
-        if readable and positions.device.type == "cpu" and k_positions.device.type == "cpu":
+    def tables(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> RopeTables:
+        """cos/sin of a call: rows of the cached table with the positions that index them (eager
+        CPU, positions read there for free; the kernels gather the rows themselves), or computed
+        for the call's positions on the device (an accelerator, torch.compile, CUDA-graph
+        capture: nothing read back to the host)."""
+        if host_readable(q) and positions.device.type == "cpu" and k_positions.device.type == "cpu":
             top = position_range(positions, k_positions)
             key = self._freq_key(top + 1)
             if key != "grown" and top < self.cache_len:
@@ -395,20 +303,30 @@ class RotaryEmbedding(nn.Module):
                 pq = positions if positions.dim() == 2 else positions[None]  # [1 or b, s]
                 pk = pq if k_positions is positions else k_positions
                 pk = pk if pk.dim() == 2 else pk[None]  # [1 or b, t]
-                args = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved)
-                return rope_qk_canonical(args, self._backend_for(q, k, cos), checked=True)
+                return RopeTables(cos, sin, cos, sin, pq, pk)
             inv_freq, factor = self.frequencies(top + 1)
             inv_freq = inv_freq.to(q.device)
         else:
             inv_freq, factor = self._traced_frequencies(positions, k_positions)
-        # Checked above: the unchecked core (one validation per call).
+        # Checked already: the unchecked core (one validation per call).
         cos_q, sin_q = _batched(angles_cos_sin(positions[..., None], inv_freq, factor))
         cos_k, sin_k = (
             (cos_q, sin_q)
             if k_positions is positions
             else _batched(angles_cos_sin(k_positions[..., None], inv_freq, factor))
         )  # [1 or b, s, n], [1 or b, t, n]
-        args = RopeArgs(q, k, cos_q, sin_q, cos_k, sin_k, None, None, self.span, self.interleaved)
+        return RopeTables(cos_q, sin_q, cos_k, sin_k, None, None)
+
+    def apply_tables(
+        self, q: torch.Tensor, k: torch.Tensor, tables: RopeTables
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q [b, h, s, d]``, ``k [b, hk, t, d]`` with :meth:`tables`' cos/sin: table rows
+        gathered by the kernel itself, or per-token cos/sin."""
+        q, k = unit_last(q), unit_last(k)
+        cos_q, sin_q, cos_k, sin_k, pq, pk = tables
+        args = RopeArgs(q, k, cos_q, sin_q, cos_k, sin_k, pq, pk, self.span, self.interleaved)
+        if pq is not None:
+            return rope_qk_canonical(args, self._backend_for(q, k, cos_q), checked=True)
         return rope_qk_canonical(args, self.backend)
 
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> RotaryEmbedding:

@@ -38,14 +38,14 @@ applied to queries and keys alike, so scores and outputs are identical.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from torch import nn
 
 from .._checks import check_positive_int
 from ..functional.rotary import yarn_mscale
-from .embedding import RotaryEmbedding
+from .base import RotaryEncoding
+from .embedding import RopeTables, RotaryEmbedding
 
 
 def mla_softmax_scale(qk_head_dim: int, scaling: Mapping[str, Any] | None = None) -> float:
@@ -76,7 +76,7 @@ def expand_shared_key(k_nope: torch.Tensor, k_rope: torch.Tensor) -> torch.Tenso
     return torch.cat((k_nope, k_rope), dim=-1)  # [b, h, t, nope + rope]
 
 
-class DecoupledRoPE(nn.Module):
+class DecoupledRoPE(RotaryEncoding):
     """RoPE on the last ``rope_dim`` channels of each head (MLA's decoupled rotary part).
 
     Args:
@@ -85,8 +85,6 @@ class DecoupledRoPE(nn.Module):
         base, scaling, layout, angle_dtype, cache_len, backend: as for :class:`RotaryEmbedding`
             (applied to the ``rope_dim`` slice).
     """
-
-    family: ClassVar[str] = "rotary"
 
     def __init__(
         self,
@@ -129,22 +127,30 @@ class DecoupledRoPE(nn.Module):
             f"{self.rope_dim}] (rope only), got {tuple(x.shape)}"
         )
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate the rope slice of queries and keys.
+    def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """``q [b, h, s, nope + rope]`` (or ``[b, h, s, rope]``); ``k [b, hk, t, nope + rope]``
+        or the shared rotary key ``[b, 1, t, rope]``; the rope slices checked as RoPE's."""
+        _, q_rot = self._split(q, "q")
+        _, k_rot = self._split(k, "k")
+        self.rope.check_inputs(q_rot, k_rot)
 
-        Shapes: ``q [b, h, s, nope + rope]`` (or ``[b, h, s, rope]``); ``k [b, hk, t, nope + rope]``
-        or the shared rotary key ``[b, 1, t, rope]``; positions as :class:`RotaryEmbedding`.
-        Returns ``(q', k')`` of the input shapes, the nope channels untouched.
-        """
+    def checks_position_values(self, q: torch.Tensor) -> bool:
+        return self.rope.checks_position_values(q)
+
+    def tables(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> RopeTables:
+        """The rotary part's cos/sin (:meth:`RotaryEmbedding.tables`)."""
+        return self.rope.tables(q, k, positions, k_positions)
+
+    def apply_tables(
+        self, q: torch.Tensor, k: torch.Tensor, tables: RopeTables
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate the rope slice of queries and keys; returns ``(q', k')`` of the input shapes,
+        the nope channels untouched."""
         q_pass, q_rot = self._split(q, "q")
         k_pass, k_rot = self._split(k, "k")
-        q_rot, k_rot = self.rope(q_rot, k_rot, positions, k_positions)
+        q_rot, k_rot = self.rope.apply_tables(q_rot, k_rot, tables)
         q_out = (
             q_rot if q_pass is None else torch.cat((q_pass, q_rot), dim=-1)
         )  # [b, h, s, nope + rope]

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_positions
+from .._checks import check_positions, default_positions
+from .._context import ScoreContext
 
 TEMPERATURE_KINDS = ("llama4_scaling", "llama4_temperature")
 
@@ -111,3 +112,15 @@ class QueryTemperature:
         return (q * scale).to(q.dtype)
 
     __call__ = forward
+
+    def scale_queries(self, q: torch.Tensor, call: ScoreContext) -> torch.Tensor:
+        """:class:`~posenc.attention.Attention`'s query hook: scale ``q [b, h, s, d]`` after any
+        rotation and the KV cache update (which holds keys only), before the scores. Llama-4
+        evaluates its scale at the queries' indices in the KV cache (``past + arange(s)``,
+        whatever the positions), Ministral-3 at the positions ``call.positions``."""
+        if self.kind == "llama4_temperature":
+            s, t = q.shape[2], call.k_positions.shape[-1]
+            where = default_positions(s, q.device, offset=t - s)  # [s]
+        else:
+            where = call.positions  # [s] or [b, s]
+        return self(q, where)

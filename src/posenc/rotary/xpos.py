@@ -21,16 +21,15 @@ middle of the positions in use (the registry takes half the model's ``max_len``)
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
-from torch import nn
 
 from .._checks import check_choice, check_even, check_number, check_positions, check_values
 from .._constants import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
 from ..kernels.rope_op import mixed_backend
-from .embedding import check_qk, resolve_angle_dtype, resolve_qk_positions
+from .base import RotaryEncoding, check_qk
+from .embedding import resolve_angle_dtype
 
 
 def xpos_zeta(
@@ -41,7 +40,7 @@ def xpos_zeta(
     return (torch.arange(0, head_dim, 2, dtype=dtype) + gamma * head_dim) / ((1 + gamma) * head_dim)
 
 
-class XPos(nn.Module):
+class XPos(RotaryEncoding):
     """xPos: RoPE whose queries are scaled by ``zeta ** (n / B)`` and keys by ``zeta ** (-m / B)``.
 
     Args:
@@ -53,8 +52,6 @@ class XPos(nn.Module):
         center: position whose scale is 1 (module docstring: overflow).
         angle_dtype: float64 (default) or float32 for the angles; scales are computed in float64.
     """
-
-    family: ClassVar[str] = "rotary"
 
     def __init__(
         self,
@@ -115,7 +112,12 @@ class XPos(nn.Module):
         than :meth:`max_offset` allows is a ValueError (on CPU; a device assertion on GPU; under
         ``torch.compile``, where nothing can be raised, its rows are NaN: never a wrong number).
         """
-        positions = check_positions(positions)
+        return self._cos_sin(check_positions(positions), downscale, dtype)
+
+    def _cos_sin(
+        self, positions: torch.Tensor, downscale: bool, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`cos_sin` of checked ``positions``."""
         dev = positions.device
         inv_freq = self.constants.get("inv_freq", dev)  # [d/2]
         angles = positions.to(self.angle_dtype)[..., None] * inv_freq  # [*, d/2]
@@ -139,21 +141,25 @@ class XPos(nn.Module):
             f"{far} away. Set center near the positions in use"
         )
 
-    def forward(
+    def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        check_qk(q, k, self.head_dim)
+        mixed_backend(self.backend, q, k)  # a kernel named for mixed dtypes: ValueError
+
+    def tables(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """Scaled cos/sin ``[(b,) s, d/2]`` of the queries (up) and ``[(b,) t, d/2]`` of the keys
+        (down)."""
+        return self._cos_sin(positions, False, q.dtype), self._cos_sin(k_positions, True, k.dtype)
+
+    def apply_tables(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
+        tables: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]``; ``positions [s]``/``[b, s]``,
-        ``k_positions [t]``/``[b, t]`` (defaults as :class:`RotaryEmbedding`).
-        Returns ``(q', k')``."""
-        check_qk(q, k, self.head_dim)
-        mixed_backend(self.backend, q, k)  # a kernel named for mixed dtypes: ValueError
-        positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
-        cos_q, sin_q = self.cos_sin(positions, dtype=q.dtype)  # [(b,) s, d/2], scaled up
-        cos_k, sin_k = self.cos_sin(k_positions, downscale=True, dtype=k.dtype)  # scaled down
+        """Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]`` -> ``(q', k')``."""
+        (cos_q, sin_q), (cos_k, sin_k) = tables
         return apply_rotary_qk(
             q, k, cos_q, sin_q, cos_k, sin_k, self.layout, self.head_dim, backend=self.backend
         )
