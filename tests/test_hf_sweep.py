@@ -298,6 +298,7 @@ def test_mrope_types_with_3d_positions() -> None:
         "glm_ocr_text",
         "hy_v4_vl_text",
         "qwen2_5_omni_thinker",
+        "ernie4_5_vl_moe_text",
     } <= set(checked)
     assert all(e <= 4 * TOL for e in checked.values()), checked
 
@@ -307,3 +308,22 @@ def test_mrope_pair_layout_is_caught() -> None:
     torch.manual_seed(1)
     assert _mrope_error("glm4v_text") <= 4 * TOL
     assert _mrope_error("glm4v_text", layout="half") > 0.1
+
+
+def test_ernie_mrope_allocation_is_caught(monkeypatch: Any) -> None:
+    """Negative control: ERNIE-4.5-VL's (H, W, T) sections allocated as Qwen2-VL's, with H and W
+    swapped, or over half pairs, are caught on 3-D positions."""
+    from posenc.functional import rotary
+    from posenc.hf import config
+
+    torch.manual_seed(1)
+    assert _mrope_error("ernie4_5_vl_moe_text") <= 4 * TOL
+    assert _mrope_error("ernie4_5_vl_moe_text", layout="half") > 0.1
+    with monkeypatch.context() as m:
+        m.setitem(config.MROPE_ALLOCATION_MODEL_TYPES, "ernie4_5_vl_moe_text", "contiguous")
+        assert _mrope_error("ernie4_5_vl_moe_text") > 0.1
+    right = rotary.MROPE_ALLOCATIONS["hw_alternating"]
+    with monkeypatch.context() as m:  # [W H W H .. T]: the two spatial axes swapped
+        m.setitem(rotary.MROPE_ALLOCATIONS, "hw_alternating",
+                  lambda sec: [{1: 2, 2: 1}.get(a, a) for a in right(sec)])  # fmt: skip
+        assert _mrope_error("ernie4_5_vl_moe_text") > 0.1

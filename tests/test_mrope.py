@@ -190,3 +190,53 @@ def test_mrope_positions_match_get_rope_index(cls: type) -> None:
     )
     got = mrope_positions(segments, spatial_merge_size=merge)
     assert torch.equal(got, ref[:, 0])
+
+
+def test_ernie_mrope_matches_its_rotary_class() -> None:
+    """ERNIE-4.5-VL's M-RoPE (its rotary class pre-permutes the frequencies and recomposes
+    [H W H W .. | T ..] over interleaved pairs): cos/sin and rotated q/k on distinct 3-D
+    positions, published sections [22, 22, 20] and a small [3, 3, 2]."""
+    from transformers.models.ernie4_5_vl_moe import modeling_ernie4_5_vl_moe as ernie
+    from transformers.models.ernie4_5_vl_moe.configuration_ernie4_5_vl_moe import (
+        Ernie4_5_VLMoeTextConfig,
+    )
+
+    torch.manual_seed(0)
+    for head_dim, sections in ((128, [22, 22, 20]), (16, [3, 3, 2])):
+        cfg = Ernie4_5_VLMoeTextConfig(
+            hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0,
+                             "mrope_section": sections},
+        )  # fmt: skip
+        ref = ernie.Ernie4_5_VLMoeTextRotaryEmbedding(cfg)
+        rope = rope_from_hf(cfg)
+        assert isinstance(rope, MRoPE) and rope.allocation == "hw_alternating"
+        pos = torch.randint(0, 4 * cfg.max_position_embeddings, (3, 2, 7))  # [3, b, s]
+        cos_ref, sin_ref = ref(torch.zeros(1), pos)  # [b, s, d], each pair's value twice
+        inv_freq, factor = rope.frequencies(int(pos.max()) + 1)
+        from posenc.functional import mrope_cos_sin
+
+        cos, sin = mrope_cos_sin(pos, inv_freq, rope.mrope_section, rope.allocation, factor)
+        err = max(
+            (cos.repeat_interleave(2, -1) - cos_ref).abs().max().item(),
+            (sin.repeat_interleave(2, -1) - sin_ref).abs().max().item(),
+        )
+        assert err <= 1e-6, (sections, err)
+        q, k = torch.randn(2, 2, 7, head_dim), torch.randn(2, 1, 7, head_dim)
+        want = ernie.apply_rotary_pos_emb(q, k, cos_ref, sin_ref)
+        got = rope(q, k, pos)
+        err = max((w - g).abs().max().item() for w, g in zip(want, got, strict=True))
+        assert err <= 4e-6, (sections, err)
+        assert (got[0] - rope.with_scaling(None)(q, k, pos[[0, 2, 1]])[0]).abs().max() > 0.1
+
+
+def test_mrope_allocation_names() -> None:
+    assert mrope_axis_index([2, 2, 1], "hw_alternating").tolist() == [1, 2, 1, 2, 0]
+    assert (
+        mrope_axis_index([2, 1, 1], False).tolist()
+        == mrope_axis_index([2, 1, 1], "contiguous").tolist()
+    )
+    with pytest.raises(ValueError, match="H must equal W"):
+        mrope_axis_index([2, 1, 1], "hw_alternating")
+    with pytest.raises(ValueError, match="allocation must be"):
+        MRoPE(8, [2, 1, 1], interleaved="spiral")

@@ -31,6 +31,8 @@ and the rotation runs in float32 (float64 for float64 inputs); only the result i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .._checks import check_choice, check_positions
@@ -180,19 +182,73 @@ def apply_rotary_qk(
     )  # fmt: skip
 
 
+def _contiguous_axes(sections: list[int]) -> list[int]:
+    return [a for a, count in enumerate(sections) for _ in range(count)]
+
+
+def _interleaved_axes(sections: list[int]) -> list[int]:
+    axis = [
+        1 if j % 3 == 1 and j < 3 * sections[1] else 2 if j % 3 == 2 and j < 3 * sections[2] else 0
+        for j in range(sum(sections))
+    ]
+    if axis.count(1) != sections[1] or axis.count(2) != sections[2]:
+        raise ValueError(
+            f"interleaved mrope_section {sections!r} does not fit {sum(sections)} pairs: H and W "
+            "need 3 * section pairs each"
+        )
+    return axis
+
+
+def _hw_alternating_axes(sections: list[int]) -> list[int]:
+    # ERNIE-4.5-VL: sections are (H, W, T); pairs [H W H W ... H W | T T ...]
+    h, w, t = sections
+    if h != w:
+        raise ValueError(
+            f"ERNIE-4.5-VL's mrope_section (H, W, T) alternates H and W pairs, so H must equal W, "
+            f"got {sections!r}"
+        )
+    return [1 if j % 2 == 0 else 2 for j in range(h + w)] + [0] * t
+
+
+#: How M-RoPE assigns its pairs to the axes (0 temporal, 1 height, 2 width), by name; an
+#: ``mrope_section`` of 3 counts in, a list of one axis per pair out.
+MROPE_ALLOCATIONS: dict[str, Callable[[list[int]], list[int]]] = {
+    "contiguous": _contiguous_axes,  # Qwen2-VL: [T T H W] for [2, 1, 1]
+    "interleaved": _interleaved_axes,  # Qwen3-VL: [T H W T] for [2, 1, 1]
+    "hw_alternating": _hw_alternating_axes,  # ERNIE-4.5-VL (H, W, T): [H W H W T] for [2, 2, 1]
+}
+
+
+def mrope_allocation(interleaved: bool | str) -> str:
+    """The :data:`MROPE_ALLOCATIONS` name of ``interleaved`` (False/True name contiguous and
+    interleaved, as Qwen2-VL's and Qwen3-VL's flag does)."""
+    if isinstance(interleaved, bool):
+        return "interleaved" if interleaved else "contiguous"
+    if interleaved not in MROPE_ALLOCATIONS:
+        raise ValueError(
+            f"M-RoPE allocation must be True, False or one of {sorted(MROPE_ALLOCATIONS)}, "
+            f"got {interleaved!r}"
+        )
+    return interleaved
+
+
 def mrope_axis_index(
-    mrope_section: tuple[int, ...] | list[int], interleaved: bool = False
+    mrope_section: tuple[int, ...] | list[int], interleaved: bool | str = False
 ) -> torch.Tensor:
     """Which position axis (0 temporal, 1 height, 2 width) drives each of the ``n`` pairs of M-RoPE.
 
-    ``mrope_section`` gives the number of pairs per axis (sum ``n = head_dim / 2``).
+    ``mrope_section`` gives the number of pairs per axis (sum ``n = head_dim / 2``);
+    ``interleaved`` names the allocation (:data:`MROPE_ALLOCATIONS`; False and True are
+    ``"contiguous"`` and ``"interleaved"``).
 
     Qwen2-VL (contiguous sections; ``[2, 1, 1]``)::      pairs  [T T H W]
     Qwen3-VL (``interleaved``; ``[2, 1, 1]``)::          pairs  [T H W T]
+    ERNIE-4.5-VL (``"hw_alternating"``; (H, W, T) ``[2, 2, 1]``)::  pairs  [H W H W T]
 
     In the interleaved layout pair ``j`` takes H when ``j % 3 == 1`` and ``j < 3 * sec[1]``, W
     when ``j % 3 == 2`` and ``j < 3 * sec[2]``, else T.
     """
+    allocation = mrope_allocation(interleaved)
     sections = list(mrope_section)
     if len(sections) != 3 or any(
         isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in sections
@@ -200,30 +256,17 @@ def mrope_axis_index(
         raise ValueError(
             f"mrope_section must be 3 non-negative integers (T, H, W), got {mrope_section!r}"
         )
-    n = sum(sections)
-    if n < 1:
+    if sum(sections) < 1:
         raise ValueError(f"mrope_section must not be all zero, got {mrope_section!r}")
     # Built from Python ints: sizes known to a tracer (no data-dependent repeat_interleave).
-    if not interleaved:
-        axis = [a for a, count in enumerate(sections) for _ in range(count)]
-        return torch.tensor(axis, dtype=torch.long)  # [n]
-    axis = [
-        1 if j % 3 == 1 and j < 3 * sections[1] else 2 if j % 3 == 2 and j < 3 * sections[2] else 0
-        for j in range(n)
-    ]
-    if axis.count(1) != sections[1] or axis.count(2) != sections[2]:
-        raise ValueError(
-            f"interleaved mrope_section {mrope_section!r} does not fit {n} pairs: H and W need "
-            "3 * section pairs each"
-        )
-    return torch.tensor(axis, dtype=torch.long)  # [n]
+    return torch.tensor(MROPE_ALLOCATIONS[allocation](sections), dtype=torch.long)  # [n]
 
 
 def mrope_cos_sin(
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
     mrope_section: tuple[int, ...] | list[int],
-    interleaved: bool = False,
+    interleaved: bool | str = False,
     attention_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Multimodal RoPE cos/sin: pair ``j`` turns with the position of its axis (Qwen2-VL/Qwen3-VL).

@@ -55,6 +55,13 @@ MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
     ),
     # Qwen3-VL's interleaved sections over interleaved pairs
     "hy_v4_vl": (24, 20, 20), "hy_v4_vl_text": (24, 20, 20),
+    # ERNIE-4.5-VL: sections (H, W, T) over interleaved pairs, its own allocation (below)
+    "ernie4_5_vl_moe": (22, 22, 20), "ernie4_5_vl_moe_text": (22, 22, 20),
+}  # fmt: skip
+# Model types whose rotary class allocates the sections its own way (a name of
+# posenc.functional.rotary.MROPE_ALLOCATIONS), whatever ``mrope_interleaved`` says.
+MROPE_ALLOCATION_MODEL_TYPES: dict[str, str] = {
+    "ernie4_5_vl_moe": "hw_alternating", "ernie4_5_vl_moe_text": "hw_alternating",
 }  # fmt: skip
 # Their rotary class interleaves the sections (T H W T H W ...) whatever ``mrope_interleaved`` says.
 INTERLEAVED_MROPE_MODEL_TYPES = frozenset(

@@ -48,6 +48,7 @@ from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
     INTERLEAVED_MROPE_MODEL_TYPES,
     LLAMA4_MODEL_TYPES,
     LLAMA4_SCALING_MODEL_TYPES,
+    MROPE_ALLOCATION_MODEL_TYPES,
     MROPE_MODEL_TYPES,
     ROPE_INTERLEAVE_MODEL_TYPES,
     ROTARY_DIM_MODEL_TYPES,
@@ -468,7 +469,11 @@ def _mrope(params: Mapping[str, Any], model_types: frozenset[str]) -> dict[str, 
             f"M-RoPE of {sorted(MROPE_MODEL_TYPES)} only (other models lay sections out "
             "differently)"
         )
-    if model_types & INTERLEAVED_MROPE_MODEL_TYPES:
+    allocation = model_types & MROPE_ALLOCATION_MODEL_TYPES.keys()
+    interleaved: bool | str
+    if allocation:
+        interleaved = MROPE_ALLOCATION_MODEL_TYPES[min(allocation)]
+    elif model_types & INTERLEAVED_MROPE_MODEL_TYPES:
         interleaved = True
     elif known:
         interleaved = False  # Qwen2-VL and Qwen2.5-VL ignore mrope_interleaved

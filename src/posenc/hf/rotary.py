@@ -351,4 +351,4 @@ def _mrope_cos_sin(rope: MRoPE, position_ids: torch.Tensor) -> tuple[torch.Tenso
         inv_freq, factor = rope.frequencies(max_position(pos3) + 1)
     else:
         inv_freq, factor = rope._traced_frequencies(pos3, pos3)
-    return mrope_cos_sin(pos3, inv_freq, rope.mrope_section, rope.interleaved, factor)
+    return mrope_cos_sin(pos3, inv_freq, rope.mrope_section, rope.allocation, factor)

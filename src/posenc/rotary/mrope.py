@@ -1,10 +1,11 @@
-"""Multimodal RoPE (M-RoPE) of Qwen2-VL and Qwen3-VL, and the positions it reads.
+"""Multimodal RoPE (M-RoPE) of Qwen2-VL, Qwen3-VL and ERNIE-4.5-VL, and the positions it reads.
 
 A token carries three positions (temporal, height, width). The ``head_dim / 2`` rotated pairs are
 split into three groups by ``mrope_section``; each group turns with its own axis's position::
 
     Qwen2-VL  contiguous sections, e.g. [2, 1, 1] over 4 pairs:   [T T H W]
     Qwen3-VL  interleaved sections, e.g. [2, 1, 1] over 4 pairs:  [T H W T]
+    ERNIE-4.5-VL  (H, W, T) sections, e.g. [2, 2, 1] over 5 pairs:  [H W H W T]
 
 Text tokens have the same position on all three axes, so on text M-RoPE is plain RoPE. Pairs
 are laid out "half" (x[i] with x[i + r/2]), as in both models.
@@ -26,7 +27,12 @@ from typing import Any
 import torch
 
 from .._checks import check_positions, check_positive_int, host_readable
-from ..functional.rotary import apply_rotary_qk, mrope_axis_index, mrope_cos_sin
+from ..functional.rotary import (
+    apply_rotary_qk,
+    mrope_allocation,
+    mrope_axis_index,
+    mrope_cos_sin,
+)
 from .embedding import RotaryEmbedding, check_qk, max_position, resolve_qk_positions
 
 Segment = tuple[str, Any] | tuple[str, Any, float]
@@ -41,7 +47,10 @@ class MRoPE(RotaryEmbedding):
             ``sum(mrope_section)`` must equal ``rotary_dim / 2``.
         base, scaling, angle_dtype, backend: as for :class:`RotaryEmbedding` (frequencies are
             shared by the three axes).
-        interleaved: Qwen3-VL's interleaved section layout (``T H W T H W ... T T``).
+        interleaved: how the sections assign pairs to axes (see
+            :data:`posenc.functional.rotary.MROPE_ALLOCATIONS`): False (``"contiguous"``,
+            Qwen2-VL ``T.. H.. W..``), True (``"interleaved"``, Qwen3-VL ``T H W T H W ... T T``)
+            or ``"hw_alternating"`` (ERNIE-4.5-VL, sections (H, W, T): ``H W H W ... T T``).
         rotary_dim: ``r``, the rotated channels (default ``head_dim``); Qwen3.5 rotates a quarter
             of the head (``partial_rotary_factor``).
         layout: the channel pairs, as for :class:`RotaryEmbedding`: ``"half"`` (Qwen) or
@@ -55,7 +64,7 @@ class MRoPE(RotaryEmbedding):
         mrope_section: Sequence[int],
         base: float = 10000.0,
         scaling: Mapping[str, Any] | None = None,
-        interleaved: bool = False,
+        interleaved: bool | str = False,
         *,
         rotary_dim: int | None = None,
         angle_dtype: torch.dtype | str = torch.float64,
@@ -66,8 +75,14 @@ class MRoPE(RotaryEmbedding):
             head_dim, base, scaling, layout, rotary_dim, angle_dtype=angle_dtype, backend=backend
         )
         self.mrope_section = tuple(mrope_section)
-        self.interleaved = bool(interleaved)
-        axis = mrope_axis_index(self.mrope_section, self.interleaved)  # validates the sections
+        #: the allocation's name (posenc.functional.rotary.MROPE_ALLOCATIONS)
+        self.allocation = mrope_allocation(
+            interleaved if isinstance(interleaved, str) else bool(interleaved)
+        )
+        # Qwen's flag (sections interleaved), kept for readers of Qwen configs; the pair layout
+        # is ``layout``
+        self.interleaved = self.allocation == "interleaved"
+        axis = mrope_axis_index(self.mrope_section, self.allocation)  # validates the sections
         if axis.shape[0] != self.span // 2:
             raise ValueError(
                 f"sum(mrope_section) must equal rotary_dim / 2 = {self.span // 2} (rotary_dim "
@@ -124,13 +139,13 @@ class MRoPE(RotaryEmbedding):
         else:  # an accelerator or torch.compile: frequencies chosen on the device
             inv_freq, factor = self._traced_frequencies(pos3, kpos3)
         cos_q, sin_q = mrope_cos_sin(
-            pos3, inv_freq, self.mrope_section, self.interleaved, factor
+            pos3, inv_freq, self.mrope_section, self.allocation, factor
         )  # [(b,) s, n]
         if kpos3 is pos3:
             cos_k, sin_k = cos_q, sin_q
         else:
             cos_k, sin_k = mrope_cos_sin(
-                kpos3, inv_freq, self.mrope_section, self.interleaved, factor
+                kpos3, inv_freq, self.mrope_section, self.allocation, factor
             )
         return apply_rotary_qk(
             q, k, cos_q, sin_q, cos_k, sin_k, self.layout, self.span, backend=self.backend
@@ -143,7 +158,7 @@ class MRoPE(RotaryEmbedding):
             self.mrope_section,
             self.base,
             scaling,
-            self.interleaved,
+            self.allocation,
             rotary_dim=self.rotary_dim,
             angle_dtype=self.angle_dtype,
             backend=self.backend,
@@ -152,7 +167,7 @@ class MRoPE(RotaryEmbedding):
 
     def extra_repr(self) -> str:
         sections = list(self.mrope_section)
-        return f"{super().extra_repr()}, mrope_section={sections}, interleaved={self.interleaved}"
+        return f"{super().extra_repr()}, mrope_section={sections}, allocation={self.allocation!r}"
 
 
 def _rank(p: object) -> int:

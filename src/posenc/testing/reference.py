@@ -49,7 +49,7 @@ class Reference:
             return position_ids[..., None]  # [b, s, 1]
         module = self.exact
         assert isinstance(module, MRoPE)
-        axis = mrope_axis_index(module.mrope_section, module.interleaved)  # [n]
+        axis = mrope_axis_index(module.mrope_section, module.allocation)  # [n]
         return position_ids.movedim(0, -1)[..., axis]  # [3, b, s] -> [b, s, 3] -> [b, s, n]
 
     def cos_sin(
