@@ -150,25 +150,6 @@ def _check_cu_seqlens(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor
 _Views = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
-def _packed_views(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    positions: torch.Tensor | None,
-    k_positions: torch.Tensor | None,
-) -> _Views:
-    """Packed q, k as one batch row ``[1, h, total, d]``, with positions counted from each
-    sequence's start when none are given: ``(q4, k4, positions, k_positions)``."""
-    _check_cu_seqlens(q, k, cu_seqlens)
-    q4 = q.unsqueeze(0).transpose(1, 2)  # [total, h, d] -> [1, h, total, d]
-    k4 = k.unsqueeze(0).transpose(1, 2)  # [1, hk, total, d]
-    if positions is None:
-        positions = _varlen_positions(cu_seqlens, q.shape[0])  # [total]
-        if k_positions is None:
-            k_positions = positions  # the same object: q and k share the table rows
-    return q4, k4, positions, k_positions
-
-
 def _bhsd_views(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -180,7 +161,15 @@ def _bhsd_views(
     """q ``[b, h, s, d]`` and k ``[b, hk, t, d]`` views of any accepted form, and the positions
     (packed input without positions gets its own): ``(q4, k4, positions, k_positions)``."""
     if cu_seqlens is not None:
-        return _packed_views(q, k, cu_seqlens, positions, k_positions)
+        # Packed: one batch row, positions counted from each sequence's start when none are given.
+        _check_cu_seqlens(q, k, cu_seqlens)
+        q4 = q.unsqueeze(0).transpose(1, 2)  # [total, h, d] -> [1, h, total, d]
+        k4 = k.unsqueeze(0).transpose(1, 2)  # [1, hk, total, d]
+        if positions is None:
+            positions = _varlen_positions(cu_seqlens, q.shape[0])  # [total]
+            if k_positions is None:
+                k_positions = positions  # the same object: q and k share the table rows
+        return q4, k4, positions, k_positions
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(
             f"q and k must be 4-D ({seq_layout}) or packed [total, h, d] with cu_seqlens, got "
