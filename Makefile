@@ -56,9 +56,9 @@ docs: setup
 bench: setup
 	$(BIN)/posenc bench rope
 
-# The GPU check (benchmarks/gpu_check.py): on a CUDA machine every GPU test, the RoPE and bias
-# benchmarks and the gpu-small lab in under 8 minutes, all output under $OUT (if set) or
-# runs/gpu-check/<time>; without CUDA a dry run on the CPU (tiny sizes, < 1 min). On a machine
+# The GPU check (benchmarks/gpu_check.py, a table of phases): on a CUDA machine every GPU test,
+# the RoPE and bias benchmarks and the gpu-small lab in under 8 minutes, all output under $OUT
+# (if set) or runs/gpu-check/<time>; without CUDA a dry run on the CPU (tiny sizes). On a machine
 # that already has torch (the GPU machine, with no .venv) it uses that Python and installs
 # nothing but the carried wheels; elsewhere it sets up .venv first.
 # GPU_PYTHON=... picks the interpreter; GPU_CHECK_ARGS="--dry-run" etc. pass options through.
@@ -75,11 +75,11 @@ gpu-check:
 	echo "$$py benchmarks/gpu_check.py $(GPU_CHECK_ARGS)"; \
 	exec $$py benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
-# Wheels the GPU machine lacks (CPython 3.12, manylinux x86-64, torch 2.11 + CUDA 13 there):
-# pytest, hypothesis, typer, rich with their dependencies, liger-kernel without (never torch),
-# flash-attn only if a prebuilt wheel matches. Into wheels/ (ignored), which the run carries.
+# Wheels the GPU machine lacks (CPython 3.12, manylinux x86-64, torch 2.11 + CUDA 13 there),
+# listed in benchmarks/gpu-wheels.txt, each without dependencies (never torch). Into wheels/
+# (ignored), which the run carries and its setup phase installs offline.
 gpu-wheels:
-	$(PYTHON) benchmarks/gpu_check.py --wheels --dest wheels
+	$(PYTHON) benchmarks/gpu_check.py --wheels wheels
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/run_all.py            # CPU (or the GPU when there is one)
     .venv/bin/python benchmarks/run_all.py --quick    # small shapes, a smoke run
 
-Each subcommand replaces its own block of RESULTS.md; text outside the blocks (the analysis) is
-kept. The same figures come from ``posenc bench rope|cos-sin --results benchmarks/RESULTS.md``.
+Each subcommand writes its rows to ``benchmarks/rows/<block>.json`` and replaces its own block of
+RESULTS.md with their rendering; text outside the blocks (the analysis) is kept. The same figures
+come from ``posenc bench rope|cos-sin --results benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations

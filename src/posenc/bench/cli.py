@@ -3,8 +3,9 @@
 Subcommands: ``rope`` (RoPE on q and k), ``cos-sin`` (the cos/sin tables), ``bias`` (bias
 attention: materialized vs FlexAttention vs plain causal SDPA). A new subcommand
 goes in its own module of this package (timing and report helpers in :mod:`.harness`) and is
-registered below with ``@bench_app.command("NAME")``; it may write its own block of
-``benchmarks/RESULTS.md`` with :func:`.harness.write_section`.
+registered below with ``@bench_app.command("NAME")``. A run's figures are rows
+(:class:`.rows.BenchRows`, saved as JSON); its block of ``benchmarks/RESULTS.md`` is rendered
+from them (:mod:`.render`), and ``bench render`` re-renders every block that has rows.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from .bias import BiasRow, Case
+    from .cos_sin import CosSinCase
     from .harness import Shape
     from .rope import RopeCase
+    from .rows import BenchRows
 
 bench_app = typer.Typer(
     help="Benchmarks: posenc against the reference implementations installed here.",
@@ -107,9 +110,9 @@ def _print_rope_case(console: Console, case: RopeCase) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from . import harness, rope
+    from . import rope
 
-    title = escape(f"rope {case.shape.label} {harness.dtype_name(case.dtype)}")
+    title = escape(f"rope {case.shape.label} {case.dtype}")
     table = Table(*rope.CASE_HEADER, title=title)
     for row in rope.case_rows(case):
         table.add_row(*row)
@@ -118,69 +121,30 @@ def _print_rope_case(console: Console, case: RopeCase) -> None:
         console.print(escape(f"  {name}: {note}"))
 
 
-def _print_rope_summary(
-    console: Console, cases: list[RopeCase], env: dict[str, str], cpu: bool
-) -> tuple[list[str], list[list[str]], list[str]]:
-    """Print the summary table, its legend and the target lines; ``(header, rows, targets)``."""
+def _print_rope_summary(console: Console, doc: BenchRows, cases: list[RopeCase]) -> None:
+    """Print the summary table, its legend and the target lines."""
     from rich.markup import escape
 
-    from . import rope
+    from . import render, rope
 
     header, rows = rope.drop_empty_columns(
         rope.SUMMARY_HEADER, [rope.summary_row(c) for c in cases]
     )
-    targets = [line for c in cases if (line := rope.target_line(c, cpu))]
-    summary = rope.summary_table(header, rows)
-    _note_load(env)
-    console.print(summary)
+    console.print(rope.summary_table(header, rows))
     console.print(escape(rope.SUMMARY_LEGEND))
-    for line in targets:
+    for line in render.rope_target_lines(doc):
         console.print(escape(f"target {line}"))
-    return header, rows, targets
 
 
-def _rope_block(
-    cases: list[RopeCase],
-    env: dict[str, str],
-    summary: tuple[list[str], list[list[str]], list[str]],
-    backward: bool,
-    where: str,
-) -> str:
-    """The run's block of the results file; ``summary`` is ``(header, rows, targets)`` and
-    ``where`` the device type and tag, as the heading shows them."""
-    from . import harness, rope
+def _publish(console: Console, doc: BenchRows, results: Path | None, json_out: Path | None) -> None:
+    """Write the rows and the block rendered from them (:func:`.render.publish`)."""
+    from . import render
 
-    header, rows, targets = summary
-    mode = "forward+backward" if backward else "forward"
-    parts = [
-        f"## rope ({mode}, {where})",
-        "",
-        "\n".join(f"- {k}: {v}" for k, v in env.items()),
-        f"- command: `{_command_line()}`",
-        "",
-        "Median of round-robin timed calls (decode shapes, one token: each sample the mean of "
-        f"{rope.DECODE_CALLS} back-to-back calls). GB/s: q and k read and written once"
-        + (" per pass (forward and backward)" if backward else "")
-        + "; x copy: copy time / candidate time; speedup: candidate ms / posenc ms.",
-        "",
-        "### Summary",
-        "",
-        harness.markdown_table(header, rows),
-        "",
-        rope.SUMMARY_LEGEND,
-        "",
-        *(f"- target {line}" for line in targets),
-    ]
-    for case in cases:
-        parts += [
-            "",
-            f"### {case.shape.label} {harness.dtype_name(case.dtype)}",
-            "",
-            harness.markdown_table(rope.CASE_HEADER, rope.case_rows(case)),
-        ]
-        if case.notes:
-            parts += ["", *(f"- {k}: {v}" for k, v in case.notes.items())]
-    return "\n".join(parts)
+    for path in render.publish(doc, results, json_out):
+        console.print(f"wrote {path}")
+
+
+_JSON_HELP = "Write the rows here (default with --results: rows/<block>.json beside it)."
 
 
 @bench_app.command("rope")
@@ -205,6 +169,7 @@ def bench_rope(
     tag: str = typer.Option(
         "", "--tag", help="Name this run's block (e.g. 'thp' for a run under other settings)."
     ),
+    json_out: Path | None = typer.Option(None, "--json", help=_JSON_HELP),
 ) -> None:
     """RoPE on q and k: posenc's kernels vs transformers (eager, compiled),
     rotary-embedding-torch, flash-attn and Liger (GPU), and the copy-bandwidth reference."""
@@ -212,6 +177,7 @@ def bench_rope(
     from rich.markup import escape
 
     from . import harness, rope
+    from .rows import BenchRows
 
     shape_list, dtype_list, skipped = _parse_cases(shapes, dtypes, skip, rope.IMPLEMENTATIONS)
     if threads is not None:
@@ -229,14 +195,14 @@ def bench_rope(
             console.print(escape(f"{shape.label} {harness.dtype_name(dtype)} ..."))
             cases.append(rope.rope_case(shape, dtype, dev, repeats, skipped, backward, budget))
             _print_rope_case(console, cases[-1])
-    summary = _print_rope_summary(console, cases, env, dev.type == "cpu")
-
-    if results is not None:
-        where = f"{dev.type}{', ' + tag if tag else ''}"
-        section = "rope-backward" if backward else "rope"
-        name = f"{section}-{dev.type}" + (f"-{tag}" if tag else "")
-        harness.write_section(results, name, _rope_block(cases, env, summary, backward, where))
-        console.print(f"wrote {results}")
+    _note_load(env)
+    name = ("rope-backward" if backward else "rope") + f"-{dev.type}" + (f"-{tag}" if tag else "")
+    settings = {"device": dev.type, "tag": tag, "backward": backward,
+                "decode_calls": rope.DECODE_CALLS}  # fmt: skip
+    rows = [r for c in cases for r in c.as_rows()]
+    doc = BenchRows("rope", name, env, _command_line(), settings, rows)
+    _print_rope_summary(console, doc, cases)
+    _publish(console, doc, results, json_out)
 
 
 # --- cos-sin --------------------------------------------------------------------------------
@@ -249,14 +215,14 @@ def _cos_sin_cases(
     dev: torch.device,
     repeats: int,
     skipped: tuple[str, ...],
-) -> list[str]:
-    """Time and print each distinct (b, s, d) in each dtype; the results file's lines for them."""
+) -> list[CosSinCase]:
+    """Time and print each distinct (b, s, d) in each dtype."""
     from rich.markup import escape
     from rich.table import Table
 
-    from . import cos_sin, harness
+    from . import cos_sin
 
-    parts: list[str] = []
+    cases = []
     seen = set()
     for shape in shape_list:
         if (shape.b, shape.s, shape.d) in seen:
@@ -265,21 +231,13 @@ def _cos_sin_cases(
         for dtype in dtype_list:
             case = cos_sin.cos_sin_case(shape, dtype, dev, repeats, skipped)
             table = Table(*cos_sin.CASE_HEADER, title=escape(f"cos-sin {cos_sin.label(case)}"))
-            rows = cos_sin.case_rows(case)
-            for row in rows:
+            for row in cos_sin.case_rows(case):
                 table.add_row(*row)
             console.print(table)
             for name, note in case.notes.items():
                 console.print(escape(f"  {name}: {note}"))
-            parts += [
-                "",
-                f"### {cos_sin.label(case)}",
-                "",
-                harness.markdown_table(cos_sin.CASE_HEADER, rows),
-            ]
-            if case.notes:
-                parts += ["", *(f"- {k}: {v}" for k, v in case.notes.items())]
-    return parts
+            cases.append(case)
+    return cases
 
 
 @bench_app.command("cos-sin")
@@ -293,28 +251,26 @@ def bench_cos_sin(
     results: Path | None = typer.Option(
         None, "--results", help="Write the figures into this markdown file (its 'cos-sin' block)."
     ),
+    json_out: Path | None = typer.Option(None, "--json", help=_JSON_HELP),
 ) -> None:
     """cos/sin tables of positions (b, s): posenc vs transformers' LlamaRotaryEmbedding
     (eager, compiled) and rotary-embedding-torch."""
     import torch
 
-    from . import cos_sin, harness
+    from . import cos_sin
+    from .rows import BenchRows
 
     shape_list, dtype_list, skipped = _parse_cases(shapes, dtypes, skip, cos_sin.IMPLEMENTATIONS)
     if threads is not None:
         torch.set_num_threads(threads)
     dev = _device(device)
     console, env = _console(dev, _PACKAGES)
-    parts = [
-        f"## cos-sin ({dev.type})",
-        "",
-        "\n".join(f"- {k}: {v}" for k, v in env.items()),
-        f"- command: `{_command_line()}`",
-    ]
-    parts += _cos_sin_cases(console, shape_list, dtype_list, dev, repeats, skipped)
-    if results is not None:
-        harness.write_section(results, f"cos-sin-{dev.type}", "\n".join(parts))
-        console.print(f"wrote {results}")
+    cases = _cos_sin_cases(console, shape_list, dtype_list, dev, repeats, skipped)
+    rows = [r for c in cases for r in c.as_rows()]
+    doc = BenchRows(
+        "cos-sin", f"cos-sin-{dev.type}", env, _command_line(), {"device": dev.type}, rows
+    )
+    _publish(console, doc, results, json_out)
 
 
 # --- bias -----------------------------------------------------------------------------------
@@ -431,6 +387,7 @@ def bench_bias(
     skip: str = _BIAS_SKIP,
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads."),
     results: Path | None = _BIAS_RESULTS,
+    json_out: Path | None = typer.Option(None, "--json", help=_JSON_HELP),
 ) -> None:
     """Bias attention (ALiBi, T5, KERPLE, FIRE, Sandwich): SDPA with a materialized [h, s, t]
     bias vs compiled FlexAttention vs plain causal SDPA; median ms and peak memory. Inference on
@@ -438,7 +395,7 @@ def bench_bias(
     import torch
     from rich.markup import escape
 
-    from . import bias, harness
+    from . import bias
 
     dev, cases, skipped = _bias_plan(device, preset, lengths, dtypes, biases, skip)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -465,10 +422,8 @@ def bench_bias(
     )
     _note_load(env)
     _print_bias_table(console, rows, dev)
-    if results is not None:
-        text = bias.markdown_section(rows, env, _command_line(), limit, max_call_s, dev)
-        harness.write_section(results, f"bias-{dev.type}", text)
-        console.print(f"wrote {results}")
+    doc = bias.rows_doc(rows, env, _command_line(), limit, max_call_s, dev)
+    _publish(console, doc, results, json_out)
 
 
 # --- model ----------------------------------------------------------------------------------
@@ -483,12 +438,10 @@ def bench_model(
     results: Path | None = typer.Option(
         None, "--results", help="Write the figures into this markdown file (its 'hf-model' block)."
     ),
-    json_out: Path | None = typer.Option(None, "--json", help="Write the rows as JSON here."),
+    json_out: Path | None = typer.Option(None, "--json", help=_JSON_HELP),
 ) -> None:
     """A transformers Llama with posenc applied (posenc.hf.apply_posenc) against the stock
     model: a prefill and decode steps (CPU), with the share of a step RoPE takes."""
-    import json
-
     import torch
 
     from . import harness, hf_model
@@ -503,11 +456,30 @@ def bench_model(
     cases = [("prefill", 1, 512), ("decode", 1, 512), ("decode", 8, 512)]
     rows = hf_model.run_cases(cases, dtype_list, layers, repeats)
     _note_load(env)
-    block = hf_model.model_block(rows, env, _command_line())
-    console.print(block)
-    if results is not None:
-        harness.write_section(results, "hf-model-cpu", block)
-        console.print(f"wrote {results}")
-    if json_out is not None:
-        json_out.write_text(json.dumps([r.as_dict() for r in rows], indent=1) + "\n")
-        console.print(f"wrote {json_out}")
+    doc = hf_model.model_doc(rows, env, _command_line())
+    console.print(hf_model.block(doc))
+    _publish(console, doc, results, json_out)
+
+
+# --- render ---------------------------------------------------------------------------------
+
+
+@bench_app.command("render")
+def bench_render(
+    results: Path = typer.Option(
+        Path("benchmarks/RESULTS.md"), "--results", help="The results file whose blocks to render."
+    ),
+    rows: Path | None = typer.Option(
+        None, "--rows", help="Folder of rows files (default: rows/ beside --results)."
+    ),
+) -> None:
+    """Re-render every block of a results file that has a rows file (text between blocks and
+    blocks without rows stay as they are)."""
+    from . import render
+
+    folder = rows or results.parent / "rows"
+    try:
+        names = render.rerender(results, folder)
+    except ValueError as e:
+        raise _bad(str(e)) from e
+    typer.echo(f"rendered {len(names)} blocks from {folder}: {', '.join(names) or '(none)'}")

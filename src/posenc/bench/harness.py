@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from .._markdown import markdown_table as markdown_table  # re-exported: the one formatter
+from .rows import number
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,77 @@ class Timing:
     @property
     def median(self) -> float:
         return statistics.median(self.samples) if self.samples else float("nan")
+
+
+_C = TypeVar("_C", bound="TimedCase")
+
+
+@dataclass
+class TimedCase:
+    """One shape and dtype of a bench: each candidate's median and first-call ms (those that
+    ran) and the notes (why a candidate did not run, which backend ran).
+
+    Rows (:meth:`as_rows`), one per candidate that ran or has a note, in :attr:`CANDIDATES`
+    order: ``shape`` (``BxH/HKxSxD``), ``dtype``, ``impl``, ``status`` (``ok``, or ``not run``
+    with the reason in ``note``), ``median_ms``, ``first_ms``, ``samples``, then the
+    subclass's :attr:`CASE_KEYS`.
+    """
+
+    shape: Shape
+    dtype: str  # "float32", "bfloat16", ...
+    medians: dict[str, float] = field(default_factory=dict)  # ms per call
+    firsts: dict[str, float] = field(default_factory=dict)  # ms of the first call
+    samples: dict[str, int] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    CANDIDATES: ClassVar[tuple[str, ...]] = ()
+    CASE_KEYS: ClassVar[tuple[str, ...]] = ()  # fields of the case repeated in each row
+
+    def ms(self, name: str) -> float:
+        return self.medians.get(name, float("nan"))
+
+    def record(self, timings: dict[str, Timing], notes: dict[str, str]) -> None:
+        """Take the figures of :func:`time_round_robin` and the run's notes (errors last)."""
+        for name, t in timings.items():
+            if t.samples:
+                self.medians[name] = t.median * 1e3
+                self.firsts[name] = t.first * 1e3
+                self.samples[name] = len(t.samples)
+        self.notes.update(notes)
+        self.notes.update({n: t.error for n, t in timings.items() if t.error})
+
+    def as_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for name in self.CANDIDATES:
+            if name not in self.medians and name not in self.notes:
+                continue
+            rows.append({
+                "shape": self.shape.short, "dtype": self.dtype, "impl": name,
+                "status": "ok" if name in self.medians else "not run",
+                "median_ms": self.ms(name), "first_ms": self.firsts.get(name, float("nan")),
+                "samples": self.samples.get(name, 0), "note": self.notes.get(name, ""),
+                **{k: getattr(self, k) for k in self.CASE_KEYS},
+            })  # fmt: skip
+        return rows
+
+    @classmethod
+    def from_rows(cls: type[_C], rows: list[dict[str, Any]], **fields: Any) -> list[_C]:
+        """The cases of a rows file, in the order they ran; ``fields``: run-wide ones."""
+        cases: dict[tuple[str, str], _C] = {}
+        for r in rows:
+            key = (r["shape"], r["dtype"])
+            if key not in cases:
+                (shape,) = parse_shapes(r["shape"])
+                case_fields = {k: r[k] for k in cls.CASE_KEYS}
+                cases[key] = cls(shape, r["dtype"], **case_fields, **fields)
+            case = cases[key]
+            if r["status"] == "ok":
+                case.medians[r["impl"]] = number(r["median_ms"])
+                case.firsts[r["impl"]] = number(r["first_ms"])
+                case.samples[r["impl"]] = int(r["samples"])
+            if r.get("note"):
+                case.notes[r["impl"]] = r["note"]
+        return list(cases.values())
 
 
 def _sync(device: torch.device) -> None:

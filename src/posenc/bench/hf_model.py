@@ -6,7 +6,7 @@ KV heads, MLP 5632) with fewer layers and a small vocabulary, so a CPU times it 
 models hold the same weights. A decode step appends one token to a cache of ``context`` tokens
 and crops the cache back, so every timed call sees the same length. The RoPE share is the time
 of the step's rotations alone (one call per layer, at the step's q/k shapes) over the step.
-Rows are data (:class:`ModelRow`); :func:`model_block` renders them as Markdown.
+Rows are data (:class:`ModelRow`, :func:`model_doc`); :func:`block` renders them as Markdown.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from . import harness
+from .rows import BenchRows
 
 #: TinyLlama-1.1B's shapes, fewer layers, a small vocabulary.
 MODEL_SHAPES: dict[str, Any] = {
@@ -168,11 +169,25 @@ def run_cases(
     return rows
 
 
-def model_block(rows: list[ModelRow], env: dict[str, str], command: str) -> str:
+def model_doc(rows: list[ModelRow], env: dict[str, str], command: str) -> BenchRows:
+    """The run as data (block ``hf-model-cpu``): one row per :class:`ModelRow`
+    (:meth:`ModelRow.as_dict`: its fields, ``speedup`` and ``rope_share``)."""
+    return BenchRows("hf-model", "hf-model-cpu", dict(env), command, {"device": "cpu"},
+                     [r.as_dict() for r in rows])  # fmt: skip
+
+
+def rows_of(doc: BenchRows) -> list[ModelRow]:
+    """The :class:`ModelRow` of a rows file (derived keys dropped: they are recomputed)."""
+    names = {f.name for f in dataclasses.fields(ModelRow)}
+    return [ModelRow(**{k: v for k, v in r.items() if k in names}) for r in doc.rows]
+
+
+def block(doc: BenchRows) -> str:
     """The Markdown block of a run: environment, then one table row per case."""
+    rows = rows_of(doc)
     lines = ["## posenc in a transformers model (patched vs stock Llama, cpu)", ""]
-    lines += [f"- {k}: {v}" for k, v in env.items()]
-    lines += [f"- command: `{command}`", ""]
+    lines += [f"- {k}: {v}" for k, v in doc.env.items()]
+    lines += [f"- command: `{doc.command}`", ""]
     lines += [
         f"Llama with TinyLlama-1.1B's shapes (hidden 2048, 32/4 heads of 64, MLP 5632), "
         f"{rows[0].layers if rows else '?'} layers, vocabulary 4096, SDPA attention; stock "
@@ -184,21 +199,26 @@ def model_block(rows: list[ModelRow], env: dict[str, str], command: str) -> str:
     ]
     header = ["phase", "batch", "tokens", "dtype", "stock ms", "posenc ms", "step speedup",
               "rope stock ms", "rope posenc ms", "rope speedup", "rope share"]  # fmt: skip
-    body = [
-        [
-            r.phase,
-            str(r.batch),
-            str(r.tokens),
-            r.dtype,
-            harness.fmt(r.stock_ms, 3),
-            harness.fmt(r.posenc_ms, 3),
-            harness.fmt(r.speedup, 3),
-            harness.fmt(r.rope_stock_ms, 3),
-            harness.fmt(r.rope_posenc_ms, 3),
-            harness.fmt(r.rope_stock_ms / r.rope_posenc_ms, 2),
-            f"{100 * r.rope_share:.1f}%",
-        ]
-        for r in rows
-    ]
-    lines.append(harness.markdown_table(header, body))
+    lines.append(harness.markdown_table(header, [_table_row(r) for r in rows]))
     return "\n".join(lines) + "\n"
+
+
+def _table_row(r: ModelRow) -> list[str]:
+    return [
+        r.phase,
+        str(r.batch),
+        str(r.tokens),
+        r.dtype,
+        harness.fmt(r.stock_ms, 3),
+        harness.fmt(r.posenc_ms, 3),
+        harness.fmt(r.speedup, 3),
+        harness.fmt(r.rope_stock_ms, 3),
+        harness.fmt(r.rope_posenc_ms, 3),
+        harness.fmt(r.rope_stock_ms / r.rope_posenc_ms, 2),
+        f"{100 * r.rope_share:.1f}%",
+    ]
+
+
+def model_block(rows: list[ModelRow], env: dict[str, str], command: str) -> str:
+    """The Markdown block of a run (:func:`block` of :func:`model_doc`)."""
+    return block(model_doc(rows, env, command))

@@ -37,11 +37,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from .harness import Shape, Timing, dtype_name, time_round_robin
+from .harness import Shape, TimedCase, dtype_name, time_round_robin
 
 POSENC = ("posenc", "posenc-inplace", "posenc-torch", "posenc-module")
 REFERENCES = (
@@ -61,27 +61,17 @@ DECODE_POSITION = 1000
 # model's decode loop runs them (one call alone between other candidates times a cold cache).
 DECODE_CALLS = 50
 
-# CPU targets of the fast path, checked in the summary (prefill: issue 5; decode and the
-# fresh-output limit: the RoPE-core issue).
-TARGET_VS_HF_EAGER = 4.0
-TARGET_VS_HF_COMPILE = 1.2
-TARGET_INPLACE_FRACTION = 0.6
-TARGET_DECODE_VS_HF = 2.0
-TARGET_FRESH_FRACTION = 1.2  # out-of-place float32 within 1.2x of a fresh output's time
-
 
 @dataclass
-class RopeCase:
-    shape: Shape
-    dtype: torch.dtype
-    backward: bool
-    timings: dict[str, Timing]
-    bytes_moved: int  # q and k read and written once (twice with backward)
-    notes: dict[str, str]
+class RopeCase(TimedCase):
+    """One shape and dtype of ``bench rope`` (rows: :class:`~.harness.TimedCase`, plus
+    ``bytes_moved``; ``backward`` is the run's)."""
 
-    def ms(self, name: str) -> float:
-        t = self.timings.get(name)
-        return t.median * 1e3 if t and t.samples else float("nan")
+    backward: bool = False
+    bytes_moved: int = 0  # q and k read and written once (twice with backward)
+
+    CANDIDATES: ClassVar[tuple[str, ...]] = IMPLEMENTATIONS
+    CASE_KEYS: ClassVar[tuple[str, ...]] = ("bytes_moved",)
 
     def fraction_of_copy(self, name: str) -> float:
         return self.ms("copy") / self.ms(name)
@@ -91,6 +81,11 @@ class RopeCase:
 
     def speedup(self, reference: str, of: str | None = None) -> float:
         return self.ms(reference) / self.ms(of or _PAIRED.get(reference, "posenc"))
+
+
+def cases_from_rows(rows: list[dict[str, Any]], backward: bool) -> list[RopeCase]:
+    """The cases of a ``rope`` rows file, in the order they ran."""
+    return RopeCase.from_rows(rows, backward=backward)
 
 
 _compiled_hf: Callable | None = None
@@ -312,18 +307,16 @@ def rope_case(
     notes.setdefault("posenc", f"backend {select_backend('auto', q, (cos, sin))}")
     calls = DECODE_CALLS if shape.decode else 1
     timings = time_round_robin(candidates, device, repeats, budget_s=budget_s, calls=calls)
-    for name, t in timings.items():
-        if t.error:
-            notes[name] = t.error
-    return RopeCase(shape, dtype, backward, timings, bytes_moved, notes)
+    case = RopeCase(shape, dtype_name(dtype), backward=backward, bytes_moved=bytes_moved)
+    case.record(timings, notes)
+    return case
 
 
 def case_rows(case: RopeCase) -> list[list[str]]:
     """Per-candidate rows: impl, median ms, GB/s, x copy, posenc speedup over it, first call."""
     rows = []
     for name in IMPLEMENTATIONS:
-        t = case.timings.get(name)
-        if t is None or not t.samples:
+        if name not in case.medians:
             continue
         speed = case.speedup(name) if name in REFERENCES else float("nan")
         rows.append(
@@ -333,7 +326,7 @@ def case_rows(case: RopeCase) -> list[list[str]]:
                 f"{case.gbps(name):.1f}",
                 f"{case.fraction_of_copy(name):.2f}",
                 "-" if math.isnan(speed) else f"{speed:.2f}x",
-                f"{t.first * 1e3:.0f}",
+                f"{case.firsts[name]:.0f}",
             ]
         )
     return rows
@@ -385,7 +378,7 @@ def summary_table(header: list[str], rows: list[list[str]]) -> Any:
     return table
 
 
-_SHORT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_SHORT_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
 def _ratio(value: float) -> str:
@@ -402,50 +395,9 @@ def summary_row(case: RopeCase) -> list[str]:
     fresh = case.ms("posenc") / case.ms("fresh")  # >= 1: how far from a fresh output's time
     return [
         case.shape.short,
-        _SHORT_DTYPES.get(case.dtype, dtype_name(case.dtype)),
+        _SHORT_DTYPES.get(case.dtype, case.dtype),
         _ratio(case.fraction_of_copy("posenc")),
         _ratio(fresh),
         _ratio(case.fraction_of_copy("posenc-inplace")),
         *(_speedup(case.speedup(SUMMARY_COLUMNS[c])) for c in SUMMARY_HEADER[5:]),
     ]
-
-
-def target_checks(case: RopeCase, cpu: bool) -> list[tuple[str, bool]]:
-    """The CPU targets that apply to a case: (description, met)."""
-    if not cpu or case.backward:
-        return []
-    if case.shape.decode:
-        return [
-            (
-                f"decode >={TARGET_DECODE_VS_HF:g}x hf-module",
-                case.speedup("hf-module") >= TARGET_DECODE_VS_HF,
-            )
-        ]
-    checks = [
-        (
-            f">={TARGET_VS_HF_COMPILE:g}x hf-compile",
-            case.speedup("hf-compile") >= TARGET_VS_HF_COMPILE,
-        ),
-        (
-            f"in-place >={TARGET_INPLACE_FRACTION:g} copy",
-            case.fraction_of_copy("posenc-inplace") >= TARGET_INPLACE_FRACTION,
-        ),
-    ]
-    if case.dtype == torch.bfloat16:
-        checks.insert(
-            0,
-            (f">={TARGET_VS_HF_EAGER:g}x hf-eager", case.speedup("hf-eager") >= TARGET_VS_HF_EAGER),
-        )
-    if case.dtype == torch.float32:
-        fresh = case.ms("posenc") / case.ms("fresh")
-        checks.append((f"<={TARGET_FRESH_FRACTION:g}x fresh", fresh <= TARGET_FRESH_FRACTION))
-    return checks
-
-
-def target_line(case: RopeCase, cpu: bool) -> str:
-    """``shape dtype: target met; target MISSED`` ("" when no target applies)."""
-    checks = target_checks(case, cpu)
-    if not checks:
-        return ""
-    verdicts = "; ".join(f"{n} {'met' if ok else 'MISSED'}" for n, ok in checks)
-    return f"{case.shape.label} {dtype_name(case.dtype)}: {verdicts}"

@@ -74,8 +74,10 @@ from .plan import (
 from .report import (
     SHORT_HEADER,
     TABLE_HEADER,
+    block,
     markdown_section,
     row_notes,
+    rows_doc,
     table_rows,
     target_summary,
 )
@@ -110,6 +112,7 @@ __all__ = [
     "PeakMemory",
     "Sweep",
     "available_memory",
+    "block",
     "human_bytes",
     "markdown_section",
     "materialized_need",
@@ -121,6 +124,7 @@ __all__ = [
     "parse_skip",
     "plan_cases",
     "row_notes",
+    "rows_doc",
     "run_bias_bench",
     "table_rows",
     "target_summary",

@@ -7,9 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import targets
 from ..harness import markdown_table
+from ..rows import BenchRows
 from .limits import MiB, PeakMemory, human_bytes
-from .rows import GPU_TARGET_RATIO, TARGET_MIN_S, TARGET_SPEEDUP, BiasRow, Measurement
+from .rows import GPU_TARGET_RATIO, BiasRow, Measurement
 
 TABLE_HEADER = [
     "bias",
@@ -54,6 +56,11 @@ def _ratio(x: float) -> str:
     return "-" if x != x else f"{x:.2f}x"
 
 
+def _target(r: BiasRow) -> str:
+    t = targets.bias_row(r.as_row())
+    return "-" if t is None else t.text
+
+
 def table_rows(rows: Sequence[BiasRow]) -> list[list[str]]:
     """One line per row, in :data:`TABLE_HEADER`'s columns."""
     out = []
@@ -73,7 +80,7 @@ def table_rows(rows: Sequence[BiasRow]) -> list[list[str]]:
                 _mib(r.flex),
                 _mib(r.causal),
                 "-" if r.max_abs_diff != r.max_abs_diff else f"{r.max_abs_diff:.1e}",
-                r.targets(),
+                _target(r),
             ]
         )
     return out
@@ -104,27 +111,12 @@ def row_notes(rows: Sequence[BiasRow]) -> list[str]:
 
 
 def target_summary(rows: Sequence[BiasRow]) -> list[str]:
-    """One line per target: how many applicable rows met it, and which missed."""
-    cpu = [r for r in rows if r.device == "cpu" and r.mode == "inference" and r.s >= TARGET_MIN_S]
-    lines = []
-    if cpu:
-        both = [r for r in cpu if r.flex.ok and r.materialized.ok]
-        met = [r for r in both if r.speedup_vs_materialized >= TARGET_SPEEDUP]
-        missed = [f"{r.bias} s={r.s} {r.dtype} ({r.speedup_vs_materialized:.2f}x)" for r in both if r not in met]  # fmt: skip
-        only_flex = [r for r in cpu if r.flex.ok and not r.materialized.ok]
-        lines.append(
-            f"CPU inference, compiled flex >= {TARGET_SPEEDUP:g}x faster than the materialized "
-            f"bias at s >= {TARGET_MIN_S}: met in {len(met)} of {len(both)} rows where both ran"
-            + (f"; missed: {', '.join(missed)}" if missed else "")
-            + (
-                f"; {len(only_flex)} more rows where only flex could run (materialized skipped)"
-                if only_flex
-                else ""
-            )
-        )
-    gpu = [r for r in rows if r.device == "cuda" and r.targets() != "-"]
-    lines += [f"{r.bias} s={r.s} {r.dtype}: {r.targets()}" for r in gpu]
-    return lines
+    """One line per target (:mod:`posenc.bench.targets`): the CPU one over the run (how many
+    applicable rows met it, which missed), the GPU ones per row."""
+    data = [r.as_row() for r in rows]
+    cpu = targets.bias_cpu_summary(data)
+    gpu = [t for r in data if r["device"] == "cuda" and (t := targets.bias_row(r)) is not None]
+    return ([cpu] if cpu else []) + [f"{t.case}: {t.text}" for t in gpu]
 
 
 #: What the three candidates are, for the results block.
@@ -143,45 +135,62 @@ CANDIDATES_TEXT = (
 )
 
 
-def markdown_section(
+def rows_doc(
     rows: Sequence[BiasRow],
     env: dict[str, str],
     command: str,
     memory_limit: int,
     max_call_s: float,
     device: torch.device,
-) -> str:
-    """The ``bias-<device>`` block of ``benchmarks/RESULTS.md``."""
-    mode = rows[0].mode if rows else ("forward+backward" if device.type == "cuda" else "inference")
+) -> BenchRows:
+    """The run as data (block ``bias-<device>``): one row per :class:`BiasRow`
+    (:meth:`BiasRow.as_row`); settings: ``device``, ``mode``, ``memory_limit`` (bytes),
+    ``max_call_s``, ``peak_method`` (how peak memory was measured here)."""
     peak = PeakMemory(device)
+    mode = rows[0].mode if rows else ("forward+backward" if device.type == "cuda" else "inference")
+    settings = {
+        "device": device.type,
+        "mode": mode,
+        "memory_limit": memory_limit,
+        "max_call_s": max_call_s,
+        "peak_method": peak.why or peak.method,
+    }
+    return BenchRows("bias", f"bias-{device.type}", dict(env), command, settings,
+                     [r.as_row() for r in rows])  # fmt: skip
+
+
+def block(doc: BenchRows) -> str:
+    """The ``bias-<device>`` block of ``benchmarks/RESULTS.md``, from its rows."""
+    rows = [BiasRow.from_row(r) for r in doc.rows]
+    st = doc.settings
     shape = (
         f"batch {rows[0].batch}, heads {rows[0].heads}, head_dim {rows[0].head_dim}" if rows else ""
     )
     parts = [
-        f"## bias ({mode}, {device.type})",
+        f"## bias ({st['mode']}, {doc.device})",
         "",
-        "\n".join(f"- {k}: {v}" for k, v in env.items()),
-        f"- command: `{command}`",
+        "\n".join(f"- {k}: {v}" for k, v in doc.env.items()),
+        f"- command: `{doc.command}`",
         f"- shape: {shape}, causal self-attention (t = s), a whole posenc Attention layer",
         "",
         CANDIDATES_TEXT,
         "",
         f"Peak memory: growth during one timed call above what was held just before it. "
-        f"{peak.why or peak.method}. The flex path ran with its encoding's `.bias` replaced by "
+        f"{st['peak_method']}. The flex path ran with its encoding's `.bias` replaced by "
         "a function that raises, so each flex row also shows that path never built an "
         "`[h, s, t]` bias.",
         "",
         f"Skips: the materialized bias is not tried when its estimated need (the larger of "
         f"h*s*t*4 bytes and the peak per score measured at a shorter length, times s*t) exceeds "
-        f"{human_bytes(memory_limit)} or 90% of the memory available at that moment; any "
+        f"{human_bytes(st['memory_limit'])} or 90% of the memory available at that moment; any "
         f"candidate predicted (from a shorter length, times (s/s_prev)^2) to take more than "
-        f"{max_call_s:g} s per call is skipped for time.",
+        f"{st['max_call_s']:g} s per call is skipped for time.",
         "",
         "### Targets",
         "",
         *(f"- {line}" for line in target_summary(rows)),
     ]
-    if device.type != "cuda":
+    if doc.device != "cuda":
         parts.append(
             "- GPU targets (forward+backward: FlexAttention ALiBi/T5 at s = 8k within "
             f"{GPU_TARGET_RATIO:g}x of plain causal SDPA; running at s = 64k where the "
@@ -193,3 +202,15 @@ def markdown_section(
     if notes:
         parts += ["", "### Notes", "", *(f"- {n}" for n in notes)]
     return "\n".join(parts)
+
+
+def markdown_section(
+    rows: Sequence[BiasRow],
+    env: dict[str, str],
+    command: str,
+    memory_limit: int,
+    max_call_s: float,
+    device: torch.device,
+) -> str:
+    """The ``bias-<device>`` block of a run (:func:`block` of :func:`rows_doc`)."""
+    return block(rows_doc(rows, env, command, memory_limit, max_call_s, device))

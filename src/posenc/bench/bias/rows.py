@@ -1,18 +1,24 @@
-"""One row of the benchmark (a bias at one length and dtype: its three candidates) and the
-benchmark's targets it is checked against."""
+"""One row of the benchmark (a bias at one length and dtype: its three candidates), as data.
+The benchmark's target figures live with their rules in :mod:`posenc.bench.targets` and are
+re-exported here."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
-# The CPU target: compiled FlexAttention at least this much faster than the materialized
-# bias, at s >= TARGET_MIN_S, inference.
-TARGET_SPEEDUP = 1.5
-TARGET_MIN_S = 2048
-# GPU targets (forward + backward): ALiBi and T5 flex within this factor of plain causal SDPA
-# at s = 8k, and flex running at s = 64k where the materialized bias cannot.
-GPU_TARGET_RATIO = 1.25
-GPU_TARGET_BIASES = ("alibi", "t5")
+from ..rows import number
+from ..targets import GPU_TARGET_BIASES, GPU_TARGET_RATIO, TARGET_MIN_S, TARGET_SPEEDUP
+
+__all__ = [
+    "GPU_TARGET_BIASES",
+    "GPU_TARGET_RATIO",
+    "TARGET_MIN_S",
+    "TARGET_SPEEDUP",
+    "BiasRow",
+    "Measurement",
+]
 
 
 @dataclass
@@ -59,24 +65,19 @@ class BiasRow:
         """flex ms / plain causal SDPA ms (1.0: the bias costs nothing)."""
         return self.flex.ms / self.causal.ms
 
-    def targets(self) -> str:
-        """The benchmark's targets that apply to this row, each ``met``/``MISSED``, or ``-``."""
-        if self.device == "cpu" and self.mode == "inference" and self.s >= TARGET_MIN_S:
-            name = f"flex >={TARGET_SPEEDUP:g}x materialized"
-            if not self.flex.ok:
-                return f"{name}: flex did not run"
-            if not self.materialized.ok:
-                return f"{name}: - (materialized {self.materialized.status}; flex ran)"
-            ok = self.speedup_vs_materialized >= TARGET_SPEEDUP
-            return f"{name} {'met' if ok else 'MISSED'}"
-        if self.device == "cuda" and self.bias in GPU_TARGET_BIASES:
-            if self.s == 8192:
-                name = f"flex <={GPU_TARGET_RATIO:g}x causal at 8k"
-                if not (self.flex.ok and self.causal.ok):
-                    return f"{name}: not measured"
-                ok = self.flex_over_causal <= GPU_TARGET_RATIO
-                return f"{name} {'met' if ok else 'MISSED'}"
-            if self.s == 65536:
-                ok = self.flex.ok and not self.materialized.ok
-                return f"flex runs at 64k, materialized cannot {'met' if ok else 'MISSED'}"
-        return "-"
+    def as_row(self) -> dict[str, Any]:
+        """The row as JSON-ready data: every field, each candidate a nested
+        :class:`Measurement` dict (``status``, ``ms``, ``first_s``, ``peak_bytes``, ``samples``,
+        ``note``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> BiasRow:
+        def measurement(d: dict[str, Any]) -> Measurement:
+            return Measurement(**{**d, "ms": number(d["ms"]), "first_s": number(d["first_s"])})
+
+        kinds = ("materialized", "flex", "causal")
+        fields: dict[str, Any] = {k: v for k, v in row.items() if k not in kinds}
+        fields["max_abs_diff"] = number(fields.get("max_abs_diff"))
+        fields.update({k: measurement(row[k]) for k in kinds})
+        return cls(**fields)
