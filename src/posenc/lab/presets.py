@@ -119,8 +119,7 @@ PRESETS: dict[str, LabConfig] = {
     # compiled blocks (compile=True: posenc.lab.train.compile_blocks), FlexAttention for the
     # biases wherever `Attention`'s "auto" picks it on CUDA (the eval lengths >= 1024; training
     # at 512 stays below its threshold and uses SDPA). Sized from measured CPU throughput
-    # (benchmarks/gpu_check.py: GPU_SMALL_SIZING and estimate_lab_seconds; method in
-    # benchmarks/README.md): this model (25.3M parameters, ~177 MFLOP per trained token) trained
+    # (the method and its assumptions: benchmarks/README.md, "Sizing gpu-small"): this model (25.3M parameters, ~177 MFLOP per trained token) trained
     # at 252-427 tokens/s on one thread of the 2-core EPYC VM in float32 (RoPE: 347 tokens/s,
     # 61 GFLOP/s). Assumed CPU -> H200 factor ~3,200 = 989 dense bf16 TFLOP/s x 20% utilization
     # (an eager 25M model) / 61 GFLOP/s, times 1.3 compiled; plus 5 ms a step of host overhead
