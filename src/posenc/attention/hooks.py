@@ -116,6 +116,9 @@ class BiasHook(FamilyHook):
         super().__init__(encoding)
         self.flex_any_positions = bool(getattr(encoding, "flex_any_positions", True))
         self._encoding: Any = encoding
+        # The bias of positions already checked (the context's), where the encoding has one.
+        materialized = getattr(encoding, "materialized", None)
+        self._materialize = materialized if callable(materialized) else encoding.bias
 
     def _shared(self) -> bool:
         """Whether one product may serve every layer of the forward: always, unless a gradient
@@ -127,7 +130,7 @@ class BiasHook(FamilyHook):
 
     def bias(self, ctx: PositionContext, call: ScoreContext) -> torch.Tensor:
         def make() -> torch.Tensor:
-            return self._encoding.bias(call.positions, call.k_positions)  # [(b,) h, s, t]
+            return self._materialize(call.positions, call.k_positions)  # [(b,) h, s, t]
 
         if not self._shared():
             return make()
