@@ -117,8 +117,10 @@ class BiasHook(FamilyHook):
         self.flex_any_positions = bool(getattr(encoding, "flex_any_positions", True))
         self._encoding: Any = encoding
         # The bias of positions already checked (the context's), where the encoding has one.
-        materialized = getattr(encoding, "materialized", None)
-        self._materialize = materialized if callable(materialized) else encoding.bias
+        materialized: Any = getattr(encoding, "materialized", None)
+        if not callable(materialized):
+            materialized = self._encoding.bias
+        self._materialize: Callable[..., torch.Tensor] = materialized
 
     def _shared(self) -> bool:
         """Whether one product may serve every layer of the forward: always, unless a gradient

@@ -48,6 +48,9 @@ class Attention(nn.Module):
             ``scale_queries``), or None.
     """
 
+    _hook: FamilyHook  # resolved from the encoding when it is set (__setattr__)
+    family: str  # the encoding's family, for reading (the hook is what runs)
+
     def __init__(
         self,
         dim: int,
