@@ -83,6 +83,10 @@ EXTRA: dict[str, dict[str, Any]] = {
         "topk_group": 1,
     },
 }
+# DSA: DeepSeek-V3's MLA plus an indexer (its own rotation) keeping every key: a discrete top-k
+# flips under bf16 rounding, whoever rounds (tests/test_hf_indexer.py selects 4 in float32).
+DSA = {**EXTRA["deepseek_v3"], "index_topk": 64, "index_head_dim": 16, "index_n_heads": 2}
+EXTRA |= {"deepseek_v32": DSA, "glm_moe_dsa": DSA}
 # The text decoders of the vision-language models are built inside the full model.
 VL = {"qwen2_vl": [2, 3, 3], "qwen2_5_vl": [2, 3, 3]}
 ARCHS = [t for t in supported_model_types() if not t.endswith("_text") or t == "gemma3_text"]

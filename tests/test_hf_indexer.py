@@ -49,6 +49,20 @@ def _config(model_type: str, **extra: Any) -> Any:
     return transformers.CONFIG_MAPPING[model_type](**{**TINY, **extra})
 
 
+def _model(model_type: str, **extra: Any) -> Any:
+    """A tiny model with unit-variance projections (transformers' 0.02 init leaves attention
+    nearly uniform, blind to its softmax scale)."""
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{TYPES[model_type][1]}ForCausalLM")(
+        _config(model_type, **extra)
+    )
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.normal_(0.0, m.in_features**-0.5)
+    return model.eval()
+
+
 def _indexer_reference(model_type: str, config: Any, q: torch.Tensor, k: torch.Tensor,
                        positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The indexer's own steps on ``q [b, s, h, D]``, ``k [b, s, 1, D]``: split ``[rope | nope]``,
@@ -105,9 +119,8 @@ def _logits_diff(monkeypatch: Any, model_type: str, indexer_layout: str | None =
     with the pairing posenc reads (``rope_from_hf``'s layout, fused kernels, posenc's cos/sin);
     ``indexer_layout`` plants another pairing in the indexer."""
     module, prefix, fn, _ = (_module(model_type), *TYPES[model_type][1:])
-    config = _config(model_type)
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
+    model = _model(model_type)
+    config = model.config
     ids = torch.randint(0, TINY["vocab_size"], (2, 32))
     with torch.no_grad():
         want = model(ids).logits
@@ -132,3 +145,29 @@ def test_tiny_model_logits_match_transformers(monkeypatch: Any, model_type: str)
     assert _logits_diff(monkeypatch, model_type) <= 1e-5
     other = "interleaved" if TYPES[model_type][3] == "half" else "half"
     assert _logits_diff(monkeypatch, model_type, indexer_layout=other) > 1e-3  # planted fault
+
+
+@pytest.mark.parametrize("model_type", sorted(TYPES))
+def test_apply_posenc_is_exact_with_and_without_scaling(model_type: str) -> None:
+    """One call: the MLA's and the indexer's rotations fused (each by its own pairing), the
+    logits those of the stock model; ``scaling=`` equals the model built with those rope
+    parameters (rotary modules and the MLA's YaRN softmax scale; the indexer keeps its own)."""
+    from posenc.hf import apply_posenc, remove_posenc
+
+    prefix = TYPES[model_type][1]
+    model = _model(model_type)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 32))
+    with torch.no_grad():
+        want = model(ids).logits
+        apply_posenc(model)
+        layers = {type(m).__name__ for m in model.posenc_patch.attention}
+        assert layers == {f"{prefix}Attention", f"{prefix}Indexer"}
+        assert (model(ids).logits - want).abs().max().item() <= 1e-5
+        remove_posenc(model)
+        new = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+               "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+        ref = _model(model_type, rope_parameters={"rope_theta": 10000.0, **new})
+        ref.load_state_dict(model.state_dict())
+        apply_posenc(model, scaling=new)
+        assert (model(ids).logits - ref(ids).logits).abs().max().item() <= 1e-5
+        assert (model(ids).logits - want).abs().max().item() > 1e-3  # the scaling took effect

@@ -57,6 +57,8 @@ GLM = Rotation(interleaved=True, partial=True)
 # Cohere: repeat_interleave(freqs, 2) tables and interleaved pairs.
 COHERE = Rotation(interleaved=True, table_layout="repeat")
 DEEPSEEK_INTERLEAVE = Rotation(interleaved=True, deinterleave=True)
+# GLM-4V: repeat_interleave(freqs, 2) tables (its M-RoPE), rotate_half_llm on interleaved pairs.
+GLM4V = Rotation(interleaved=True, table_layout="repeat", partial=True)
 
 _STANDARD = {"apply_rotary_pos_emb": HALF}
 _Entry = tuple[str, dict[str, Rotation]]
@@ -77,6 +79,10 @@ SUPPORTED: dict[str, _Entry] = {
     "gemma3_text": ("gemma3", _STANDARD),
     "qwen2_vl_text": ("qwen2_vl", _STANDARD),
     "qwen2_5_vl_text": ("qwen2_5_vl", _STANDARD),
+    "qwen2_5_omni_thinker": ("qwen2_5_omni", _STANDARD),
+    "qwen2_5_omni_text": ("qwen2_5_omni", _STANDARD),
+    "glm4v": ("glm4v", {"apply_rotary_pos_emb": GLM4V}),
+    "glm4v_text": ("glm4v", {"apply_rotary_pos_emb": GLM4V}),
     "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "cohere": ("cohere", {"apply_rotary_pos_emb": COHERE}),
@@ -86,12 +92,18 @@ SUPPORTED: dict[str, _Entry] = {
         "deepseek_v3",
         {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
     ),
+    # DSA: the MLA's interleaved rotation and the indexer's own (DeepSeek-V3.2: half-split)
+    "deepseek_v32": (
+        "deepseek_v32",
+        {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
+    ),
+    "glm_moe_dsa": ("glm_moe_dsa", {"apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE}),
 }
 
 
 # Attention whose softmax scale reads the rope parameters: DeepSeek-V3's MLA multiplies it by
 # yarn_mscale(factor, mscale_all_dim) ** 2 when a YaRN scaling sets mscale_all_dim.
-MSCALE_SOFTMAX_MODEL_TYPES = frozenset({"deepseek_v3"})
+MSCALE_SOFTMAX_MODEL_TYPES = frozenset({"deepseek_v3", "deepseek_v32", "glm_moe_dsa"})
 
 
 def mla_softmax_scale(head_dim: int, scaling: Mapping[str, Any]) -> float:
@@ -314,6 +326,8 @@ def _rescale(
         setattr(parent, attr, new)
     if patch.model_type in MSCALE_SOFTMAX_MODEL_TYPES:
         for module in patch.attention:
+            if not hasattr(module, "qk_head_dim"):
+                continue  # a DSA indexer: its own softmax scale reads no rope parameter
             patch.softmax_scale.append((module, float(module.scaling)))  # type: ignore[arg-type]
             scale = mla_softmax_scale(int(module.qk_head_dim), scaling)  # type: ignore[arg-type]
             setattr(module, "scaling", scale)  # noqa: B010 - a plain float attribute
