@@ -75,15 +75,16 @@ def _indexer_reference(model_type: str, config: Any, q: torch.Tensor, k: torch.T
 
 
 @pytest.mark.parametrize("model_type", sorted(TYPES))
-@pytest.mark.parametrize("source", ["object", "dict"])
+@pytest.mark.parametrize("source", ["object", "dict", "dict without transformers"])
 def test_indexer_rope_matches_transformers(model_type: str, source: str) -> None:
     config = _config(model_type)
     cfg = config if source == "object" else config.to_dict()
+    own = {"use_transformers": source != "dict without transformers"}  # posenc's own reader
     layout = TYPES[model_type][3]
-    kw = hf_rope_kwargs(cfg, "indexer")
+    kw = hf_rope_kwargs(cfg, "indexer", **own)
     assert (kw["head_dim"], kw["rotary_dim"], kw["layout"]) == (32, 16, layout)
-    assert hf_rope_kwargs(cfg)["layout"] == "interleaved"  # the MLA's, apart from the indexer's
-    rope = rope_from_hf(cfg, "indexer")
+    assert hf_rope_kwargs(cfg, **own)["layout"] == "interleaved"  # the MLA's, not the indexer's
+    rope = rope_from_hf(cfg, "indexer", **own)
     positions = torch.tensor([[0, 1, 5, 63, 64, 255, 1023]])  # to 4x max_position_embeddings
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 7, 2, 32, generator=g)  # [b, s, h, D], as the indexer holds it
