@@ -79,9 +79,8 @@ SUPPORTED: dict[str, _Entry] = {
     "gemma3_text": ("gemma3", _STANDARD),
     "qwen2_vl_text": ("qwen2_vl", _STANDARD),
     "qwen2_5_vl_text": ("qwen2_5_vl", _STANDARD),
-    "qwen2_5_omni_thinker": ("qwen2_5_omni", _STANDARD),
+    # (their full models are found by their text config's model_type)
     "qwen2_5_omni_text": ("qwen2_5_omni", _STANDARD),
-    "glm4v": ("glm4v", {"apply_rotary_pos_emb": GLM4V}),
     "glm4v_text": ("glm4v", {"apply_rotary_pos_emb": GLM4V}),
     "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),
