@@ -62,31 +62,35 @@ def _positions() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("which", ["dict", "object", "nested"])
-@pytest.mark.parametrize("label", LABELS)
+@pytest.mark.parametrize("label", [*LABELS, "indexer"])
 def test_cos_sin_and_rotations_match_transformers(which: str, label: str) -> None:
+    """Each label against the class's own tables; "indexer" is DeepseekV4Indexer's rotary,
+    which reads "compress" (its heads are index_head_dim wide, the rope slice trailing)."""
     cfg = _configs()[which]
     obj = cfg if not isinstance(cfg, dict) else transformers.DeepseekV4Config.from_dict(cfg)
     theirs = ds4.DeepseekV4RotaryEmbedding(obj)
     positions = _positions()
-    cos_t, sin_t = theirs(torch.zeros(1), positions, layer_type=label)  # [1, s, 32]
+    their_label = ds4.DeepseekV4Indexer.rope_layer_type if label == "indexer" else label
+    cos_t, sin_t = theirs(torch.zeros(1), positions, layer_type=their_label)  # [1, s, 32]
     rope = rope_from_hf(cfg, label)
     assert (rope.head_dim, rope.rotary_dim, rope.layout) == (64, 64, "interleaved")
     cos, sin = rope.cos_sin(positions[0])  # [s, 32]
     assert (cos - cos_t[0]).abs().max().item() <= 1e-6
     assert (sin - sin_t[0]).abs().max().item() <= 1e-6
-    if label == "compress":  # YaRN; attention factor 1.0 forced unless the file nests the sets
+    if label != "main":  # YaRN; attention factor 1.0 forced unless the file nests the sets
         assert rope.attention_factor == pytest.approx(1.2772588722 if which == "nested" else 1.0)
     # The rotated heads: q [b, h, s, 512] and the shared kv, then the output's inverse rotation.
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 3, positions.shape[1], 512, generator=g)
     c, s = cos[None, None], sin[None, None]  # [1, 1, s, 32]
-    for x in (q, q[:, :1]):
+    for x in (q, q[:, :1], q[..., :128]):  # queries, the shared kv head, an indexer head
         want = ds4.apply_rotary_pos_emb(x, cos_t, sin_t)
         assert (rotate_trailing(x, c, s, "interleaved") - want).abs().max().item() <= 1e-5
         undo = ds4.apply_rotary_pos_emb(x, cos_t, -sin_t)
         got = rotate_trailing(x, c, s, "interleaved", conj=True)
         assert (got - undo).abs().max().item() <= 1e-5
-        assert torch.equal(got[..., :448], x[..., :448])  # the nope channels pass untouched
+        nope = x.shape[-1] - 64
+        assert torch.equal(got[..., :nope], x[..., :nope])  # the nope channels pass untouched
 
 
 @pytest.mark.parametrize("layer_type", sorted(LAYER_LABEL))
