@@ -337,6 +337,18 @@ def test_time_interval_is_applied_to_videos_only() -> None:
     assert torch.equal(plain[1:], ref[1:])  # height and width agree, time does not
 
 
+def test_docs_table_names_every_layout() -> None:
+    """docs/rotary.md's table of layouts lists each entry of the table, and no other."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "rotary.md").read_text(encoding="utf-8")
+    section = text[text.index("## Multimodal RoPE") :]
+    section = section[: section.index("\n## ")]
+    rows = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    assert sorted(rows) == sorted(MROPE_POSITION_LAYOUTS), rows
+
+
 # --- errors -------------------------------------------------------------------------------------
 
 
