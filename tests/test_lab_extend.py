@@ -362,7 +362,7 @@ def test_reference_needs_whole_sequences_and_a_plain_cell(grid):
     bases = base_cells(load_rows(out), ("rope", "alibi"))
     cfg = resolve(ExtendConfig(target=4.0, steps=4), bases[0].train)
     # A rope cell with options is extended but is not the bar for plain RoPE.
-    tuned = _replace(bases[0], row={**bases[0].row, "encoding": "rope:base=500"})
+    tuned = _replace(bases[0], row=_replace(bases[0].row, encoding="rope:base=500"))
     kinds = [(j.kind, j.base.label) for j in jobs([tuned, bases[1]], cfg)]
     assert (REFERENCE, "rope:base=500") not in kinds and kinds[0] == (EXTEND, "rope:base=500")
 

@@ -146,6 +146,7 @@ def test_a_row_is_written_from_its_dataclass_in_the_stored_order(tmp_path: Path)
     assert list(stored) == [f.name for f in fields(Rw.GridRow)]
     assert list(stored["runtime"]) == [f.name for f in fields(Rw.GridRuntime)]
     assert grid_store_rows(tmp_path) == [stored]
+    assert Rw.GridRow.from_dict(stored).to_dict() == stored
 
 
 def test_an_old_row_reads_with_the_fields_it_lacks(tmp_path: Path) -> None:
@@ -157,6 +158,8 @@ def test_an_old_row_reads_with_the_fields_it_lacks(tmp_path: Path) -> None:
     ResultStore(tmp_path / "results.jsonl").append(old)
     (row,) = grid_store_rows(tmp_path)
     assert row == {**old, **Rw.GRID_ROW_DEFAULTS}
+    with pytest.raises(KeyError, match="encoding_name"):
+        Rw.GridRow.from_dict(old)  # too old to be a whole row: the field it lacks is named
     assert question_of(row) == "extrapolation"
 
 

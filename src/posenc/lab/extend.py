@@ -57,7 +57,7 @@ from .evaluate import evaluate_model
 from .identity import jsonable, model_identity, stable_hash
 from .progress import step_task
 from .results import load_rows
-from .rows import EXTEND, REFERENCE, ExtendRow, ExtendRuntime, runtime_dict
+from .rows import EXTEND, REFERENCE, ExtendRow, ExtendRuntime, GridRow, runtime_dict
 from .run import RunContext, RunOptions, cell_dir, make_log, open_run, versions
 from .store import RESULTS_FILE
 from .train import Interrupted, train_model
@@ -107,21 +107,21 @@ MAX_TARGET = 64.0
 class _Base:
     """One finished grid cell to extend."""
 
-    row: dict[str, Any]
+    row: GridRow
     model: ModelConfig
     train: TrainConfig
 
     @property
     def label(self) -> str:
-        return str(self.row["encoding"])
+        return self.row.encoding
 
     @property
     def seed(self) -> int:
-        return int(self.row["seed"])
+        return int(self.row.seed)
 
     @property
     def train_len(self) -> int:
-        return int(self.row["train_len"])
+        return int(self.row.train_len)
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def base_cells(rows: list[dict[str, Any]], encodings: tuple[str, ...]) -> list[_
             continue
         ident = row["identity"]["train"]
         model = ModelConfig(**ident["model"])
-        out.append(_Base(row, model, TrainConfig(**ident["train"])))
+        out.append(_Base(GridRow.from_dict(row), model, TrainConfig(**ident["train"])))
     return out
 
 
@@ -285,7 +285,7 @@ def jobs(bases: list[_Base], cfg: ExtendConfig) -> list[_Job]:
             ident = jsonable(
                 {
                     "kind": EXTEND,
-                    "base": base.row["train_hash"],
+                    "base": base.row.train_hash,
                     "method": method,
                     "model": model_identity(model),
                     "train": asdict(tune),
@@ -304,7 +304,7 @@ def jobs(bases: list[_Base], cfg: ExtendConfig) -> list[_Job]:
                 "kind": REFERENCE,
                 "model": model_identity(model),
                 "train": asdict(train),
-                "data": base.row["identity"]["train"]["data"],
+                "data": base.row.identity["train"]["data"],
                 "seed": base.seed,
             }
         )
@@ -312,8 +312,8 @@ def jobs(bases: list[_Base], cfg: ExtendConfig) -> list[_Job]:
     return out
 
 
-def _data_of(row: dict[str, Any]) -> LabData:
-    ident = dict(row["identity"]["train"]["data"])
+def _data_of(row: GridRow) -> LabData:
+    ident = dict(row.identity["train"]["data"])
     fingerprint = ident.pop("fingerprint")
     data = load_data(DataConfig(**ident))
     if data.fingerprint != fingerprint:
@@ -342,7 +342,7 @@ class _Extend:
         """The grid's evaluation without its inference-time variants (the fine-tuned model is
         evaluated as it is). The grid's eval identity may hold more than EvalConfig's fields
         (the passkey task's heatmap settings): those enter :meth:`key_hash`, not the config."""
-        ident = base.row["identity"]["eval"]
+        ident = base.row.identity["eval"]
         ev = EvalConfig(**{f.name: ident[f.name] for f in fields(EvalConfig) if f.name in ident})
         return replace(ev, lengths=tuple(ev.lengths), rope_scalings=(), learned_interp=False)
 
@@ -350,7 +350,7 @@ class _Extend:
         """The row key of ``job`` after ``step`` steps at ``lengths``: what it measures, and
         the group (the table) it belongs to, so a reference shared by two tables is a row of
         each."""
-        extra = {k: v for k, v in job.base.row["identity"]["eval"].items()
+        extra = {k: v for k, v in job.base.row.identity["eval"].items()
                  if k not in {f.name for f in fields(EvalConfig)}}  # fmt: skip
         return stable_hash({"job": job.identity, "step": step, "lengths": lengths,
                             "group": self.group,
@@ -391,27 +391,27 @@ class _Extend:
         runtime = ExtendRuntime(eval_seconds, time.perf_counter() - t0, str(dist.device),
                                 torch.get_num_threads())  # fmt: skip
         return ExtendRow(
-            schema=base.row["schema"],
+            schema=base.row.schema,
             kind=job.kind,
             encoding=base.label,
             encoding_name=base.model.encoding,
-            family=base.row["family"],
+            family=base.row.family,
             method=job.method,
             label=job.label,
             seed=base.seed,
             config_hash=config_hash,
             job_hash=job.hash,
             group=self.group,
-            base_group=base.row["group"],
-            base_config_hash=base.row["config_hash"],
-            preset=base.row.get("preset"),
+            base_group=base.row.group,
+            base_config_hash=base.row.config_hash,
+            preset=base.row.preset,
             train_len=base.train_len,
             target_len=job.model.max_len,
             step=step,
             steps=job.train.steps,
             tokens_per_step=job.train.batch_size * job.model.max_len,
             identity=job.identity,
-            data=base.row["data"],
+            data=base.row.data,
             eval=evaluation,
             runtime=runtime_dict(runtime),
             versions=versions(),
@@ -421,7 +421,7 @@ class _Extend:
     def run(self, job: _Job) -> None:
         """Zero-shot row, the fine-tune with its curve rows, the final row (each once)."""
         t0 = time.perf_counter()
-        lengths = sorted({int(n) for n in job.base.row["eval"]["lengths"]})
+        lengths = sorted({int(n) for n in job.base.row.eval["lengths"]})
         target = [job.model.max_len]
         curve = (self.cfg.curve or ()) if job.init else ()
         done = self.store.has(
@@ -474,13 +474,13 @@ class _Extend:
         self.measure(job, job.train.steps, result.model, lengths, t0)
 
     def base_weights(self, base: _Base) -> dict[str, torch.Tensor]:
-        path = cell_dir(self.ctx.opts.out, base.label, base.seed, base.row["train_hash"]) / FINAL
+        path = cell_dir(self.ctx.opts.out, base.label, base.seed, base.row.train_hash) / FINAL
         if not path.exists():
             raise FileNotFoundError(
                 f"{path}: the trained weights of {base.label} (seed {base.seed}) are missing; "
                 "`posenc lab` with the grid's options writes them"
             )
-        ckpt = load_checkpoint(path, base.row["identity"]["train"])
+        ckpt = load_checkpoint(path, base.row.identity["train"])
         return ckpt["model"]
 
 
@@ -545,10 +545,10 @@ def run_extend(
     for name in cfg.reference:
         if name not in trained:
             log(f"warning: no reference {name!r}: the grid has no plain {name!r} cell")
-    ext_group = extend_group(bases[0].row["group"], cfg)
+    ext_group = extend_group(bases[0].row.group, cfg)
     summary = ExtendSummary(group=ext_group)
     log(
-        f"extend: {len(bases)} cell(s) of group {bases[0].row['group']} to "
+        f"extend: {len(bases)} cell(s) of group {bases[0].row.group} to "
         f"{target_len(bases[0], cfg)} tokens, {cfg.steps} fine-tune steps (lr {cfg.lr:g}, "
         f"curve {list(cfg.curve or ())}), {len(todo)} run(s), group {ext_group}"
     )

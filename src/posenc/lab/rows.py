@@ -51,6 +51,13 @@ class GridRow:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> GridRow:
+        """A stored row as this dataclass (fields older rows lack take :data:`GRID_ROW_DEFAULTS`'s
+        values); KeyError naming a field the row lacks."""
+        row = upgrade_row(row)
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
 
 @dataclass(frozen=True)
 class ExtendRow:
@@ -88,6 +95,13 @@ class ExtendRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> ExtendRow:
+        """A stored row as this dataclass (fields older rows lack take :data:`EXTEND_ROW_DEFAULTS`'s
+        values); KeyError naming a field the row lacks."""
+        row = upgrade_row(row)
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
 @dataclass(frozen=True)
