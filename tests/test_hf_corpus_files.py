@@ -1,8 +1,12 @@
 """The published config files themselves: their sources, transformers' reading, posenc's refusals.
 
-``tests/data/hf_configs/SOURCES.jsonl`` names, for each file of the folder (and of ``refused/``),
-the Hub model and the public copy it came from. A file marked ``verbatim`` is that copy byte for
-byte: no provenance keys inside, nothing reformatted. For every file:
+``tests/data/hf_configs/SOURCES.jsonl`` names, for each file of the folder (and of ``refused/``
+and ``pending/``), the Hub model and the public copy it came from. A file marked ``verbatim`` is
+that copy unchanged (nothing added, removed or re-serialized here): the published keys and
+values; the copy's own spacing may differ from the Hub's (some copies drop the final newline or
+re-indent), and ``agrees_with`` names a second, independent copy with the same keys and values
+where one was found. The older ``verbatim: false`` files were rebuilt from dicts or excerpts.
+For every file:
 
 * transformers' config class for its ``model_type`` builds it, and keeps every key it holds
   (``to_dict()`` or an attribute, after transformers' documented moves: ``rope_scaling`` ->
