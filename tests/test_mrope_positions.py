@@ -395,6 +395,10 @@ def test_bad_grids_and_inputs_say_what_is_wrong() -> None:
         mrope_position_ids("qwen2_5_omni", t, video_grid_thw=inp["videos"], spatial_merge_size=M,
                            positions_per_second=PPS, seconds_per_grid=inp["seconds"],
                            seconds_per_chunk=CHUNK)  # fmt: skip
+    with pytest.raises(ValueError, match="framed by its start and end marker tokens"):
+        mrope_position_ids("qwen3_omni_moe", torch.tensor([[1, 1, 1, 1, 0]]),
+                           image_grid_thw=[[1, 4, 4]], spatial_merge_size=2,
+                           positions_per_second=PPS)  # fmt: skip
     with pytest.raises(ValueError, match="not in the order"):
         inp = _build("qwen3_omni_moe", AUDIO_IN_VIDEO["video with its audio"])
         t = inp["token_types"].clone()

@@ -301,6 +301,12 @@ def _omni_row(inp: _Inputs, runs: list[tuple[Any, int]], device: torch.device) -
             parts.append((torch.cumsum(step, 0) + start()).to(device).expand(3, n))  # [3, n]
             continue
         kinds = set(kind) if isinstance(kind, tuple) else {kind}
+        if r == 0 or r + 1 == len(runs):  # runs alternate: text (markers) must be on each side
+            raise ValueError(
+                f"{lay.name}: each image, video or audio run must be framed by its start and end "
+                f"marker tokens (text, token type 0), got one at the "
+                f"{'start' if r == 0 else 'end'} of a row"
+            )
         if kinds == {3}:
             parts.append(_text(start(), n, 3, device).to(lay.dtype))
             continue
