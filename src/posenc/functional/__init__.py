@@ -18,6 +18,7 @@ from .relative import clipped_relative_index, rel_shift
 from .resample import resample_1d, resample_2d
 from .rope_scaling import ROPE_SCALING, extension_scaling
 from .rotary import (
+    MROPE_ALLOCATIONS,
     ROPE_TYPES,
     ROTARY_LAYOUTS,
     angles_cos_sin,
@@ -33,6 +34,7 @@ from .rotary import (
 from .sinusoidal import SINUSOIDAL_LAYOUTS, sincos_2d, sinusoidal_inv_freq, sinusoidal_table
 
 __all__ = [
+    "MROPE_ALLOCATIONS",
     "ROPE_SCALING",
     "ROPE_TYPES",
     "ROTARY_LAYOUTS",
