@@ -1,5 +1,7 @@
 """posenc: Transformer positional encodings, exact to the models that use them, and a lab."""
 
+# Importing a family registers its encodings in posenc.registry (registered beside each family).
+from . import absolute, bias, relative, rotary  # noqa: F401
 from .attention import Attention, KVCache
 from .model import ModelConfig, TransformerLM
 from .registry import build, names

@@ -1,5 +1,13 @@
 """Build any encoding by name and keyword arguments (used by the model, the CLI and the lab).
 
+The registry is the one answer to "which encodings (which biases, which rotary ones) exist":
+consumers ask :func:`names` (``names(family="bias")``) instead of keeping lists. Entries are
+registered beside their family, as timm's ``register_model``: each family package registers
+its encodings on import (``posenc/absolute/entries.py``, ``posenc/rotary/entries.py``,
+``posenc/relative/entries.py``, and each bias in its own module of ``posenc/bias``), and
+``posenc/__init__.py`` imports the families. This module imports none of them: nothing here
+reaches up.
+
 Each entry is a builder ``f(ctx, **kwargs) -> nn.Module`` where ``ctx`` carries the model's
 shape (:class:`BuildContext`); ``kwargs`` are the encoding's own flat options, checked against
 the builder's annotations before it runs (a wrong type names the option). ``shared`` says
@@ -20,7 +28,9 @@ from typing import Any
 from torch import nn
 
 from ._checks import check_positive_int, resolve_head_dim
-from .attention import ENCODING_FAMILIES
+
+#: Where position enters, in the order :func:`names` lists them (DESIGN.md's table).
+FAMILIES = ("none", "absolute", "rotary", "bias", "relative")
 
 
 @dataclass(frozen=True)
@@ -66,9 +76,14 @@ def register(
     description: str = "",
     reads_positions: bool = True,
 ) -> Callable[[Builder], Builder]:
-    """Decorator adding a builder to the registry under ``name`` (lower case)."""
-    if family not in ENCODING_FAMILIES:
-        raise ValueError(f"family must be one of {ENCODING_FAMILIES}, got {family!r}")
+    """Decorator adding a builder to the registry under ``name`` (lower case).
+
+    >>> @register("my-bias", "bias", description="...")  # doctest: +SKIP
+    ... def _build(ctx: BuildContext, *, scale: float = 1.0) -> nn.Module:
+    ...     return MyBias(ctx.num_heads, scale=scale)
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     if name != name.lower():
         raise ValueError(f"encoding names are lower case, got {name!r}")
 
@@ -81,16 +96,21 @@ def register(
     return deco
 
 
-def _load() -> None:
-    # The entries live in ``posenc/entries.py``, one section per family; importing it
-    # registers them.
-    from . import entries  # noqa: F401
+def unregister(name: str) -> None:
+    """Remove encoding ``name`` (registered by :func:`register`); KeyError if it is not there."""
+    key = name.strip().lower()
+    if key not in _REGISTRY:
+        raise KeyError(f"encoding {name!r} is not registered")
+    del _REGISTRY[key]
 
 
 def names(family: str | None = None) -> list[str]:
-    """Registered encoding names, optionally of one family, in registration order."""
-    _load()
-    return [n for n, e in _REGISTRY.items() if family is None or e.family == family]
+    """Registered encoding names, optionally of one family: family by family in
+    :data:`FAMILIES` order, each family's in registration order."""
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    entries = sorted(_REGISTRY.values(), key=lambda e: FAMILIES.index(e.family))  # stable
+    return [e.name for e in entries if family is None or e.family == family]
 
 
 def suggest(name: str, choices: list[str] | None = None) -> str:
@@ -101,13 +121,12 @@ def suggest(name: str, choices: list[str] | None = None) -> str:
 
 def entry(name: str) -> EncodingEntry:
     """The entry of ``name`` (any case); ValueError naming the registered ones otherwise."""
-    _load()
     if not isinstance(name, str):
         raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
     key = name.strip().lower()
     if key not in _REGISTRY:
         raise ValueError(
-            f"unknown encoding {name!r}{suggest(key)}; registered: {', '.join(_REGISTRY)}"
+            f"unknown encoding {name!r}{suggest(key)}; registered: {', '.join(names())}"
         )
     return _REGISTRY[key]
 

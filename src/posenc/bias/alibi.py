@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..attention import DeviceConstants
-from ..functional.bias import alibi_slopes, relative_position_matrix
-from .common import PositionBias, ScoreMod, per_head, position_reader
+from .._constants import DeviceConstants
+from ..functional.bias import alibi_slopes
+from ..registry import BuildContext, register
+from .common import PositionBias, Term
 
 
 class ALiBi(PositionBias):
@@ -49,36 +50,22 @@ class ALiBi(PositionBias):
         """The head slopes ``m_h`` on ``device``, float32 ``[h]``."""
         return self.constants.get("slopes", torch.device(device))
 
-    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = self.check_pair(positions, k_positions)
-        rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]: j - i
-        m = self.slopes(rel.device).view(-1, *([1] * rel.dim()))  # [h, 1, 1(, 1)]
-        dist = rel.float()  # exact for |j - i| < 2**24
-        out = m * dist if self.causal else -m * dist.abs()  # [h, s, t] or [h, b, s, t]
-        return per_head(out, rel)
+    def term(self, device: torch.device) -> Term:
+        slopes, causal = self.slopes(device), self.causal  # [h] float32
 
-    def score_mod(
-        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
-    ) -> ScoreMod:
-        q, k = self.check_pair(positions, k_positions)
-        read_q, read_k = position_reader(q), position_reader(k)
-        slopes = self.slopes(q.device)
-        causal = self.causal
-
-        def alibi(
-            score: torch.Tensor,
-            b: torch.Tensor,
-            h: torch.Tensor,
-            qi: torch.Tensor,
-            ki: torch.Tensor,
-        ) -> torch.Tensor:
-            dist = (read_k(b, ki) - read_q(b, qi)).to(torch.float32)  # j - i
-            bias = slopes[h] * dist if causal else -slopes[h] * dist.abs()
-            return score + bias.to(score.dtype)
+        def alibi(q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+            dist = (k_pos - q_pos).to(torch.float32)  # j - i, exact for |j - i| < 2**24
+            return slopes[head] * dist if causal else -slopes[head] * dist.abs()
 
         return alibi
 
     def extra_repr(self) -> str:
         custom = "" if self.custom_slopes is None else ", slopes=custom"
         return f"num_heads={self.num_heads}, causal={self.causal}{custom}"
+
+
+@register(
+    "alibi", "bias", description="ALiBi: -m_h * distance, paper slopes; symmetric when not causal"
+)
+def _alibi(ctx: BuildContext) -> ALiBi:
+    return ALiBi(ctx.num_heads, causal=ctx.causal)

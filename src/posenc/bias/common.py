@@ -1,5 +1,10 @@
-"""The base of the bias family: a content-free logit bias ``B[h, i, j]`` in two forms.
+"""The base of the bias family: a content-free logit bias ``B[h, i, j]``, stated once as an
+elementwise ``term(q_pos, k_pos, head)`` (attention-gym's one function per bias), in two forms.
 
+* :meth:`PositionBias.term` is the one statement of the formula: integer query and key
+  positions and a head index, tensors that broadcast, in; the bias entries out.
+  :func:`term_grid` evaluates it on every ``(head, query, key)`` and :func:`term_score_mod`
+  one entry at a time: every bias gets both forms from its term.
 * :meth:`PositionBias.bias` materializes ``[h, s, t]`` (or ``[b, h, s, t]``) float32, for SDPA's
   float mask and for the explicit path.
 * :meth:`PositionBias.score_mod` returns a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)``
@@ -16,8 +21,9 @@ sized by a position value, so they trace into one graph and capture into CUDA gr
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,6 +35,13 @@ ScoreMod = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 ]
 PositionReader = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``term(q_pos, k_pos, head) -> B``: the bias of query position ``q_pos``, key position
+#: ``k_pos`` and head ``head`` (int64 tensors that broadcast against each other), elementwise:
+#: scalars inside a ``score_mod``, ``[(b,) 1, s, 1]``, ``[(b,) 1, 1, t]`` and ``[h, 1, 1]`` (or
+#: ``[1, h, 1, 1]``) for the materialized ``[(b,) h, s, t]``. Floating (float32, or float64 for
+#: float64 weights). Per-head values are read as ``table[head]``; nothing else is allowed to
+#: depend on the shapes.
+Term = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def check_pair(
@@ -118,10 +131,107 @@ def column_readers(table: torch.Tensor) -> list[PositionReader]:
     return [position_reader(table[..., c].contiguous()) for c in range(table.shape[-1])]
 
 
+def term_grid(
+    term: Term, positions: torch.Tensor, k_positions: torch.Tensor, num_heads: int
+) -> torch.Tensor:
+    """The term on every (head, query, key): the materialized bias.
+
+    Shapes: ``positions [s]|[b, s]``, ``k_positions [t]|[b, t]`` (checked, ``[1, *]``
+    broadcasts) -> ``[h, s, t]``, or ``[b, h, s, t]`` when either is batched.
+    """
+    q, k = positions.long(), k_positions.long()
+    head = torch.arange(num_heads, device=q.device)  # [h]
+    if q.dim() == k.dim() == 1:
+        s, t = q.shape[0], k.shape[0]
+        out = term(q[None, :, None], k[None, None, :], head[:, None, None])  # [h, s, t]
+        return out.expand(num_heads, s, t)  # a term that ignores an axis still gives it
+    q = q if q.dim() == 2 else q[None]  # [b|1, s]
+    k = k if k.dim() == 2 else k[None]  # [b|1, t]
+    b = max(q.shape[0], k.shape[0])
+    # Heads outermost, [h, b, s, t], then a view [b, h, s, t]: a head's entries are contiguous,
+    # as the per-head reductions of the backward want.
+    out = term(q[None, :, :, None], k[None, :, None, :], head[:, None, None, None])
+    return out.expand(num_heads, b, q.shape[1], k.shape[1]).transpose(0, 1)  # [b, h, s, t]
+
+
+def term_score_mod(
+    term: Term,
+    positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    *,
+    index_offset: int | None = None,
+) -> ScoreMod:
+    """A FlexAttention ``score_mod`` adding ``term`` entry by entry (no ``[h, s, t]``).
+
+    Reads each entry's positions from ``positions`` and ``k_positions`` (checked). With
+    ``index_offset`` (the index layout, see :func:`check_index_layout`: keys at their index,
+    query ``q_idx`` at key index ``q_idx + index_offset``) the indices stand for the positions
+    instead, which a term depending on ``j - i`` only gives the same values: no position is read.
+    """
+    if index_offset is not None:
+        offset = index_offset
+
+        def by_index(
+            score: torch.Tensor,
+            b: torch.Tensor,
+            h: torch.Tensor,
+            q_idx: torch.Tensor,
+            kv_idx: torch.Tensor,
+        ) -> torch.Tensor:
+            return score + term(q_idx + offset, kv_idx, h).to(score.dtype)
+
+        return _own_code(by_index, term)
+    read_q, read_k = position_reader(positions.long()), position_reader(k_positions.long())
+
+    def by_position(
+        score: torch.Tensor,
+        b: torch.Tensor,
+        h: torch.Tensor,
+        q_idx: torch.Tensor,
+        kv_idx: torch.Tensor,
+    ) -> torch.Tensor:
+        return score + term(read_q(b, q_idx), read_k(b, kv_idx), h).to(score.dtype)
+
+    return _own_code(by_position, term)
+
+
+# (wrapper code, term code) -> the wrapper's code object for that term.
+_CODES: dict[tuple[types.CodeType, types.CodeType], types.CodeType] = {}
+
+
+def _own_code(score_mod: ScoreMod, term: Term) -> ScoreMod:
+    """``score_mod`` with a code object of its own per term (the same one on every call).
+
+    TorchDynamo, which traces a ``score_mod``, keys what it learns of a function by its code
+    object; one wrapper code around terms with different closures (ALiBi's slopes, FIRE's
+    weights) made it read a closure cell of one term in another (an IndexError while building
+    guards). One code per term keeps "same code, same closure layout", as one ``def`` per bias
+    gave before; the same code on every call keeps the compiled kernel cached.
+    """
+    fn = score_mod
+    assert isinstance(fn, types.FunctionType)
+    key = (fn.__code__, getattr(term, "__code__", fn.__code__))
+    name = f"{getattr(term, '__name__', 'term')}_{fn.__name__}"
+    if key not in _CODES:
+        names: dict[str, Any] = {"co_name": name}
+        if hasattr(fn.__code__, "co_qualname"):  # Python 3.11+
+            names["co_qualname"] = name
+        _CODES[key] = fn.__code__.replace(**names)
+    code = _CODES[key]
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
 class PositionBias(nn.Module):
     """Base class of the content-free biases (``family = "bias"``).
 
-    Subclasses implement :meth:`bias` and :meth:`score_mod`; ``forward`` is :meth:`bias`.
+    Subclasses implement :meth:`term`, the one statement of their formula; :meth:`bias` (the
+    materialized form) and :meth:`score_mod` (FlexAttention's) come from it. ``forward`` is
+    :meth:`bias`. A bias whose term holds an inner sum (FIRE's hidden units, Sandwich's
+    frequencies) may evaluate the same term faster in :meth:`materialized` (a matrix product
+    instead of one pass per term of the sum), tested against the term.
+
+    A new bias is one file: a subclass with its :meth:`term` and a
+    :func:`posenc.registry.register` builder beside it (``tests/test_register_bias.py``).
     """
 
     family: ClassVar[str] = "bias"
@@ -144,10 +254,20 @@ class PositionBias(nn.Module):
             return check_pair(positions, k_positions)
         return check_pair(positions, k_positions, weight.device, "the encoding's parameters")
 
+    def term(self, device: torch.device) -> Term:
+        """The bias as an elementwise ``term(q_pos, k_pos, head)`` (:data:`Term`), with its
+        per-head tables and parameters on ``device`` (that of the positions it will read)."""
+        raise NotImplementedError
+
+    def materialized(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`bias` of checked positions: the term on every entry (:func:`term_grid`)."""
+        return term_grid(self.term(positions.device), positions, k_positions, self.num_heads)
+
     def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``positions [s]|[b, s]`` (queries), ``k_positions [t]|[b, t]`` (keys) ->
         ``[h, s, t]`` or ``[b, h, s, t]`` float32 (batched when either position tensor is)."""
-        raise NotImplementedError
+        q, k = self.check_pair(positions, k_positions)
+        return self.materialized(q, k)
 
     def score_mod(
         self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
@@ -158,7 +278,8 @@ class PositionBias(nn.Module):
         ``positions`` their last ``s``), known from how the call was made, never from the
         values; an encoding may then index by ``q_idx``/``kv_idx`` instead of positions.
         """
-        raise NotImplementedError
+        q, k = self.check_pair(positions, k_positions)
+        return term_score_mod(self.term(q.device), q, k)
 
     def forward(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""

@@ -7,7 +7,8 @@ from torch import nn
 
 from .._checks import check_int_at_most, check_number
 from ..functional.bias import fire_normalized_distance, relative_position_matrix
-from .common import PositionBias, ScoreMod, position_reader
+from ..registry import BuildContext, register
+from .common import PositionBias, Term, at_least_float32
 
 # Hidden units of f_theta; the paper uses 32.
 MAX_MLP_WIDTH = 1024
@@ -68,49 +69,50 @@ class FIRE(PositionBias):
         """The learned threshold ``L`` (a scalar tensor)."""
         return torch.abs(self.L_multiplier * self.init_threshold)
 
-    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = self.check_pair(positions, k_positions)
+    def term(self, device: torch.device) -> Term:
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        assert isinstance(lin1, nn.Linear) and isinstance(lin2, nn.Linear)
+        f = at_least_float32
+        w1, b1 = f(lin1.weight[:, 0]), f(lin1.bias)  # [w], [w]
+        w2, b2 = f(lin2.weight), f(lin2.bias)  # [h, w], [h]
+        c, threshold, eps = f(self.c), f(self.threshold()), self.eps
+        width = self.mlp_width
+
+        def fire(q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+            dist = (q_pos - k_pos).to(c.dtype)  # i - j in int64 first: exact
+            x = fire_normalized_distance(q_pos.to(c.dtype), dist, c, threshold, eps)
+            # The MLP unrolled over its hidden units: score_mod sees one scalar entry at a
+            # time, and a fused kernel can only load scalars (no [w]-vector intermediates).
+            acc = b2[head]
+            for u in range(width):
+                acc = acc + w2[head, u] * torch.relu(w1[u] * x + b1[u])
+            return acc
+
+        return fire
+
+    def materialized(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """The term with its MLP as matrix products over ``[(b,) s, t]`` (one pass, not one per
+        hidden unit). Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[(b,) h, s, t]``."""
         dtype = torch.promote_types(self.c.dtype, torch.float32)
-        dist = -relative_position_matrix(q, k).to(dtype)  # [(b,) s, t]: i - j
-        qpos = q.to(dtype)[..., :, None]  # [(b,) s, 1]
+        dist = -relative_position_matrix(positions, k_positions).to(dtype)  # [(b,) s, t]: i - j
+        qpos = positions.to(dtype)[..., :, None]  # [(b,) s, 1]
         x = fire_normalized_distance(qpos, dist, self.c, self.threshold(), self.eps)  # [(b,) s, t]
         out = self.mlp(x.unsqueeze(-1).to(self.c.dtype))  # [(b,) s, t, h]
         return out.movedim(-1, -3).to(dtype)  # [(b,) h, s, t]
-
-    def score_mod(
-        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
-    ) -> ScoreMod:
-        q, k = self.check_pair(positions, k_positions)
-        read_q, read_k = position_reader(q), position_reader(k)
-        lin1, lin2 = self.mlp[0], self.mlp[2]
-        assert isinstance(lin1, nn.Linear) and isinstance(lin2, nn.Linear)
-        w1, b1 = lin1.weight[:, 0].float(), lin1.bias.float()  # [w], [w]
-        w2, b2 = lin2.weight.float(), lin2.bias.float()  # [h, w], [h]
-        c, threshold, eps = self.c.float(), self.threshold().float(), self.eps
-        width = self.mlp_width
-
-        def fire(
-            score: torch.Tensor,
-            b: torch.Tensor,
-            h: torch.Tensor,
-            qi: torch.Tensor,
-            ki: torch.Tensor,
-        ) -> torch.Tensor:
-            i = read_q(b, qi)
-            dist = (i - read_k(b, ki)).to(torch.float32)  # i - j in int64 first: exact
-            x = fire_normalized_distance(i.to(torch.float32), dist, c, threshold, eps)
-            # The MLP unrolled over its hidden units: score_mod sees one scalar entry at a
-            # time, and a fused kernel can only load scalars (no [w]-vector intermediates).
-            acc = b2[h]
-            for u in range(width):
-                acc = acc + w2[h, u] * torch.relu(w1[u] * x + b1[u])
-            return score + acc.to(score.dtype)
-
-        return fire
 
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, mlp_width={self.mlp_width}, "
             f"init_threshold={self.init_threshold}, eps={self.eps}"
         )
+
+
+@register("fire", "bias", description="FIRE: MLP over progressively interpolated distance, shared")
+def _fire(
+    ctx: BuildContext,
+    *,
+    mlp_width: int = 32,
+    init_c: float = 0.1,
+    init_threshold: float = 512.0,
+) -> FIRE:
+    return FIRE(ctx.num_heads, mlp_width=mlp_width, init_c=init_c, init_threshold=init_threshold)

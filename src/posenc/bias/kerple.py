@@ -6,20 +6,9 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_number
-from ..functional.bias import (
-    kerple_log,
-    kerple_log_bias,
-    kerple_power,
-    kerple_power_bias,
-    relative_position_matrix,
-)
-from .common import (
-    PositionBias,
-    ScoreMod,
-    at_least_float32,
-    per_head,
-    position_reader,
-)
+from ..functional.bias import kerple_log, kerple_power
+from ..registry import BuildContext, register
+from .common import PositionBias, Term, at_least_float32
 
 KERPLE_VARIANTS = ("log", "power")
 
@@ -82,10 +71,10 @@ class KERPLE(PositionBias):
     def constrained(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(r1, r2)`` as used in the bias: clamped in value, straight-through in gradient.
 
-        The one parametrization of every path: :meth:`bias` (SDPA, explicit) and
-        :meth:`score_mod` (FlexAttention) both read the parameters through it, so a parameter
-        that training pushed out of its range gives the same bias on each path, whether or not
-        :meth:`clamp_parameters_` was called."""
+        The one parametrization of every path: :meth:`term` (and so :meth:`bias` for SDPA and
+        the explicit path, :meth:`score_mod` for FlexAttention) reads the parameters through it,
+        so a parameter that training pushed out of its range gives the same bias on each path,
+        whether or not :meth:`clamp_parameters_` was called."""
         r1 = _clamp_straight_through(self.r1, self.eps, None)
         r2 = _clamp_straight_through(self.r2, self.eps, self._r2_max)
         return r1, r2
@@ -96,33 +85,19 @@ class KERPLE(PositionBias):
         self.r1.clamp_(min=self.eps)
         self.r2.clamp_(min=self.eps, max=self._r2_max)
 
-    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = self.check_pair(positions, k_positions)
-        rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]
+    def term(self, device: torch.device) -> Term:
         r1, r2 = (at_least_float32(p) for p in self.constrained())  # [h] each
-        kernel = kerple_log_bias if self.variant == "log" else kerple_power_bias
-        return per_head(kernel(rel, r1, r2), rel)  # [h, (b,) s, t] -> [(b,) h, s, t]
-
-    def score_mod(
-        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
-    ) -> ScoreMod:
-        q, k = self.check_pair(positions, k_positions)
-        read_q, read_k = position_reader(q), position_reader(k)
-        r1, r2 = (p.float() for p in self.constrained())  # [h] each
         kernel = kerple_log if self.variant == "log" else kerple_power
 
-        def kerple(
-            score: torch.Tensor,
-            b: torch.Tensor,
-            h: torch.Tensor,
-            qi: torch.Tensor,
-            ki: torch.Tensor,
-        ) -> torch.Tensor:
-            dist = read_k(b, ki) - read_q(b, qi)  # int64 j - i: exact for any positions
-            return score + kernel(dist, r1[h], r2[h]).to(score.dtype)
+        def kerple(q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+            return kernel(k_pos - q_pos, r1[head], r2[head])  # int64 j - i: exact
 
         return kerple
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, variant={self.variant!r}, eps={self.eps}"
+
+
+@register("kerple", "bias", shared=False, description="KERPLE log/power kernel bias, per layer")
+def _kerple(ctx: BuildContext, *, variant: str = "log", eps: float = 1e-2) -> KERPLE:
+    return KERPLE(ctx.num_heads, variant=variant, eps=eps)

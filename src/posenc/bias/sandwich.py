@@ -5,20 +5,24 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_int_at_most, check_number
-from ..attention import DeviceConstants
+from .._constants import DeviceConstants
 from ..functional.bias import (
     MAX_D_PRIME,
     MAX_TABLE_ROWS,
     sandwich_distance_table,
     sandwich_embedding,
+    sandwich_inv_freq,
 )
+from ..registry import BuildContext, register
 from .common import (
     PositionBias,
     ScoreMod,
+    Term,
     check_index_layout,
     column_readers,
     per_head,
     reference_position,
+    term_score_mod,
 )
 
 
@@ -94,11 +98,27 @@ class Sandwich(PositionBias):
         """Shapes: ``positions [*]`` -> ``e [*, d']`` (``e(i) . e(j) - d'/2 = B(i - j)``)."""
         return sandwich_embedding(positions, self.d_prime, self.base, dtype)
 
-    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = self.check_pair(positions, k_positions)
-        ref = reference_position(q, k)  # [(b,) 1]: B depends on i - j only
-        q, k = q.long() - ref, k.long() - ref  # offsets, int64: exact for any positions
+    def term(self, device: torch.device) -> Term:
+        """The formula entry by entry, ``d'/2`` cosines each (float64 angles of ``i - j``).
+
+        An inner sum, so the module evaluates the same term faster (class docstring): a dot
+        product of embeddings (:meth:`materialized`, and :meth:`score_mod` for any positions)
+        or a table by distance (:meth:`score_mod` in the index layout); each is tested against
+        this one. Not for a ``score_mod`` itself (it makes a ``[..., d'/2]`` intermediate)."""
+        inv_freq = sandwich_inv_freq(self.d_prime, self.base, device)  # [d'/2] float64
+        inv_ratio, half = self.inv_ratio(device), self.d_prime // 2  # [h]
+
+        def sandwich(q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+            angles = (q_pos - k_pos).to(torch.float64)[..., None] * inv_freq  # [..., d'/2]
+            return (angles.cos().sum(-1) - half).float() * inv_ratio[head]
+
+        return sandwich
+
+    def materialized(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """The term as one ``[s, d'] @ [d', t]`` product of embeddings (class docstring).
+        Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
+        ref = reference_position(positions, k_positions)  # [(b,) 1]: B depends on i - j only
+        q, k = positions.long() - ref, k_positions.long() - ref  # offsets, int64: exact
         # float64: a float32 product of d' terms near 1 minus d'/2 loses ~15x the float32
         # rounding of the result (3e-5 at d' = 128); float64 makes it the rounding alone.
         eq, ek = self.embedding(q, torch.float64), self.embedding(k, torch.float64)
@@ -112,24 +132,19 @@ class Sandwich(PositionBias):
     ) -> ScoreMod:
         q, k = self.check_pair(positions, k_positions)
         inv_ratio = self.inv_ratio(q.device)  # [h]
-        if index_layout:
-            check_index_layout(q, k)
-            s, t = q.shape[-1], k.shape[-1]
-            table = self.distance_table(t, q.device)  # [>= t]: index distances are < t
-            offset = t - s  # query q_idx sits at key index q_idx + offset
+        if not index_layout:
+            return self._dot_score_mod(q, k, inv_ratio)
+        check_index_layout(q, k)
+        s, t = q.shape[-1], k.shape[-1]
+        table = self.distance_table(t, q.device)  # [>= t]: the term's sum by distance (< t)
 
-            def sandwich_by_index(
-                score: torch.Tensor,
-                b: torch.Tensor,
-                h: torch.Tensor,
-                qi: torch.Tensor,
-                ki: torch.Tensor,
-            ) -> torch.Tensor:
-                shared = table[(qi + offset - ki).abs()]
-                return score + (shared * inv_ratio[h]).to(score.dtype)
+        def by_distance(
+            q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor
+        ) -> torch.Tensor:
+            return table[(q_pos - k_pos).abs()] * inv_ratio[head]
 
-            return sandwich_by_index
-        return self._dot_score_mod(q, k, inv_ratio)
+        # Query q_idx sits at key index q_idx + t - s.
+        return term_score_mod(by_distance, q, k, index_offset=t - s)
 
     def _dot_score_mod(self, q: torch.Tensor, k: torch.Tensor, inv_ratio: torch.Tensor) -> ScoreMod:
         """The score_mod for any positions: the embeddings' dot product, entry by entry."""
@@ -164,3 +179,8 @@ class Sandwich(PositionBias):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, d_prime={self.d_prime}, base={self.base}"
+
+
+@register("sandwich", "bias", description="Sandwich: sinusoidal dot-product bias, per-head ratios")
+def _sandwich(ctx: BuildContext, *, d_prime: int = 128, base: float = 10000.0) -> Sandwich:
+    return Sandwich(ctx.num_heads, d_prime=d_prime, base=base)

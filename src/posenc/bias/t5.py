@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional.bias import relative_position_matrix, t5_bucket_layout, t5_relative_bucket
-from .common import PositionBias, ScoreMod, at_least_float32, position_reader
+from ..functional.bias import t5_bucket_layout, t5_relative_bucket
+from ..registry import BuildContext, register
+from .common import PositionBias, Term, at_least_float32
 
 
 class T5RelativeBias(PositionBias):
@@ -47,13 +48,6 @@ class T5RelativeBias(PositionBias):
     def _buckets(self, rel: torch.Tensor) -> torch.Tensor:
         return t5_relative_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
 
-    def bias(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[h, s, t]`` or ``[b, h, s, t]`` float32."""
-        q, k = self.check_pair(positions, k_positions)
-        rel = relative_position_matrix(q, k)  # [s, t] or [b, s, t]
-        values = self.relative_attention_bias(self._buckets(rel))  # [(b,) s, t, h]
-        return at_least_float32(values.movedim(-1, -3))  # [(b,) h, s, t]
-
     def distance_table(self) -> torch.Tensor:
         """Bias by clamped distance: ``[h, 2 * max_distance + 1]``, column ``r + max_distance``
         for ``r = j - i`` in ``[-max_distance, max_distance]``.
@@ -66,23 +60,16 @@ class T5RelativeBias(PositionBias):
         rel = torch.arange(-m, m + 1, device=weight.device)  # [2m + 1]
         return at_least_float32(weight[self._buckets(rel)].t())  # [h, 2m + 1]
 
-    def score_mod(
-        self, positions: torch.Tensor, k_positions: torch.Tensor, *, index_layout: bool = False
-    ) -> ScoreMod:
-        q, k = self.check_pair(positions, k_positions)
-        read_q, read_k = position_reader(q), position_reader(k)
-        table = self.distance_table()  # [h, 2m + 1]: O(max_distance), not O(s * t)
+    def term(self, device: torch.device) -> Term:
+        weight = at_least_float32(self.relative_attention_bias.weight)  # [num_buckets, h]
         m = self.max_distance
+        # The bucket of each clamped distance j - i in [-m, m] (index r + m): every distance at
+        # or beyond max_distance is in the last bucket of its direction, so clamping first
+        # changes nothing, and the term needs a table of O(max_distance), never O(s * t).
+        buckets = self._buckets(torch.arange(-m, m + 1, device=weight.device))  # [2m + 1]
 
-        def t5(
-            score: torch.Tensor,
-            b: torch.Tensor,
-            h: torch.Tensor,
-            qi: torch.Tensor,
-            ki: torch.Tensor,
-        ) -> torch.Tensor:
-            col = (read_k(b, ki) - read_q(b, qi)).clamp(-m, m) + m
-            return score + table[h, col].to(score.dtype)
+        def t5(q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+            return weight[buckets[(k_pos - q_pos).clamp(-m, m) + m], head]
 
         return t5
 
@@ -91,3 +78,16 @@ class T5RelativeBias(PositionBias):
             f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
             f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
         )
+
+
+@register("t5", "bias", description="T5 bucketed relative bias, one table shared by all layers")
+def _t5(
+    ctx: BuildContext,
+    *,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+    bidirectional: bool | None = None,
+) -> T5RelativeBias:
+    # T5's encoder buckets both directions, its decoder only the past.
+    bidirectional = not ctx.causal if bidirectional is None else bidirectional
+    return T5RelativeBias(ctx.num_heads, num_buckets, max_distance, bidirectional=bidirectional)

@@ -1,6 +1,7 @@
 """Per-head bias maps ``B[h, i, j]`` of the content-free bias family.
 
-Each encoding is built through the registry exactly as a model would build it (learned ones at
+Every registered bias encoding (``registry.names("bias")``, or those asked for) is built through
+the registry exactly as a model would build it (learned ones at
 their initialization, from a fixed seed) and asked for ``bias(positions, positions)``. Rows are
 encodings, columns heads; the causal mask's future keys are grey.
 
@@ -27,9 +28,8 @@ from .common import add_caption, new_figure
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-BIAS_KINDS = ("alibi", "t5", "kerple", "fire", "sandwich")
-
-#: How each kind's penalty grows with the distance ``i - j`` (the caption names the kinds drawn).
+#: How each kind's penalty grows with the distance ``i - j`` (the caption names the kinds drawn);
+#: a registered bias without a sentence here is named as it is.
 GROWTH = {
     "alibi": "linear (ALiBi)",
     "t5": "bucketed (T5)",
@@ -50,21 +50,23 @@ def bias_caption(kinds: Sequence[str]) -> str:
     return f"Look at: how the penalty grows with the distance i-j: {ways[0]}."
 
 
-def available_bias_kinds(kinds: Sequence[str] = BIAS_KINDS) -> list[str]:
-    """Those of ``kinds`` that are registered bias encodings."""
-    registered = set(registry.names("bias"))
-    return [k for k in kinds if k in registered]
+def available_bias_kinds(kinds: Sequence[str] | None = None) -> list[str]:
+    """Those of ``kinds`` that are registered bias encodings (None: every registered one, in
+    registration order)."""
+    registered = registry.names("bias")
+    return list(registered) if kinds is None else [k for k in kinds if k in registered]
 
 
 def bias_data(
-    kinds: Sequence[str] = BIAS_KINDS,
+    kinds: Sequence[str] | None = None,
     num_heads: int = 4,
     length: int = 64,
     causal: bool = True,
     seed: int = 0,
     dim: int = 64,
 ) -> dict[str, Any]:
-    """The bias maps of each encoding in ``kinds`` for positions ``0..length-1``.
+    """The bias maps of each encoding in ``kinds`` (None: every registered bias encoding) for
+    positions ``0..length-1``.
 
     Returns ``kinds``, ``bias`` (``{kind: [h, s, s]}`` float64 numpy, ``-inf``-free: masked
     entries are NaN when ``causal``), ``modules`` (``{kind: the module}``, for checks against
@@ -73,6 +75,7 @@ def bias_data(
     check_positive_int("num_heads", num_heads)
     check_positive_int("length", length)
     registered = registry.names("bias")
+    kinds = registered if kinds is None else list(kinds)
     unknown = [k for k in kinds if k not in registered]
     if unknown:
         raise ValueError(
@@ -104,6 +107,7 @@ def bias_data(
     }
 
 
+#: Display names (others: the registered name).
 _NAMES = {
     "alibi": "ALiBi",
     "t5": "T5 buckets",

@@ -1,5 +1,6 @@
 """Rotary encodings: queries and keys are rotated by their positions, ``q' = R(pos) q``."""
 
+from . import entries  # noqa: F401  (registers the family's encodings in posenc.registry)
 from .axial import Axial2DRoPE, axial_inv_freq, grid_coords
 from .embedding import RotaryEmbedding
 from .fope import FoPE, apply_fope, fope_inv_freq

@@ -4,15 +4,51 @@ command-line parsers, and :func:`plan_cases`."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 
+from ... import registry
 from ..harness import DTYPES, dtype_name
 from .rows import GPU_TARGET_BIASES
 
-BIASES = ("alibi", "t5", "kerple", "fire", "sandwich")
+
+class RegisteredBiases(Sequence[str]):
+    """The registered bias encodings (``registry.names("bias")``), read at each use: a bias
+    registered after this module was imported is benched too. Equal to a tuple or list of the
+    same names."""
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(registry.names("bias"))
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (RegisteredBiases, tuple, list)):
+            return self._names() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+BIASES = RegisteredBiases()
 CANDIDATES = ("materialized", "flex", "causal")
 
 
@@ -22,7 +58,7 @@ class Sweep:
 
     lengths: tuple[int, ...]
     dtypes: tuple[str, ...]
-    biases: tuple[str, ...]
+    biases: Sequence[str]  # BIASES: every registered bias
 
 
 # "full" is the RESULTS.md run, sized to about 10 minutes on 2 CPU cores, where a
