@@ -240,3 +240,33 @@ def test_mrope_allocation_names() -> None:
         mrope_axis_index([2, 1, 1], "hw_alternating")
     with pytest.raises(ValueError, match="allocation must be"):
         MRoPE(8, [2, 1, 1], interleaved="spiral")
+
+
+def test_qwen3_omni_thinker_mrope_matches_its_rotary_class() -> None:
+    """Qwen3-Omni's thinker text model: Qwen3-VL's interleaved sections, read from its config
+    (its default config has an odd head_dim, so a small consistent one), against its rotary class
+    and apply function on distinct 3-D positions; the contiguous allocation is caught."""
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as om
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+        Qwen3OmniMoeTextConfig,
+    )
+
+    torch.manual_seed(0)
+    cfg = Qwen3OmniMoeTextConfig(
+        hidden_size=64, num_attention_heads=4, head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2],
+                         "mrope_interleaved": True},
+    )  # fmt: skip
+    rope = rope_from_hf(cfg)
+    assert isinstance(rope, MRoPE) and rope.allocation == "interleaved"
+    ref = om.Qwen3OmniMoeThinkerTextRotaryEmbedding(cfg)
+    pos = torch.randint(0, 4 * cfg.max_position_embeddings, (3, 2, 7))  # [3, b, s]
+    q, k = torch.randn(2, 4, 7, 16), torch.randn(2, 2, 7, 16)
+    cos, sin = ref(q, pos)
+    want = om.apply_rotary_pos_emb(q, k, cos, sin)
+    err = max((w - g).abs().max().item() for w, g in zip(want, rope(q, k, pos), strict=True))
+    assert err <= 4e-6, err
+    wrong = MRoPE(16, [4, 2, 2], 1e6, interleaved=False, angle_dtype=torch.float32)
+    assert (
+        max((w - g).abs().max().item() for w, g in zip(want, wrong(q, k, pos), strict=True)) > 0.1
+    )

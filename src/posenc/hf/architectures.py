@@ -48,6 +48,9 @@ MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
     "qwen3_5": (11, 11, 10), "qwen3_5_text": (11, 11, 10),
     "qwen3_5_moe": (11, 11, 10), "qwen3_5_moe_text": (11, 11, 10),
     "cosmos3_edge": (24, 20, 20), "cosmos3_edge_text": (24, 20, 20),  # Qwen3-VL's, renamed
+    # Qwen3-Omni's thinker: Qwen3-VL's rotary class, renamed
+    "qwen3_omni_moe": (24, 20, 20), "qwen3_omni_moe_thinker": (24, 20, 20),
+    "qwen3_omni_moe_text": (24, 20, 20),
     # Qwen2-VL's section layout; GLM-4V and GLM-OCR over interleaved pairs, the others half
     **dict.fromkeys(
         ("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text",
@@ -67,7 +70,7 @@ MROPE_ALLOCATION_MODEL_TYPES: dict[str, str] = {
 INTERLEAVED_MROPE_MODEL_TYPES = frozenset(
     t
     for t in MROPE_MODEL_TYPES
-    if t.startswith(("qwen3_vl", "qwen3_5", "cosmos3_edge", "hy_v4_vl"))
+    if t.startswith(("qwen3_vl", "qwen3_5", "cosmos3_edge", "hy_v4_vl", "qwen3_omni_moe"))
 )
 # The rotary dim is the config's ``rotary_dim`` (else hidden_size), not a factor of head_dim.
 ROTARY_DIM_MODEL_TYPES = frozenset({"codegen", "gptj"})
