@@ -11,7 +11,8 @@ tensor or ``score_mod``), computed by the first layer that asks and reused by th
 Positions are validated once, where the context is built; nothing below checks them again.
 
 A context serves one forward of one stack of layers whose KV caches advance together (the layers
-of a model): the products are keyed by encoding and shapes, not by the cache's values. Each
+of a model): the products are keyed by encoding (shapes would make ``torch.compile`` specialize on lengths),
+not by the cache's values or lengths. Each
 layer's call then has a :class:`ScoreContext`: the key positions after its cache, the mask, the
 scale, what a content-dependent encoding's ``scores`` needs.
 """

@@ -118,7 +118,7 @@ class BiasHook(FamilyHook):
         self._encoding: Any = encoding
         # The bias of positions already checked (the context's), where the encoding has one.
         materialized: Any = getattr(encoding, "materialized", None)
-        if not callable(materialized):
+        if not callable(materialized) or _overrides(type(encoding), "bias", "materialized"):
             materialized = self._encoding.bias
         self._materialize: Callable[..., torch.Tensor] = materialized
 
@@ -136,7 +136,7 @@ class BiasHook(FamilyHook):
 
         if not self._shared():
             return make()
-        return ctx.product((self._encoding, "bias", tuple(call.k_positions.shape)), make)
+        return ctx.product((self._encoding, "bias"), make)
 
     def score_mod(self, ctx: PositionContext, call: ScoreContext) -> Callable[..., Any]:
         def make() -> Callable[..., Any]:
@@ -146,8 +146,7 @@ class BiasHook(FamilyHook):
 
         if not self._shared():
             return make()
-        key = (self._encoding, "score_mod", tuple(call.k_positions.shape), call.index_layout)
-        return ctx.product(key, make)
+        return ctx.product((self._encoding, "score_mod", call.index_layout), make)
 
 
 class RelativeHook(FamilyHook):
@@ -178,6 +177,15 @@ class RelativeHook(FamilyHook):
             return values(probs, call)  # [b, h, s, d] or None
 
         return term
+
+
+def _overrides(cls: type, method: str, other: str) -> bool:
+    """Whether ``cls`` defines ``method`` below (in a subclass of) the class defining ``other``:
+    then ``other`` would bypass it (a ``bias`` overridden above the base's ``materialized``)."""
+    mro = cls.__mro__
+    owner = next((c for c in mro if method in c.__dict__), object)
+    other_owner = next((c for c in mro if other in c.__dict__), object)
+    return mro.index(owner) < mro.index(other_owner)
 
 
 HOOKS: dict[str, type[FamilyHook]] = {
