@@ -2,6 +2,7 @@
 
 from . import entries  # noqa: F401  (registers the family's encodings in posenc.registry)
 from .axial import Axial2DRoPE, axial_inv_freq, grid_coords
+from .base import RotaryEncoding
 from .embedding import RotaryEmbedding
 from .fope import FoPE, apply_fope, fope_inv_freq
 from .mla import DecoupledRoPE, expand_shared_key, mla_softmax_scale
@@ -28,6 +29,7 @@ __all__ = [
     "MRoPEPositionLayout",
     "QueryTemperature",
     "RotaryEmbedding",
+    "RotaryEncoding",
     "XPos",
     "apply_fope",
     "axial_inv_freq",
