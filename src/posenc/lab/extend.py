@@ -66,7 +66,7 @@ from .train import Interrupted, train_model
 ROPE_METHODS: tuple[str, ...] = ("none", "linear", "ntk", "yarn", "longrope", "dynamic")
 
 #: Bias encodings extended by the fine-tune alone (no rescaling exists for them).
-BIAS_ENCODINGS: tuple[str, ...] = ("alibi", "t5", "kerple", "fire", "sandwich")
+BIAS_ENCODINGS: tuple[str, ...] = tuple(registry.names("bias"))
 
 EXTEND_DIR = "extend"
 
