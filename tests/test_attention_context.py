@@ -15,7 +15,7 @@ from posenc.attention import KVCache, explicit_path
 from posenc.bias import ALiBi, T5RelativeBias
 from posenc.bias.common import PositionBias
 from posenc.relative import ShawRelative
-from posenc.rotary import RotaryEmbedding
+from posenc.rotary import QueryTemperature, RotaryEmbedding
 
 POSITION_NAMES = ("positions", "k_positions", "memory_positions")
 
@@ -67,6 +67,31 @@ def test_one_forward_of_four_layers_validates_its_positions_once(
     with torch.no_grad():
         model(tokens)  # default positions: built, never checked
     assert _position_checks(checks) == 0, dict(checks)
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    ["shaw", "deberta", "transformer-xl", "cope", "llama4_temperature", "llama4_scaling"],
+)
+def test_relative_and_tempered_forwards_validate_their_positions_once(
+    encoding: str, checks: Counter
+) -> None:
+    """The relative schemes and the query temperature read the context's checked positions
+    through unchecked cores: one validation per forward, not one per layer."""
+    if encoding.startswith("llama4"):  # a tempered RoPE model (Llama-4's or Ministral-3's kind)
+        temperature = QueryTemperature(encoding, beta=0.1, length=8)
+        cfg = ModelConfig(
+            encoding="rope", num_layers=4, dim=32, num_heads=4, max_len=32, temperature=temperature
+        )
+        model = TransformerLM(cfg).eval()
+    else:
+        model = _model(encoding)
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        model(tokens)
+        checks.clear()
+        model(tokens, torch.arange(3, 19))
+    assert _position_checks(checks) == 1, dict(checks)
 
 
 def test_attention_alone_validates_once_per_call(checks: Counter) -> None:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .._checks import check_int_at_most, check_number
-from ..functional.bias import fire_normalized_distance, relative_position_matrix
+from ..functional.bias import fire_normalized_distance, relative_distances
 from ..registry import BuildContext, register
 from .common import PositionBias, Term, at_least_float32
 
@@ -94,7 +94,7 @@ class FIRE(PositionBias):
         """The term with its MLP as matrix products over ``[(b,) s, t]`` (one pass, not one per
         hidden unit). Shapes: ``[s]|[b, s]``, ``[t]|[b, t]`` -> ``[(b,) h, s, t]``."""
         dtype = torch.promote_types(self.c.dtype, torch.float32)
-        dist = -relative_position_matrix(positions, k_positions).to(dtype)  # [(b,) s, t]: i - j
+        dist = -relative_distances(positions, k_positions).to(dtype)  # [(b,) s, t]: i - j
         qpos = positions.to(dtype)[..., :, None]  # [(b,) s, 1]
         x = fire_normalized_distance(qpos, dist, self.c, self.threshold(), self.eps)  # [(b,) s, t]
         out = self.mlp(x.unsqueeze(-1).to(self.c.dtype))  # [(b,) s, t, h]

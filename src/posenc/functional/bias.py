@@ -39,11 +39,13 @@ __all__ = [
     "MAX_TABLE_ROWS",
     "alibi_slopes",
     "deberta_log_bucket",
+    "deberta_log_bucket_of",
     "fire_normalized_distance",
     "kerple_log",
     "kerple_log_bias",
     "kerple_power",
     "kerple_power_bias",
+    "relative_distances",
     "relative_position_matrix",
     "sandwich_distance_table",
     "sandwich_embedding",
@@ -71,7 +73,14 @@ def relative_position_matrix(positions: torch.Tensor, k_positions: torch.Tensor)
             "positions and k_positions must have the same batch size (or 1), got "
             f"{list(q.shape)} and {list(k.shape)}"
         )
-    q, k = q.long(), k.long()
+    return relative_distances(q, k)
+
+
+def relative_distances(positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """:func:`relative_position_matrix` of positions already checked (a
+    :class:`~posenc.attention.PositionContext`'s): same shapes and result, no validation.
+    """
+    q, k = positions.long(), k_positions.long()
     if q.dim() == k.dim() == 1:
         return k[None, :] - q[:, None]  # [s, t]
     q = q if q.dim() == 2 else q[None]  # [b|1, s]
@@ -245,7 +254,15 @@ def deberta_log_bucket(
     ``max_position - 1`` maps to ``±(bucket_size - 1)``. Odd in ``r``: ``bucket(-r) = -bucket(r)``.
     """
     rel = _check_int_tensor("relative_position", relative_position)
-    mid = deberta_check_buckets(bucket_size, max_position)
+    return deberta_log_bucket_of(
+        rel, deberta_check_buckets(bucket_size, max_position), max_position
+    )
+
+
+def deberta_log_bucket_of(rel: torch.Tensor, mid: int, max_position: int) -> torch.Tensor:
+    """:func:`deberta_log_bucket` of an integer ``rel`` already checked (or made from checked
+    positions), with ``mid = bucket_size // 2`` from :func:`deberta_check_buckets`; no validation.
+    """
     sign = torch.sign(rel)
     # Inside the exact range the log branch is unused: feed it mid - 1 to keep log finite.
     abs_pos = torch.where((rel < mid) & (rel > -mid), torch.full_like(rel, mid - 1), rel.abs())

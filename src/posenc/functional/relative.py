@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from .._checks import check_int_at_most
 from .bias import MAX_TABLE_ROWS, relative_position_matrix
 
-__all__ = ["clipped_relative_index", "rel_shift"]
+__all__ = ["clip_relative", "clipped_relative_index", "rel_shift"]
 
 
 def clipped_relative_index(
@@ -20,6 +20,12 @@ def clipped_relative_index(
     """
     check_int_at_most("max_distance", max_distance, MAX_TABLE_ROWS, "a table of 2k + 1 rows")
     rel = relative_position_matrix(positions, k_positions)  # [(b,) s, t]: j - i
+    return clip_relative(rel, max_distance)
+
+
+def clip_relative(rel: torch.Tensor, max_distance: int) -> torch.Tensor:
+    """:func:`clipped_relative_index` of distances ``rel = j - i`` already made from checked
+    positions (:func:`~posenc.functional.bias.relative_distances`); no validation."""
     return rel.clamp(-max_distance, max_distance) + max_distance
 
 

@@ -13,7 +13,8 @@ from .._context import ScoreContext
 from ..functional.bias import (
     MAX_TABLE_ROWS,
     deberta_check_buckets,
-    deberta_log_bucket,
+    deberta_log_bucket_of,
+    relative_distances,
     relative_position_matrix,
 )
 from .common import RelativeEncoding, batch_heads
@@ -136,8 +137,13 @@ class DeBERTaRelative(RelativeEncoding):
     def relative_index(self, positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Row of the relative table for each pair: ``[s, t]`` or ``[b, s, t]`` in ``[0, 2 span)``."""
         rel = -relative_position_matrix(positions, k_positions)  # [(b,) s, t]: i - j
+        return self._relative_index(rel)
+
+    def _relative_index(self, rel: torch.Tensor) -> torch.Tensor:
+        """:meth:`relative_index` of distances ``rel = i - j`` made from checked positions."""
         if self.position_buckets > 0:
-            rel = deberta_log_bucket(rel, self.position_buckets, self.max_relative_positions)
+            mid = self.position_buckets // 2
+            rel = deberta_log_bucket_of(rel, mid, self.max_relative_positions)
         # Clamp before shifting: i - j can be near 2**63, where adding span would wrap around.
         return rel.clamp(-self.span, self.span - 1) + self.span
 
@@ -175,7 +181,9 @@ class DeBERTaRelative(RelativeEncoding):
         scale = call.scale / math.sqrt(self.scale_factor)
         scores = q @ k.transpose(-1, -2)  # [b, h, s, t]
         if self.pos_att_type:
-            idx = batch_heads(self.relative_index(call.positions, call.k_positions), b, h)
+            # The context holds checked positions: the unchecked core, once per call.
+            rel = -relative_distances(call.positions, call.k_positions)  # [(b,) s, t]: i - j
+            idx = batch_heads(self._relative_index(rel), b, h)
             p = self.relative_embeddings()  # [2 span, dim]
         if "c2p" in self.pos_att_type:
             pos_k = _heads(self._projection("c2p", call)(p), d, h)  # [h, 2 span, d]

@@ -7,8 +7,8 @@ from torch import nn
 
 from .._checks import INIT_STD_MAX, check_int_at_most, check_number, check_positive_int
 from .._context import ScoreContext
-from ..functional.bias import MAX_TABLE_ROWS
-from ..functional.relative import clipped_relative_index
+from ..functional.bias import MAX_TABLE_ROWS, relative_distances
+from ..functional.relative import clip_relative
 from .common import RelativeEncoding, batch_heads
 
 
@@ -75,7 +75,10 @@ class ShawRelative(RelativeEncoding):
         """Each pair's clipped distance, ``[b, h, s, t]``; made once per call (scores and values)."""
         idx = call.scratch.get(self)
         if idx is None:
-            rel = clipped_relative_index(call.positions, call.k_positions, self.max_distance)
+            # The context holds checked positions: the unchecked core, once per call.
+            rel = clip_relative(
+                relative_distances(call.positions, call.k_positions), self.max_distance
+            )
             idx = call.scratch[self] = batch_heads(rel, b, h)  # [b, h, s, t]
         return idx
 

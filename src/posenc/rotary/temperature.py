@@ -36,7 +36,10 @@ def llama4_scaling_scale(positions: torch.Tensor, beta: float, length: int) -> t
     Shapes: ``positions [*]`` integer -> ``[*]``. Same operations, in the same order, as
     transformers' ``get_llama_4_attn_scale`` (``ministral3``).
     """
-    positions = check_positions(positions)
+    return _llama4_scaling_scale(check_positions(positions), beta, length)
+
+
+def _llama4_scaling_scale(positions: torch.Tensor, beta: float, length: int) -> torch.Tensor:
     # int64 / int is a float32 true division in torch, as in transformers.
     return 1 + beta * torch.log(1 + torch.floor(positions / length))
 
@@ -47,7 +50,10 @@ def llama4_temperature_scale(positions: torch.Tensor, beta: float, length: int) 
     Shapes: ``positions [*]`` integer -> ``[*]``. ``beta`` is transformers' ``attn_scale`` and
     ``length`` its ``floor_scale`` (``Llama4TextAttention`` with ``attn_temperature_tuning``).
     """
-    positions = check_positions(positions)
+    return _llama4_temperature_scale(check_positions(positions), beta, length)
+
+
+def _llama4_temperature_scale(positions: torch.Tensor, beta: float, length: int) -> torch.Tensor:
     return torch.log1p(torch.floor((positions.float() + 1.0) / length)) * beta + 1.0
 
 
@@ -88,9 +94,13 @@ class QueryTemperature:
 
     def scale(self, positions: torch.Tensor) -> torch.Tensor:
         """The float32 query scale of integer ``positions``: ``[*]`` -> ``[*]``."""
+        return self._scale(check_positions(positions))
+
+    def _scale(self, positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`scale` of checked positions."""
         if self.kind == "llama4_scaling":
-            return llama4_scaling_scale(positions, self.beta, self.length)
-        return llama4_temperature_scale(positions, self.beta, self.length)
+            return _llama4_scaling_scale(positions, self.beta, self.length)
+        return _llama4_temperature_scale(positions, self.beta, self.length)
 
     def forward(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Scale queries ``q [b, h, s, d]`` by the scale of ``positions [s]`` or ``[b, s]``.
@@ -105,7 +115,11 @@ class QueryTemperature:
             raise ValueError(
                 f"positions must end in the query length {q.shape[2]}, got {tuple(positions.shape)}"
             )
-        scale = self.scale(positions)  # [s] or [b, s]
+        return self._scaled(q, positions)
+
+    def _scaled(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of checked ``positions [s]|[b, s]`` (ending in ``q``'s length)."""
+        scale = self._scale(positions)  # [s] or [b, s]
         scale = scale[:, None] if scale.dim() == 1 else scale[:, None, :, None]  # [s,1]|[b,1,s,1]
         if self.kind == "llama4_scaling":
             return q * scale.to(q.dtype)
@@ -122,5 +136,5 @@ class QueryTemperature:
             s, t = q.shape[2], call.k_positions.shape[-1]
             where = default_positions(s, q.device, offset=t - s)  # [s]
         else:
-            where = call.positions  # [s] or [b, s]
-        return self(q, where)
+            where = call.positions  # [s] or [b, s], checked by the context
+        return self._scaled(q, where)
