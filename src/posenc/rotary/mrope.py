@@ -209,33 +209,38 @@ def mrope_positions(
             parts.append(torch.arange(current, current + n, device=device).expand(3, n))  # [3, n]
             current += n
         elif kind in ("image", "video"):
-            if not isinstance(size, (tuple, list)) or len(size) != 3:
-                raise ValueError(f"an {kind} segment needs a (t, h, w) grid, got {size!r}")
-            t, h, w = (
-                check_positive_int(f"{kind} grid {a}", v) for a, v in zip("thw", size, strict=True)
-            )
-            if h % m or w % m:
-                raise ValueError(
-                    f"{kind} grid h, w ({h}, {w}) must be divisible by spatial_merge_size {m}"
-                )
-            interval = seg[2] if len(seg) == 3 else 1.0
-            if (
-                isinstance(interval, bool)
-                or not isinstance(interval, (int, float))
-                or not (math.isfinite(interval) and interval > 0)
-            ):
-                raise ValueError(
-                    f"a {kind} segment's time_interval must be a finite number > 0 (temporal "
-                    f"positions per frame), got {interval!r}"
-                )
-            temporal = (torch.arange(t, device=device) * interval).long() + current  # [t]
-            rows = torch.arange(h // m, device=device) + current  # [h/m]
-            cols = torch.arange(w // m, device=device) + current  # [w/m]
-            grid = torch.meshgrid(temporal, rows, cols, indexing="ij")  # 3 x [t, h/m, w/m]
-            parts.append(torch.stack(grid).reshape(3, -1))  # [3, t*h*w/m^2], (t, h, w) order
-            current += max(h, w) // m
+            block, current = _vision_segment(seg, m, current, device)
+            parts.append(block)
         else:
             raise ValueError(f"segment kind must be 'text', 'image' or 'video', got {kind!r}")
     if not parts:
         return torch.zeros(3, 0, dtype=torch.long, device=device)
     return torch.cat(parts, dim=1)  # [3, s]
+
+
+def _vision_segment(
+    seg: Segment, m: int, current: int, device: torch.device | str | None
+) -> tuple[torch.Tensor, int]:
+    """An image or video segment's positions ``[3, t*h*w/m^2]`` in (t, h, w) order from the
+    running position ``current``, and the running position after it."""
+    kind, size = seg[0], seg[1]
+    if not isinstance(size, (tuple, list)) or len(size) != 3:
+        raise ValueError(f"an {kind} segment needs a (t, h, w) grid, got {size!r}")
+    t, h, w = (check_positive_int(f"{kind} grid {a}", v) for a, v in zip("thw", size, strict=True))
+    if h % m or w % m:
+        raise ValueError(f"{kind} grid h, w ({h}, {w}) must be divisible by spatial_merge_size {m}")
+    interval = seg[2] if len(seg) == 3 else 1.0
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, (int, float))
+        or not (math.isfinite(interval) and interval > 0)
+    ):
+        raise ValueError(
+            f"a {kind} segment's time_interval must be a finite number > 0 (temporal "
+            f"positions per frame), got {interval!r}"
+        )
+    temporal = (torch.arange(t, device=device) * interval).long() + current  # [t]
+    rows = torch.arange(h // m, device=device) + current  # [h/m]
+    cols = torch.arange(w // m, device=device) + current  # [w/m]
+    grid = torch.meshgrid(temporal, rows, cols, indexing="ij")  # 3 x [t, h/m, w/m]
+    return torch.stack(grid).reshape(3, -1), current + max(h, w) // m  # [3, t*h*w/m^2]
