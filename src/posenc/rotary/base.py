@@ -14,7 +14,7 @@ from the forward's :class:`~posenc.attention.PositionContext` (checked there, on
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import torch
 from torch import nn
@@ -22,12 +22,16 @@ from torch import nn
 from .._checks import check_positions, default_positions
 from .._context import PositionContext
 
+#: Positions as ``forward`` takes them (None: the defaults).
+Positions: TypeAlias = torch.Tensor | None
+
 
 class RotaryEncoding(nn.Module):
     """Base class of the rotary encodings (``family = "rotary"``): module docstring.
 
-    Subclasses set ``head_dim`` and implement :meth:`tables` and :meth:`apply_tables`; a subclass that
-    writes its own ``forward`` instead (MRoPE's 3-D positions) gets a ``prepare`` that calls it.
+    Subclasses set ``head_dim`` and implement :meth:`tables` and :meth:`apply_tables` (and
+    :meth:`resolve_positions` for other positions: MRoPE's ``[3, b, s]``); a subclass that writes
+    its own ``forward`` instead gets a ``prepare`` that calls it.
     """
 
     family: ClassVar[str] = "rotary"
@@ -77,11 +81,16 @@ class RotaryEncoding(nn.Module):
         Inputs are checked once, here.
         """
         self.check_inputs(q, k)
-        values = self.checks_position_values(q)
-        positions, k_positions = resolve_qk_positions(
-            q, k, positions, k_positions, check_values=values
-        )
+        positions, k_positions = self.resolve_positions(q, k, positions, k_positions)
         return self.apply_tables(q, k, self.tables(q, k, positions, k_positions))
+
+    def resolve_positions(
+        self, q: torch.Tensor, k: torch.Tensor, positions: Positions, k_positions: Positions
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``'s positions, defaulted and checked, as :meth:`tables` reads them
+        (:func:`resolve_qk_positions`; MRoPE's take ``[3, b, s]`` too)."""
+        values = self.checks_position_values(q)
+        return resolve_qk_positions(q, k, positions, k_positions, check_values=values)
 
     def prepare(
         self, q: torch.Tensor, k: torch.Tensor, ctx: PositionContext

@@ -33,7 +33,8 @@ from ..functional.rotary import (
     mrope_axis_index,
     mrope_cos_sin,
 )
-from .embedding import RotaryEmbedding, check_qk, max_position, resolve_qk_positions
+from .base import Positions, RotaryEncoding
+from .embedding import RotaryEmbedding, max_position, resolve_qk_positions
 
 Segment = tuple[str, Any] | tuple[str, Any, float]
 
@@ -107,20 +108,17 @@ class MRoPE(RotaryEmbedding):
             )
         return p
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate queries and keys by their (temporal, height, width) positions.
+    # --- forward (the stanza is RotaryEncoding's; positions may be [3, b, s]) ------------------
 
-        Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]``; ``positions [3, b, s]`` (Hugging Face
-        ``position_ids`` of Qwen2-VL), or text-only ``[s]``/``[b, s]``; ``k_positions`` likewise
-        with ``t`` (default ``positions`` when ``s == t``). Returns new ``(q', k')``.
-        """
-        check_qk(q, k, self.head_dim)
+    # Attention's hook runs forward per layer (the context's positions are checked there).
+    prepare = RotaryEncoding.prepare_by_forward
+
+    def resolve_positions(
+        self, q: torch.Tensor, k: torch.Tensor, positions: Positions, k_positions: Positions
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(temporal, height, width) positions ``[3, (b,) s]`` and ``[3, (b,) t]``: Hugging Face
+        ``position_ids [3, b, s]`` of Qwen2-VL, or text-only ``[s]``/``[b, s]`` (the same on
+        every axis); ``k_positions`` defaults to ``positions`` when ``s == t``."""
         b, s, t = q.shape[0], q.shape[2], k.shape[2]
         if _rank(positions) < 3 and _rank(k_positions) < 3:
             positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
@@ -134,19 +132,35 @@ class MRoPE(RotaryEmbedding):
             if k_positions is None or k_positions is positions
             else self._as_3d(k_positions, "k_positions", b, t, q.device)
         )
-        if host_readable(pos3) and host_readable(kpos3):  # eager CPU: reading is free
-            inv_freq, factor = self.frequencies(max_position(pos3, kpos3) + 1)
+        return pos3, kpos3
+
+    def tables(  # type: ignore[override]
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cos/sin ``[(b,) s, n]`` and ``[(b,) t, n]`` of :meth:`resolve_positions`' positions."""
+        if host_readable(positions) and host_readable(k_positions):  # eager CPU: reading is free
+            inv_freq, factor = self.frequencies(max_position(positions, k_positions) + 1)
         else:  # an accelerator or torch.compile: frequencies chosen on the device
-            inv_freq, factor = self._traced_frequencies(pos3, kpos3)
+            inv_freq, factor = self._traced_frequencies(positions, k_positions)
         cos_q, sin_q = mrope_cos_sin(
-            pos3, inv_freq, self.mrope_section, self.allocation, factor
+            positions, inv_freq, self.mrope_section, self.allocation, factor
         )  # [(b,) s, n]
-        if kpos3 is pos3:
-            cos_k, sin_k = cos_q, sin_q
-        else:
-            cos_k, sin_k = mrope_cos_sin(
-                kpos3, inv_freq, self.mrope_section, self.allocation, factor
-            )
+        if k_positions is positions:
+            return cos_q, sin_q, cos_q, sin_q
+        cos_k, sin_k = mrope_cos_sin(
+            k_positions, inv_freq, self.mrope_section, self.allocation, factor
+        )
+        return cos_q, sin_q, cos_k, sin_k
+
+    def apply_tables(  # type: ignore[override]
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q [b, h, s, d]``, ``k [b, hk, t, d]`` with :meth:`tables`' cos/sin; the pairs
+        as ``layout`` says (``self.interleaved`` is Qwen's sections flag here)."""
+        cos_q, sin_q, cos_k, sin_k = tables
         return apply_rotary_qk(
             q, k, cos_q, sin_q, cos_k, sin_k, self.layout, self.span, backend=self.backend
         )
