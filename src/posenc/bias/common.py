@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from .._checks import check_int_at_most, check_positions, check_values
-from ..functional.bias import MAX_TABLE_ROWS
+from .._checks import check_int_at_most, check_values
+from ..functional.bias import MAX_TABLE_ROWS, check_pair
 
 ScoreMod = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
@@ -42,33 +42,6 @@ PositionReader = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: float64 weights). Per-head values are read as ``table[head]``; nothing else is allowed to
 #: depend on the shapes.
 Term = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def check_pair(
-    positions: torch.Tensor,
-    k_positions: torch.Tensor,
-    device: torch.device | None = None,
-    device_of: str = "q",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate query/key positions: integer, ``[s]`` or ``[b, s]``, batch sizes that broadcast,
-    on one device (``device``, that of ``device_of``, when given)."""
-    q = check_positions(positions, "positions", ranks=(1, 2), device=device, device_of=device_of)
-    if device is None:
-        device, device_of = q.device, "positions"
-    k = check_positions(
-        k_positions, "k_positions", ranks=(1, 2), device=device, device_of=device_of
-    )
-    if (
-        q.dim() == 2
-        and k.dim() == 2
-        and q.shape[0] != k.shape[0]
-        and 1 not in (q.shape[0], k.shape[0])
-    ):
-        raise ValueError(
-            "positions [b, s] and k_positions [b, t] must have the same batch size (or 1), got "
-            f"{list(q.shape)} and {list(k.shape)}"
-        )
-    return q, k
 
 
 def check_index_layout(positions: torch.Tensor, k_positions: torch.Tensor) -> None:

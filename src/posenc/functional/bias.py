@@ -38,6 +38,7 @@ __all__ = [
     "MAX_D_PRIME",
     "MAX_TABLE_ROWS",
     "alibi_slopes",
+    "check_pair",
     "deberta_log_bucket",
     "deberta_log_bucket_of",
     "fire_normalized_distance",
@@ -54,15 +55,20 @@ __all__ = [
 ]
 
 
-def relative_position_matrix(positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-    """``key - query`` for every (query, key) pair, int64.
-
-    Shapes: ``positions [s]`` (queries) and ``k_positions [t]`` (keys) -> ``[s, t]``; if either is
-    ``[b, *]`` (``[1, *]`` broadcasts) -> ``[b, s, t]``. Entry
-    ``[.., i, j] = k_positions[j] - positions[i]``.
-    """
-    q = check_positions(positions, "positions", ranks=(1, 2))
-    k = check_positions(k_positions, "k_positions", ranks=(1, 2))
+def check_pair(
+    positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    device: torch.device | None = None,
+    device_of: str = "q",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate query/key positions: integer, ``[s]`` or ``[b, s]``, batch sizes that broadcast,
+    on one device (``device``, that of ``device_of``, when given)."""
+    q = check_positions(positions, "positions", ranks=(1, 2), device=device, device_of=device_of)
+    if device is None:
+        device, device_of = q.device, "positions"
+    k = check_positions(
+        k_positions, "k_positions", ranks=(1, 2), device=device, device_of=device_of
+    )
     if (
         q.dim() == 2
         and k.dim() == 2
@@ -70,9 +76,20 @@ def relative_position_matrix(positions: torch.Tensor, k_positions: torch.Tensor)
         and 1 not in (q.shape[0], k.shape[0])
     ):
         raise ValueError(
-            "positions and k_positions must have the same batch size (or 1), got "
+            "positions [b, s] and k_positions [b, t] must have the same batch size (or 1), got "
             f"{list(q.shape)} and {list(k.shape)}"
         )
+    return q, k
+
+
+def relative_position_matrix(positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """``key - query`` for every (query, key) pair, int64.
+
+    Shapes: ``positions [s]`` (queries) and ``k_positions [t]`` (keys) -> ``[s, t]``; if either is
+    ``[b, *]`` (``[1, *]`` broadcasts) -> ``[b, s, t]``. Entry
+    ``[.., i, j] = k_positions[j] - positions[i]``.
+    """
+    q, k = check_pair(positions, k_positions)
     return relative_distances(q, k)
 
 
