@@ -10,13 +10,31 @@ The field order is the key order of the stored JSON (the reports list variants a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 EXTEND, REFERENCE = "extend", "extend-reference"
 
 
+_Row = TypeVar("_Row", bound="_StoredRow")
+
+
+class _StoredRow:
+    """What both row kinds do: :meth:`to_dict` (the stored JSON, keys in field order) and
+    :meth:`from_dict` (a stored row back, with the fields older rows lack filled in by
+    :func:`upgrade_row`: :data:`GRID_ROW_DEFAULTS` or :data:`EXTEND_ROW_DEFAULTS`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls: type[_Row], row: dict[str, Any]) -> _Row:
+        """A stored row as this dataclass; KeyError naming a field the row lacks."""
+        row = upgrade_row(row)
+        return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
-class GridRow:
+class GridRow(_StoredRow):
     """One finished grid cell.
 
     ``encoding`` is the label (``rope:positions=pose``), ``encoding_kwargs`` the encoding's own
@@ -48,19 +66,9 @@ class GridRow:
     versions: dict[str, str]
     finished_at: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, row: dict[str, Any]) -> GridRow:
-        """A stored row as this dataclass (fields older rows lack take :data:`GRID_ROW_DEFAULTS`'s
-        values); KeyError naming a field the row lacks."""
-        row = upgrade_row(row)
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
-
 
 @dataclass(frozen=True)
-class ExtendRow:
+class ExtendRow(_StoredRow):
     """One evaluation of a fine-tune (``kind`` :data:`EXTEND`) or of a model trained at the
     target length from scratch (:data:`REFERENCE`), after ``step`` of its ``steps``.
 
@@ -92,16 +100,6 @@ class ExtendRow:
     runtime: dict[str, Any]
     versions: dict[str, str]
     finished_at: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, row: dict[str, Any]) -> ExtendRow:
-        """A stored row as this dataclass (fields older rows lack take :data:`EXTEND_ROW_DEFAULTS`'s
-        values); KeyError naming a field the row lacks."""
-        row = upgrade_row(row)
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
 @dataclass(frozen=True)
