@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from .._checks import default_positions
+from .._checks import check_positive_int, default_positions, resolve_head_dim
 from .._context import ScoreContext
 from ..bias.common import check_index_layout, check_pair
 from ..functional.attention import explicit_attention as explicit_path
@@ -59,6 +59,14 @@ class RelativeEncoding(nn.Module):
 
     def check_heads(self, q: torch.Tensor) -> None:
         """Shape checks of this encoding on ``q [b, h, s, d]`` (head count, head_dim)."""
+
+    def _set_sizes(self, dim: int, num_heads: int, head_dim: int | None) -> int:
+        """Check and store ``dim``, ``num_heads`` and ``head_dim`` (default ``dim // num_heads``)
+        of an encoding that projects the model's ``dim``; return ``head_dim``."""
+        self.dim = check_positive_int("dim", dim)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.head_dim = resolve_head_dim(dim, num_heads, head_dim)
+        return self.head_dim
 
     def attend(
         self,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_int_at_most, check_number, check_positive_int, resolve_head_dim
+from .._checks import check_int_at_most, check_number, check_positive_int
 from .._context import ScoreContext
 from ..functional.bias import (
     MAX_TABLE_ROWS,
@@ -88,9 +88,7 @@ class DeBERTaRelative(RelativeEncoding):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.dim = check_positive_int("dim", dim)
-        self.num_heads = check_positive_int("num_heads", num_heads)
-        self.head_dim = head_dim = resolve_head_dim(dim, num_heads, head_dim)
+        head_dim = self._set_sizes(dim, num_heads, head_dim)
         self.max_relative_positions = check_positive_int(
             "max_relative_positions", max_relative_positions
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import INIT_STD_MAX, check_number, check_positive_int, resolve_head_dim
+from .._checks import INIT_STD_MAX, check_number
 from .._constants import DeviceConstants
 from .._context import ScoreContext
 from ..bias.common import reference_position
@@ -55,9 +55,7 @@ class TransformerXLRelative(RelativeEncoding):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.dim = check_positive_int("dim", dim)
-        self.num_heads = check_positive_int("num_heads", num_heads)
-        self.head_dim = head_dim = resolve_head_dim(dim, num_heads, head_dim)
+        head_dim = self._set_sizes(dim, num_heads, head_dim)
         if dim % 2:
             raise ValueError(f"dim must be even for the sinusoidal R ([sin | cos]), got {dim}")
         self.base = check_number("base", base, low=1.0, low_open=True)
