@@ -103,6 +103,30 @@ def _hf_compiled() -> Callable:
     return _compiled_hf
 
 
+def _flash_attn() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    from flash_attn.layers.rotary import apply_rotary_emb
+
+    # flash-attn takes [b, s, h, d]: a transposed view, as a caller in bhsd would pass.
+    return lambda q, k, t: (
+        apply_rotary_emb(q.transpose(1, 2), t["cos_x"], t["sin_x"]),
+        apply_rotary_emb(k.transpose(1, 2), t["cos_x"], t["sin_x"]),
+    )
+
+
+def _liger() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+    return lambda q, k, t: liger_rotary_pos_emb(q, k, t["cos_hf"], t["sin_hf"])
+
+
+#: The GPU-only references: name -> a loader of ``fn(q, k, tables)`` (ImportError when the
+#: package is not installed).
+_GPU_REFERENCES: dict[str, Callable[[], Callable[..., tuple[torch.Tensor, torch.Tensor]]]] = {
+    "flash-attn": _flash_attn,
+    "liger": _liger,
+}
+
+
 def _reference_fns(
     names: list[str], device: torch.device, notes: dict[str, str]
 ) -> dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]]:
@@ -135,30 +159,15 @@ def _reference_fns(
                 return module.rotate_queries_or_keys(q), module.rotate_queries_or_keys(k)
 
             fns["rotary-embedding-torch"] = ret
-    if "flash-attn" in names:
-        if device.type != "cuda":
-            notes["flash-attn"] = "GPU only"
-        else:
+    for name, load in _GPU_REFERENCES.items():
+        if name in names:
+            if device.type != "cuda":
+                notes[name] = "GPU only"
+                continue
             try:
-                from flash_attn.layers.rotary import apply_rotary_emb
+                fns[name] = load()
             except ImportError as e:
-                notes["flash-attn"] = f"not installed ({e})"
-            else:
-                # flash-attn takes [b, s, h, d]: a transposed view, as a caller in bhsd would pass.
-                fns["flash-attn"] = lambda q, k, t: (
-                    apply_rotary_emb(q.transpose(1, 2), t["cos_x"], t["sin_x"]),
-                    apply_rotary_emb(k.transpose(1, 2), t["cos_x"], t["sin_x"]),
-                )
-    if "liger" in names:
-        if device.type != "cuda":
-            notes["liger"] = "GPU only"
-        else:
-            try:
-                from liger_kernel.transformers.rope import liger_rotary_pos_emb
-            except ImportError as e:
-                notes["liger"] = f"not installed ({e})"
-            else:
-                fns["liger"] = lambda q, k, t: liger_rotary_pos_emb(q, k, t["cos_hf"], t["sin_hf"])
+                notes[name] = f"not installed ({e})"
     return fns
 
 
