@@ -76,30 +76,14 @@ def _bias(
     return draw_bias(bias_data(chosen, num_heads, length, causal, seed))
 
 
-def _attention(
-    checkpoint: str | None = None,
-    encoding: str = "rope",
-    train_len: int = 32,
-    factor: int = 4,
-    steps: int = 300,
-    layer: int | None = None,
-    seed: int = 0,
-    progress: bool = False,
-) -> Figure:
+def _attention(**options: Any) -> Figure:
+    """:func:`~posenc.plots.attention.draw_attention` of
+    :func:`posenc.lab.probe.attention_data`'s maps (``checkpoint``, ``encoding``, ``train_len``,
+    ``factor``, ``steps``, ``layer``, ``seed``, ``progress``: its options)."""
     from ..lab.probe import attention_data
     from .attention import draw_attention
 
-    data = attention_data(
-        checkpoint,
-        encoding=encoding,
-        train_len=train_len,
-        factor=factor,
-        steps=steps,
-        layer=layer,
-        seed=seed,
-        progress=progress,
-    )
-    return draw_attention(data)
+    return draw_attention(attention_data(**options))
 
 
 def lab_results(
