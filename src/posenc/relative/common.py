@@ -44,6 +44,14 @@ __all__ = [
 ]
 
 
+def checked_sizes(dim: int, num_heads: int, head_dim: int | None) -> tuple[int, int, int]:
+    """``(dim, num_heads, head_dim)`` checked, ``head_dim`` defaulting to ``dim // num_heads``:
+    the sizes of an encoding that projects the model's ``dim`` (DeBERTa, Transformer-XL)."""
+    dim = check_positive_int("dim", dim)
+    num_heads = check_positive_int("num_heads", num_heads)
+    return dim, num_heads, resolve_head_dim(dim, num_heads, head_dim)
+
+
 class RelativeEncoding(nn.Module):
     """Base class of the content-dependent relative encodings (``family = "relative"``)."""
 
@@ -59,14 +67,6 @@ class RelativeEncoding(nn.Module):
 
     def check_heads(self, q: torch.Tensor) -> None:
         """Shape checks of this encoding on ``q [b, h, s, d]`` (head count, head_dim)."""
-
-    def _set_sizes(self, dim: int, num_heads: int, head_dim: int | None) -> int:
-        """Check and store ``dim``, ``num_heads`` and ``head_dim`` (default ``dim // num_heads``)
-        of an encoding that projects the model's ``dim``; return ``head_dim``."""
-        self.dim = check_positive_int("dim", dim)
-        self.num_heads = check_positive_int("num_heads", num_heads)
-        self.head_dim = resolve_head_dim(dim, num_heads, head_dim)
-        return self.head_dim
 
     def attend(
         self,

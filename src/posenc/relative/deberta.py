@@ -17,7 +17,7 @@ from ..functional.bias import (
     relative_distances,
     relative_position_matrix,
 )
-from .common import RelativeEncoding, batch_heads
+from .common import RelativeEncoding, batch_heads, checked_sizes
 
 DEBERTA_POS_ATT_TYPES = ("c2p", "p2c")
 
@@ -88,7 +88,8 @@ class DeBERTaRelative(RelativeEncoding):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        head_dim = self._set_sizes(dim, num_heads, head_dim)
+        self.dim, self.num_heads, self.head_dim = checked_sizes(dim, num_heads, head_dim)
+        head_dim = self.head_dim
         self.max_relative_positions = check_positive_int(
             "max_relative_positions", max_relative_positions
         )

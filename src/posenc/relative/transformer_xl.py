@@ -11,7 +11,7 @@ from .._context import ScoreContext
 from ..bias.common import reference_position
 from ..functional.relative import rel_shift
 from ..functional.sinusoidal import sinusoidal_inv_freq
-from .common import RelativeEncoding
+from .common import RelativeEncoding, checked_sizes
 
 
 class TransformerXLRelative(RelativeEncoding):
@@ -55,7 +55,8 @@ class TransformerXLRelative(RelativeEncoding):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        head_dim = self._set_sizes(dim, num_heads, head_dim)
+        self.dim, self.num_heads, self.head_dim = checked_sizes(dim, num_heads, head_dim)
+        head_dim = self.head_dim
         if dim % 2:
             raise ValueError(f"dim must be even for the sinusoidal R ([sin | cos]), got {dim}")
         self.base = check_number("base", base, low=1.0, low_open=True)
