@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from posenc.hf import HFRotaryEmbedding, apply_rotary_emb, apply_rotary_pos_emb  # noqa: E402
+from posenc.hf.rotary import FLOAT32_TABLE_TYPES  # noqa: E402
 from test_hf_corpus import NAMES, hf_text_config, load, modeling, rope_keys, rotary_class  # noqa: E402
 
 
@@ -159,7 +160,10 @@ def test_hf_rotary_embedding_equals_the_models_own_class(name: str, layer_type: 
         want = own(x, positions, *extra)
         got = ours(x, positions, layer_type)
         for g, w in zip(got, want, strict=True):
-            assert g.dtype == w.dtype == dtype and g.shape == w.shape
+            # OLMo-3's class (and Beam's, LFM3's) keeps float32 tables for any x.
+            keeps_f32 = text.model_type in FLOAT32_TABLE_TYPES
+            assert g.dtype == w.dtype == (torch.float32 if keeps_f32 else dtype)
+            assert g.shape == w.shape
             assert float((g.float() - w.float()).abs().max()) <= (
                 1e-6 if dtype == torch.float32 else 0
             )
@@ -187,3 +191,19 @@ def test_bad_calls_name_what_is_wrong() -> None:
     text = hf_text_config(load("gemma-3-1b-it"))
     with pytest.raises(ValueError, match="layer_type must be one of"):
         HFRotaryEmbedding(text)(torch.zeros(1), torch.arange(3)[None])
+
+
+@pytest.mark.parametrize("model_type", sorted(FLOAT32_TABLE_TYPES))
+def test_float32_table_types_keep_float32_tables_as_their_own_class(model_type: str) -> None:
+    from transformers import CONFIG_MAPPING
+
+    text = CONFIG_MAPPING[model_type]().get_text_config(decoder=True)
+    own = rotary_class(modeling(text))(text)
+    ours = HFRotaryEmbedding(text)
+    x, positions = torch.zeros(1, dtype=torch.bfloat16), torch.arange(40)[None]
+    extra = () if not ours.layer_types else (ours.layer_types[0],)
+    want = own(x, positions, *extra)
+    got = ours(x, positions, *extra)
+    for g, w in zip(got, want, strict=True):
+        assert w.dtype == g.dtype == torch.float32  # the stock class skips the cast to bf16
+        assert float((g - w).abs().max()) <= 1e-6

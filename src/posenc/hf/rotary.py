@@ -239,6 +239,11 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any]) -> Any:
     return cfg
 
 
+#: Model types whose rotary class returns float32 cos/sin whatever ``x``'s dtype (their
+#: transformers 5.x ``forward`` skips the cast), so their attention rotates in float32.
+FLOAT32_TABLE_TYPES = frozenset({"olmo3", "beam", "lfm3"})
+
+
 class HFRotaryEmbedding(nn.Module):
     """A transformers rotary module computed by posenc: ``forward(x, position_ids) -> (cos, sin)``.
 
@@ -250,7 +255,8 @@ class HFRotaryEmbedding(nn.Module):
             (Cohere's ``repeat_interleave``) or ``"half"`` (gpt-oss: one column per pair); see
             the module docstring.
         dtype: the dtype of the returned tables; None (default) returns ``x.dtype`` as
-            transformers does.
+            transformers does, and float32 for the model types whose own class keeps its
+            tables in float32 (:data:`FLOAT32_TABLE_TYPES`: OLMo-3, Beam, LFM3).
 
     Shapes: ``x`` any tensor (its dtype and device are read); ``position_ids [b, s]`` (M-RoPE:
     ``[3, b, s]`` too) -> ``cos, sin [b, s, r]`` (``[b, s, n]`` for ``"half"``). With per-layer-type parameters (Gemma-3,
@@ -286,6 +292,8 @@ class HFRotaryEmbedding(nn.Module):
             self.ropes = {t: rope_from_hf(text, t) for t in self.layer_types}
         else:
             self.ropes = {None: rope_from_hf(text)}
+        if dtype is None and getattr(text, "model_type", None) in FLOAT32_TABLE_TYPES:
+            dtype = torch.float32
         self.table_layout, self.dtype = table_layout, dtype
         # Dynamic NTK as transformers keeps it: the longest length seen since the last call
         # within the original length (its ``max_seq_len_cached``), per layer type.
