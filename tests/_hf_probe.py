@@ -61,6 +61,8 @@ def tiny_text_config(
     if getattr(cfg, "max_window_layers", None) is not None:
         cfg.max_window_layers = min(cfg.max_window_layers, keep)
     cfg.num_attention_heads, cfg.num_key_value_heads = 2, 2
+    if cfg.model_type == "mimo_v2_flash":  # its sliding layers have twice the kv heads
+        cfg.num_key_value_heads = 1
     if hasattr(cfg, "head_dim"):
         cfg.head_dim = head_dim
     cfg.hidden_size = 2 * head_dim

@@ -273,22 +273,7 @@ def test_corpus_matches_transformers(name: str) -> None:
 
 # posenc's own reader (use_transformers=False) disagrees with transformers on these published
 # files today; strict, so a fix shows at once.
-FALLBACK_WRONG = {
-    "pending/kimi-k2.5": "layout: half without transformers, interleaved (DeepSeek-style) with it",
-    "pending/mimo-v2-flash": "a per-layer-type base: 5e6 without transformers where transformers has 1e4",
-    "pending/minimax-m2.5": "the arguments differ from transformers' reading",
-}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=FALLBACK_WRONG[n]))
-        if n in FALLBACK_WRONG
-        else n
-        for n in NAMES
-    ],
-)
+@pytest.mark.parametrize("name", NAMES)
 def test_fallback_table_reads_the_corpus_as_transformers_does(name: str) -> None:
     """Without transformers, the table of class defaults gives the same arguments."""
     raw = load(name)
@@ -367,3 +352,23 @@ def test_negative_control_longrope_switch_moved_by_one() -> None:
         assert not _caught(name)
         assert _caught(name, seq_shift=1), name
         assert _caught(name, seq_shift=-1), name
+
+
+@pytest.mark.parametrize("low_high", [(1.0, 1.0), (2.0, 2.0), (1.0, 4.0)])
+def test_llama3_frequencies_equal_transformers_with_equal_smoothing_factors(
+    low_high: tuple[float, float],
+) -> None:
+    """Llama-4-Scout publishes low_freq_factor == high_freq_factor == 1.0: an empty smoothing
+    band whose 0/0 transformers' where-masking never selects. posenc reads it and its
+    frequencies equal ``_compute_llama3_parameters``' (they were refused before)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    low, high = low_high
+    params = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+              "low_freq_factor": low, "high_freq_factor": high,
+              "original_max_position_embeddings": 8192}  # fmt: skip
+    config = LlamaConfig(hidden_size=256, num_attention_heads=2, rope_parameters=params)
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    got, _ = rope_from_hf(config).frequencies()
+    assert torch.isfinite(got).all() and torch.equal(got.float(), want.float())

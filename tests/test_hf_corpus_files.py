@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -84,17 +85,8 @@ def _allowed(name: str) -> set[str]:
     return {key for (prefix, key) in DROPPED if name.startswith(prefix)}
 
 
-# Files posenc reads wrongly today (a defect, not a refusal): the test below fails for them
-# until posenc refuses them or reads them right; strict, so a fix shows at once.
-_NO_ROPE = "attention without position encoding, yet rope_from_hf returns a RoPE"
-READ_WRONGLY = {
-    "refused/nemotron-3-nano-30b-a3b-bf16.json": f"NemotronH: {_NO_ROPE}",
-    "refused/nemotron-3-nano-30b-a3b-nvfp4.json": f"NemotronH: {_NO_ROPE}",
-    "refused/nemotron-h-56b-base-8k.json": f"NemotronH: {_NO_ROPE}",
-    "refused/vit-base-patch16-224-in21k.json": f"ViT (learned absolute positions): {_NO_ROPE}",
-    "refused/vit-huge-patch14-224-in21k.json": f"ViT (learned absolute positions): {_NO_ROPE}",
-    "refused/vit-large-patch32-224-in21k.json": f"ViT (learned absolute positions): {_NO_ROPE}",
-}
+# Files of models without RoPE: refused by model type, saying so (read as a RoPE before).
+NO_ROPE = sorted(n for n in REFUSED if "has no rotary" in SOURCES[n].get("refusal", ""))
 
 
 def raw_file(name: str) -> dict[str, Any]:
@@ -191,7 +183,7 @@ def test_position_plan_reads_it(name: str) -> None:
     assert len(plan.layers) == text.num_hidden_layers, name
 
 
-@pytest.mark.parametrize("name", [n for n in REFUSED if n not in READ_WRONGLY])
+@pytest.mark.parametrize("name", REFUSED)
 def test_refused_with_a_reason(name: str) -> None:
     raw = raw_file(name)
     reason = SOURCES[name].get("refusal", raw["model_type"])  # what the message must name
@@ -202,15 +194,36 @@ def test_refused_with_a_reason(name: str) -> None:
             rope_from_hf(build(raw))
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=r))
-        for n, r in READ_WRONGLY.items()
-    ],
-)
-def test_refused_though_read_wrongly_today(name: str) -> None:
-    """posenc builds a RoPE for these models, which have none: a defect this test keeps in view
-    (strict xfail: when posenc refuses them it passes, and the file leaves READ_WRONGLY)."""
-    with pytest.raises(ValueError):
-        rope_from_hf(raw_file(name))
+def test_models_without_rope_are_refused_by_type() -> None:
+    """ViT, NemotronH and Whisper: their model type has no RoPE, and the refusal says so for
+    the dict, the dict read without transformers, and the config object."""
+    assert len(NO_ROPE) == 7, NO_ROPE
+    for name in NO_ROPE:
+        raw = raw_file(name)
+        for config, kw in ((raw, {}), (raw, {"use_transformers": False}), (build(raw), {})):
+            with pytest.raises(ValueError, match="has no rotary position encoding"):
+                rope_from_hf(config, **kw)
+
+
+DS4 = sorted(n for n in REFUSED if SOURCES[n].get("refusal") == "deepseek_v4")
+
+
+@pytest.mark.parametrize("name", DS4)
+@pytest.mark.parametrize("label", ["main", "compress"])
+def test_deepseek_v4_files_read_exactly_with_a_label(name: str, label: str) -> None:
+    """The published DeepSeek-V4 files: without a label rope_from_hf refuses them (above); with
+    one, cos/sin equal DeepseekV4RotaryEmbedding's for that label (raw dict and config object,
+    positions to 4x max_position_embeddings), interleaved over the trailing rope slice."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as ds4
+
+    raw = raw_file(name)
+    obj = build(raw)
+    top = 4 * raw["max_position_embeddings"]
+    positions = torch.tensor([[0, 1, 7, 100, 65535, 65536, top // 2, top - 1]])  # [1, s]
+    cos_t, sin_t = ds4.DeepseekV4RotaryEmbedding(obj)(torch.zeros(1), positions, layer_type=label)
+    for config in (raw, obj):
+        rope = rope_from_hf(config, label)
+        assert rope.layout == "interleaved" and rope.rotary_dim == raw["qk_rope_head_dim"]
+        cos, sin = rope.cos_sin(positions[0])  # [s, r/2]
+        assert (cos - cos_t[0]).abs().max().item() <= 1e-6, (name, label)
+        assert (sin - sin_t[0]).abs().max().item() <= 1e-6, (name, label)

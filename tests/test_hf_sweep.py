@@ -327,3 +327,52 @@ def test_ernie_mrope_allocation_is_caught(monkeypatch: Any) -> None:
         m.setitem(rotary.MROPE_ALLOCATIONS, "hw_alternating",
                   lambda sec: [{1: 2, 2: 1}.get(a, a) for a in right(sec)])  # fmt: skip
         assert _mrope_error("ernie4_5_vl_moe_text") > 0.1
+
+
+def _no_rotary_class(model_type: str) -> bool:
+    name = model_type_to_module_name(model_type)
+    path = MODELS / name / f"modeling_{name}.py"
+    return path.exists() and not re.search(r"^class \w*RotaryEmbedding\(", path.read_text(), re.M)
+
+
+def test_types_without_a_rotary_class_are_refused() -> None:
+    """The other side of the enumeration: a type whose modeling file defines no rotary class
+    (ViT, Whisper, NemotronH, BERT, ...) and whose config nests no text decoder is refused,
+    saying it has no RoPE, for its default config object and its dict; none is read as one."""
+    from posenc.hf.architectures import NO_ROPE_MODEL_TYPES, _posenc_model_types
+
+    known, refused, read = _posenc_model_types() - NO_ROPE_MODEL_TYPES.keys(), [], []
+    for model_type in sorted(t for t in CONFIG_MAPPING if t not in TYPES and t not in known):
+        if not _no_rotary_class(model_type):
+            continue
+        try:
+            config = CONFIG_MAPPING[model_type]()
+        except Exception:
+            continue
+        if config.get_text_config(decoder=True) is not config:
+            continue  # a wrapper: its text decoder may rotate
+        for form in (config, config.to_dict()):
+            try:
+                rope_from_hf(form)
+            except ValueError as err:
+                assert "no rotary position encoding" in str(err), (model_type, str(err))
+                refused.append(model_type)
+            else:
+                read.append(model_type)
+    assert not read, f"read as RoPE though transformers has no rotary class: {sorted(set(read))}"
+    assert len(set(refused)) >= 150, len(set(refused))
+    for model_type in ("vit", "bert", "gpt2", "roformer"):
+        assert model_type in refused, model_type
+
+
+def test_named_no_rope_types_are_refused_without_transformers() -> None:
+    """posenc's own table refuses them by name when the dict is read without transformers."""
+    for model_type in ("vit", "nemotron_h", "whisper"):
+        config = CONFIG_MAPPING[model_type]().to_dict()
+        with pytest.raises(ValueError, match=f"'{model_type}' has no rotary position encoding"):
+            rope_from_hf(config, use_transformers=False)
+
+
+def test_unknown_type_error_is_unchanged() -> None:
+    with pytest.raises(ValueError, match=r"unknown model_type 'GPTJ'.*close matches: \['gptj'"):
+        rope_from_hf({"model_type": "GPTJ", "hidden_size": 64, "num_attention_heads": 4})

@@ -223,6 +223,8 @@ def _compact_layers(d: dict[str, Any]) -> None:
         d["num_hidden_layers"] = len(d["layer_types"])
     else:
         d["num_hidden_layers"] = 2
+    if d.get("mlp_layer_types"):  # MiMo-V2-Flash: one MLP kind per layer
+        d["mlp_layer_types"] = d["mlp_layer_types"][: d["num_hidden_layers"]]
     if d.get("no_rope_layers"):
         d["no_rope_layers"] = [1, 0]  # Llama-4: a RoPE layer, then a NoPE one
         d["layer_types"], d["moe_layers"] = None, None

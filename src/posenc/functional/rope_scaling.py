@@ -263,6 +263,8 @@ def _llama3(sc: dict[str, Any], c: Ctx) -> tuple[torch.Tensor, float]:
     wavelen = 2 * math.pi / inv_freq
     # Long wavelengths (low frequencies) are interpolated, short ones kept, the middle smoothed.
     inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    # With high_freq_factor == low_freq_factor this is x / 0 (inf or NaN), and the band it would
+    # fill (wavelen == L exactly) is empty: torch.where below never selects it, as transformers.
     smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
     smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
@@ -397,9 +399,11 @@ _MODULE_KEYS = {
 
 def _check_relations(rope_type: str, out: dict[str, Any]) -> None:
     """Checks between keys (each key alone is checked by ``KEY_CHECKS``)."""
-    if rope_type == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"]:
+    # Equal factors (Llama-4-Scout's 1.0 and 1.0) leave the smoothing band empty: transformers
+    # reads them (its where-masking never selects the 0/0 smoothing), and so does _llama3.
+    if rope_type == "llama3" and out["high_freq_factor"] < out["low_freq_factor"]:
         raise ValueError(
-            "scaling['high_freq_factor'] must be greater than scaling['low_freq_factor'] "
+            "scaling['high_freq_factor'] must be >= scaling['low_freq_factor'] "
             f"for rope_type 'llama3', got {out['high_freq_factor']} and {out['low_freq_factor']}"
         )
     if rope_type == "dynamic" and out["factor"] > MAX_DYNAMIC_FACTOR:

@@ -8,6 +8,13 @@ with :func:`unknown_model_type_error` for names neither posenc nor transformers 
 from __future__ import annotations
 
 import difflib
+import functools
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .defaults import CLASS_DEFAULTS
 
 # Attention rotates pairs (x[2i], x[2i+1]): rotate_every_two / "interleaved" rotate_half, or a
 # complex product (DeepSeek-V2, Llama-4), or MLA models that always de-interleave.
@@ -88,6 +95,23 @@ UNSUPPORTED_MODEL_TYPES = {
 }
 
 
+# Architectures without RoPE (transformers ships no rotary class for them, or their attention
+# never calls it), with what they use instead: a RoPE read from their config would be made up.
+_LEARNED = "learned absolute positions"
+NO_ROPE_MODEL_TYPES: dict[str, str] = {
+    **dict.fromkeys(("vit", "vit_msn", "deit", "dinov2", "ijepa"), _LEARNED),
+    "nemotron_h": (
+        "its attention layers apply none, the Mamba layers carry order; transformers ships "
+        "no rotary class for it"
+    ),
+    "whisper": "sinusoidal encoder and learned decoder absolute positions",
+    **dict.fromkeys(("gpt2", "bert", "roberta", "opt", "gpt_neo", "gpt_bigcode"), _LEARNED),
+    **dict.fromkeys(("bloom", "mpt"), "ALiBi biases (posenc.bias)"),
+    "t5": "bucketed relative position biases (posenc.bias)",
+    **dict.fromkeys(("mamba", "mamba2", "rwkv"), "no attention"),
+}
+
+
 # Half-split pairs (x[i], x[i + r/2]), transformers' plain rotate_half: the model types known to
 # rotate that way (measured against each type's own rotary class and apply function, see
 # tests/test_hf_sweep.py), so that a dict read without transformers can tell a known architecture
@@ -133,12 +157,10 @@ HALF_MODEL_TYPES = frozenset(
 
 
 def _posenc_model_types() -> frozenset[str]:
-    from .config import FALLBACK_DEFAULTS
-
     return frozenset().union(
         INTERLEAVED_MODEL_TYPES, ROPE_INTERLEAVE_MODEL_TYPES, MROPE_MODEL_TYPES,
         ROTARY_DIM_MODEL_TYPES, LLAMA4_SCALING_MODEL_TYPES, LLAMA4_MODEL_TYPES,
-        UNSUPPORTED_MODEL_TYPES, HALF_MODEL_TYPES, FALLBACK_DEFAULTS,
+        UNSUPPORTED_MODEL_TYPES, HALF_MODEL_TYPES, CLASS_DEFAULTS, NO_ROPE_MODEL_TYPES,
     )  # fmt: skip
 
 
@@ -165,3 +187,59 @@ def unknown_model_type_error(model_type: str) -> ValueError:
         f"unknown model_type {model_type!r}: neither posenc's architecture tables nor the "
         f"installed transformers know it, so its pair layout and rotary dim are unknown{hint}"
     )
+
+
+_ROTARY_CLASS = re.compile(r"^class \w*RotaryEmbedding\(", re.M)
+
+
+@functools.cache
+def _transformers_has_rotary_class(model_type: str) -> bool | None:
+    """Whether the installed transformers' ``modeling_<type>.py`` defines a ``*RotaryEmbedding``
+    class (the enumeration of tests/test_hf_sweep.py); None when that cannot be told (no
+    transformers, no such type or modeling file)."""
+    try:  # a file read only: transformers is optional and its modeling code is not imported
+        import transformers
+        from transformers.models.auto.configuration_auto import model_type_to_module_name
+    except ImportError:
+        return None
+    if model_type not in _transformers_model_types():
+        return None
+    name = model_type_to_module_name(model_type)
+    path = Path(transformers.__file__).parent / "models" / name / f"modeling_{name}.py"
+    if not path.is_file():
+        return None
+    return bool(_ROTARY_CLASS.search(path.read_text(encoding="utf-8")))
+
+
+def _nests_text_config(config: Any) -> bool:
+    """Whether ``config`` (a dict or config object) nests a text config: a decoder that may
+    rotate though the wrapper's own modeling code has no rotary class."""
+    if isinstance(config, Mapping):
+        return isinstance(config.get("text_config"), Mapping)
+    get_text_config = getattr(config, "get_text_config", None)
+    sub = get_text_config(decoder=True) if callable(get_text_config) else config
+    return sub is not config or getattr(config, "text_config", None) is not None
+
+
+def check_has_rope(model_types: frozenset[str], config: Any) -> None:
+    """Raise when a config of ``model_types`` has no RoPE to read.
+
+    A type of :data:`NO_ROPE_MODEL_TYPES` says so by name. Otherwise, when every type is one
+    transformers knows, posenc's tables do not, and whose modeling file defines no rotary class
+    (and ``config`` nests no text config, whose decoder may have one), that is the reason.
+    """
+    for model_type in sorted(model_types):
+        if model_type in NO_ROPE_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {model_type!r} has no rotary position encoding "
+                f"({NO_ROPE_MODEL_TYPES[model_type]}): rope_from_hf has nothing to build"
+            )
+    if not model_types or model_types & _posenc_model_types() or _nests_text_config(config):
+        return
+    if all(_transformers_has_rotary_class(t) is False for t in model_types):
+        names = sorted(model_types)
+        raise ValueError(
+            f"model_type {names[0]!r} has no rotary position encoding posenc can read: the "
+            "installed transformers defines no rotary embedding class for it "
+            f"(modeling code of {names}), so its positions are not a config-built RoPE"
+        )

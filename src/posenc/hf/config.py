@@ -50,11 +50,22 @@ from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
     LLAMA4_SCALING_MODEL_TYPES,
     MROPE_ALLOCATION_MODEL_TYPES,
     MROPE_MODEL_TYPES,
+    NO_ROPE_MODEL_TYPES,
     ROPE_INTERLEAVE_MODEL_TYPES,
     ROTARY_DIM_MODEL_TYPES,
     UNSUPPORTED_MODEL_TYPES,
+    check_has_rope,
     known_model_type,
     unknown_model_type_error,
+)
+from .defaults import (
+    CLASS_DEFAULTS,
+    CONFIG_ALIASES,
+    IGNORED_ROPE_KEYS,
+    ROTARY_DIM_AS_FACTOR_MODEL_TYPES,
+    SPLIT_BY_LAYER_TYPE,
+    TEXT_MODEL_TYPE_RENAMES,
+    WINDOW_PLUS_ONE_KEYS,
 )
 from .labels import LABELLED_DEFAULTS, rope_label
 from .load import resolve_config
@@ -65,9 +76,6 @@ _MODULE_KEYS = frozenset(
     {"rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section",
      "mrope_interleaved", "llama_4_scaling_beta"}
 )  # fmt: skip
-# Ministral-3's and Mistral-4's class defaults store max_position_embeddings in its rope parameters (unused there).
-_IGNORED_KEYS = {t: frozenset({"max_position_embeddings"}) for t in ("ministral3", "mistral4")}
-# transformers fills original_max_position_embeddings of these from the model config.
 #: The rope types a Hugging Face config may name, from the one scaling table.
 HF_ROPE_TYPES = tuple(name for name, spec in ROPE_SCALING.items() if spec.in_transformers)
 # Types whose original length transformers fills in from max_position_embeddings when the rope
@@ -80,38 +88,11 @@ _ORIG_FROM_CONFIG = tuple(
 
 # --- defaults of the config classes, for reading a dict without transformers -------------------
 
-_LLAMA4_DEFAULTS = {
-    "rope_theta": 500000.0, "attn_temperature_tuning": True, "floor_scale": 8192,
-    "attn_scale": 0.1, "no_rope_layer_interval": 4, "num_hidden_layers": 48,
-}  # fmt: skip
+# transformers' class defaults (.defaults), with the MLA models' rope_interleave default.
 FALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gpt_neox": {"partial_rotary_factor": 0.25},
-    "stablelm": {"partial_rotary_factor": 0.25},
-    "phi": {"partial_rotary_factor": 0.5},
-    "persimmon": {"partial_rotary_factor": 0.5},
-    "glm": {"partial_rotary_factor": 0.5},
-    "glm4": {"partial_rotary_factor": 0.5},
-    "qwen3_next": {"partial_rotary_factor": 0.25},
-    "qwen3_5_text": {"partial_rotary_factor": 0.25},
-    "qwen3_5_moe_text": {"partial_rotary_factor": 0.25},
-    "gptj": {"rotary_dim": 64},
-    "codegen": {"rotary_dim": 64},
-    "gpt_oss": {"rope_theta": 150000.0},
-    "cohere": {"rope_theta": 500000.0},
-    "ernie4_5": {"rope_theta": 500000.0},
-    "helium": {"rope_theta": 100000.0},
-    "llama4_text": _LLAMA4_DEFAULTS,
-    "gemma3_text": {"rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0},
+    **CLASS_DEFAULTS,
     **{t: {"rope_interleave": v} for t, v in ROPE_INTERLEAVE_MODEL_TYPES.items()},
 }
-# 4.x files of these give one rope_scaling that applies to the full-attention layers only; their
-# sliding-window layers use plain RoPE (Gemma-3 with its own local base).
-_SPLIT_BY_LAYER_TYPE = frozenset({"gemma3_text", "olmo3"})
-_CONFIG_ALIASES = {  # older names, as the config classes' attribute maps read them
-    "n_embd": "hidden_size", "n_head": "num_attention_heads", "n_positions": "max_position_embeddings",
-    "n_layer": "num_hidden_layers",
-    "rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta",
-}  # fmt: skip
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
@@ -208,19 +189,30 @@ def _standardize(raw: Mapping[str, Any]) -> dict[str, Any]:
     cfg = dict(raw)
     text = cfg.get("text_config")
     if isinstance(text, Mapping) and not _has_rope_keys(cfg):
+        outer = cfg.get("model_type")
         cfg = dict(text)
-    for old, new in _CONFIG_ALIASES.items():
+        renamed = TEXT_MODEL_TYPE_RENAMES.get((str(outer), cfg.get("model_type")))
+        if renamed is not None:
+            cfg["model_type"] = renamed
+    for old, new in CONFIG_ALIASES.items():
         if cfg.get(new) is None and cfg.get(old) is not None:
             cfg[new] = cfg[old]
     model_type = cfg.get("model_type") or ""
     for key, value in FALLBACK_DEFAULTS.get(model_type, {}).items():
         if cfg.get(key) is None:
             cfg[key] = value
+    plus_one = WINDOW_PLUS_ONE_KEYS.get(model_type)
+    if plus_one is not None and cfg.get(plus_one) is not None:
+        cfg["sliding_window"] = cfg[plus_one] + 1
+    # MiniMax-M2's legacy rotary_dim
+    legacy = cfg.get("partial_rotary_factor") is None and cfg.get("rotary_dim") is not None
+    if model_type in ROTARY_DIM_AS_FACTOR_MODEL_TYPES and legacy and cfg.get("head_dim"):
+        cfg["partial_rotary_factor"] = cfg["rotary_dim"] / cfg["head_dim"]
     if model_type in LABELLED_DEFAULTS:  # DeepSeek-V4: its rope sets by label
         cfg = LABELLED_DEFAULTS[model_type](cfg)
     if cfg.get("qk_rope_head_dim") is not None:  # MLA: the module rotates the rope part only
         cfg["head_dim"] = cfg["qk_rope_head_dim"]
-    if model_type == "llama4_text" and cfg.get("no_rope_layers") is None:
+    if model_type == "llama4_text" and not cfg.get("no_rope_layers"):  # [] too, as the class
         interval = cfg["no_rope_layer_interval"]
         cfg["no_rope_layers"] = [
             int((i + 1) % interval != 0) for i in range(cfg["num_hidden_layers"])
@@ -247,7 +239,7 @@ def _standard_params(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     params: dict[str, Any] = copy.deepcopy(dict(given))
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     nested = _nested_keys(params, cfg.get("layer_types"))
-    split = model_type in _SPLIT_BY_LAYER_TYPE or cfg.get("rope_local_base_freq") is not None
+    split = model_type in SPLIT_BY_LAYER_TYPE or cfg.get("rope_local_base_freq") is not None
     if not nested and split:
         local = cfg.get("rope_local_base_freq", theta)
         params = {
@@ -291,8 +283,12 @@ def _model_types(config: Any, text: Any) -> frozenset[str]:
 
 def read_config(config: Any, use_transformers: bool) -> tuple[Any, frozenset[str]]:
     """``(text config, model types)`` of a config object or dict."""
+    if isinstance(config, Mapping) and isinstance(config.get("model_type"), str):
+        # before the dict's values are checked: a ViT's list-valued keys are not the error
+        check_has_rope(frozenset({config["model_type"]}), config)
     text = _text_config(config, use_transformers)
     model_types = _model_types(config, text)
+    check_has_rope(model_types, config)
     for model_type in sorted(model_types & UNSUPPORTED_MODEL_TYPES.keys()):
         raise ValueError(
             f"posenc cannot reproduce model_type {model_type!r}: "
@@ -511,7 +507,7 @@ def rope_kwargs(cfg: Any, model_types: frozenset[str], layer_type: str | None) -
     label, layer_type = rope_label(model_types, layer_type)  # DeepSeek-V4, DSA indexers
     params = _layer_params(cfg, layer_type)
     rope_type = _rope_type(params, model_types)
-    ignored = set().union(*(_IGNORED_KEYS.get(t, frozenset()) for t in model_types))
+    ignored = set().union(*(IGNORED_ROPE_KEYS.get(t, frozenset()) for t in model_types))
     params = {k: v for k, v in params.items() if k not in ignored}
     base = params.get("rope_theta")
     if base is None:

@@ -39,6 +39,7 @@ from .config import (
     rope_kwargs,
     rope_module,
 )
+from .defaults import FULL_EVERY_LAYER_TYPES
 from .labels import rope_label
 from .load import resolve_config
 from .temperature import temperature_of
@@ -55,7 +56,9 @@ NO_ROPE_LIST_MODEL_TYPES = frozenset(
 ROPE_ON_SLIDING_MODEL_TYPES = frozenset({"cohere2", "dory", "flint"})
 # Rotate unless the model has a window and the layer is global
 # (``if self.sliding_window is None or self.is_sliding``).
-ROPE_UNLESS_GLOBAL_MODEL_TYPES = frozenset({"exaone4", "exaone_moe", "kolibri1"})
+ROPE_UNLESS_GLOBAL_MODEL_TYPES = frozenset(
+    {"exaone4", "exaone_moe", "kolibri1", "exaone4_5", "exaone4_5_text"}
+)
 # No layer_types: ``config.sliding_window`` (when set) applies to every layer.
 WINDOW_ON_EVERY_LAYER_MODEL_TYPES = frozenset(
     {"mistral", "mixtral", "phi3", "starcoder2", "ministral3", "olmoe"}
@@ -82,13 +85,17 @@ def _fallback_layer_types(cfg: Mapping[str, Any], model_type: str, n: int) -> li
     """The ``layer_types`` a config class derives in ``__post_init__`` when the file has none
     (for reading a dict without transformers); None when the class has no layer types."""
     window = cfg.get("sliding_window")
+    if model_type in FULL_EVERY_LAYER_TYPES:
+        every, first = FULL_EVERY_LAYER_TYPES[model_type]
+        full = [(i == 0 and first) or (i + 1) % every == 0 for i in range(n)]
+        return ["full_attention" if f else "sliding_attention" for f in full]
     if model_type in ("gemma2", "gpt_oss"):
         return _pattern(2, n)
     if model_type == "gemma3_text":
         return _pattern(cfg.get("sliding_window_pattern") or 6, n)
     if model_type in ("cohere2", "olmo3"):
         return _pattern(cfg.get("sliding_window_pattern") or 4, n)
-    if model_type == "exaone4":
+    if model_type in ("exaone4", "exaone4_5_text"):
         if window is None:
             return ["full_attention"] * n
         return _pattern(cfg.get("sliding_window_pattern") or 4, n)
