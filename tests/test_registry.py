@@ -80,3 +80,33 @@ def test_right_types_pass() -> None:
     check_options("mrope", {"mrope_section": (2, 1, 1)})
     check_options("t5", {"bidirectional": None, "num_buckets": 8})
     assert build("rope", dim=32, num_heads=4, base=500).base == 500.0
+
+
+def test_register_class_reads_options_from_the_class() -> None:
+    from torch import nn
+
+    from posenc import registry
+
+    class Scaled(nn.Module):
+        family = "bias"
+
+        def __init__(self, num_heads: int, scale: float = 2.0, tag: str | None = None) -> None:
+            super().__init__()
+            self.num_heads, self.scale, self.tag = num_heads, scale, tag
+
+    registry.register_class(
+        "scaled-test", "bias", Scaled, args=lambda ctx: (ctx.num_heads,), options=("scale",)
+    )
+    try:
+        assert registry.options("scaled-test") == {"scale": 2.0}
+        m = registry.build("scaled-test", dim=16, num_heads=4, scale=0.5)
+        assert (m.num_heads, m.scale, m.tag) == (4, 0.5, None)
+        with pytest.raises(TypeError, match="unknown option"):
+            registry.build("scaled-test", dim=16, num_heads=4, tag="x")  # not an option
+        with pytest.raises(TypeError, match="must be float"):
+            registry.build("scaled-test", dim=16, num_heads=4, scale="big")
+    finally:
+        registry.unregister("scaled-test")
+    with pytest.raises(ValueError, match="takes no option"):
+        registry.register_class("bad-test", "bias", Scaled, args=lambda c: (), options=("nope",))
+    assert "bad-test" not in registry.names()

@@ -96,6 +96,36 @@ def register(
     return deco
 
 
+def register_class(
+    name: str,
+    family: str,
+    cls: type[nn.Module],
+    *,
+    args: Callable[[BuildContext], tuple[Any, ...]],
+    options: tuple[str, ...],
+    **kwargs: Any,
+) -> Builder:
+    """Register ``cls`` built as ``cls(*args(ctx), **opts)``, its options ``options`` with
+    their defaults and types read from ``cls.__init__`` (stated once, in the class). For an
+    encoding whose options need the model's shape (a default from ``ctx``), write the builder
+    and use :func:`register`. ``kwargs`` go to :func:`register`."""
+    params = inspect.signature(cls.__init__).parameters
+    missing = [o for o in options if o not in params]
+    if missing:
+        raise ValueError(f"{cls.__name__}.__init__ takes no option(s) {missing}")
+    hints = typing.get_type_hints(cls.__init__)
+
+    def builder(ctx: BuildContext, **opts: Any) -> nn.Module:
+        return cls(*args(ctx), **opts)
+
+    ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    kw = [params[o].replace(kind=inspect.Parameter.KEYWORD_ONLY) for o in options]
+    builder.__signature__ = inspect.Signature([ctx_param, *kw])  # type: ignore[attr-defined]
+    builder.__annotations__ = {o: hints[o] for o in options if o in hints}
+    builder.__name__ = builder.__qualname__ = f"_build_{name.replace('-', '_')}"
+    return register(name, family, **kwargs)(builder)
+
+
 def unregister(name: str) -> None:
     """Remove encoding ``name`` (registered by :func:`register`); KeyError if it is not there."""
     key = name.strip().lower()

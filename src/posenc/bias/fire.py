@@ -7,7 +7,7 @@ from torch import nn
 
 from .._checks import check_int_at_most, check_number
 from ..functional.bias import fire_normalized_distance, relative_distances
-from ..registry import BuildContext, register
+from ..registry import register_class
 from .common import PositionBias, Term, at_least_float32
 
 # Hidden units of f_theta; the paper uses 32.
@@ -107,12 +107,11 @@ class FIRE(PositionBias):
         )
 
 
-@register("fire", "bias", description="FIRE: MLP over progressively interpolated distance, shared")
-def _fire(
-    ctx: BuildContext,
-    *,
-    mlp_width: int = 32,
-    init_c: float = 0.1,
-    init_threshold: float = 512.0,
-) -> FIRE:
-    return FIRE(ctx.num_heads, mlp_width=mlp_width, init_c=init_c, init_threshold=init_threshold)
+register_class(
+    "fire",
+    "bias",
+    FIRE,
+    args=lambda ctx: (ctx.num_heads,),
+    options=("mlp_width", "init_c", "init_threshold"),
+    description="FIRE: MLP over progressively interpolated distance, shared",
+)

@@ -202,15 +202,3 @@ def block(doc: BenchRows) -> str:
     if notes:
         parts += ["", "### Notes", "", *(f"- {n}" for n in notes)]
     return "\n".join(parts)
-
-
-def markdown_section(
-    rows: Sequence[BiasRow],
-    env: dict[str, str],
-    command: str,
-    memory_limit: int,
-    max_call_s: float,
-    device: torch.device,
-) -> str:
-    """The ``bias-<device>`` block of a run (:func:`block` of :func:`rows_doc`)."""
-    return block(rows_doc(rows, env, command, memory_limit, max_call_s, device))
