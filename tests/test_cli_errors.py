@@ -108,7 +108,7 @@ def test_demo_order_names() -> None:
         (["--dim", "12", "--heads", "4", "-e", "rope"], ["'rope'", "head_dim must be even"]),
         (["-e", "kerple:eps=null"], ["'kerple:eps=null'", "option 'eps'", "must be float"]),
         (["-e", "rpoe"], ["unknown encoding 'rpoe'", "did you mean 'rope'"]),
-        (["--device", "nonsense"], ["--device nonsense"]),
+        (["--device", "nonsense"], ["--device must be one of auto, cpu, cuda", "nonsense"]),
         (["--preset", "tiny"], ["unknown preset 'tiny'"]),
         (["--nosuch"], ["No such option: --nosuch"]),
     ],

@@ -3,6 +3,9 @@ code 2, never a traceback (a bad option value, an unknown encoding, a missing fi
 
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -40,3 +43,54 @@ def missing_package(e: ImportError) -> str | None:
     extra = EXTRAS.get(top)
     how = f"pip install 'posenc[{extra}]'" if extra else f"pip install {top}"
     return f"this command needs the package {top!r}, which is not installed: {how}"
+
+
+#: errno -> what a failed write says (the rest: the system's own words).
+_WRITE_ERRORS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
+#: Errors that only a write gives: the disk is full or read-only.
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def os_error_message(e: OSError, where: object = None) -> str:
+    """One line for an OSError: a full or read-only disk as ``no space left on device writing
+    runs/lab/results.jsonl`` (``where``: what to name when ``e`` names no file, e.g. the output
+    folder); any other as the system says it, with the file (``Permission denied: x.txt``)."""
+    name = e.filename if e.filename is not None else where
+    if e.errno in _DISK_ERRNOS:
+        what = _WRITE_ERRORS[e.errno]
+        return f"{what} writing {name}" if name is not None else what
+    what = e.strerror or str(e) or type(e).__name__
+    return f"{what}: {name}" if name is not None else what
+
+
+def _probe(folder: Path) -> None:
+    """Create ``folder`` (and its parents) and write then remove a small file in it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".posenc-write-test-{os.getpid()}"
+    with open(probe, "wb") as f:
+        f.write(b"x")
+    probe.unlink()
+
+
+def check_writable(folder: Path, option: str = "--out", *, create: bool = True) -> None:
+    """ValueError naming ``option`` when ``folder`` cannot be created or written (read-only,
+    not a folder, no permission, no space), before any work is done; ``create=False`` leaves
+    a folder that is not there alone (a reader says what is missing)."""
+    folder = Path(folder)
+    if not create and not folder.exists():
+        return
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{option} {folder}: not a folder; give a folder to write into")
+    try:
+        _probe(folder)
+    except OSError as e:
+        what = _WRITE_ERRORS.get(e.errno or 0) or e.strerror or str(e)
+        raise ValueError(
+            f"{option} {folder}: cannot write there ({what}); choose a writable folder"
+        ) from None

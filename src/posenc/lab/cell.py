@@ -142,7 +142,11 @@ def resolve_cell(
 ) -> Cell:
     """Cell ``(label, seed)`` of grid ``cfg`` on data of ``vocab_size`` tokens whose fingerprint
     is ``data_fingerprint`` (``eval_id``: the grid's :func:`eval_identity`, computed once by a
-    caller that resolves many cells). Raises ValueError for options that do not fit the grid."""
+    caller that resolves many cells). Raises ValueError for options that do not fit the grid,
+    and for a grid ``posenc lab``'s options would refuse (:func:`~posenc.lab.flags.check_grid`)."""
+    from .flags import check_grid
+
+    check_grid(cfg)
     label = parse_label(label) if isinstance(label, str) else label
     options = resolve_options(cfg, label)
     model = cell_model(cfg, label, options, vocab_size)

@@ -18,7 +18,20 @@ from typing import Any, NoReturn
 import typer
 
 from . import DEFAULT_RUN_TIME
-from .flags import DEVICE, LAB_FLAGS, OUT, PLOTS, QUIET, RESTART, RESUME, Flag, csv_list, with_flags
+from .flags import (
+    DEVICE,
+    LAB_FLAGS,
+    OUT,
+    PLOTS,
+    QUIET,
+    RESTART,
+    RESUME,
+    Flag,
+    check_device,
+    check_grid,
+    csv_list,
+    with_flags,
+)
 from .flags import Overrides as Overrides
 from .flags import build_config as build_config
 
@@ -71,9 +84,10 @@ def _run_lab(
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
-    with _refusals():
+    with _refusals(out):
         cfg = build_config(preset, Overrides(**options))
         preflight(cfg, device)
+        _check_out(out)
         opts = RunOptions(
             out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
         )
@@ -117,6 +131,8 @@ def preflight(cfg: Any, device: str = "auto") -> None:
     from .dist import resolve_device
     from .experiment import check_config
 
+    check_grid(cfg)
+    check_device(device)
     check_config(cfg)
     shape = cfg.model
     for name, value in (("dim", shape.dim), ("layers", shape.num_layers),
@@ -137,6 +153,13 @@ def preflight(cfg: Any, device: str = "auto") -> None:
             raise ValueError(
                 f"encoding {label.text!r} cannot be built at this shape: {e}"
             ) from None
+
+
+def _check_out(out: Path, *, create: bool = True) -> None:
+    """ValueError naming ``--out`` when the output folder cannot be written."""
+    from ..cli_errors import check_writable
+
+    check_writable(out, "--out", create=create)
 
 
 def _in_process_group() -> bool:
@@ -207,6 +230,11 @@ def report(
         _fail("--readme writes one table: pass --group (or nothing, for the newest), not --all")
     if question is not None and question not in (*QUESTIONS, "extend"):
         _fail(f"--question must be one of {', '.join((*QUESTIONS, 'extend'))}, got {question!r}")
+    if not all_groups:
+        try:
+            _check_out(out, create=False)
+        except ValueError as e:
+            _fail(str(e))
     if question == "extend":
         if all_groups:
             _fail("--all shows the grid's groups; the extend table is one: pass --group instead")
@@ -226,6 +254,7 @@ def _report_grid(
     """``posenc lab report`` for grid results: the group's (or every group's) table, and its
     report files and README block for one group."""
     from .report import (
+        check_readme,
         groups,
         load_rows,
         newest_group,
@@ -236,6 +265,7 @@ def _report_grid(
     )
 
     try:
+        check_readme(readme, question)
         if question is not None and group is None:
             group = newest_group(out, question)
             if group is None:
@@ -257,6 +287,14 @@ def _report_grid(
                 print("wrote " + ", ".join(str(p) for p in written.values()))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail_os(e, out)
+
+
+def _fail_os(e: OSError, where: Path | None = None) -> None:
+    from ..cli_errors import os_error_message
+
+    _fail(os_error_message(e, f"under {where}" if where is not None else None))
 
 
 def _report_extend(out: Path, group: str | None, plots: bool, readme: Path | None) -> None:
@@ -267,7 +305,10 @@ def _report_extend(out: Path, group: str | None, plots: bool, readme: Path | Non
         write_extend_report,
     )
 
+    from .report import check_readme
+
     try:
+        check_readme(readme, "extend")
         rows = extend_rows(out, group)
         if not rows:
             _fail(f"no extend results under {out}; run `posenc lab extend` first")
@@ -278,6 +319,8 @@ def _report_extend(out: Path, group: str | None, plots: bool, readme: Path | Non
         print("wrote " + ", ".join(str(p) for p in written.values()))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail_os(e, out)
 
 
 #: ``posenc lab extend``: flag -> field (its :class:`~posenc.lab.extend.ExtendConfig`'s where a
@@ -328,7 +371,8 @@ def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, thread
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
-    with _refusals():
+    with _refusals(out):
+        check_device(device)
         fields: dict[str, Any] = {}
         for flag in EXTEND_FLAGS:
             value = given.get(flag.field)
@@ -351,10 +395,11 @@ extend = lab_app.command("extend")(with_flags(_extend, EXTEND_FLAGS, context=Fal
 
 
 @contextmanager
-def _refusals() -> Iterator[None]:
+def _refusals(out: Path | None = None) -> Iterator[None]:
     """What a run refuses or is stopped by, as a one-line error: a signal (exit 128 + signum,
     with the --resume hint), an interrupted run to resume or restart, a folder in use, a bad
-    value, a file."""
+    value, a file that cannot be written (``out``: the folder to name when the error names no
+    file)."""
     from .lock import FolderLocked
     from .train import CheckpointError, Interrupted, ResumeRequired
 
@@ -362,8 +407,18 @@ def _refusals() -> Iterator[None]:
         yield
     except Interrupted as e:
         _fail(f"{e}; rerun the same command with --resume to continue", 128 + e.signum)
-    except (ResumeRequired, CheckpointError, FolderLocked, ValueError, OSError) as e:
+    except (ResumeRequired, CheckpointError, FolderLocked, ValueError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail_os(e, out)
+    except RuntimeError as e:  # torch.save's writer on a full disk: "file write failed"
+        if "write" not in str(e) or "PytorchStreamWriter" not in str(e):
+            raise
+        _fail(f"could not write a checkpoint ({_first_line(e)}); is the disk full?")
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
 
 
 def _int_list(option: str, value: str) -> list[int]:

@@ -16,6 +16,7 @@ checkpoints and the store, and the others follow (training with DDP, evaluation 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import math
 import time
 from collections.abc import Callable
@@ -57,6 +58,10 @@ class GridSummary:
     wall_seconds: float = 0.0
     rows: list[dict[str, Any]] = field(default_factory=list)
     stale_lock: str | None = None  # the killed run whose lock this one took over, if any
+
+
+#: A write failing with one of these stops the grid (the CLI says which, in one line).
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def check_config(cfg: LabConfig) -> list[int]:
@@ -227,8 +232,8 @@ class _Grid:
         except (ResumeRequired, CheckpointError, Interrupted, KeyboardInterrupt):
             raise
         except Exception as e:
-            if dist.enabled:
-                raise
+            if dist.enabled or (isinstance(e, OSError) and e.errno in _DISK_ERRNOS):
+                raise  # a full or read-only disk fails every later cell too: stop, one line
             summary.failed[cell.title] = f"{type(e).__name__}: {e}"
             self.ctx.log(f"FAILED {cell.title}: {type(e).__name__}: {e}")
             return

@@ -26,13 +26,103 @@ def csv_list(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+def option_list(option: str, value: str, allowed: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]`` for option ``option``; ValueError naming it for an empty
+    list or an empty item (``"a,,b"``), saying what is ``allowed``."""
+    items = [v.strip() for v in value.split(",")]
+    if not any(items):
+        raise ValueError(f"{option} is empty; give {allowed}")
+    if not all(items):
+        raise ValueError(f"{option} {value!r} has an empty item; give {allowed}")
+    return items
+
+
+#: The largest value each integer option takes: far past any run this machine or a GPU node
+#: finishes, and small enough that nothing is allocated or looped over from a typo.
+MAX_TOKENS = 2**24
+INT_CAPS: dict[str, int] = {
+    "train_len": MAX_TOKENS,
+    "seeds": 1000,
+    "seed": 2**63 - 1,
+    "steps": 10**9,
+    "batch_size": 2**20,
+    "dim": 2**16,
+    "layers": 2**10,
+    "heads": 2**12,
+    "eval_tokens": 2**32,
+    "sliding": MAX_TOKENS,
+    "threads": 2**12,
+    "ckpt_every": 10**9,
+}
+
+_LENGTHS = "comma-separated eval lengths: tokens (256) or multiples of the train length (4x)"
+
+
 def _lengths(value: str) -> tuple[int | str, ...]:
-    return tuple(int(v) if v.isdigit() else v for v in csv_list(value) or ())
+    items = option_list("--eval-lens", value, _LENGTHS)
+    return tuple(int(v) if v.isdigit() else v for v in items)
+
+
+def rope_scaling_names() -> tuple[str, ...]:
+    """The inference-time RoPE rescalings the grid sweeps (the scaling table's, less
+    ``default``)."""
+    from ..functional.rope_scaling import ROPE_TYPES
+
+    return tuple(t for t in ROPE_TYPES if t != "default")
+
+
+def check_rope_scalings(
+    scalings: tuple[str, ...] | list[str], option: str = "--rope-scalings"
+) -> None:
+    """ValueError naming ``option`` for a rescaling the grid cannot sweep (or ``none`` with
+    others)."""
+    allowed = rope_scaling_names()
+    others = [s for s in scalings if s != "none"]
+    if "none" in scalings and others:
+        raise ValueError(
+            f"{option}: 'none' (no rescaling) stands alone, not with {','.join(others)}; "
+            f"give none, or some of {', '.join(allowed)}"
+        )
+    for name in scalings:
+        if name not in allowed:
+            raise ValueError(
+                f"{option}: unknown rescaling {name!r}; allowed: {', '.join(allowed)}, "
+                "or none alone"
+            )
 
 
 def _scalings(value: str) -> tuple[str, ...]:
-    scal = csv_list(value) or []
-    return () if scal == ["none"] else tuple(scal)
+    allowed = f"one or more of {', '.join(rope_scaling_names())}, or none alone"
+    scal = [v.lower() for v in option_list("--rope-scalings", value, allowed)]
+    if scal == ["none"]:
+        return ()
+    check_rope_scalings(scal)
+    return tuple(scal)
+
+
+#: ``--device``: what it takes.
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_device(device: str) -> None:
+    """ValueError naming ``--device`` unless it is auto, cpu, cuda or cuda:N."""
+    kind, _, index = str(device).partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise ValueError(
+            f"--device must be one of {', '.join(DEVICES)} (or cuda:N), got {device!r}"
+        )
+
+
+def check_caps(values: dict[str, Any]) -> None:
+    """ValueError naming the option whose integer (by field) is past :data:`INT_CAPS`."""
+    for name, value in values.items():
+        cap = INT_CAPS.get(name)
+        if cap is None or isinstance(value, bool) or not isinstance(value, int) or value <= cap:
+            continue
+        digits = len(str(value)) if value < 10**30 else None
+        shown = f"{value}" if digits else "a number of more than 30 digits"
+        flag = next((f.decls[0] for f in LAB_FLAGS if f.field == name), name)
+        raise ValueError(f"{flag} must be at most {cap}, got {shown}")
 
 
 @dataclass(frozen=True)
@@ -186,20 +276,58 @@ def build_config(preset: str, over: Any = None) -> LabConfig:
     from .presets import preset as get_preset
 
     over = over or Overrides()
+    check_caps({f.field: getattr(over, f.field, None) for f in LAB_FLAGS if f.grid})
     cfg = get_preset(preset)
     seeds = over.seeds if over.seeds is not None else len(cfg.seeds)
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    labels = csv_list(over.encodings) or list(cfg.encodings)
+    labels = (
+        list(cfg.encodings)
+        if over.encodings is None
+        else option_list(
+            "--encodings",
+            over.encodings,
+            "comma-separated names from `posenc list`, default, length or all",
+        )
+    )
     cfg = replace(cfg, encodings=tuple(map(normalize_label, labels)),
                   seeds=tuple(range(over.seed, over.seed + seeds)))  # fmt: skip
     for flag in LAB_FLAGS:
         value = getattr(over, flag.field, None) if flag.grid and flag.path else None
         if value is not None:
             cfg = _set(cfg, flag.path, flag.convert(value) if flag.convert else value)  # type: ignore[arg-type]
+    if over.eval_lens is not None:
+        check_eval_lengths(cfg)
     if cfg.train.warmup_steps >= cfg.train.steps:
         cfg = _set(cfg, "train.warmup_steps", max(1, cfg.train.steps // 10))
     return _data_source(cfg, over)
+
+
+def check_eval_lengths(cfg: LabConfig) -> list[int]:
+    """The grid's eval lengths in tokens; ValueError naming ``--eval-lens`` for a length that is
+    not positive or past :data:`MAX_TOKENS`."""
+    from .config import resolve_lengths
+
+    given = ",".join(map(str, cfg.eval.lengths))
+    try:
+        lengths = resolve_lengths(cfg.eval.lengths, cfg.train_len)
+    except ValueError as e:
+        raise ValueError(f"--eval-lens {given!r}: {e}") from None
+    if max(lengths) > MAX_TOKENS:
+        raise ValueError(
+            f"--eval-lens {given!r}: each length must be at most {MAX_TOKENS} tokens, got {max(lengths)}"
+        )
+    return lengths
+
+
+def check_grid(cfg: LabConfig) -> None:
+    """What the options of ``posenc lab`` refuse in a grid built without them (the Python
+    API): integers past :data:`INT_CAPS`, bad eval lengths, unknown RoPE rescalings."""
+    seeds = {"seeds": len(cfg.seeds), "seed": max(cfg.seeds, default=0)}
+    check_caps({"threads": cfg.threads, **seeds})
+    check_caps({f.field: _get(cfg, f.path) for f in LAB_FLAGS if f.path is not None})
+    check_eval_lengths(cfg)
+    check_rope_scalings(cfg.eval.rope_scalings)
 
 
 def _data_source(cfg: LabConfig, over: Any) -> LabConfig:
