@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._markdown import markdown_table, replace_block
+from .._markdown import block_problem, markdown_table, replace_block
 from .results import (
     QUESTIONS,
     grid_store_rows,
@@ -32,11 +33,11 @@ from .store import RESULTS_FILE
 
 __all__ = [
     "CI_LEVEL", "QUESTIONS", "README_BLOCKS", "README_END", "README_START", "REPORT_DIR",
-    "TIE_MARK", "TableRow", "ci_legend", "describe", "fmt_bits", "grid_store_rows", "groups",
-    "lengths_of", "load_rows", "markdown_bold", "newest_group", "noise_marks",
-    "nope_throughput", "print_table", "question_of", "question_of_rows", "question_rows",
-    "readme_table", "results_markdown", "table_cells", "table_rows", "write_csv",
-    "write_readme_table", "write_report",
+    "TIE_MARK", "TableRow", "check_readme", "ci_legend", "describe", "fmt_bits",
+    "grid_store_rows", "groups", "lengths_of", "load_rows", "markdown_bold", "newest_group",
+    "noise_marks", "nope_throughput", "print_table", "question_of", "question_of_rows",
+    "question_rows", "readme_problem", "readme_table", "results_markdown", "table_cells",
+    "table_rows", "write_csv", "write_readme_table", "write_report",
 ]  # fmt: skip
 
 REPORT_DIR = "report"
@@ -294,6 +295,47 @@ README_BLOCKS = {
 }
 
 
+def readme_problem(path: str | Path, question: str | None = None) -> str | None:
+    """Why ``--readme path`` cannot take a table, checked before anything is computed; None if
+    it can. The file must exist, be writable, and hold one well-formed block: ``question``'s
+    (:data:`README_BLOCKS`, or ``"extend"``'s), or, with no question, every block whose markers
+    it holds well-formed and at least one of them (:func:`posenc._markdown.block_problem`)."""
+    from .extend_report import README_MARKERS
+
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        return f"{path} {what}; --readme takes a Markdown file with the table's block in it"
+    if not os.access(path, os.W_OK):
+        return f"{path} is not writable; --readme rewrites its table's block in place"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{path} cannot be read as UTF-8 text ({e})"
+    blocks = {**README_BLOCKS, "extend": README_MARKERS}
+    if question is not None:
+        if question not in blocks:
+            return f"unknown question {question!r}; choose one of {', '.join(blocks)}"
+        blocks = {question: blocks[question]}
+    present = {q: m for q, m in blocks.items() if question or any(x in text for x in m)}
+    for start, end in present.values():
+        problem = block_problem(text, start, end)
+        if problem is not None:
+            return f"{path} {problem}; nothing was written"
+    if not present:
+        pairs = "; ".join(f"{start} ... {end}" for start, end in blocks.values())
+        return f"{path} has no block of the lab's ({pairs}); put one where the table goes"
+    return None
+
+
+def check_readme(path: str | Path | None, question: str | None = None) -> None:
+    """ValueError with :func:`readme_problem`'s line unless ``path`` (``--readme``; None: no
+    file asked for) can take the table: called before the rows are read."""
+    problem = None if path is None else readme_problem(path, question)
+    if problem is not None:
+        raise ValueError(problem)
+
+
 def readme_table(rows: list[dict[str, Any]]) -> str:
     """The README's lab table: every column of :func:`table_cells` but ``params`` and
     ``seeds`` (the README's text above the table gives the model and the seed)."""
@@ -311,11 +353,13 @@ def write_readme_table(
     ``question``: the table to write (default: the one the rows answer as a whole,
     :func:`question_of_rows`), from the rows that answer it (:func:`question_rows`).
     Extrapolation and length: :func:`readme_table`; passkey: accuracy by length and where
-    each encoding loses the key (:func:`posenc.plots.passkey.passkey_table`)."""
+    each encoding loses the key (:func:`posenc.plots.passkey.passkey_table`). Raises ValueError
+    (:func:`readme_problem`), the file left as it was, unless it holds that one block."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
     question = question or question_of_rows(rows)
+    problem = readme_problem(path, question)
+    if problem is not None:
+        raise ValueError(problem)
     rows = question_rows(rows, question)
     if not rows:
         raise ValueError(f"no {question} results in these rows")

@@ -8,30 +8,91 @@ new one. A row of another results schema is refused with what to do.
 
 from __future__ import annotations
 
+import types
+from dataclasses import fields
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .config import LENGTH_ENCODINGS
 from .identity import RESULTS_SCHEMA
-from .rows import EXTEND, REFERENCE, upgrade_row
+from .rows import EXTEND, REFERENCE, ExtendRow, GridRow, upgrade_row
 from .store import RESULTS_FILE, ResultStore
+
+
+@cache
+def _row_fields(kind: type[GridRow] | type[ExtendRow]) -> dict[str, Any]:
+    """Field -> type of a stored row's dataclass."""
+    hints = get_type_hints(kind)
+    return {f.name: hints[f.name] for f in fields(kind)}
+
+
+def _is(value: object, hint: Any) -> bool:
+    """Whether ``value`` (parsed JSON) has the type ``hint`` at its top level (``dict[str, Any]``:
+    any object; ``float``: any number; a bool is no number)."""
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return any(_is(value, a) for a in get_args(hint))
+    base = origin or hint
+    if isinstance(value, bool):
+        return base is bool
+    if base is float:
+        return isinstance(value, int | float)
+    return isinstance(value, base)
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+#: The fields a stored row is read without (rows written before them lack them) are typed when
+#: present; these it cannot be read without (beyond the store's key).
+REQUIRED_FIELDS = ("group",)
+
+
+def row_problem(row: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A stored row against its dataclass (:class:`GridRow`, or :class:`ExtendRow` for a row
+    with a ``kind``): why it cannot be read (a field of :data:`REQUIRED_FIELDS` missing, or a
+    field of the wrong type; None if it can), and a note naming fields no posenc row has (they
+    are ignored). Raises ValueError for a row of another results schema."""
+    schema = row.get("schema", RESULTS_SCHEMA)
+    if schema != RESULTS_SCHEMA:
+        raise ValueError(
+            f"a row of results schema {schema!r} ({row.get('encoding')!r}, seed "
+            f"{row.get('seed')}); this posenc reads schema {RESULTS_SCHEMA}. Read it with the "
+            "posenc that wrote it, or rerun the grid into a new --out (its checkpoints under "
+            "ckpt/ are reused where their identity still matches)"
+        )
+    wanted = _row_fields(ExtendRow if row.get("kind") else GridRow)
+    for name in REQUIRED_FIELDS:
+        if name not in row:
+            return f"no {name!r}", None
+    for name, value in row.items():
+        if name in wanted and not _is(value, wanted[name]):
+            return f"{name!r} is {value!r:.40}, not {_type_name(wanted[name])}", None
+    unknown = [repr(k) for k in row if k not in wanted and k != "kind"]
+    if unknown:
+        return None, f"ignoring field(s) no result row has: {', '.join(unknown)}"
+    return None, None
 
 
 def store_rows(out: str | Path) -> list[dict[str, Any]]:
     """Every row of the store at ``out`` in the order written (the first of a key wins),
-    upgraded to this version's fields. Raises ValueError for a row of another results schema."""
+    upgraded to this version's fields. Raises ValueError for a row of another results schema.
+
+    A row that :func:`row_problem` refuses (a field of the wrong type, or one it cannot be read
+    without) is skipped with one warning naming the file and the line; a field no row has is
+    ignored, with a warning."""
     path = Path(out) / RESULTS_FILE
-    rows = ResultStore(path).rows()
-    for row in rows:
-        schema = row.get("schema", RESULTS_SCHEMA)
-        if schema != RESULTS_SCHEMA:
-            raise ValueError(
-                f"{path} holds a row of results schema {schema!r} ({row.get('encoding')!r}, "
-                f"seed {row.get('seed')}); this posenc reads schema {RESULTS_SCHEMA}. Read it "
-                "with the posenc that wrote it, or rerun the grid into a new --out (its "
-                "checkpoints under ckpt/ are reused where their identity still matches)"
-            )
-    return [upgrade_row(r) for r in rows]
+    try:
+        rows = ResultStore(path).numbered_rows(row_problem)
+    except ValueError as e:
+        raise ValueError(f"{path} holds {e}") from None
+    return [upgrade_row(row) for _, row in rows]
 
 
 def grid_store_rows(out: str | Path) -> list[dict[str, Any]]:

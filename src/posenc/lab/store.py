@@ -4,7 +4,9 @@ A row is appended with one ``write`` on a file opened ``O_APPEND`` and then fsyn
 process killed at any moment leaves whole rows behind (at worst a torn last line, which the
 reader skips with a warning and the next append starts on a fresh line). Rows are keyed by
 ``(encoding, seed, config_hash)``; a key already present is never written again, so a rerun skips
-finished cells and no result is duplicated.
+finished cells and no result is duplicated. Any other line that is no row (invalid UTF-8 or
+JSON, a key field missing or of the wrong type) is skipped the same way, with one warning naming
+the file and the line, and the rows around it are read.
 """
 
 from __future__ import annotations
@@ -12,15 +14,45 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 RESULTS_FILE = "results.jsonl"
 
+#: A reader's own test of a row (after the store's: an object with a well-typed key): why it is
+#: skipped (None: it is read) and a note on a row that is read (None: nothing to say); each is
+#: warned with the file and the line.
+RowCheck = Callable[[dict[str, Any]], tuple[str | None, str | None]]
+
 
 def row_key(row: dict[str, Any]) -> tuple[str, int, str]:
     return (row["encoding"], int(row["seed"]), row["config_hash"])
+
+
+def key_problem(row: object) -> str | None:
+    """What keeps ``row`` (a parsed line) from being a stored row: not an object, or its key
+    (``encoding``, ``seed``, ``config_hash``) missing or of the wrong type; None if it is one."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    wanted = {"encoding": "a string", "seed": "an integer", "config_hash": "a string"}
+    for field, kind in wanted.items():
+        if field not in row:
+            return f"no {field!r}"
+        value = row[field]
+        ok = (
+            isinstance(value, int) and not isinstance(value, bool)
+            if field == "seed"
+            else isinstance(value, str)
+        )
+        if not ok:
+            return f"{field!r} is {value!r:.40}, not {kind}"
+    return None
+
+
+def warn_line(path: Path, line: int, problem: str) -> None:
+    """The one warning for a result line that is skipped or read in part: file, line, why."""
+    warnings.warn(f"{path}:{line}: {problem}", stacklevel=4)
 
 
 class ResultStore:
@@ -31,17 +63,24 @@ class ResultStore:
 
     def rows(self) -> list[dict[str, Any]]:
         """Every stored row, in the order written; the first row of a key wins."""
+        return [row for _, row in self.numbered_rows()]
+
+    def numbered_rows(self, check: RowCheck | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """``(line number, row)`` of every stored row, in the order written; the first row of
+        a key wins. A line that is no row (invalid UTF-8 or JSON, JSON nested too deep, not an
+        object, a key field missing or of the wrong type, or refused by ``check``) is skipped
+        with one warning naming the file and the line, in the order of the lines."""
         seen: set[tuple[str, int, str]] = set()
         out = []
-        for row in self._read():
+        for i, row in self._read(check):
             key = row_key(row)
             if key not in seen:
                 seen.add(key)
-                out.append(row)
+                out.append((i, row))
         return out
 
     def keys(self) -> set[tuple[str, int, str]]:
-        return {row_key(r) for r in self._read()}
+        return {row_key(r) for _, r in self._read()}
 
     def has(self, encoding: str, seed: int, config_hash: str) -> bool:
         return (encoding, seed, config_hash) in self.keys()
@@ -74,20 +113,37 @@ class ResultStore:
             f.seek(size - 1)
             return f.read(1) != b"\n"
 
-    def _read(self) -> Iterator[dict[str, Any]]:
+    def _read(self, check: RowCheck | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
         if not self.path.exists():
             return
-        with open(self.path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
+        with open(self.path, "rb") as f:
+            for i, raw in enumerate(f, 1):
+                if not raw.strip():
                     continue
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    warnings.warn(
-                        f"{self.path}:{i}: skipping an unreadable (torn) result line",
-                        stacklevel=3,
-                    )
+                    row = json.loads(raw.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    warn_line(self.path, i, f"skipping a line that is not UTF-8 ({e.reason})")
                     continue
-                if isinstance(row, dict) and "config_hash" in row:
-                    yield row
+                except RecursionError:
+                    warn_line(self.path, i, "skipping a line whose JSON is nested too deep")
+                    continue
+                except ValueError as e:  # JSONDecodeError; a torn last line is one
+                    why = f"skipping a line that is not JSON, such as a row torn by a killed writer ({e})"
+                    warn_line(self.path, i, why)
+                    continue
+                problem = key_problem(row)
+                if problem is not None:
+                    warn_line(self.path, i, f"skipping a line that is no result row: {problem}")
+                    continue
+                note = None
+                if check is not None:
+                    problem, note = check(row)
+                    if problem is not None:
+                        warn_line(
+                            self.path, i, f"skipping a result row that cannot be read: {problem}"
+                        )
+                        continue
+                if note is not None:
+                    warn_line(self.path, i, note)
+                yield i, row

@@ -1,0 +1,282 @@
+"""The results store on a damaged ``results.jsonl`` and ``posenc lab report --readme`` on a
+hand-edited file: a bad line is skipped (or, for an unknown field, read) with one warning naming
+the file and the line, no good row is lost; every append is fsynced; a file whose markers are
+not one well-formed pair is refused, left as it was, before anything is computed.
+
+The rows are real grid rows (three cells of a ``cpu-small`` run, ``tests/data/lab_store_rows.jsonl``),
+written by hand: nothing here trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc.cli import app
+from posenc.lab import report as R
+from posenc.lab.results import load_rows, store_rows
+from posenc.lab.store import RESULTS_FILE, ResultStore
+
+DATA = Path(__file__).resolve().parent / "data" / "lab_store_rows.jsonl"
+GOOD: list[dict[str, Any]] = [json.loads(line) for line in DATA.read_text().splitlines()]
+ENCODINGS = [r["encoding"] for r in GOOD]  # none, sinusoidal, alibi
+
+
+def _line(row: Any) -> bytes:
+    return (json.dumps(row) + "\n").encode()
+
+
+def _bad_lines() -> dict[str, tuple[bytes, str]]:
+    """Case -> (the bad line, what its warning says)."""
+    row = GOOD[0]
+    no_encoding = {k: v for k, v in row.items() if k != "encoding"}
+    deep = "[" * 3000 + "]" * 3000
+    return {
+        "invalid bytes": (b'{"encoding": "r\xffpe", "seed": 0}\n', "not UTF-8"),
+        "invalid JSON": (b'{"encoding": "rope", "seed": 0, "conf\n', "not JSON"),
+        "missing encoding": (_line(no_encoding), "no 'encoding'"),
+        "seed a string": (_line({**row, "seed": "zero"}), "'seed' is 'zero', not an integer"),
+        "seed a bool": (_line({**row, "seed": True}), "'seed' is True, not an integer"),
+        "field of the wrong type": (
+            _line({**row, "config_hash": "bad1", "params": "many"}),
+            "'params' is 'many', not int",
+        ),
+        "group missing": (
+            _line({k: v for k, v in {**row, "config_hash": "bad2"}.items() if k != "group"}),
+            "no 'group'",
+        ),
+        "object of the wrong type": (
+            _line({**row, "config_hash": "bad4", "eval": [1]}),
+            "'eval' is [1], not dict[str, Any]",
+        ),
+        "not an object": (b"[1, 2, 3]\n", "a JSON list, not an object"),
+        "deep nesting": ((deep + "\n").encode(), "nested too deep"),
+        "deep nesting in a row": (
+            (json.dumps({**row, "config_hash": "bad3"})[:-1] + ', "x": ' + deep + "}\n").encode(),
+            "nested too deep",
+        ),
+    }
+
+
+def _store_with(tmp_path: Path, bad: bytes) -> Path:
+    """A folder whose results.jsonl is the good rows with ``bad`` as its line 2."""
+    out = tmp_path / "out"
+    out.mkdir()
+    lines = [_line(GOOD[0]), bad, *(_line(r) for r in GOOD[1:])]
+    (out / RESULTS_FILE).write_bytes(b"".join(lines))
+    return out
+
+
+def _warnings_of(read: Any) -> tuple[Any, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = read()
+    return got, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("case", list(_bad_lines()))
+def test_a_bad_line_is_skipped_with_one_warning_naming_file_and_line(tmp_path, case):
+    bad, why = _bad_lines()[case]
+    out = _store_with(tmp_path, bad)
+    path = out / RESULTS_FILE
+    rows, messages = _warnings_of(lambda: store_rows(out))
+    assert [r["encoding"] for r in rows] == ENCODINGS  # every good row, in order
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(f"{path}:2: ") and why in messages[0], messages[0]
+    assert "\n" not in messages[0]
+    # The store's own reads (a run's skip test) pass the line too, and its key still appends.
+    store = ResultStore(path)
+    keys, _ = _warnings_of(store.keys)
+    assert {k[0] for k in keys} >= set(ENCODINGS)
+    assert _warnings_of(lambda: store.append({**GOOD[1], "config_hash": "new"}))[0]
+
+
+def test_an_unknown_field_is_ignored_with_a_warning_and_its_row_kept(tmp_path):
+    extra = {**GOOD[0], "config_hash": "extra1", "colour": "red"}
+    out = _store_with(tmp_path, _line(extra))
+    rows, messages = _warnings_of(lambda: store_rows(out))
+    assert [r["config_hash"] for r in rows] == [
+        GOOD[0]["config_hash"],
+        "extra1",
+        *(r["config_hash"] for r in GOOD[1:]),
+    ]
+    assert messages == [f"{out / RESULTS_FILE}:2: ignoring field(s) no result row has: 'colour'"]
+
+
+def test_every_bad_line_in_one_file_is_named_and_the_report_still_runs(tmp_path):
+    """All the cases at once: one warning each, with its own line number; ``posenc lab report``
+    prints the table of the good rows and exits 0."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cases = list(_bad_lines().values())
+    lines = [_line(r) for r in GOOD] + [bad for bad, _ in cases] + [b"\n"]
+    (out / RESULTS_FILE).write_bytes(b"".join(lines))
+    rows, messages = _warnings_of(lambda: load_rows(out))
+    assert [r["encoding"] for r in rows] == ENCODINGS
+    assert len(messages) == len(cases)
+    for n, ((_, why), message) in enumerate(zip(cases, messages, strict=True), len(GOOD) + 1):
+        assert message.startswith(f"{out / RESULTS_FILE}:{n}: ") and why in message
+    args = ["lab", "report", "--out", str(out), "--no-plots"]
+    res, messages = _warnings_of(lambda: CliRunner().invoke(app, args))
+    assert res.exit_code == 0, res.output
+    assert f"{out / RESULTS_FILE}:{len(GOOD) + 1}: " in messages[0]
+    assert all(name in res.output for name in ENCODINGS)
+    assert "Traceback" not in res.output
+
+
+def test_every_append_is_fsynced_after_its_write(tmp_path, monkeypatch):
+    """``os.fsync`` is called once per written row, on the results file, after the row is in it
+    (the file's size at the fsync is the size with the row); a skipped duplicate writes and
+    syncs nothing."""
+    path = tmp_path / RESULTS_FILE
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        assert os.path.samestat(st, os.stat(path))
+        synced.append(st.st_size)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = ResultStore(path)
+    sizes = []
+    for row in GOOD:
+        assert store.append(row)
+        sizes.append(path.stat().st_size)
+    assert synced == sizes
+    assert not store.append(GOOD[0]) and synced == sizes  # a stored key: nothing written
+
+
+def test_an_append_after_a_torn_line_starts_a_fresh_line_and_is_fsynced(tmp_path, monkeypatch):
+    path = tmp_path / RESULTS_FILE
+    path.write_bytes(_line(GOOD[0]) + b'{"encoding": "ro')
+    calls = []
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd))
+    (written, messages) = _warnings_of(lambda: ResultStore(path).append(GOOD[1]))
+    assert written and len(calls) == 1
+    assert messages and messages[0].startswith(f"{path}:2: ")
+    rows, _ = _warnings_of(ResultStore(path).rows)
+    assert [r["encoding"] for r in rows] == ENCODINGS[:2]
+
+
+# --- --readme markers ------------------------------------------------------------------------
+
+START, END = R.README_START, R.README_END
+
+#: Case -> (the file's text, what the error says).
+MARKER_CASES = {
+    "duplicated opening marker": (
+        f"# intro\n{START}\nmy own text\n{START}\nold table\n{END}\noutro\n",
+        f"has {START} on 2 lines (2, 4)",
+    ),
+    "duplicated closing marker": (
+        f"# intro\n{START}\nold\n{END}\nmine\n{END}\n",
+        f"has {END} on 2 lines (4, 6)",
+    ),
+    "closing before opening": (
+        f"# intro\n{END}\nmine\n{START}\nold\n",
+        f"has {END} on line 2, before {START} on line 4",
+    ),
+    "missing closing": (f"# intro\n{START}\nmine\n", f"has {START} on line 2 and no {END}"),
+    "missing opening": (f"# intro\nmine\n{END}\n", f"has {END} on line 3 and no {START}"),
+    "marker inside a line": (
+        f"# intro\nsee {START} here\nold\n{END}\n",
+        f"has {START} on line 2 with other text",
+    ),
+    "no markers": ("# intro\nmine\n", f"has no {START} ... {END} block"),
+}
+
+
+@pytest.mark.parametrize("case", list(MARKER_CASES))
+def test_a_readme_without_one_well_formed_block_is_refused_and_left_as_it_was(tmp_path, case):
+    text, why = MARKER_CASES[case]
+    readme = tmp_path / "README.md"
+    readme.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError) as err:
+        R.write_readme_table(readme, GOOD, "extrapolation")
+    message = str(err.value)
+    assert message.startswith(f"{readme} {why}") and "\n" not in message, message
+    assert readme.read_text(encoding="utf-8") == text
+
+
+@pytest.fixture
+def lab_out(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(DATA, out / RESULTS_FILE)
+    return out
+
+
+def _report(out: Path, readme: Path, *extra: str) -> Any:
+    args = ["lab", "report", "--out", str(out), "--no-plots", "--readme", str(readme), *extra]
+    return CliRunner().invoke(app, args)
+
+
+@pytest.mark.parametrize("case", ["duplicated opening marker", "closing before opening"])
+def test_lab_report_refuses_a_bad_readme_before_computing(lab_out, tmp_path, case):
+    """One line naming the file and the problem, exit 2, the file unchanged, and no report
+    written (the check comes before the rows are read)."""
+    text, why = MARKER_CASES[case]
+    readme = tmp_path / "README.md"
+    readme.write_text(text, encoding="utf-8")
+    res = _report(lab_out, readme)
+    assert res.exit_code == 2, res.output
+    assert why in res.output and "README.md" in res.output and "Traceback" not in res.output
+    assert readme.read_text(encoding="utf-8") == text
+    assert not (lab_out / R.REPORT_DIR).exists()
+
+
+@pytest.mark.parametrize("question", [None, "extend"])
+def test_lab_report_refuses_a_missing_readme_before_computing(lab_out, tmp_path, question):
+    missing = tmp_path / "nothere.md"
+    extra = () if question is None else ("--question", question)
+    res = _report(lab_out, missing, *extra)
+    assert res.exit_code == 2, res.output
+    assert "nothere.md" in res.output and "does not exist" in res.output
+    assert not (lab_out / R.REPORT_DIR).exists() and not missing.exists()
+
+
+def test_lab_report_refuses_a_read_only_readme_before_computing(lab_out, tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{START}\n{END}\n", encoding="utf-8")
+    readme.chmod(0o444)
+    access = os.access  # root may write a read-only file: answer as for anyone else
+
+    def read_only(path: Any, mode: int, **kw: Any) -> bool:
+        return False if Path(path) == readme and mode & os.W_OK else access(path, mode, **kw)
+
+    monkeypatch.setattr(os, "access", read_only)
+    res = _report(lab_out, readme)
+    assert res.exit_code == 2 and "is not writable" in res.output, res.output
+    assert not (lab_out / R.REPORT_DIR).exists()
+
+
+def test_a_readme_check_names_a_bad_block_it_does_not_write(tmp_path):
+    """With no question, every block the file holds must be well-formed (which one is written
+    is known only once the rows are read)."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{START}\n{END}\n<!-- lab:length -->\nmine\n", encoding="utf-8")
+    problem = R.readme_problem(readme)
+    assert problem is not None and "<!-- lab:length --> on line 3 and no" in problem
+    assert R.readme_problem(readme, "extrapolation") is None
+
+
+def test_a_well_formed_readme_block_is_replaced_and_the_rest_kept(lab_out, tmp_path):
+    head, tail = "# intro\n\nmine, kept\n", "\n## after\n\nalso kept\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{head}{START}\nold table\n{END}{tail}", encoding="utf-8")
+    res = _report(lab_out, readme)
+    assert res.exit_code == 0, res.output
+    new = readme.read_text(encoding="utf-8")
+    block = new[len(head) + len(START) + 1 : new.index(END)]
+    assert block == R.readme_table(R.load_rows(lab_out))
+    assert new == f"{head}{START}\n{block}{END}{tail}"
+    assert re.match(r"\| encoding \|", block) and "old table" not in new
