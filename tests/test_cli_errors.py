@@ -103,7 +103,7 @@ def test_demo_order_names() -> None:
         (["--threads", "0"], ["'--threads'"]),
         (["--train-len", "1"], ["'--train-len'"]),
         (["--dim", "abc"], ["'--dim'"]),
-        (["--lr", "-1"], ["lr must be positive"]),
+        (["--lr", "-1"], ["--lr must be a positive finite number", "-1.0"]),
         (["--dim", "100", "--heads", "3"], ["--dim (100) must be divisible by --heads (3)"]),
         (["--dim", "12", "--heads", "4", "-e", "rope"], ["'rope'", "head_dim must be even"]),
         (["-e", "kerple:eps=null"], ["'kerple:eps=null'", "option 'eps'", "must be float"]),

@@ -80,12 +80,37 @@ def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--eval-lens", "abc"], ["--eval-lens 'abc'", "positive integer", "'4x'"]),
         (["--eval-lens", "0x"], ["--eval-lens '0x'", "positive multiple"]),
         (["--eval-lens", HUGE], ["--eval-lens", "at most 16777216 tokens"]),
+        (["--threads", HUGE], ["--threads must be at most 4096"]),
+        (["--seed", HUGE], ["--seed must be at most"]),
+        (["--lr", HUGE], ["--lr must be a positive finite number", "inf"]),
     ],
 )
 @pytest.mark.usefixtures("no_training")
 def test_refused_before_training(args: list[str], needles: list[str], tmp_path: Path) -> None:
     out = tmp_path / "out"
     one_line(*invoke("lab", "-q", "-o", str(out), *args), *needles)
+    nothing_written(out)
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--steps", HUGE], ["--steps must be at most"]),
+        (["--threads", HUGE], ["--threads must be at most"]),
+        (["--target", HUGE], ["--target must be a finite multiple", "inf"]),
+        (["--methods", ""], ["--methods is empty", "some of none, linear"]),
+        (["--methods", "yarnn"], ["--methods", "'yarnn'", "allowed: none, linear"]),
+        (["--methods", "ntk,,yarn"], ["--methods 'ntk,,yarn' has an empty item"]),
+        (["-e", ""], ["--encodings is empty"]),
+        (["--reference", "rope,"], ["--reference 'rope,' has an empty item", "or none"]),
+        (["--curve", "1,,2"], ["--curve '1,,2' has an empty item", "integers"]),
+        (["--device", "tpu"], ["--device must be one of auto, cpu, cuda"]),
+    ],
+)
+def test_extend_refusals(args: list[str], needles: list[str], tmp_path: Path) -> None:
+    """``posenc lab extend``: its options refused before the grid's results are read."""
+    out = tmp_path / "out"
+    one_line(*invoke("lab", "extend", "-q", "-o", str(out), *args), *needles)
     nothing_written(out)
 
 

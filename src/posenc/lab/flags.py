@@ -8,6 +8,7 @@ knob is added in one line.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
@@ -326,6 +327,9 @@ def check_grid(cfg: LabConfig) -> None:
     seeds = {"seeds": len(cfg.seeds), "seed": max(cfg.seeds, default=0)}
     check_caps({"threads": cfg.threads, **seeds})
     check_caps({f.field: _get(cfg, f.path) for f in LAB_FLAGS if f.path is not None})
+    lr = cfg.train.lr
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+        raise ValueError(f"--lr must be a positive finite number, got {lr!r}")
     check_eval_lengths(cfg)
     check_rope_scalings(cfg.eval.rope_scalings)
 
