@@ -8,6 +8,7 @@ happen inside the commands so ``posenc --help`` stays fast.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -27,9 +28,10 @@ from .flags import (
     RESTART,
     RESUME,
     Flag,
+    check_caps,
     check_device,
     check_grid,
-    csv_list,
+    option_list,
     with_flags,
 )
 from .flags import Overrides as Overrides
@@ -86,6 +88,7 @@ def _run_lab(
         _fail("pass --resume or --restart, not both")
     with _refusals(out):
         cfg = build_config(preset, Overrides(**options))
+        check_caps({"threads": threads})
         preflight(cfg, device)
         _check_out(out)
         opts = RunOptions(
@@ -336,15 +339,16 @@ EXTEND_FLAGS: tuple[Flag, ...] = (
          show_default="the grid's final"),
     Flag("methods", ("--methods",), str | None,
          "RoPE methods: none (unscaled), linear (PI), ntk, yarn, longrope, dynamic.",
-         path="methods", convert=lambda v: tuple(csv_list(v) or ()), show_default="all six"),
+         path="methods", convert=lambda v: _extend_methods(v), show_default="all six"),
     Flag("encodings", ("--encodings", "-e"), str | None,
          "Grid encodings to extend (rotary ones with every method, the others unchanged).",
-         path="encodings", convert=lambda v: tuple(csv_list(v) or ()),
+         path="encodings", convert=lambda v: tuple(option_list("--encodings", v, _EXTENDABLE)),
          show_default="rope,alibi,t5,kerple,fire,sandwich"),
     Flag("reference", ("--reference",), str | None,
          "Encodings trained from scratch at the target length (the bar); 'none' for none.",
          path="reference", show_default="rope",
-         convert=lambda v: () if v.strip().lower() == "none" else tuple(csv_list(v) or ())),
+         convert=lambda v: () if v.strip().lower() == "none"
+         else tuple(option_list("--reference", v, _EXTENDABLE + ", or none"))),
     Flag("curve", ("--curve",), str | None,
          "Fine-tune steps evaluated at the target length (e.g. 1,2,5).", path="curve",
          convert=lambda v: tuple(_int_list("--curve", v)),
@@ -372,6 +376,12 @@ def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, thread
         _fail("pass --resume or --restart, not both")
     with _refusals(out):
         check_device(device)
+        check_caps({"steps": given.get("steps"), "threads": threads})
+        target = given.get("target")
+        if target is not None and not math.isfinite(target):
+            raise ValueError(
+                f"--target must be a finite multiple of the train length, got {target}"
+            )
         fields: dict[str, Any] = {}
         for flag in EXTEND_FLAGS:
             value = given.get(flag.field)
@@ -421,10 +431,26 @@ def _first_line(e: BaseException) -> str:
 
 
 def _int_list(option: str, value: str) -> list[int]:
+    items = option_list(option, value, "comma-separated integers")
     try:
-        return [int(v) for v in csv_list(value) or ()]
+        return [int(v) for v in items]
     except ValueError:
         raise ValueError(f"{option} takes comma-separated integers, got {value!r}") from None
+
+
+_EXTENDABLE = "comma-separated names of the grid's encodings (rope, alibi, t5, ...)"
+
+
+def _extend_methods(value: str) -> tuple[str, ...]:
+    """``--methods``: some of the extend's RoPE methods, each known."""
+    from .extend import ROPE_METHODS
+
+    allowed = ", ".join(ROPE_METHODS)
+    methods = [m.lower() for m in option_list("--methods", value, f"some of {allowed}")]
+    unknown = [m for m in methods if m not in ROPE_METHODS]
+    if unknown:
+        raise ValueError(f"--methods: unknown method {unknown[0]!r}; allowed: {allowed}")
+    return tuple(methods)
 
 
 def main() -> None:  # pragma: no cover - `python -m posenc.lab.cli`
