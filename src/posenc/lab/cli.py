@@ -420,14 +420,6 @@ def _refusals(out: Path | None = None) -> Iterator[None]:
         _fail(str(e))
     except OSError as e:
         _fail_os(e, out)
-    except RuntimeError as e:  # torch.save's writer on a full disk: "file write failed"
-        if "write" not in str(e) or "PytorchStreamWriter" not in str(e):
-            raise
-        _fail(f"could not write a checkpoint ({_first_line(e)}); is the disk full?")
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
 
 
 def _int_list(option: str, value: str) -> list[int]:
