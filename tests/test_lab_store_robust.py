@@ -98,6 +98,20 @@ def test_a_bad_line_is_skipped_with_one_warning_naming_file_and_line(tmp_path, c
     assert _warnings_of(lambda: store.append({**GOOD[1], "config_hash": "new"}))[0]
 
 
+def test_a_bad_line_is_warned_once_per_process_however_often_it_is_read(tmp_path):
+    """A run reads the store to skip finished cells, then again for its report: under Python's
+    default warning filter each bad line is shown once."""
+    out = _store_with(tmp_path, b"[1]\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        ResultStore(out / RESULTS_FILE).keys()
+        store_rows(out)
+        load_rows(out)
+    assert [str(w.message) for w in caught] == [
+        f"{out / RESULTS_FILE}:2: skipping a line that is no result row: a JSON list, not an object"
+    ]
+
+
 def test_an_unknown_field_is_ignored_with_a_warning_and_its_row_kept(tmp_path):
     extra = {**GOOD[0], "config_hash": "extra1", "colour": "red"}
     out = _store_with(tmp_path, _line(extra))

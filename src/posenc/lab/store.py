@@ -51,8 +51,11 @@ def key_problem(row: object) -> str | None:
 
 
 def warn_line(path: Path, line: int, problem: str) -> None:
-    """The one warning for a result line that is skipped or read in part: file, line, why."""
-    warnings.warn(f"{path}:{line}: {problem}", stacklevel=4)
+    """The one warning for a result line that is skipped or read in part: file, line, why.
+
+    Issued from here, whichever read finds the line, so Python's default filter shows it once
+    per process however often the store is read (a run's skip test, then its report)."""
+    warnings.warn(f"{path}:{line}: {problem}", stacklevel=1)
 
 
 class ResultStore:
