@@ -18,6 +18,8 @@ import typer
 
 from .config import LabConfig
 from .labels import normalize_label
+from .preset_table import PRESETS
+from .preset_table import preset as get_preset
 
 
 def csv_list(value: str | None) -> list[str] | None:
@@ -175,7 +177,6 @@ def _set(cfg: Any, path: str, value: Any) -> Any:
 def preset_default(get: Callable[[LabConfig], Any], none: str = "none") -> str:
     """Each preset's value of an option (``get`` reads it), for ``--help``: ``"cpu-small 500, cpu 2000, ..."``, or
     the one value when every preset has it; ``none`` says what None means."""
-    from .presets import PRESETS
 
     def show(v: Any) -> str:
         if v is None:
@@ -274,8 +275,6 @@ Overrides.__doc__ = (
 
 def build_config(preset: str, over: Any = None) -> LabConfig:
     """The preset named ``preset`` with the fields of ``over`` (an :class:`Overrides`) set."""
-    from .presets import preset as get_preset
-
     over = over or Overrides()
     check_caps({f.field: getattr(over, f.field, None) for f in LAB_FLAGS if f.grid})
     cfg = get_preset(preset)
