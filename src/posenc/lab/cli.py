@@ -30,7 +30,6 @@ from .flags import (
     Flag,
     check_caps,
     check_device,
-    check_grid,
     option_list,
     with_flags,
 )
@@ -75,25 +74,36 @@ def _run_lab(
     resume: bool,
     restart: bool,
     threads: int | None,
+    jobs: int | None,
+    force: str | None,
+    dry_run: bool,
+    imports: list[str] | None,
     device: str,
     quiet: bool,
     plots: bool,
     **options: Any,
 ) -> None:
     """Bare ``posenc lab``: run the grid (``options``: :class:`Overrides`' fields), then print
-    and write its report."""
+    and write its report (``--dry-run``: print the plan instead)."""
+    from ..plugins import import_modules
     from .experiment import RunOptions, run_grid
+    from .preflight import plan_run
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
     with _refusals(out):
+        import_modules(imports or ())
         cfg = build_config(preset, Overrides(**options))
-        check_caps({"threads": threads})
-        preflight(cfg, device)
-        _check_out(out)
+        check_caps({"threads": threads, "jobs": jobs})
         opts = RunOptions(
-            out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
-        )
+            out=out, resume=resume, restart=restart, threads=threads, device=device,
+            quiet=quiet, jobs=jobs, force=force_labels(force),
+        )  # fmt: skip
+        plan = plan_run(cfg, opts)
+        if dry_run:
+            print(plan.text())
+            return
+        _check_out(out)
         summary = run_grid(cfg, opts)
     torchrun = _in_process_group()
     try:
@@ -123,39 +133,11 @@ def _report_run(out: Path, summary: Any, *, quiet: bool, plots: bool) -> None:
         _fail("failed cells: " + "; ".join(f"{k}: {v}" for k, v in summary.failed.items()), code=1)
 
 
-def preflight(cfg: Any, device: str = "auto") -> None:
-    """Refuse a grid before any data is read or cell trained: ValueError naming what is wrong
-    (a number out of range, a model shape, an encoding or option that does not build at this
-    shape, a device that is not there). Each label is resolved into its cell (on bytes) and the
-    cell's encoding built as the model would."""
-    from .. import registry
-    from .._checks import check_positive_int
-    from .cell import resolve_cell, resolve_labels
-    from .dist import resolve_device
-    from .experiment import check_config
-
-    check_grid(cfg)
-    check_device(device)
-    check_config(cfg)
-    shape = cfg.model
-    for name, value in (("dim", shape.dim), ("layers", shape.num_layers),
-                        ("heads", shape.num_heads)):  # fmt: skip
-        check_positive_int(f"--{name}", value)
-    if shape.dim % shape.num_heads:
-        raise ValueError(f"--dim ({shape.dim}) must be divisible by --heads ({shape.num_heads})")
-    try:
-        resolve_device(device)
-    except RuntimeError as e:
-        raise ValueError(f"--device {device}: {e}") from None
-    for label in resolve_labels(cfg.encodings):
-        m = resolve_cell(cfg, label, cfg.seeds[0], 256, "preflight").model
-        try:
-            registry.build(m.encoding, dim=m.dim, num_heads=m.num_heads, max_len=m.max_len,
-                           causal=m.causal, **m.encoding_kwargs)  # fmt: skip
-        except (TypeError, ValueError) as e:
-            raise ValueError(
-                f"encoding {label.text!r} cannot be built at this shape: {e}"
-            ) from None
+def force_labels(value: str | None) -> tuple[str, ...]:
+    """``--force``: the labels to rerun (``("all",)`` for every cell); () when not given."""
+    if value is None:
+        return ()
+    return tuple(option_list("--force", value, "comma-separated labels of the grid, or all"))
 
 
 def _check_out(out: Path, *, create: bool = True) -> None:

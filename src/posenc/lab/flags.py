@@ -55,6 +55,7 @@ INT_CAPS: dict[str, int] = {
     "eval_tokens": 2**32,
     "sliding": MAX_TOKENS,
     "threads": 2**12,
+    "jobs": 2**10,
     "ckpt_every": 10**9,
 }
 
@@ -211,6 +212,38 @@ RESTART = Flag(
 DEVICE = Flag("device", ("--device",), str, "auto, cpu or cuda.", "auto", grid=False)
 QUIET = Flag("quiet", ("--quiet", "-q"), bool, "No progress bar or log.", False, grid=False)
 PLOTS = Flag("plots", ("--plots/--no-plots",), bool, "Write PNG plots.", True, grid=False)
+JOBS = Flag(
+    "jobs",
+    ("--jobs", "-j"),
+    int | None,
+    "Cells run at once, in worker processes (each with its share of the threads).",
+    min=1,
+    none="one per core",
+    show_default="one per core",
+    grid=False,
+)
+FORCE = Flag(
+    "force",
+    ("--force",),
+    str | None,
+    "Rerun these cells though finished: comma-separated labels, or 'all'.",
+    grid=False,
+)
+DRY_RUN = Flag(
+    "dry_run",
+    ("--dry-run",),
+    bool,
+    "Print the cells, the memory and time estimate and the output folder; train nothing.",
+    False,
+    grid=False,
+)
+IMPORT = Flag(
+    "imports",
+    ("--import",),
+    list[str] | None,
+    "Import this module first (repeatable): its register() calls add encodings.",
+    grid=False,
+)
 
 #: ``posenc lab``: flag -> field (and LabConfig path), in ``--help`` order.
 LAB_FLAGS: tuple[Flag, ...] = (
@@ -249,6 +282,10 @@ LAB_FLAGS: tuple[Flag, ...] = (
     RESTART,
     Flag("threads", ("--threads",), int | None, "torch CPU threads.", path="threads", min=1,
          none="every core", grid=False),
+    JOBS,
+    FORCE,
+    DRY_RUN,
+    IMPORT,
     DEVICE,
     Flag("ckpt_every", ("--ckpt-every",), int | None, "Checkpoint interval.", path="ckpt_every",
          min=1),

@@ -35,6 +35,8 @@ class RunOptions:
     threads: int | None = None  # None: the preset's (LabConfig.threads)
     device: str = "auto"
     quiet: bool = False
+    jobs: int | None = None  # cells at once in worker processes; None: one per core
+    force: tuple[str, ...] = ()  # labels rerun though finished; ("all",): every cell
 
 
 @dataclass
