@@ -6,6 +6,7 @@ the stop signal, the progress display, the log and the results store, in one
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 from collections.abc import Callable, Iterator
@@ -37,6 +38,41 @@ class RunOptions:
     quiet: bool = False
     jobs: int | None = None  # cells at once in worker processes; None: one per core
     force: tuple[str, ...] = ()  # labels rerun though finished; ("all",): every cell
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def resolve_jobs(
+    opts: RunOptions, cfg_threads: int | None, device: torch.device | str
+) -> tuple[int, int]:
+    """``(jobs, threads per job)`` for a grid run.
+
+    jobs: ``opts.jobs``, else one per usable core; 1 on CUDA and under ``torchrun`` (where
+    ``--jobs`` above 1 is refused). threads per job: ``opts.threads``, else the preset's
+    (``cfg_threads``), else the job's share of the cores. Capping jobs at the number of cells
+    still to run is the grid's business."""
+    jobs = opts.jobs
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"--jobs must be a positive integer, got {jobs!r}")
+    torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if torchrun or torch.device(device).type == "cuda":
+        where = "under torchrun" if torchrun else "on CUDA"
+        if jobs is not None and jobs > 1:
+            raise ValueError(f"--jobs {jobs}: cells run one at a time {where}; use --jobs 1")
+        jobs = 1
+    cores = usable_cores()
+    jobs = jobs if jobs is not None else cores
+    threads = opts.threads if opts.threads is not None else cfg_threads
+    if threads is None:
+        threads = max(1, cores // jobs)
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return jobs, threads
 
 
 @dataclass
