@@ -73,11 +73,13 @@ def rows_from_table(block: str) -> list[dict]:
 def test_the_readme_table_is_in_the_generated_format():
     """The README's table, read back into result rows, is written again byte for byte: the
     numbers come from a results store, the format (header, n/a, empty cells, thousands
-    separators, decimals) from :func:`readme_table`."""
+    separators, decimals) from :func:`readme_table`. The block's first table only: the paired
+    differences under it (tests/test_lab_paired.py) cannot be read back from the means."""
     block = readme_block((ROOT / "README.md").read_text(encoding="utf-8"))
-    rows = rows_from_table(block)
+    main = block.split("\n\n", 1)[0].rstrip("\n") + "\n"
+    rows = rows_from_table(main)
     assert list(dict.fromkeys(r["encoding"] for r in rows))[:3] == ["none", "sinusoidal", "learned"]
-    assert R.readme_table(rows) == block
+    assert R.readme_table(rows).split("\n\n", 1)[0] + "\n" == main
 
 
 def test_markdown_table_writes_empty_cells_as_one_space():

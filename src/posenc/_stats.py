@@ -87,6 +87,24 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float 
     return mean, t_critical(n - 1, level) * statistics.stdev(vals) / math.sqrt(n)
 
 
+def paired_mean_ci(
+    values: Sequence[float], reference: Sequence[float], level: float = 0.95
+) -> tuple[float, float | None]:
+    """Mean of the paired differences ``values[i] - reference[i]`` and the half-width of its
+    ``level`` confidence interval (:func:`mean_ci` of the differences: Student t with
+    ``n - 1`` degrees of freedom, ``n`` the number of pairs; None for one pair).
+
+    The paired test for two sets of runs that share their seeds: what the seeds have in common
+    (data order, initialization) cancels in each difference, so its interval is often far
+    narrower than either side's."""
+    a, b = [float(v) for v in values], [float(v) for v in reference]
+    if len(a) != len(b):
+        raise ValueError(
+            f"paired_mean_ci needs one reference value per value, got {len(a)} and {len(b)}"
+        )
+    return mean_ci([x - y for x, y in zip(a, b, strict=True)], level)
+
+
 def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Whether ``mean ± half`` intervals ``a`` and ``b`` (each ``(mean, half)``) share a point:
     the report's "within noise" test. A lenient one: two intervals that do not overlap differ

@@ -205,10 +205,19 @@ def report(
         "of its question's block: <!-- lab:table --> and <!-- /lab:table --> (lab:length, "
         "lab:passkey, lab:extend for the others).",
     ),
+    reference: str | None = typer.Option(
+        None,
+        "--reference",
+        help="The line every other is compared with, seed by seed (a label of the table: rope, "
+        "alibi, 'rope +YaRN', ...); needs 2 seeds or more.",
+        show_default="rope",
+    ),
 ) -> None:
     """Print the results table and write table.md, results.csv and the figures (and, with
     --readme, the table into its block of a Markdown file: lab:table, lab:length, lab:passkey
-    or lab:extend by the results' question)."""
+    or lab:extend by the results' question). Under the table: each line's bits minus the
+    reference's (--reference, default rope) for the same seed, mean over seeds with its 95%
+    interval, marked where the interval excludes 0."""
     from .report import QUESTIONS
 
     if all_groups and readme is not None:
@@ -223,9 +232,11 @@ def report(
     if question == "extend":
         if all_groups:
             _fail("--all shows the grid's groups; the extend table is one: pass --group instead")
+        if reference is not None:
+            _fail("--reference compares the grid's lines; posenc lab extend takes its own")
         _report_extend(out, group, plots, readme)
     else:
-        _report_grid(out, group, question, all_groups, plots, readme)
+        _report_grid(out, group, question, all_groups, plots, readme, reference)
 
 
 def _report_grid(
@@ -235,11 +246,14 @@ def _report_grid(
     all_groups: bool,
     plots: bool,
     readme: Path | None,
+    reference: str | None = None,
 ) -> None:
     """``posenc lab report`` for grid results: the group's (or every group's) table, and its
-    report files and README block for one group."""
+    report files and README block for one group; ``reference``: the paired differences' line
+    (None: rope where the table has it), checked in every table before any is printed."""
     from .report import (
         check_readme,
+        check_reference,
         groups,
         load_rows,
         newest_group,
@@ -258,17 +272,21 @@ def _report_grid(
         names = list(groups(out)) if all_groups else [group]
         if not names:
             _fail(f"no results under {out}; run `posenc lab` first")
+        tables = []
         for name in names:
             rows = load_rows(out, name)
             if question is not None:  # a group may hold two grids (default and length)
                 rows = question_rows(rows, question)
             if not rows:
                 _fail(f"no results under {out}; run `posenc lab` first")
-            print_table(rows)
+            check_reference(rows, reference)
+            tables.append(rows)
+        for rows in tables:
+            print_table(rows, reference=reference)
             if not all_groups:
-                written = write_report(out, rows, plots=plots)
+                written = write_report(out, rows, plots=plots, reference=reference)
                 if readme is not None:
-                    written["readme"] = write_readme_table(readme, rows, question)
+                    written["readme"] = write_readme_table(readme, rows, question, reference)
                 print("wrote " + ", ".join(str(p) for p in written.values()))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))

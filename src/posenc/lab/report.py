@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .._markdown import block_problem, markdown_table, replace_block
+from .paired import PAIRED_COLUMNS, find_reference, paired_columns, paired_section, print_paired
 from .results import (
     QUESTIONS,
     grid_store_rows,
@@ -28,16 +29,17 @@ from .results import (
     question_of_rows,
     question_rows,
 )
-from .stats import intervals_overlap, mean_ci
+from .stats import CI_LEVEL, intervals_overlap, mean_ci
 from .store import RESULTS_FILE
 
 __all__ = [
     "CI_LEVEL", "QUESTIONS", "README_BLOCKS", "README_END", "README_START", "REPORT_DIR",
-    "TIE_MARK", "TableRow", "check_readme", "ci_legend", "describe", "fmt_bits",
-    "grid_store_rows", "groups", "lengths_of", "load_rows", "markdown_bold", "newest_group",
-    "noise_marks", "nope_throughput", "print_table", "question_of", "question_of_rows",
-    "question_rows", "readme_problem", "readme_table", "results_markdown", "table_cells",
-    "table_rows", "write_csv", "write_readme_table", "write_report",
+    "TIE_MARK", "TableRow", "check_readme", "check_reference", "ci_legend", "describe",
+    "fmt_bits", "grid_store_rows", "groups", "length_names", "lengths_of", "load_rows",
+    "markdown_bold", "newest_group", "noise_marks", "nope_throughput", "paired_markdown",
+    "print_table", "question_of", "question_of_rows", "question_rows", "readme_problem",
+    "readme_table", "results_markdown", "table_cells", "table_rows", "write_csv",
+    "write_readme_table", "write_report",
 ]  # fmt: skip
 
 REPORT_DIR = "report"
@@ -87,8 +89,10 @@ def lengths_of(rows: list[dict[str, Any]]) -> list[int]:
     return sorted({int(n) for r in rows for n in r["eval"]["lengths"]})
 
 
-#: The confidence level of the table's ``±`` and the CSV's ``bits_ci95_half``.
-CI_LEVEL = 0.95
+def length_names(train_len: int, lengths: list[int]) -> list[str]:
+    """The tables' length columns: ``64 (L)``, ``128 (2L)``, ..."""
+    return [f"{n}" + (" (L)" if n == train_len else f" ({n / train_len:g}L)") for n in lengths]
+
 
 #: Appended to a base cell whose interval overlaps the best one's at that length.
 TIE_MARK = "≈"
@@ -191,8 +195,7 @@ def table_cells(
     train_len = rows[0]["train_len"] if rows else 0
     nope = nope_throughput(lines)
     unit = rows[0]["eval"]["unit"] if rows else "byte"
-    header = ["encoding"]
-    header += [f"{n}" + (" (L)" if n == train_len else f" ({n / train_len:g}L)") for n in lengths]
+    header = ["encoding", *length_names(train_len, lengths)]
     header += ["train tok/s", "×NoPE", "params", "seeds"]
     marks = noise_marks(lines, lengths)
     body = []
@@ -252,8 +255,11 @@ def describe(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def print_table(rows: list[dict[str, Any]], console: Any = None) -> None:
-    """Print the table with rich."""
+def print_table(
+    rows: list[dict[str, Any]], console: Any = None, reference: str | None = None
+) -> None:
+    """Print the table with rich, and under it the paired differences from ``reference``
+    (default RoPE, :func:`paired_markdown`'s table in compact cells)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -275,13 +281,64 @@ def print_table(rows: list[dict[str, Any]], console: Any = None) -> None:
     for cells in body:
         table.add_row(*cells[:keep])
     console.print(table)
+    _print_paired(rows, console, reference)
 
 
-def results_markdown(rows: list[dict[str, Any]]) -> str:
-    """The table in Markdown (bits per byte or token at each eval length), with its caption."""
+@dataclass
+class _Paired:
+    """What the paired differences of a table are computed from (:mod:`posenc.lab.paired`)."""
+
+    lines: list[TableRow]
+    reference: TableRow
+    lengths: list[int]
+    names: list[str]
+    unit: str
+
+
+def _paired(rows: list[dict[str, Any]], reference: str | None) -> _Paired | None:
+    """The table's lines and its reference line (:func:`~posenc.lab.paired.find_reference`);
+    None when there is no default reference line. ValueError for a ``reference`` not there."""
+    lines = table_rows(rows)
+    ref = find_reference(lines, reference)
+    if ref is None or not rows:
+        return None
+    lengths = lengths_of(rows)
+    names = length_names(rows[0]["train_len"], lengths)
+    return _Paired(lines, ref, lengths, names, rows[0]["eval"]["unit"])
+
+
+def _print_paired(rows: list[dict[str, Any]], console: Any, reference: str | None) -> None:
+    p = _paired(rows, reference)
+    if p is not None:
+        print_paired(console, p.lines, p.reference, p.lengths, p.names, p.unit)
+
+
+def paired_markdown(rows: list[dict[str, Any]], reference: str | None = None) -> str:
+    """The paired differences from ``reference`` (a line's label; default
+    :data:`~posenc.lab.paired.DEFAULT_REFERENCE`) in Markdown: their legend and table
+    (:func:`posenc.lab.paired.paired_section`), the note that they need two seeds when the
+    reference has one, or "" when there is no default reference line. ValueError naming the
+    lines when a ``reference`` given is not one of them."""
+    p = _paired(rows, reference)
+    if p is None:
+        return ""
+    return paired_section(p.lines, p.reference, p.lengths, p.names, p.unit)
+
+
+def check_reference(rows: list[dict[str, Any]], reference: str | None) -> None:
+    """ValueError naming the table's lines unless ``reference`` (``--reference``; None: the
+    default, which may be absent) is one of them: checked before anything is printed."""
+    find_reference(table_rows(rows), reference)
+
+
+def results_markdown(rows: list[dict[str, Any]], reference: str | None = None) -> str:
+    """The table in Markdown (bits per byte or token at each eval length), with its caption,
+    then the paired differences from ``reference`` (:func:`paired_markdown`)."""
     header, body = table_cells(rows)
     header[0] = f"encoding (bits/{rows[0]['eval']['unit']})"
-    return markdown_table(header, body) + "\n\n" + describe(rows) + "\n"
+    paired = paired_markdown(rows, reference)
+    text = markdown_table(header, body) + "\n\n" + describe(rows) + "\n"
+    return text + ("\n" + paired if paired else "")
 
 
 #: The lines around the README's lab table (``posenc lab report --readme README.md``).
@@ -336,15 +393,21 @@ def check_readme(path: str | Path | None, question: str | None = None) -> None:
         raise ValueError(problem)
 
 
-def readme_table(rows: list[dict[str, Any]]) -> str:
+def readme_table(rows: list[dict[str, Any]], reference: str | None = None) -> str:
     """The README's lab table: every column of :func:`table_cells` but ``params`` and
-    ``seeds`` (the README's text above the table gives the model and the seed)."""
+    ``seeds`` (the README's text above the table gives the model and the seed), then, after a
+    blank line, the paired differences from ``reference`` (:func:`paired_markdown`)."""
     header, body = table_cells(rows)
-    return markdown_table(header[:-2], [cells[:-2] for cells in body]) + "\n"
+    paired = paired_markdown(rows, reference)
+    main = markdown_table(header[:-2], [cells[:-2] for cells in body]) + "\n"
+    return main + ("\n" + paired if paired else "")
 
 
 def write_readme_table(
-    path: str | Path, rows: list[dict[str, Any]], question: str | None = None
+    path: str | Path,
+    rows: list[dict[str, Any]],
+    question: str | None = None,
+    reference: str | None = None,
 ) -> Path:
     """Write the rows' table between the lines of their question's block in ``path``
     (:data:`README_BLOCKS`; the extrapolation table between :data:`README_START` and
@@ -353,7 +416,9 @@ def write_readme_table(
     ``question``: the table to write (default: the one the rows answer as a whole,
     :func:`question_of_rows`), from the rows that answer it (:func:`question_rows`).
     Extrapolation and length: :func:`readme_table`; passkey: accuracy by length and where
-    each encoding loses the key (:func:`posenc.plots.passkey.passkey_table`). Raises ValueError
+    each encoding loses the key (:func:`posenc.plots.passkey.passkey_table`); ``reference``: the
+    line the extrapolation and length tables' paired differences are from (default RoPE,
+    :func:`paired_markdown`). Raises ValueError
     (:func:`readme_problem`), the file left as it was, unless it holds that one block."""
     path = Path(path)
     question = question or question_of_rows(rows)
@@ -369,7 +434,7 @@ def write_readme_table(
         header, body, note = passkey_table(rows)
         text = note + "\n\n" + markdown_table(header, body) + "\n"
     else:
-        text = readme_table(rows)
+        text = readme_table(rows, reference)
     replace_block(path, *README_BLOCKS[question], text)
     return path
 
@@ -390,21 +455,25 @@ def _seed_stats(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[s
     return out
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+def write_csv(rows: list[dict[str, Any]], path: Path, reference: str | None = None) -> None:
     """Long format: one line per (cell, variant, eval length).
 
-    The last three columns repeat the table's cell on each of its seeds' lines: ``bits_mean``
-    and ``bits_ci95_half`` (mean over seeds and the half-width of its 95% interval, empty for one
-    seed) and ``n_seeds`` (how many seeds they are over).
+    Three columns repeat the table's cell on each of its seeds' lines: ``bits_mean`` and
+    ``bits_ci95_half`` (mean over seeds and the half-width of its 95% interval, empty for one
+    seed) and ``n_seeds`` (how many seeds they are over); the last ones, the line's paired
+    difference from ``reference`` at that length (:data:`~posenc.lab.paired.PAIRED_COLUMNS`,
+    empty without a reference line).
     """
     fields = [
         "group", "config_hash", "encoding", "variant", "seed", "train_len", "eval_len",
         "bits", "acc", "tokens", "note", "train_tokens_per_s", "train_tokens_per_s_fast",
         "train_seconds",
         "train_loss_bits", "params", "threads", "world_size", "device",
-        "bits_mean", "bits_ci95_half", "n_seeds",
+        "bits_mean", "bits_ci95_half", "n_seeds", *PAIRED_COLUMNS,
     ]  # fmt: skip
     stats = _seed_stats(rows)
+    p = _paired(rows, reference)
+    paired = {} if p is None else paired_columns(p.lines, p.reference, p.lengths)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -433,6 +502,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
                             "world_size": r["runtime"]["world_size"],
                             "device": r["runtime"]["device"],
                             **stats[(r["encoding"], vname, int(n))],
+                            **paired.get((r["encoding"], vname, int(n)), {}),
                         }
                     )
 
@@ -442,10 +512,11 @@ def write_report(
     rows: list[dict[str, Any]] | None = None,
     group: str | None = None,
     plots: bool = True,
+    reference: str | None = None,
 ) -> dict[str, Path]:
     """Write ``table.md``, ``results.csv`` and (if matplotlib is installed) ``lab.png``, the
     figure ``posenc plot lab`` draws, under ``<out>/report``; returns what was written, by
-    name."""
+    name. ``reference``: the line the paired differences are from (default RoPE)."""
     out = Path(out)
     rows = load_rows(out, group) if rows is None else rows
     if not rows:
@@ -453,8 +524,8 @@ def write_report(
     folder = out / REPORT_DIR
     folder.mkdir(parents=True, exist_ok=True)
     written = {"table": folder / "table.md", "csv": folder / "results.csv"}
-    written["table"].write_text(results_markdown(rows))
-    write_csv(rows, written["csv"])
+    written["table"].write_text(results_markdown(rows, reference))
+    write_csv(rows, written["csv"], reference)
     if plots:
         from ..plots.common import require_matplotlib, save_figure
         from ..plots.lab import draw_lab, lab_data

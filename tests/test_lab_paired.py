@@ -1,0 +1,320 @@
+"""Paired differences against a reference line (``posenc lab report --reference``): the t
+quantile they use for df 1..1000, the per-seed differences and their 95% intervals, the resolved
+marks, and where they are written (terminal, table.md, results.csv, the README block).
+
+Every expected number here is computed in this file from the rows' bits with the t quantile
+written out from a published table (R's ``qt(0.975, df)`` to 6 decimals, which agrees with the
+NIST/SEMATECH e-Handbook's 3-decimal table), or checked against mpmath's incomplete beta
+function; none is read back from the report.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc.cli import app
+from posenc.lab import paired as P
+from posenc.lab import report as R
+from posenc.lab.stats import paired_mean_ci, t_critical
+
+# --- the t quantile for df 1..1000 ---------------------------------------------------------
+
+# t_{0.975, df}: R's qt(0.975, df), 6 decimals.
+T975 = {
+    1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 5: 2.570582, 6: 2.446912,
+    7: 2.364624, 8: 2.306004, 9: 2.262157, 10: 2.228139, 15: 2.131450, 20: 2.085963,
+    25: 2.059539, 30: 2.042272, 40: 2.021075, 50: 2.008559, 60: 2.000298, 100: 1.983972,
+    120: 1.979930, 200: 1.971896, 500: 1.964720, 1000: 1.962339,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("df", "want"), sorted(T975.items()))
+def test_t_quantile_matches_the_published_values(df, want):
+    assert t_critical(df, 0.95) == pytest.approx(want, abs=1e-6)
+
+
+def test_t_quantile_solves_the_t_distribution_for_every_df_to_1000():
+    """For every df in 1..1000, ``P(|T| <= t) = 0.95`` at the returned ``t`` by mpmath's
+    regularized incomplete beta function (``P(|T| > t) = I_{df / (df + t^2)}(df / 2, 1 / 2)``),
+    which shares nothing with the closed-form sums of posenc._stats; and ``t`` falls with df
+    towards the normal quantile 1.959964."""
+    mpmath = pytest.importorskip("mpmath")
+    previous = math.inf
+    for df in range(1, 1001):
+        t = t_critical(df)
+        tail = mpmath.betainc(df / 2, 0.5, 0, df / (df + t * t), regularized=True)
+        assert float(tail) == pytest.approx(0.05, abs=1e-9), df
+        assert 1.959964 < t < previous, df
+        previous = t
+
+
+# --- fixture rows with known bits -----------------------------------------------------------
+
+LENGTHS = (16, 32, 64)
+
+# encoding -> variant -> length -> bits of seeds 0, 1, 2. Per-encoding intervals are wide
+# (seeds differ by 0.2 bits) and all overlap; the paired differences are what resolves.
+ROPE = {16: [3.00, 3.20, 3.40], 32: [3.10, 3.30, 3.50], 64: [3.40, 3.70, 3.90]}
+BITS = {
+    "rope": {"base": ROPE,
+             "yarn": {16: ROPE[16], 32: [3.05, 3.26, 3.46], 64: [3.20, 3.50, 3.75]}},
+    # worse at every length, tightly: differences 0.05, 0.06, 0.04 at 16
+    "alibi": {"base": {16: [3.05, 3.26, 3.44], 32: [3.12, 3.33, 3.52], 64: [3.46, 3.75, 3.96]}},
+    # no shown difference: differences straddle 0
+    "none": {"base": {16: [2.90, 3.30, 3.42], 32: [3.20, 3.20, 3.55], 64: [3.45, 3.60, 4.00]}},
+    # no value past L on any seed (the table's n/a)
+    "learned": {"base": {16: [3.01, 3.22, 3.40], 32: [None] * 3, 64: [None] * 3}},
+}  # fmt: skip
+LABELS = {"base": "", "yarn": "YaRN"}
+T2 = 4.302653  # t_{0.975, 2}
+T4 = 2.776445  # t_{0.975, 4}
+
+
+def fake_row(encoding: str, seed: int, bits: dict | None = None) -> dict:
+    """One result row in the store's format (the fields the report reads)."""
+    table = bits if bits is not None else BITS[encoding]
+    variants = {
+        vname: {
+            "label": LABELS[vname],
+            "results": {
+                str(n): {"bits": values[seed], "acc": None, "tokens": 64, "note": None}
+                for n, values in per_len.items()
+            },
+        }
+        for vname, per_len in table.items()
+    }
+    return {
+        "encoding": encoding, "encoding_kwargs": {}, "seed": seed, "config_hash": f"h{seed}",
+        "group": "g0", "preset": "test", "train_len": 16, "params": 1000,
+        "data": {"name": "copy", "fingerprint": "f0"},
+        "identity": {"train": {"model": {"dim": 32, "num_layers": 1, "num_heads": 2},
+                               "train": {"steps": 2, "batch_size": 4}}},
+        "train": {"tokens_per_s": 1e4, "tokens_per_s_fast": 1.1e4, "final_loss_bits": 3.0,
+                  "train_seconds": 1.0},
+        "eval": {"unit": "byte", "mode": "sliding", "lengths": list(LENGTHS),
+                 "variants": variants},
+        "runtime": {"cell_seconds": 1.0, "threads": 1, "device": "cpu", "world_size": 1},
+        "versions": {"torch": "x"},
+    }  # fmt: skip
+
+
+def fake_rows(seeds: int = 3) -> list[dict]:
+    return [fake_row(e, s) for e in BITS for s in range(seeds)]
+
+
+def interval(diffs: list[float], t: float) -> tuple[float, float]:
+    """Mean and ``t * s / sqrt(n)`` of ``diffs``, written out (sample std, n - 1)."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    s = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    return mean, t * s / math.sqrt(n)
+
+
+def diffs(encoding: str, n: int, variant: str = "base") -> list[float]:
+    return [a - b for a, b in zip(BITS[encoding][variant][n], ROPE[n], strict=True)]
+
+
+def cell(encoding: str, n: int, mark: str, variant: str = "base") -> str:
+    mean, half = interval(diffs(encoding, n, variant), T2)
+    return f"{mean:+.3f} ± {half:.3f}" + (f" {mark}" if mark else "")
+
+
+def lines_by_label(rows: list[dict]) -> dict:
+    return {line.label: line for line in R.table_rows(rows)}
+
+
+# --- the numbers ----------------------------------------------------------------------------
+
+
+def test_paired_mean_ci_is_the_t_interval_of_the_differences():
+    mean, half = paired_mean_ci([3.05, 3.26, 3.44], [3.00, 3.20, 3.40])
+    assert mean == pytest.approx(0.05, abs=1e-12)
+    assert half == pytest.approx(T2 * 0.01 / math.sqrt(3), rel=1e-6)
+    assert paired_mean_ci([3.1], [3.0]) == (pytest.approx(0.1), None)
+    with pytest.raises(ValueError, match="one reference value per value, got 2 and 3"):
+        paired_mean_ci([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_differences_and_intervals_against_a_hand_computation(n):
+    lines = lines_by_label(fake_rows())
+    rope = lines["rope"]
+    for label, encoding, variant in (("alibi", "alibi", "base"), ("none", "none", "base"),
+                                     ("rope +YaRN", "rope", "yarn")):  # fmt: skip
+        d = P.paired_diff(lines[label], rope, n)
+        mean, half = interval(diffs(encoding, n, variant), T2)
+        assert d.pairs == 3
+        if half == 0:  # rope +YaRN at L is the same model and numbers: no difference
+            assert d.mean == pytest.approx(0.0, abs=1e-12) and d.resolved == "no"
+            continue
+        assert d.mean == pytest.approx(mean, abs=1e-12)
+        assert d.half == pytest.approx(half, rel=1e-6)
+        assert (d.low, d.high) == (pytest.approx(mean - half), pytest.approx(mean + half))
+
+
+def test_resolved_marks_follow_the_interval():
+    lines = lines_by_label(fake_rows())
+    rope = lines["rope"]
+    assert [P.paired_diff(lines["alibi"], rope, n).resolved for n in LENGTHS] == ["worse"] * 3
+    assert [P.paired_diff(lines["none"], rope, n).resolved for n in LENGTHS] == ["no"] * 3
+    yarn = [P.paired_diff(lines["rope +YaRN"], rope, n).resolved for n in LENGTHS]
+    assert yarn == ["no", "better", "better"]
+    # what the overlapping per-encoding intervals could not tell: alibi's and rope's overlap
+    assert R.noise_marks(R.table_rows(fake_rows()), [16]).get((2, 16)) == "tie"
+    learned = P.paired_diff(lines["learned"], rope, 32)
+    assert (learned.mean, learned.half, learned.resolved) == (None, None, "")
+
+
+def test_pairs_are_the_shared_seeds_and_five_seeds_use_df_4():
+    """A reference with five seeds and a line with three pair over three; five and five use
+    t_{0.975, 4}."""
+    more = {"base": {16: [3.00, 3.20, 3.40, 3.10, 3.30]}}
+    other = {"base": {16: [3.02, 3.25, 3.41, 3.13, 3.31]}}
+    rows = [fake_row("rope", s, more) for s in range(5)]
+    rows += [fake_row("alibi", s, other) for s in range(5)]
+    rows += [fake_row("none", s, other) for s in (0, 2, 4)]
+    lines = lines_by_label(rows)
+    d5 = P.paired_diff(lines["alibi"], lines["rope"], 16)
+    mean, half = interval([0.02, 0.05, 0.01, 0.03, 0.01], T4)
+    assert (d5.pairs, d5.mean, d5.half) == (5, pytest.approx(mean), pytest.approx(half, rel=1e-6))
+    d3 = P.paired_diff(lines["none"], lines["rope"], 16)
+    mean, half = interval([0.02, 0.01, 0.01], T2)
+    assert (d3.pairs, d3.mean, d3.half) == (3, pytest.approx(mean), pytest.approx(half, rel=1e-6))
+
+
+# --- where they are written -----------------------------------------------------------------
+
+
+def test_markdown_table_of_differences():
+    md = R.paired_markdown(fake_rows())
+    legend, table = md.split("\n\n")
+    assert legend.startswith("Paired differences from rope: for each seed")
+    assert "95% interval" in legend and "excludes 0" in legend
+    lines = table.splitlines()
+    assert lines[0] == "| vs rope | 16 (L) | 32 (2L) | 64 (4L) | seeds |"
+    body = {line.split(" | ")[0].strip("| "): line for line in lines[2:]}
+    assert list(body) == ["rope +YaRN", "alibi", "none", "learned"]  # the table's order
+    alibi = " | ".join(cell("alibi", n, "worse") for n in LENGTHS)
+    assert body["alibi"] == f"| alibi | {alibi} | 3 |"
+    assert body["none"] == "| none | " + " | ".join(cell("none", n, "") for n in LENGTHS) + " | 3 |"
+    yarn = [cell("rope", n, "better", "yarn") for n in LENGTHS[1:]]
+    assert body["rope +YaRN"] == "| rope +YaRN | 0.000 ± 0.000 | " + " | ".join(yarn) + " | 3 |"
+    assert body["learned"].endswith("| n/a | n/a | 3 |")
+
+
+def test_table_md_and_readme_block_carry_the_differences(tmp_path):
+    rows = fake_rows()
+    md = R.results_markdown(rows)
+    assert md.endswith("\n\n" + R.paired_markdown(rows))
+    block = R.readme_table(rows)
+    main, paired = block.split("\n\n", 1)
+    assert main.startswith("| encoding | 16 (L) |") and paired == R.paired_markdown(rows)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{R.README_START}\nold\n{R.README_END}\nb\n", encoding="utf-8")
+    R.write_readme_table(readme, rows, reference="alibi")
+    text = readme.read_text(encoding="utf-8")
+    assert "| vs alibi |" in text and "| rope | " in text.split("| vs alibi |")[1]
+
+
+def test_terminal_table_is_compact_and_fits_80_columns():
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=80, record=True)
+    R.print_table(fake_rows(), console=console)
+    text = console.export_text()
+    tail = text.split("paired by seed", 1)[1]
+    mean, half = interval(diffs("alibi", 16), T2)
+    assert f"{mean:+.3f}±{half:.3f}*" in tail  # * resolved
+    mean, half = interval(diffs("none", 16), T2)
+    assert f"{mean:+.3f}±{half:.3f} " in tail or f"{mean:+.3f}±{half:.3f}\n" in tail
+    assert "…" not in text.split("difference from rope", 1)[1].split("Paired")[0]
+
+
+def test_csv_columns_of_the_differences(tmp_path):
+    path = tmp_path / "results.csv"
+    R.write_csv(fake_rows(), path)
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        fields, lines = reader.fieldnames, list(reader)
+    assert fields[-6:] == [
+        "reference", "bits_diff_mean", "bits_diff_ci95_low", "bits_diff_ci95_high",
+        "diff_resolved", "diff_n_seeds",
+    ]  # fmt: skip
+    assert {line["reference"] for line in lines} == {"rope"}
+    for line in lines:
+        key = (line["encoding"], line["variant"], int(line["eval_len"]))
+        if key[:2] == ("rope", "base") or key == ("learned", "base", 32):
+            assert line["bits_diff_mean"] == line["diff_resolved"] == ""
+            continue
+        if key[0] in ("alibi", "none"):
+            mean, half = interval(diffs(key[0], key[2]), T2)
+            assert float(line["bits_diff_mean"]) == pytest.approx(mean, abs=1e-12)
+            assert float(line["bits_diff_ci95_low"]) == pytest.approx(mean - half, rel=1e-6)
+            assert float(line["bits_diff_ci95_high"]) == pytest.approx(mean + half, rel=1e-6)
+            assert line["diff_resolved"] == ("worse" if key[0] == "alibi" else "no")
+            assert line["diff_n_seeds"] == "3"
+
+
+def test_one_seed_says_the_differences_need_two():
+    rows = fake_rows(1)
+    md = R.paired_markdown(rows)
+    assert md == (
+        "Paired differences against rope need at least 2 seeds; rope has 1 here "
+        "(run with --seeds 2 or more).\n"
+    )
+    assert "±" not in R.results_markdown(rows) and "worse" not in R.readme_table(rows)
+
+
+def test_no_rope_no_default_table_and_an_unknown_reference_is_named():
+    rows = [r for r in fake_rows() if r["encoding"] != "rope"]
+    assert R.paired_markdown(rows) == ""
+    assert "vs none" in R.paired_markdown(rows, "NONE")  # labels match case-insensitively
+    with pytest.raises(ValueError, match=r"--reference 'rope' is not a line of this table; "
+                                         r"lines: alibi, none, learned$"):  # fmt: skip
+        R.paired_markdown(rows, "rope")
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def store(tmp_path, rows: list[dict]):
+    out = tmp_path / "lab"
+    out.mkdir()
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def report(out, *args: str):
+    return CliRunner().invoke(
+        app, ["lab", "report", "--out", str(out), "--no-plots", *args], terminal_width=80
+    )
+
+
+def test_lab_report_reference_option(tmp_path):
+    out = store(tmp_path, fake_rows())
+    res = report(out, "--reference", "rope +yarn")
+    assert res.exit_code == 0, res.output
+    assert "difference from rope +YaRN" in res.output
+    table = (out / "report" / "table.md").read_text()
+    assert "| vs rope +YaRN |" in table and "| rope | " in table.split("| vs rope +YaRN |")[1]
+    res = report(out, "--reference", "kerple")
+    assert res.exit_code == 2
+    assert "--reference 'kerple' is not a line of this table; lines: rope, rope +YaRN" in (
+        " ".join(res.output.split())
+    )
+    assert not (out / "report" / "results.csv").read_text().count("kerple")
+    res = report(out, "--question", "extend", "--reference", "rope")
+    assert res.exit_code == 2 and "--reference compares the grid's lines" in res.output
+
+
+def test_lab_report_with_one_seed_says_so(tmp_path):
+    out = store(tmp_path, fake_rows(1))
+    res = report(out, "--reference", "alibi")
+    assert res.exit_code == 0, res.output
+    assert "Paired differences against alibi need at least 2 seeds" in " ".join(res.output.split())
