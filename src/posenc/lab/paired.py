@@ -235,8 +235,8 @@ def print_paired(
         return
     header, body = paired_cells(lines, reference, lengths, length_names, compact=True)
     table = Table(
-        title=f"difference from {reference.label} in bits per {unit}, paired by seed",
-        caption=paired_legend(reference.label, unit, compact=True),
+        title=escape(f"difference from {reference.label} in bits per {unit}, paired by seed"),
+        caption=escape(paired_legend(reference.label, unit, compact=True)),
         box=box.SIMPLE_HEAD,
         collapse_padding=True,
         pad_edge=False,
