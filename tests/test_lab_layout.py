@@ -92,7 +92,7 @@ def test_model_identity_is_the_labs_version_1() -> None:
     from posenc.lab.identity import IDENTITY_VERSION, MODEL_FIELDS_WHEN_SET, model_identity
     from posenc.model import ModelConfig
 
-    assert IDENTITY_VERSION == 1
+    assert IDENTITY_VERSION == 2  # version 2 added the code; the model rule is version 1
     plain = model_identity(ModelConfig())
     assert not set(MODEL_FIELDS_WHEN_SET) & set(plain)
     assert model_identity(ModelConfig(nope_every=2))["nope_every"] == 2

@@ -13,6 +13,13 @@ shape (:class:`BuildContext`); ``kwargs`` are the encoding's own flat options, c
 the builder's annotations before it runs (a wrong type names the option). ``shared`` says
 whether one instance serves every layer (ALiBi, T5's bias, RoPE) or each layer gets its own
 (KERPLE, Shaw). Names are case-insensitive; an unknown name gets "did you mean" suggestions.
+
+Installed packages add encodings through the ``posenc.encodings`` entry-point group
+(:data:`ENTRY_POINT_GROUP`): each entry point names a module whose import registers them, a
+registered builder, or an encoding class (registered under the entry point's name by
+:func:`posenc.plugins.register_encoding_class`). They are loaded once, lazily
+(:func:`load_entry_points`): by a lookup of a name not registered, by ``posenc list`` and by the
+lab; one that fails to load is skipped with one warning naming it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import difflib
 import inspect
 import types
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +131,124 @@ def register_class(
     builder.__signature__ = inspect.Signature([ctx_param, *kw])  # type: ignore[attr-defined]
     builder.__annotations__ = {o: hints[o] for o in options if o in hints}
     builder.__name__ = builder.__qualname__ = f"_build_{name.replace('-', '_')}"
+    builder.__module__ = cls.__module__  # the code that defines it (posenc.lab.identity)
     return register(name, family, **kwargs)(builder)
+
+
+#: The model shape a class registered by :func:`register_encoding_class` may take, by name.
+SHAPE_ARGS = ("dim", "num_heads", "head_dim", "max_len", "causal")
+
+
+def register_encoding_class(cls: type[nn.Module], name: str | None = None) -> str:
+    """Register encoding class ``cls`` under ``name`` (default: its class name, lower case),
+    its family its ``family`` attribute, and return the name. ``__init__``'s leading
+    parameters named as the model's shape (:data:`SHAPE_ARGS`: ``num_heads``, ``head_dim``,
+    ...) are filled from it; every other parameter, each with a default, is an option. A
+    ``cls`` registered already (by this function) returns its name."""
+    known = [
+        e.name for e in _REGISTRY.values() if getattr(e.builder, "encoding_class", None) is cls
+    ]
+    if known:
+        return known[0]
+    name = name or cls.__name__.lower()
+    family = getattr(cls, "family", None)
+    if family not in FAMILIES:
+        raise ValueError(
+            f"{cls.__name__} has family {family!r}; an encoding class sets family to one of "
+            f"{', '.join(FAMILIES)}"
+        )
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    shape = [p.name for p in params if p.name in SHAPE_ARGS]
+    if [p.name for p in params[: len(shape)]] != shape:
+        raise ValueError(
+            f"{cls.__name__}.__init__: the model's shape ({', '.join(shape)}) must come first"
+        )
+    rest = [p for p in params[len(shape) :] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    needed = [p.name for p in rest if p.default is inspect.Parameter.empty]
+    if needed:
+        raise ValueError(
+            f"{cls.__name__}.__init__ needs {needed}, neither the model's shape "
+            f"({', '.join(SHAPE_ARGS)}) nor an option with a default; register a builder "
+            "with posenc.registry.register instead"
+        )
+    builder = register_class(
+        name, family, cls, args=lambda ctx: tuple(getattr(ctx, a) for a in shape),
+        options=tuple(p.name for p in rest), description=_first_line(cls.__doc__),
+    )  # fmt: skip
+    builder.encoding_class = cls  # type: ignore[attr-defined]
+    return name
+
+
+def _first_line(doc: str | None) -> str:
+    return (doc or "").strip().split("\n", 1)[0]
+
+
+#: The entry-point group of installed packages' encodings (``pyproject.toml``:
+#: ``[project.entry-points."posenc.encodings"]``, ``myenc = "mypkg.encodings:MyEnc"``).
+ENTRY_POINT_GROUP = "posenc.encodings"
+
+#: Name -> where an encoding that did not come with posenc came from (``posenc list``).
+ORIGINS: dict[str, str] = {}
+
+_ENTRY_POINTS_LOADED = False
+
+
+class PluginWarning(UserWarning):
+    """An entry point of :data:`ENTRY_POINT_GROUP` that could not be loaded (it is skipped)."""
+
+
+def load_entry_points() -> list[str]:
+    """Load the :data:`ENTRY_POINT_GROUP` entry points (once per process) and return the
+    names they registered. One that fails to load, or that names no encoding, is skipped with
+    one :class:`PluginWarning` naming it and its package."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return []
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    added: list[str] = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(getattr(ep, "dist", None), "name", None) or "an installed package"
+        where = f"entry point {ep.name} = {ep.value} ({dist})"
+        before = set(_REGISTRY)
+        try:
+            _add_entry_point(ep.name, ep.load())
+        except Exception as e:  # the package's code raised: skip it, say which
+            warnings.warn(
+                f"{ENTRY_POINT_GROUP} {where} not loaded: {type(e).__name__}: {e}",
+                PluginWarning,
+                stacklevel=2,
+            )
+            continue
+        for name in [n for n in _REGISTRY if n not in before]:
+            ORIGINS[name] = where
+            added.append(name)
+    return added
+
+
+def _add_entry_point(name: str, obj: object) -> None:
+    """Register what entry point ``name`` loaded: a module (its import registered it), a
+    registered builder, or an encoding class (registered under ``name``)."""
+    if isinstance(obj, types.ModuleType) or any(e.builder is obj for e in _REGISTRY.values()):
+        return
+    if isinstance(obj, type) and issubclass(obj, nn.Module):
+        register_encoding_class(obj, name.strip().lower())
+        return
+    raise TypeError(
+        f"{obj!r} is no module, registered builder or encoding class (an nn.Module subclass "
+        "with a family)"
+    )
+
+
+def origin(name: str) -> str:
+    """Where encoding ``name`` came from: ``"posenc"``, the module that registered it, or the
+    entry point that loaded it."""
+    e = entry(name)
+    if e.name in ORIGINS:
+        return ORIGINS[e.name]
+    module = getattr(e.builder, "__module__", None) or "?"
+    return "posenc" if module == "posenc" or module.startswith("posenc.") else module
 
 
 def unregister(name: str) -> None:
@@ -132,6 +257,7 @@ def unregister(name: str) -> None:
     if key not in _REGISTRY:
         raise KeyError(f"encoding {name!r} is not registered")
     del _REGISTRY[key]
+    ORIGINS.pop(key, None)
 
 
 def names(family: str | None = None) -> list[str]:
@@ -154,6 +280,8 @@ def entry(name: str) -> EncodingEntry:
     if not isinstance(name, str):
         raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
     key = name.strip().lower()
+    if key not in _REGISTRY and load_entry_points() and key in _REGISTRY:
+        return _REGISTRY[key]
     if key not in _REGISTRY:
         raise ValueError(
             f"unknown encoding {name!r}{suggest(key)}; registered: {', '.join(names())}"

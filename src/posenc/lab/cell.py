@@ -57,6 +57,7 @@ def resolve_labels(encodings: tuple[str, ...] | list[str]) -> list[Label]:
             registered = set(registry.names())
             expanded = [parse_label(n) for n in DEFAULT_ENCODINGS if n in registered]
         elif text == "all":
+            registry.load_entry_points()  # installed packages' encodings are in 'all' too
             expanded = [parse_label(n) for n in registry.names()]
         elif text == "length":
             expanded = [check_label(parse_label(e)) for e in LENGTH_ENCODINGS]

@@ -9,7 +9,7 @@ The identities are the lab's, not the model's: :func:`model_identity` decides ho
 without moving any stored result. :data:`IDENTITY_VERSION` names the rules below; a change
 that would move the hash of an existing cell bumps it, and the reader says how to convert.
 
-Version 1 (every result written so far):
+Version 2 (version 1, every result written before the code entered, plus the code):
 
 * a model is its config's fields, minus ``nope_every`` and ``temperature`` when they are None
   (options added after the lab's first results: a configuration without them keeps the hash it
@@ -17,23 +17,34 @@ Version 1 (every result written so far):
 * a cell's training identity is ``{"schema", "model", "train", "data" (+ the data
   fingerprint), "seed"}`` and, only for a training-time length method, ``"positions"`` with its
   resolved range;
+* the training identity holds ``"code"`` (:func:`code_identity`): the module that defines the
+  encoding (its builder, or the class registered by
+  :func:`~posenc.registry.register_class`) and a hash of that module's source file, and for
+  posenc's own encodings posenc's version too; editing the module (one character) moves the
+  hash, so the cell trains again. A row written under version 1 has no ``"code"``: it is read
+  and reported as before, in its group (the group holds no code), and is not found by the
+  skip test, so its cell trains again;
 * hashes are :func:`stable_hash` of the identity as JSON (tuples as lists).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import marshal
+import sys
 from dataclasses import asdict
 from typing import Any
 
+from .. import __version__, registry
 from ..model import ModelConfig
 from .config import LabConfig
 from .options import PositionSampling
 from .tasks import PASSKEY_DEPTHS, PASSKEY_MIN_PER_DEPTH
 
 #: The rules this module applies (module docstring).
-IDENTITY_VERSION = 1
+IDENTITY_VERSION = 2
 
 #: Bump when the meaning of a stored result changes (a new metric definition, a data change).
 RESULTS_SCHEMA = 1
@@ -63,6 +74,42 @@ def model_identity(model: ModelConfig) -> dict[str, Any]:
     return jsonable(out)
 
 
+def _source_hash(module_name: str, fn: Any) -> dict[str, str]:
+    """``{"source": hash}`` of the file of module ``module_name``; for a module without one
+    (defined in ``__main__`` by exec, a notebook cell) ``{"code": hash}`` of ``fn``'s compiled
+    code instead, which moves with any edit of its body."""
+    module = sys.modules.get(module_name)
+    try:
+        path = inspect.getsourcefile(module) if module is not None else None
+        if path is not None:
+            with open(path, "rb") as f:
+                return {"source": hashlib.sha256(f.read()).hexdigest()[:16]}
+    except (OSError, TypeError):
+        pass
+    code = getattr(fn, "__code__", None)
+    blob = marshal.dumps(code) if code is not None else repr(fn).encode()
+    return {"code": hashlib.sha256(blob).hexdigest()[:16]}
+
+
+def code_identity(encoding: str) -> dict[str, Any]:
+    """The code that defines registered encoding ``encoding``: the module of its builder (for
+    a class registered by :func:`~posenc.registry.register_class`, the class's module) and a
+    hash of that module's source file.
+
+    posenc's own encodings add posenc's version. Their computation is spread over several
+    modules (``rotary/entries.py`` registers RoPE, ``rotary/embedding.py`` and
+    ``functional/`` compute it), and an installed posenc changes those files only with its
+    version: the version identifies the code of an installed posenc, the hash an edit of the
+    registering module in a checkout. An encoding from outside posenc is its module alone,
+    all of whose code a one-file plugin holds."""
+    builder = registry.entry(encoding).builder
+    module = getattr(builder, "__module__", None) or "?"
+    out: dict[str, Any] = {"module": module, **_source_hash(module, builder)}
+    if module == "posenc" or module.startswith("posenc."):
+        out["posenc"] = __version__
+    return out
+
+
 def data_identity(cfg: LabConfig, data_fingerprint: str) -> dict[str, Any]:
     return {**asdict(cfg.data), "fingerprint": data_fingerprint}
 
@@ -74,7 +121,8 @@ def train_identity(
     data_fingerprint: str,
     positions: PositionSampling | None = None,
 ) -> dict[str, Any]:
-    """Everything that decides a cell's trained weights (the checkpoint's identity), as JSON.
+    """Everything that decides a cell's trained weights (the checkpoint's identity), as JSON:
+    the code of its encoding included (:func:`code_identity`).
 
     The training positions enter only when set (a randomized cell's default range is the
     longest eval length, so a longer eval length retrains it: it trains on other positions)."""
@@ -84,6 +132,7 @@ def train_identity(
         "train": asdict(cfg.train),
         "data": data_identity(cfg, data_fingerprint),
         "seed": seed,
+        "code": code_identity(model.encoding),
     }
     if positions is not None:
         identity["positions"] = positions.identity()

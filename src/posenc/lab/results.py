@@ -195,7 +195,17 @@ def load_rows(
     if not picked:
         groups = sorted({r["group"] for r in rows})
         raise ValueError(f"no results in group {group!r}; groups: {', '.join(groups)}")
-    return picked
+    return newest_per_cell(picked)
+
+
+def newest_per_cell(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last row written of each ``(group, encoding, seed)``, in the order of the first: a
+    cell rerun under a new identity (its encoding's code edited) replaces its older row in a
+    table instead of counting as another seed."""
+    newest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in rows:  # a key assigned again keeps its first place
+        newest[(r["group"], r["encoding"], r["seed"])] = r
+    return list(newest.values())
 
 
 def groups(out: str | Path) -> dict[str, int]:
