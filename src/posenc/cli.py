@@ -163,24 +163,45 @@ def list_encodings(
         None,
         help="Show only the names that match: a substring ('rope') or a glob ('t*'); any case.",
     ),
+    imports: list[str] | None = typer.Option(
+        None,
+        "--import",
+        metavar="MODULE",
+        help="Import this module first (repeatable): its register() calls add encodings.",
+    ),
 ) -> None:
-    """List the registered encodings with their family and options."""
+    """List the registered encodings with their family, options and where they come from
+    (posenc, a module given to --import, or an installed package's posenc.encodings entry
+    point)."""
+    import warnings
+
     from rich.console import Console
     from rich.table import Table
 
     from . import registry
+    from .plugins import import_modules
 
+    try:
+        import_modules(imports or ())
+    except ValueError as err:
+        fail(str(err))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", registry.PluginWarning)
+        registry.load_entry_points()
+    for w in caught:
+        typer.echo(f"warning: {w.message}", err=True)
     names = matching_names(pattern)
     if not names:
         fail(
             f"no registered encoding matches {pattern!r}{registry.suggest(str(pattern))}; "
             f"registered: {', '.join(registry.names())}"
         )
-    table = Table("name", "family", "shared", "options", "description")
+    table = Table("name", "family", "shared", "options", "description", "from")
     for name in names:
         e = registry.entry(name)
         opts = ", ".join(f"{k}={v!r}" for k, v in registry.options(name).items())
-        table.add_row(name, e.family, "yes" if e.shared else "per layer", opts, e.description)
+        shared = "yes" if e.shared else "per layer"
+        table.add_row(name, e.family, shared, opts, e.description, registry.origin(name))
     Console().print(table)
 
 

@@ -134,7 +134,8 @@ class Flag:
     """One option: ``field`` (the command's parameter), its ``decls`` (``--train-len``, ``-L``),
     ``type`` and ``default``; ``path`` where its value goes in a LabConfig (None: not a field of
     it, or set by :func:`build_config` itself), ``convert`` from the option's text to that value;
-    ``grid``: a knob of the grid (an :class:`Overrides` field) rather than of the run."""
+    ``grid``: a knob of the grid (an :class:`Overrides` field) rather than of the run;
+    ``metavar``: the value's name in ``--help`` (default: its type)."""
 
     field: str
     decls: tuple[str, ...]
@@ -149,10 +150,13 @@ class Flag:
     show_default: str | bool | None = None
     get: Callable[[LabConfig], Any] | None = None
     unset: Any = None
+    metavar: str | None = None
 
     def option(self) -> Any:
         """The typer option; a knob with a ``path`` shows each preset's value as its default."""
         kw: dict[str, Any] = {"help": self.help}
+        if self.metavar is not None:
+            kw["metavar"] = self.metavar
         if self.min is not None:
             kw["min"] = self.min
         if self.show_default is not None:
@@ -196,7 +200,8 @@ def preset_default(get: Callable[[LabConfig], Any], none: str = "none") -> str:
 
 _SEEDS = "Number of seeds per encoding (the report gives mean and 95% interval)."
 _ENCODINGS = (
-    "Comma-separated names from `posenc list` (name:key=value sets an option), 'default' (the "
+    "Comma-separated names from `posenc list` (name:key=value sets an option; module:name "
+    "imports module and runs its encoding name), 'default' (the "
     "standard set that is registered), 'length' (training-time length methods, CoPE, Llama-4 "
     "NoPE layers and temperature) or 'all'."
 )
@@ -243,6 +248,7 @@ IMPORT = Flag(
     list[str] | None,
     "Import this module first (repeatable): its register() calls add encodings.",
     grid=False,
+    metavar="MODULE",
 )
 
 #: ``posenc lab``: flag -> field (and LabConfig path), in ``--help`` order.

@@ -1,5 +1,9 @@
 """Cell labels: ``name`` or ``name:key=value:...``, parsed once into a :class:`Label`.
 
+On the command line a label may also name a module's encoding, ``mymod:myenc[:key=value...]``
+(a colon *not* followed by ``key=value``): :func:`normalize_label` imports ``mymod`` and writes
+the label with the registered name (:func:`posenc.plugins.module_label` gives the rule).
+
 A label names a registered encoding and its options: the encoding's own registry options and
 the lab options (:data:`posenc.lab.options.LAB_OPTIONS`). It keys a grid's options
 (:attr:`posenc.lab.config.LabConfig.encoding_kwargs`), its result rows and its checkpoints, so
@@ -28,7 +32,13 @@ def parse_encoding(spec: str) -> tuple[str, dict[str, Any]]:
     for opt in opts:
         key, sep, raw = opt.partition("=")
         if not sep or not key:
-            raise ValueError(f"encoding option {opt!r} in {spec!r} must look like key=value")
+            hint = (
+                " (a module's encoding, module:encoding, is read by posenc lab -e and "
+                "posenc.lab.labels.normalize_label)"
+                if opt is opts[0]
+                else ""
+            )
+            raise ValueError(f"encoding option {opt!r} in {spec!r} must look like key=value{hint}")
         try:
             kwargs[key] = json.loads(raw)
         except json.JSONDecodeError:
@@ -38,8 +48,13 @@ def parse_encoding(spec: str) -> tuple[str, dict[str, Any]]:
 
 def normalize_label(label: str) -> str:
     """``"ALiBi:eps=1"`` -> ``"alibi:eps=1"``: registry names are case-insensitive, while a label
-    keys the preset's options, the results and the checkpoints, so one spelling is kept."""
-    name, sep, rest = label.partition(":")
+    keys the preset's options, the results and the checkpoints, so one spelling is kept.
+
+    ``"mymod:MyEnc:scale=2"`` -> ``"myenc:scale=2"``, with ``mymod`` imported and its encoding
+    registered (:func:`posenc.plugins.module_label`; ValueError for the forms it refuses)."""
+    from ..plugins import module_label
+
+    name, sep, rest = module_label(label).partition(":")
     return name.strip().lower() + sep + rest
 
 
