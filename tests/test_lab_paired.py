@@ -318,3 +318,20 @@ def test_lab_report_with_one_seed_says_so(tmp_path):
     res = report(out, "--reference", "alibi")
     assert res.exit_code == 0, res.output
     assert "Paired differences against alibi need at least 2 seeds" in " ".join(res.output.split())
+
+
+def test_the_report_at_the_end_of_a_run_has_the_differences(tmp_path):
+    """``posenc lab`` (a tiny grid of two seeds) prints and writes the paired table too."""
+    out = tmp_path / "run"
+    args = ["lab", "-e", "none,rope", "--seeds", "2", "--task", "copy", "-L", "16", "--dim", "32",
+            "--layers", "1", "--heads", "2", "--steps", "2", "--batch-size", "4",
+            "--eval-tokens", "64", "--eval-lens", "1x,2x", "--jobs", "1", "--out", str(out),
+            "--no-plots"]  # fmt: skip
+    res = CliRunner().invoke(app, args, terminal_width=80)
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())  # a title wider than its table wraps
+    assert "difference from rope in bits per token, paired by seed" in said
+    table = (out / "report" / "table.md").read_text()
+    assert "\n| vs rope | 16 (L) | 32 (2L) | seeds |\n" in table
+    rows = R.load_rows(out)
+    assert table.endswith(R.paired_markdown(rows)) and "| none | " in R.paired_markdown(rows)

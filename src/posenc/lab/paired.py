@@ -236,7 +236,6 @@ def print_paired(
     header, body = paired_cells(lines, reference, lengths, length_names, compact=True)
     table = Table(
         title=escape(f"difference from {reference.label} in bits per {unit}, paired by seed"),
-        caption=escape(paired_legend(reference.label, unit, compact=True)),
         box=box.SIMPLE_HEAD,
         collapse_padding=True,
         pad_edge=False,
@@ -251,6 +250,7 @@ def print_paired(
             styled.append(f"[{style}]{escape(cell)}[/{style}]" if style else escape(cell))
         table.add_row(*styled)
     console.print(table)
+    console.print(escape(paired_legend(reference.label, unit, compact=True)))  # console-wide
 
 
 def paired_columns(
