@@ -4,7 +4,8 @@ A row is appended with one ``write`` on a file opened ``O_APPEND`` and then fsyn
 process killed at any moment leaves whole rows behind (at worst a torn last line, which the
 reader skips with a warning and the next append starts on a fresh line). Rows are keyed by
 ``(encoding, seed, config_hash)``; a key already present is never written again, so a rerun skips
-finished cells and no result is duplicated. Any other line that is no row (invalid UTF-8 or
+finished cells and no result is duplicated, except by a rerun asked for (``posenc lab --force``):
+its row is appended with ``replace=True`` and, read back, takes the earlier row's place. Any other line that is no row (invalid UTF-8 or
 JSON, a key field missing or of the wrong type) is skipped the same way, with one warning naming
 the file and the line, and the rows around it are read.
 """
@@ -65,20 +66,22 @@ class ResultStore:
         self.path = Path(path)
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every stored row, in the order written; the first row of a key wins."""
+        """Every stored row, in the order written; a key's last row, at its first row's place."""
         return [row for _, row in self.numbered_rows()]
 
     def numbered_rows(self, check: RowCheck | None = None) -> list[tuple[int, dict[str, Any]]]:
-        """``(line number, row)`` of every stored row, in the order written; the first row of
-        a key wins. A line that is no row (invalid UTF-8 or JSON, JSON nested too deep, not an
+        """``(line number, row)`` of every stored row, in the order written; of the rows of one
+        key (only a forced rerun appends a second) the last is read, at the first's place. A line that is no row (invalid UTF-8 or JSON, JSON nested too deep, not an
         object, a key field missing or of the wrong type, or refused by ``check``) is skipped
         with one warning naming the file and the line, in the order of the lines."""
-        seen: set[tuple[str, int, str]] = set()
-        out = []
+        at: dict[tuple[str, int, str], int] = {}
+        out: list[tuple[int, dict[str, Any]]] = []
         for i, row in self._read(check):
             key = row_key(row)
-            if key not in seen:
-                seen.add(key)
+            if key in at:
+                out[at[key]] = (i, row)
+            else:
+                at[key] = len(out)
                 out.append((i, row))
         return out
 
@@ -88,12 +91,13 @@ class ResultStore:
     def has(self, encoding: str, seed: int, config_hash: str) -> bool:
         return (encoding, seed, config_hash) in self.keys()
 
-    def append(self, row: dict[str, Any]) -> bool:
-        """Append ``row`` unless its key is stored already; True if it was written."""
+    def append(self, row: dict[str, Any], *, replace: bool = False) -> bool:
+        """Append ``row`` unless its key is stored already (``replace``: even then; it is read
+        in place of the earlier row); True if it was written."""
         for field in ("encoding", "seed", "config_hash"):
             if field not in row:
                 raise ValueError(f"a result row needs {field!r}")
-        if row_key(row) in self.keys():
+        if not replace and row_key(row) in self.keys():
             return False
         # Key order is kept (not sorted): the report lists variants in the order evaluated.
         line = json.dumps(row, allow_nan=True)
