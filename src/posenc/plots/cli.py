@@ -227,10 +227,23 @@ _lab_question_command(
 _lab_question_command(
     "extend", "Extension by fine-tuning: loss vs fine-tune steps per method (`posenc lab extend`)."
 )
-_lab_question_command(
-    "passkey", "Passkey retrieval: accuracy over length x depth per encoding "
-    "(`posenc lab --task passkey`)."
-)  # fmt: skip
+
+
+@plot_app.command("passkey")
+def passkey(
+    out: Path = _out("passkey.png"),
+    results: Path = _lab_results_option(),
+    group: str | None = _group_option(),
+    variants: bool = typer.Option(
+        False,
+        "--variants",
+        help="one heatmap per inference-time variant (every RoPE rescaling, the learned table "
+        "interpolated) beside its model as trained, instead of one per encoding",
+    ),
+) -> None:
+    """Passkey retrieval: accuracy over length x depth per encoding (`posenc lab --task
+    passkey`); `--variants`: per RoPE rescaling."""
+    _draw("passkey", out, results=str(results), group=group, variants=variants)
 
 
 @plot_app.command("all")

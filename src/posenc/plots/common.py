@@ -7,6 +7,7 @@ that need it: importing :mod:`posenc.plots` and computing figure data works with
 from __future__ import annotations
 
 import io
+import sys
 import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FIGURE_SUFFIXES = (".png", ".svg")
+#: How to install what the figures need (pyproject's ``plots`` extra).
+PLOTS_INSTALL = "pip install 'posenc[plots]'"
 CAPTION_GID = "posenc-caption"  # the caption's id in the figure (and in an SVG file)
 DEFAULT_DPI = 110
 
@@ -26,11 +29,24 @@ def require_matplotlib() -> Any:
         import matplotlib
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "posenc plots need matplotlib: pip install 'posenc[plots]' (or matplotlib>=3.7)"
+            f"posenc plots need matplotlib: {PLOTS_INSTALL} (or matplotlib>=3.7)"
         ) from e
     # Agg draws into memory only: no display needed, and no GUI window ever opens.
     matplotlib.use("Agg", force=True)
     return matplotlib
+
+
+def plots_ready(what: str) -> bool:
+    """Whether matplotlib imports; if not, say on one line (stderr) that ``what`` is not drawn
+    and which extra to install. For a command that writes figures beside its tables (``posenc
+    lab``, ``posenc lab report``): the tables are still written, and the missing figure is
+    said, not silent."""
+    try:
+        require_matplotlib()
+    except ImportError as e:
+        print(f"note: {what} not drawn: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def new_figure(
@@ -40,14 +56,19 @@ def new_figure(
 
     Returns ``(fig, axes)``; ``axes`` is a single ``Axes`` for 1x1, else an array.
     """
+    fig = blank_figure(width, height)
+    axes = fig.subplots(nrows, ncols, squeeze=True, **kw)
+    return fig, axes
+
+
+def blank_figure(width: float, height: float) -> Figure:
+    """A ``Figure`` without axes (constrained layout), for a layout of subfigures or a grid."""
     require_matplotlib()
     from matplotlib.figure import Figure
 
     # A bare Figure (not pyplot.figure) is garbage-collected like any object: plotting in a loop
     # or a long-lived process leaks nothing, and no backend is ever selected behind our back.
-    fig = Figure(figsize=(width, height), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=True, **kw)
-    return fig, axes
+    return Figure(figsize=(width, height), layout="constrained")
 
 
 def add_caption(fig: Figure, text: str) -> None:

@@ -125,9 +125,9 @@ def _lab(results: str = "runs/lab", group: str | None = None) -> Figure:
 
 
 def _length(results: str = "runs/lab", group: str | None = None) -> Figure:
-    from .lab import LENGTH_CAPTION, draw_lab, lab_data
+    from .lab import draw_length, lab_data
 
-    return draw_lab(lab_data(rows=_rows_or_raise("length", results, group)), LENGTH_CAPTION)
+    return draw_length(lab_data(rows=_rows_or_raise("length", results, group)))
 
 
 def _extend(results: str = "runs/lab", group: str | None = None) -> Figure:
@@ -137,10 +137,13 @@ def _extend(results: str = "runs/lab", group: str | None = None) -> Figure:
     return draw_extend(extend_data(_rows_or_raise("extend", results, group)))
 
 
-def _passkey(results: str = "runs/lab", group: str | None = None) -> Figure:
+def _passkey(results: str = "runs/lab", group: str | None = None, variants: bool = False) -> Figure:
+    """The passkey heatmaps; ``variants``: one per inference-time variant (RoPE rescaling)
+    beside its model as trained, instead of one per encoding."""
     from .passkey import draw_passkey, passkey_data
 
-    return draw_passkey(passkey_data(_rows_or_raise("passkey", results, group)))
+    data = passkey_data(_rows_or_raise("passkey", results, group))
+    return draw_passkey(data, variants=variants)
 
 
 FIGURES: dict[str, FigureKind] = {

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._stats import mean_ci
-from .common import add_caption, label_axes, new_figure
+from .common import add_caption, blank_figure, label_axes, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -43,6 +43,12 @@ LENGTH_CAPTION = (
     "(Ruoss et al. 2023, algorithmic tasks); PoSE extends a model to the length its positions "
     "covered with training at the original length (Zhu et al. 2024); Llama-4 interleaves NoPE "
     "layers with a query temperature for long inputs."
+)
+
+#: Added to :data:`LENGTH_CAPTION` where the figure has small multiples of variants.
+LENGTH_VARIANTS_CAPTION = (
+    "Below: each encoding's inference-time RoPE rescalings, one panel per encoding, its model as "
+    "trained in black."
 )
 
 #: Added to :data:`CAPTION` when the figure draws intervals (two or more seeds of some line).
@@ -236,3 +242,117 @@ def draw_lab(data: dict[str, Any], caption: str = CAPTION) -> Figure:
     intervals = any(np.isfinite(x.get("ci", [])).any() for x in data["lines"])
     add_caption(fig, caption + (" " + CI_CAPTION if intervals else ""))
     return fig
+
+
+#: Line styles of the length figure's small multiples, by variant name (the same name, the same
+#: style in every panel, so one legend serves them all); the model as trained is black.
+_AS_TRAINED: dict[str, Any] = {"color": "black", "linestyle": "-", "marker": "o"}
+
+
+def _variant_name(line: dict[str, Any]) -> str:
+    """``"rope + PI"`` -> ``"PI"``; the model as trained -> ``"as trained"``."""
+    if line["variant"] == "base":
+        return "as trained"
+    return str(line["label"]).split(" + ", 1)[-1]
+
+
+def variant_groups(data: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """:func:`lab_data`'s lines of each encoding that has inference-time variants: its model as
+    trained first, then its variants (one small multiple each in :func:`draw_length`)."""
+    with_variants = {x["encoding"] for x in data["lines"] if x["variant"] != "base"}
+    order = list(dict.fromkeys(x["encoding"] for x in data["lines"]))
+    return [
+        sorted(
+            (x for x in data["lines"] if x["encoding"] == e), key=lambda x: x["variant"] != "base"
+        )
+        for e in order
+        if e in with_variants
+    ]
+
+
+def _variant_styles(groups: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Style by variant name: as trained black and solid, each rescaling its own colour, dash
+    and marker."""
+    import matplotlib
+
+    tab10 = matplotlib.colormaps["tab10"]
+    names = list(
+        dict.fromkeys(_variant_name(x) for g in groups for x in g if x["variant"] != "base")
+    )
+    styles: dict[str, dict[str, Any]] = {"as trained": _AS_TRAINED}
+    for k, name in enumerate(names):
+        styles[name] = {"color": tab10(k % 10), "linestyle": _DASHES[k % len(_DASHES)],
+                        "marker": _MARKERS[(k + 1) % len(_MARKERS)]}  # fmt: skip
+    return styles
+
+
+def draw_length(data: dict[str, Any], caption: str = LENGTH_CAPTION, ncols: int = 3) -> Figure:
+    """The training-for-length figure (``posenc plot length``), legible at a page's width.
+
+    Top: every encoding as trained, loss against eval length (left) and by position in the
+    longest window (right), one legend beside them. Below: one small panel per encoding that has
+    inference-time variants (RoPE rescalings), its model as trained in black and each rescaling
+    in the colour it has in every panel; shared y axis, one legend. No panel holds more lines
+    than one encoding's variants, and no legend sits on a panel."""
+    groups = variant_groups(data)
+    rows = -(-len(groups) // ncols)
+    fig = blank_figure(10.0, 5.0 + 2.7 * rows)
+    top, bottom = np.asarray(fig.subfigures(2, 1, height_ratios=[5.0, 2.7 * max(rows, 1)]))
+    _draw_as_trained(top, data)
+    if groups:
+        _draw_variant_panels(bottom, data, groups, rows, ncols)
+    intervals = any(np.isfinite(x.get("ci", [])).any() for x in data["lines"])
+    text = caption + (" " + LENGTH_VARIANTS_CAPTION if groups else "")
+    add_caption(fig, text + (" " + CI_CAPTION.replace(" (top)", "") if intervals else ""))
+    return fig
+
+
+def _draw_as_trained(sub: Any, data: dict[str, Any]) -> None:
+    """The top row of :func:`draw_length`: the models as trained, legend beside the panels."""
+    styles, _ = lab_styles(data["lines"])
+    L, unit, lengths = data["train_len"], data["unit"], data["lengths"]
+    shown = [x for x in data["lines"] if x["variant"] == "base"]
+    left, right = sub.subplots(1, 2)
+    _panel(left, [(lengths, x["bits"], x["label"]) for x in shown], styles, L,
+           [x.get("ci") for x in shown])  # fmt: skip
+    left.set_xticks(lengths, [str(v) for v in lengths])
+    left.minorticks_off()
+    label_axes(left, f"As trained (L={L})", "evaluation length (tokens, log2)",
+               f"test loss (bits/{unit})")  # fmt: skip
+    labels = {x["label"] for x in shown}
+    curves = [c for c in data["curves"]["lines"] if c["label"] in labels]
+    _panel(right, [(c["pos"], c["bits"], c["label"]) for c in curves], styles, L)
+    label_axes(right, f"Loss by position, {data['curves']['length']}-token window",
+               "position in the window (log2)", f"loss (bits/{unit})")  # fmt: skip
+    handles, names = left.get_legend_handles_labels()
+    sub.legend(handles, names, loc="outside lower center", fontsize=8.5, ncol=3)
+
+
+def _draw_variant_panels(
+    sub: Any, data: dict[str, Any], groups: list[list[dict[str, Any]]], rows: int, ncols: int
+) -> None:
+    """The small multiples of :func:`draw_length`: one encoding and its variants each."""
+    styles = _variant_styles(groups)
+    L, unit, lengths = data["train_len"], data["unit"], data["lengths"]
+    axes = np.asarray(sub.subplots(rows, ncols, sharey=True, squeeze=False), dtype=object)
+    handles: dict[str, Any] = {}
+    for k, ax in enumerate(axes.flat):
+        if k >= len(groups):
+            ax.set_axis_off()
+            continue
+        group = groups[k]
+        by_name = {_variant_name(x): styles[_variant_name(x)] for x in group}
+        bands: list[Any] = [x.get("ci") for x in group]
+        _panel(ax, [(lengths, x["bits"], _variant_name(x)) for x in group], by_name, L, bands)
+        ax.set_xticks(lengths, [str(v) for v in lengths])
+        ax.minorticks_off()
+        ax.set_title(group[0]["encoding"], fontsize=9.5)
+        if k % ncols == 0:
+            ax.set_ylabel(f"test loss (bits/{unit})")
+        if k + ncols >= len(groups):
+            ax.set_xlabel("eval length (tokens)")
+        for h, name in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(name, h)
+    sub.suptitle("Inference-time rescalings of each encoding, without retraining", fontsize=10)
+    sub.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8.5,
+               title="variant")  # fmt: skip

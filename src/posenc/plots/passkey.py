@@ -15,6 +15,7 @@ fine-tuning. The rescalings here are applied at inference only, without that fin
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +29,8 @@ if TYPE_CHECKING:
 
 CAPTION = (
     "Look at: each panel is one model; a column that stays bright finds the key at that length "
-    "whatever its depth, and the outlined column is the training length L (chance: {chance:g} "
-    "per digit). Published: models lose the passkey beyond their training length unless the "
+    "whatever its depth, and the outlined column is the training length L (numbers: accuracy "
+    "per key digit, 1 = all right; chance: {chance:g}; y: the key's depth, 0 = the start). Published: models lose the passkey beyond their training length unless the "
     "context is extended (Landmark Attention; LongLoRA); PI and YaRN recover it after "
     "fine-tuning. The RoPE rescalings here are inference-only, without that fine-tuning."
 )
@@ -128,8 +129,17 @@ def passkey_lost_at(data: dict[str, Any], threshold: float = 0.9) -> list[dict[s
     return out
 
 
+def _cell_text(v: float) -> str:
+    """A cell's number, short enough to read at a page's width: ``1`` (at least 0.995),
+    ``.94``, or ``n/a`` where the length did not apply."""
+    if not np.isfinite(v):
+        return "n/a"
+    return "1" if v >= 0.995 else f"{v:.2f}".lstrip("0")
+
+
 def _heatmap(ax: Axes, panel: dict[str, Any], data: dict[str, Any]) -> Any:
-    """One panel: accuracy [depth, length] with its numbers, L's column outlined."""
+    """One panel: accuracy [depth, length] with its numbers, L's column outlined; the x ticks
+    in multiples of L (``1L``, ``2L``), the y ticks the key's depth."""
     from matplotlib.patches import Rectangle
 
     acc = panel["acc"]
@@ -141,45 +151,53 @@ def _heatmap(ax: Axes, panel: dict[str, Any], data: dict[str, Any]) -> Any:
     for i in range(acc.shape[0]):
         for j in range(acc.shape[1]):
             v = acc[i, j]
-            text = "n/a" if not np.isfinite(v) else f"{v:.2f}"
             colour = "black" if np.isfinite(v) and v > 0.6 else "white"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
+            ax.text(j, i, _cell_text(v), ha="center", va="center", fontsize=8, color=colour)
     ax.set_facecolor("0.55")  # where a length was not applicable
-    ax.set_xticks(range(len(lengths)), [f"{n}\n(L)" if n == L else str(n) for n in lengths])
+    ax.set_xticks(range(len(lengths)), [f"{n / L:g}L" for n in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-    ax.tick_params(labelsize=7)
+    ax.tick_params(labelsize=8, length=2, pad=1.5)
     if L in set(lengths.tolist()):
         j = lengths.tolist().index(L)
         box = Rectangle((j - 0.5, -0.5), 1, len(depths), fill=False, ec="red", lw=1.8, ls="--")
         ax.add_patch(box)
     title = panel["label"] + (f" ({panel['seeds']} seeds)" if panel["seeds"] > 1 else "")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=9, pad=3)
     return im
 
 
-def draw_passkey(data: dict[str, Any], variants: bool = False, ncols: int = 5) -> Figure:
-    """Small multiples of :func:`passkey_data`'s heatmaps.
-
-    ``variants=False``: one panel per encoding as trained. ``variants=True``: each encoding that
-    has inference-time variants (RoPE rescalings, an interpolated learned table) gets a row: its
-    base model, then each variant. One colour bar (accuracy 0..1) for all panels.
-    """
-    panels = data["panels"]
+def _passkey_grid(
+    panels: list[dict[str, Any]], variants: bool, ncols: int
+) -> list[list[dict[str, Any] | None]]:
+    """The panels in rows: per encoding with variants its model then its variants
+    (``variants``), or the models as trained ``ncols`` to a row; None pads a row."""
     if variants:
         with_variants = {p["encoding"] for p in panels if p["variant"] != "base"}
         groups = [[p for p in panels if p["encoding"] == e]
                   for e in dict.fromkeys(p["encoding"] for p in panels) if e in with_variants]  # fmt: skip
         ncols = max((len(g) for g in groups), default=1)
-        grid = [g + [None] * (ncols - len(g)) for g in groups] or [[None]]
-    else:
-        shown = [p for p in panels if p["variant"] == "base"]
-        ncols = max(1, min(ncols, len(shown)))
-        grid = [shown[i : i + ncols] for i in range(0, len(shown), ncols)] or [[None]]
-        grid[-1] = grid[-1] + [None] * (ncols - len(grid[-1]))
-    nrows = len(grid)
-    fig, axes = new_figure(
-        nrows, ncols, width=max(5.0, 2.7 * ncols + 1.2), height=2.5 * nrows + 1.2
-    )
+        return [g + [None] * (ncols - len(g)) for g in groups] or [[None]]
+    shown = [p for p in panels if p["variant"] == "base"]
+    ncols = max(1, min(ncols, len(shown)))
+    grid: list[list[dict[str, Any] | None]] = [
+        list(shown[i : i + ncols]) for i in range(0, len(shown), ncols)
+    ] or [[None]]
+    grid[-1] = grid[-1] + [None] * (ncols - len(grid[-1]))
+    return grid
+
+
+def draw_passkey(data: dict[str, Any], variants: bool = False, ncols: int = 6) -> Figure:
+    """Small multiples of :func:`passkey_data`'s heatmaps, 10 inches wide (legible at a
+    README's ~800 pixels: 8-point numbers, ticks only on the outer panels).
+
+    ``variants=False``: one panel per encoding as trained. ``variants=True``: each encoding that
+    has inference-time variants (RoPE rescalings, an interpolated learned table) gets a row: its
+    base model, then each variant. One colour bar (accuracy 0..1) for all panels.
+    """
+    grid = _passkey_grid(data["panels"], variants, ncols)
+    nrows, ncols = len(grid), len(grid[0])
+    width = min(10.0, 1.75 * ncols + 1.4)
+    fig, axes = new_figure(nrows, ncols, width=width, height=1.75 * nrows + 1.5)
     axes = np.asarray(axes, dtype=object).reshape(nrows, ncols)  # [rows, cols], even for 1 x 1
     im = None
     for r, line in enumerate(grid):
@@ -189,17 +207,20 @@ def draw_passkey(data: dict[str, Any], variants: bool = False, ncols: int = 5) -
                 ax.set_axis_off()
                 continue
             im = _heatmap(ax, panel, data)
-            if c == 0:
-                ax.set_ylabel("key depth")
-            if r == nrows - 1 or (r + 1 < nrows and grid[r + 1][c] is None):
-                ax.set_xlabel("eval length (tokens)")
+            if c > 0:
+                ax.tick_params(labelleft=False)
+            if r + 1 < nrows and grid[r + 1][c] is not None:
+                ax.tick_params(labelbottom=False)
     if im is None:
         note = "no inference-time variants in these results" if variants else "no passkey rows"
         axes[0, 0].text(0.5, 0.5, note, ha="center", va="center", transform=axes[0, 0].transAxes)
     else:
         fig.colorbar(im, ax=axes, shrink=0.8, label="passkey accuracy (per digit)")
-    what = "inference-time variants" if variants else "as trained"
-    fig.suptitle(f"Passkey retrieval, length x depth: {what} (trained at L={data['train_len']})")
+    what = "inference-time variants beside each model" if variants else "each model as trained"
+    L = data["train_len"]
+    title = f"Passkey retrieval by key depth and eval length (L = {L} tokens): {what}"
+    fig.suptitle(textwrap.fill(title, int(width * 12)), fontsize=10)
+    fig.supylabel("key depth (0 = the start)", fontsize=9)
     add_caption(fig, CAPTION.format(chance=CHANCE))
     return fig
 
@@ -210,6 +231,19 @@ def write_passkey_figure(
     """Draw :func:`draw_passkey` from result rows and save it (``.png`` or ``.svg``)."""
     fig = draw_passkey(passkey_data(rows), variants=variants)
     return save_figure(fig, path)
+
+
+def write_passkey_figures(rows: list[dict[str, Any]], folder: str | Path) -> dict[str, Path]:
+    """The passkey report's figures in ``folder``: ``passkey.png`` (one heatmap per encoding)
+    and, where some model has inference-time variants (RoPE rescalings), ``passkey_variants.png``
+    (one per variant beside its model). Returns the paths written, by name."""
+    data = passkey_data(rows)
+    folder = Path(folder)
+    written = {"passkey": save_figure(draw_passkey(data), folder / "passkey.png")}
+    if any(p["variant"] != "base" for p in data["panels"]):
+        fig = draw_passkey(data, variants=True)
+        written["passkey variants"] = save_figure(fig, folder / "passkey_variants.png")
+    return written
 
 
 def passkey_table(

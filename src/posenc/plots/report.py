@@ -92,22 +92,52 @@ def _bold_html(escaped: str) -> str:
     return escaped.replace("\x02", "<b>").replace("\x03", "</b>")
 
 
-def _figure_section(kind: str, options: dict[str, Any], say: Callable[[str], Any]) -> str:
+def _figure_section(
+    kind: str,
+    options: dict[str, Any],
+    say: Callable[[str], Any],
+    missing: str | None = None,
+    section: tuple[str, str] | None = None,
+) -> str:
     """One figure as a report section, its caption under the image (drawn once: taken out of
-    the PNG); a figure that cannot be drawn here becomes a note saying why."""
+    the PNG); a figure that cannot be drawn here becomes a note saying why. ``missing``: why no
+    figure can be drawn at all (matplotlib absent), said instead of trying; ``section``: the
+    section's id and heading (default: the kind's)."""
     from .common import figure_png_bytes, take_caption
     from .figures import FIGURES, make_figure
 
     spec = FIGURES[kind]
-    say(f"drawing {kind} ...")
+    anchor, title = section or (kind, spec.title)
+    if missing is not None:
+        return _note_html(anchor, title, f"Not drawn: {missing}")
+    say(f"drawing {anchor} ...")
     try:
         fig = make_figure(kind, **options)
     except Exception as e:
-        say(f"  {kind} unavailable: {type(e).__name__}: {e}")
+        say(f"  {anchor} unavailable: {type(e).__name__}: {e}")
         detail = traceback.format_exception_only(type(e), e)[-1].strip()
-        return _note_html(kind, spec.title, f"Not drawn (needs {spec.needs}): {detail}")
+        return _note_html(anchor, title, f"Not drawn (needs {spec.needs}): {detail}")
     text = take_caption(fig)
-    return _figure_html(kind, spec.title, figure_png_bytes(fig, REPORT_DPI), text)
+    return _figure_html(anchor, title, figure_png_bytes(fig, REPORT_DPI), text)
+
+
+def _matplotlib_missing() -> str | None:
+    """Why no figure can be drawn here (matplotlib, the plots extra, not installed), or None."""
+    from .common import require_matplotlib
+
+    try:
+        require_matplotlib()
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+#: The passkey section's second figure: a heatmap per inference-time variant (RoPE rescaling).
+PASSKEY_VARIANTS = ("passkey-variants", "Lab: passkey retrieval, inference-time variants")
+
+
+def _has_variants(rows: list[dict[str, Any]]) -> bool:
+    return any(name != "base" for r in rows for name in r["eval"]["variants"])
 
 
 def _options(
@@ -183,6 +213,9 @@ def build_report(
 
     say = log or (lambda _msg: None)
     rows = lab_results("extrapolation", results)
+    missing = _matplotlib_missing()
+    if missing is not None:
+        say(f"no figures drawn: {missing}")
     sections: list[str] = []
     for kind in kinds or list(FIGURES):
         spec = FIGURES[kind]
@@ -196,7 +229,10 @@ def build_report(
             sections.append(_note_html(kind, spec.title, note))
             continue
         options = _options(kind, results, checkpoint, attention_steps)
-        sections.append(_figure_section(kind, options, say))
+        sections.append(_figure_section(kind, options, say, missing))
+        if kind == "passkey" and _has_variants(found):
+            options = {**options, "variants": True}
+            sections.append(_figure_section(kind, options, say, missing, PASSKEY_VARIANTS))
         if spec.question is not None and kind != "lab":
             sections.append(_question_table(kind, found))
     sections.append(_lab_table_section(rows))
