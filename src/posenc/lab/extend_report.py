@@ -320,12 +320,10 @@ def write_extend_report(
     written = {"extend table": folder / "extend.md"}
     written["extend table"].write_text(extend_markdown(rows) + "\n")
     if plots:
-        from ..plots.common import require_matplotlib, save_figure
+        from ..plots.common import plots_ready, save_figure
         from ..plots.extend import draw_extend
 
-        try:
-            require_matplotlib()
-        except ImportError:
+        if not plots_ready("extend.png"):  # said on one line; the table only
             return written
         written["extend plot"] = save_figure(draw_extend(extend_data(rows)), folder / "extend.png")
     return written

@@ -527,16 +527,14 @@ def write_report(
     written["table"].write_text(results_markdown(rows, reference))
     write_csv(rows, written["csv"], reference)
     if plots:
-        from ..plots.common import require_matplotlib, save_figure
+        from ..plots.common import plots_ready, save_figure
         from ..plots.lab import draw_lab, lab_data
 
-        try:
-            require_matplotlib()
-        except ImportError:  # the plots extra is not installed: the table and CSV only
+        if not plots_ready("the report's figures"):  # said on one line; table and CSV only
             return written
         written["plot"] = save_figure(draw_lab(lab_data(rows=rows)), folder / "lab.png")
         if question_of_rows(rows) == "passkey":
-            from ..plots.passkey import write_passkey_figure
+            from ..plots.passkey import write_passkey_figures
 
-            written["passkey"] = write_passkey_figure(rows, folder / "passkey.png")
+            written.update(write_passkey_figures(rows, folder))
     return written
