@@ -67,6 +67,8 @@ EXTRA: dict[str, dict[str, Any]] = {
     "gpt_neox": {"partial_rotary_factor": 0.5},
     "stablelm": {"partial_rotary_factor": 0.5},
     "glm": {"partial_rotary_factor": 0.5},
+    # a rope slice of 8 (the class's 64/512 of head_dim 16 is one pair, where every pairing agrees)
+    "deepseek_v4": {"partial_rotary_factor": 0.5},
     "deepseek_v3": {
         "head_dim": 8,  # the rope part: qk_rope_head_dim
         "num_key_value_heads": 4,

@@ -30,7 +30,7 @@ from torch import nn
 from .._checks import check_choice
 from ..functional.rope_scaling import yarn_mscale
 from ..kernels.constants import ROTARY_BACKENDS
-from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb
+from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb, apply_rotary_trailing
 from .shadow import PatchedForward, code_names, shadow_module
 
 
@@ -48,6 +48,9 @@ class Rotation:
     table_layout: str = "cat"
     deinterleave: bool = False
     partial: bool = False  # it rotates channels 0..r-1 (r = cos width) and passes r..d-1
+    # One tensor, ``f(x, cos, sin, unsqueeze_dim=1)``, rotated on its *trailing* r channels
+    # (``[nope | rope]`` heads; DeepSeek-V4, whose attention also calls it with ``-sin``).
+    trailing: bool = False
 
 
 HALF = Rotation()
@@ -59,6 +62,8 @@ COHERE = Rotation(interleaved=True, table_layout="repeat")
 DEEPSEEK_INTERLEAVE = Rotation(interleaved=True, deinterleave=True)
 # GLM-4V: repeat_interleave(freqs, 2) tables (its M-RoPE), rotate_half_llm on interleaved pairs.
 GLM4V = Rotation(interleaved=True, table_layout="repeat", partial=True)
+# DeepSeek-V4: one column per pair (its rotary's output), interleaved pairs, trailing slice.
+DEEPSEEK_V4 = Rotation(interleaved=True, table_layout="half", trailing=True)
 
 _STANDARD = {"apply_rotary_pos_emb": HALF}
 _Entry = tuple[str, dict[str, Rotation]]
@@ -97,7 +102,15 @@ SUPPORTED: dict[str, _Entry] = {
         {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
     ),
     "glm_moe_dsa": ("glm_moe_dsa", {"apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE}),
+    # Attention, compressors and indexer: q, the shared key/value, compressed keys; the
+    # attention output with -sin (rotation by minus the angle, undoing the values' rotation).
+    "deepseek_v4": ("deepseek_v4", {"apply_rotary_pos_emb": DEEPSEEK_V4}),
 }
+
+# Rope sets kept by label (DeepSeek-V4's "main" and "compress"): the model's rotary modules are
+# replaced by posenc's (:class:`~posenc.hf.rotary.HFRotaryEmbedding`, every label) even without
+# ``scaling=``, so the tables as well as the rotation are posenc's.
+LABELLED_ROTARY_MODEL_TYPES = frozenset({"deepseek_v4"})
 
 
 # Attention whose softmax scale reads the rope parameters: DeepSeek-V3's MLA multiplies it by
@@ -127,6 +140,8 @@ def fused_rotation(
     """posenc's stand-in for the transformers function ``stock`` that rotates as ``rotation``
     says: the same signature (``q, k, cos, sin`` then ``stock``'s own optional arguments), the
     same result, computed by :func:`posenc.hf.apply_rotary_pos_emb`."""
+    if rotation.trailing:
+        return _trailing_rotation(rotation, stock, backend)  # type: ignore[return-value]
     extra = list(inspect.signature(stock).parameters)[4:]  # e.g. ["unsqueeze_dim"]
 
     def rotate(
@@ -163,20 +178,59 @@ def fused_rotation(
     return rotate
 
 
+def _trailing_rotation(
+    rotation: Rotation, stock: Callable[..., Any], backend: str
+) -> Callable[..., torch.Tensor]:
+    """posenc's stand-in for a one-tensor ``stock(x, cos, sin, unsqueeze_dim=1)`` that rotates
+    the trailing channels (:func:`posenc.hf.rotary.apply_rotary_trailing`)."""
+
+    def rotate(
+        x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+    ) -> torch.Tensor:
+        return apply_rotary_trailing(
+            x,
+            cos,
+            sin,
+            unsqueeze_dim,
+            interleaved=rotation.interleaved,
+            table_layout=rotation.table_layout,
+            backend=backend,
+        )
+
+    rotate.__name__ = rotate.__qualname__ = f"posenc_{stock.__name__}"
+    rotate.__doc__ = (
+        f"posenc's fused stand-in for transformers' {stock.__module__}.{stock.__name__}."
+    )
+    return rotate
+
+
+def _probe_tables(
+    rotation: Rotation, n: int, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random per-token cos/sin ``[2, 5, w]`` of ``n`` pairs in ``rotation``'s table layout."""
+    angle = torch.randn(2, 5, n, generator=g) * 3  # [b, s, n], distinct per token and pair
+    if rotation.table_layout == "cat":
+        angle = torch.cat((angle, angle), dim=-1)
+    elif rotation.table_layout == "repeat":
+        angle = angle.repeat_interleave(2, dim=-1)
+    return angle.cos(), angle.sin()
+
+
 def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) -> None:
     """Run ``stock`` and posenc's stand-in on the same random inputs; raise if they differ
     (with a partial cos width too where the function passes channels through)."""
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 1, 5, 8, generator=g)
-    for n in (4, 2) if rotation.partial else (4,):  # rotary dim 8 of 8, then 4 of 8
-        angle = torch.randn(2, 5, n, generator=g) * 3  # [b, s, n], distinct per token and pair
-        if rotation.table_layout == "cat":
-            angle = torch.cat((angle, angle), dim=-1)
+    for n in (4, 2) if rotation.partial or rotation.trailing else (4,):  # dim 8 of 8, 4 of 8
+        cos, sin = _probe_tables(rotation, n, g)
+        ours: Callable[..., Any] = fused_rotation(rotation, stock, "torch")
+        want: tuple[torch.Tensor, ...]
+        got: tuple[torch.Tensor, ...]
+        if rotation.trailing:  # one tensor, and the inverse rotation DeepSeek-V4 also calls
+            want = (stock(q, cos, sin), stock(k, cos, -sin))
+            got = (ours(q, cos, sin), ours(k, cos, -sin))
         else:
-            angle = angle.repeat_interleave(2, dim=-1)
-        cos, sin = angle.cos(), angle.sin()
-        want = stock(q, k, cos, sin)
-        got = fused_rotation(rotation, stock, "torch")(q, k, cos, sin)
+            want, got = stock(q, k, cos, sin), ours(q, k, cos, sin)
         worst = max(float((w - o).abs().max()) for w, o in zip(want, got, strict=True))
         if worst > 1e-5:
             raise RuntimeError(
@@ -238,6 +292,11 @@ def apply_posenc(
         backend: the kernel, as :func:`posenc.kernels.rope_qk` takes it (``"auto"``: Triton on
             GPU, the native kernel on CPU, PyTorch otherwise).
 
+    DeepSeek-V4 (:data:`LABELLED_ROTARY_MODEL_TYPES`): its rotary modules become posenc's too,
+    both labelled sets (``main``, ``compress``), and every rotation of the trailing rope slice
+    (queries, the shared key/value head, compressed keys, the indexer, and the attention
+    output's rotation by minus the angle) is posenc's.
+
     No weight and no ``state_dict`` entry changes; other models are untouched;
     :func:`remove_posenc` undoes it. Works with ``generate()``, the KV cache, left padding and
     batched ``position_ids``, float32/bfloat16 and ``torch.compile``.
@@ -259,7 +318,8 @@ def apply_posenc(
     for name, rotation in rotations.items():  # each call: the installed transformers is checked
         check_rotation(getattr(modeling, name), rotation, f"{modeling.__name__}.{name}")
     patch = PosencPatch(model_type, backend, None if scaling is None else dict(scaling))
-    if scaling is not None:
+    swaps: list[tuple[nn.Module, str, nn.Module]] = []
+    if scaling is not None or model_type in LABELLED_ROTARY_MODEL_TYPES:
         # Built before anything changes, so a bad scaling leaves the model as it was.
         swaps = _rotary_swaps(model, modeling, scaling, rotations)
     layers = _attention_layers(model, modeling, set(rotations))
@@ -276,7 +336,7 @@ def apply_posenc(
         setattr(layer, attr, PatchedForward(layer, model_type, backend, shadow_for))
         patch.attention.append(layer)
     model.posenc_patch = patch  # type: ignore[assignment]
-    if scaling is not None:
+    if swaps:
         _rescale(patch, swaps, scaling)
     return model
 
@@ -317,13 +377,13 @@ def _attention_layers(model: nn.Module, modeling: Any, names: set[str]) -> list[
 def _rescale(
     patch: PosencPatch,
     swaps: list[tuple[nn.Module, str, nn.Module]],
-    scaling: Mapping[str, Any],
+    scaling: Mapping[str, Any] | None,
 ) -> None:
     """Swap in the rescaled rotary modules (and DeepSeek-V3's softmax scale), keeping the old."""
     for parent, attr, new in swaps:
         patch.rotary.append((parent, attr, getattr(parent, attr)))
         setattr(parent, attr, new)
-    if patch.model_type in MSCALE_SOFTMAX_MODEL_TYPES:
+    if scaling is not None and patch.model_type in MSCALE_SOFTMAX_MODEL_TYPES:
         for module in patch.attention:
             if not hasattr(module, "qk_head_dim"):
                 continue  # a DSA indexer: its own softmax scale reads no rope parameter
@@ -333,9 +393,13 @@ def _rescale(
 
 
 def _rotary_swaps(
-    model: nn.Module, modeling: Any, scaling: Mapping[str, Any], rotations: Mapping[str, Rotation]
+    model: nn.Module,
+    modeling: Any,
+    scaling: Mapping[str, Any] | None,
+    rotations: Mapping[str, Rotation],
 ) -> list[tuple[nn.Module, str, nn.Module]]:
-    """``(parent, attribute, posenc module)`` for each text rotary module of the model."""
+    """``(parent, attribute, posenc module)`` for each text rotary module of the model (with
+    the config's own scaling where ``scaling`` is None)."""
     table_layout = next(iter(rotations.values())).table_layout
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     for parent in model.modules():

@@ -8,6 +8,8 @@ For people who wire posenc into a model themselves, in the shapes transformers u
   of the config's; dynamic NTK keeps transformers' history of the longest length.
 * :func:`apply_rotary_pos_emb`: transformers' ``apply_rotary_pos_emb(q, k, cos, sin,
   unsqueeze_dim=1)``, computed by posenc's fused kernel in one pass over q and k.
+* :func:`apply_rotary_trailing`: DeepSeek-V4's ``apply_rotary_pos_emb(x, cos, sin)``, one
+  tensor rotated on its trailing channels (heads laid out ``[nope | rope]``).
 * :func:`apply_rotary_emb`: one tensor, with the argument names of PyTorch's proposed
   ``F.rotary_embedding(x, cos, sin, position_ids=None, *, interleaved=False)``.
 
@@ -185,6 +187,41 @@ def apply_rotary_emb(
         backend=backend,
     )
     return out
+
+
+def apply_rotary_trailing(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+    *,
+    interleaved: bool = True,
+    table_layout: str = "half",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """DeepSeek-V4's ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``: rotate the *trailing*
+    ``r`` channels of each head (``[nope | rope]``), the leading ``d - r`` pass.
+
+    Shapes: ``x [b, h, s, d]`` (``unsqueeze_dim=1``) or ``[b, s, h, d]`` (``2``); ``cos``,
+    ``sin [b or 1, s, w]`` or ``[s, w]``, ``w = r/2`` for ``"half"`` tables (DeepSeek-V4's rotary
+    output) and ``r`` for ``"cat"``/``"repeat"``. Called with ``-sin`` it rotates by minus the
+    angle, as DeepSeek-V4's attention undoes the values' rotation on its output. The rotation
+    is posenc's fused kernel, in float32; returns a new tensor of ``x``'s shape and dtype.
+    """
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(
+            f"unsqueeze_dim must be 1 (x [b, h, s, d]) or 2 (x [b, s, h, d]), got {unsqueeze_dim!r}"
+        )
+    cos_h, sin_h = half_tables(cos, sin, table_layout)  # [.., r/2]
+    r, d = 2 * cos_h.shape[-1], x.shape[-1]
+    if r > d:
+        raise ValueError(f"the tables rotate {r} channels but x has head_dim {d}: r must be <= d")
+    seq_layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
+    rope = apply_rotary_emb(
+        x[..., d - r :], cos_h, sin_h, interleaved=interleaved, table_layout="half",
+        seq_layout=seq_layout, backend=backend,
+    )  # fmt: skip
+    return torch.cat((x[..., : d - r], rope), dim=-1)  # [.., d]: untouched nope, rotated rope
 
 
 # --- the rotary module ---------------------------------------------------------------------------
