@@ -34,8 +34,8 @@ from .batches import IGNORE, SPLITS, shard, step_generator
 from .config import DataConfig
 
 __all__ = [
-    "IGNORE", "SPLITS", "ByteCorpus", "DataUnavailable", "LabData", "load_data", "shard",
-    "split_files", "step_generator",
+    "IGNORE", "SPLITS", "ByteCorpus", "DataUnavailable", "LabData", "corpus_note", "load_data",
+    "shard", "split_files", "step_generator",
 ]  # fmt: skip
 
 FILE_SEPARATOR = b"\x00"
@@ -410,3 +410,41 @@ def load_data(cfg: DataConfig) -> LabData:
             raise ValueError("source 'task' needs a task name (--task NAME)")
         return make_task(cfg.task)
     raise ValueError(f"data source must be stdlib, text, hf or task, got {cfg.source!r}")
+
+
+def corpus_note(cfg: DataConfig, data: LabData, eval_tokens: int) -> str | None:
+    """The run's line on its corpus: for ``--text``, its files and bytes and its test split;
+    for any byte corpus whose test split holds fewer targets than ``eval_tokens``, that the
+    per-length budget is capped to the split (:meth:`ByteCorpus.eval_windows`). None for a
+    synthetic task, or a corpus with nothing to say."""
+    if not isinstance(data, ByteCorpus):
+        return None
+    test = len(data.split("test"))
+    usable = max(test - 1, 0)  # targets: every byte after the first
+    capped = usable < eval_tokens
+    files = _text_sizes(cfg)
+    if files is not None:
+        head = (
+            f"--text {cfg.path}: {len(files):,} file(s), {sum(files):,} bytes; test split "
+            f"{test:,} bytes"
+        )
+    elif capped:
+        head = f"data {data.name}: test split {test:,} bytes"
+    else:
+        return None
+    if capped:
+        return (
+            f"{head}, so --eval-tokens {eval_tokens} is capped to {usable:,} per length (at "
+            "most: whole windows of each length)"
+        )
+    return f"{head}, {eval_tokens:,} tokens scored per length (--eval-tokens)"
+
+
+def _text_sizes(cfg: DataConfig) -> list[int] | None:
+    """The sizes of the files ``--text`` names (None for another source, or files gone)."""
+    if cfg.source != "text" or not cfg.path:
+        return None
+    try:
+        return [f.stat().st_size for f in text_files(cfg.path)[1]]
+    except OSError:
+        return None
