@@ -99,10 +99,10 @@ def test_two_jobs_give_the_serial_run_bit_for_bit(corpus_dir, tmp_path):
 
 # --- signals, in a subprocess -----------------------------------------------------------------
 
-STEPS = 1500
+STEPS = 300
 ARGS = ["-e", "none,sinusoidal", "-L", "16", "--dim", "32", "--layers", "1", "--heads", "2",
         "--steps", str(STEPS), "--batch-size", "4", "--eval-tokens", "256", "--eval-lens",
-        "1x,2x", "--ckpt-every", "20", "--threads", "1", "-q", "--no-plots"]  # fmt: skip
+        "1x,2x", "--ckpt-every", "10", "--threads", "1", "-q", "--no-plots"]  # fmt: skip
 
 
 def _lab(corpus: Path, out: Path, *extra: str) -> subprocess.Popen[bytes]:
@@ -149,6 +149,9 @@ def _stop_while_training(proc: subprocess.Popen[bytes], out: Path, sig: int) -> 
             workers = _children(proc.pid)
             proc.send_signal(sig)
             return workers
+        if list(out.glob("ckpt/*/final.pt")):
+            proc.kill()
+            pytest.fail("a cell finished before the other had a checkpoint")
         time.sleep(0.02)
     output = proc.communicate()[0].decode() if proc.poll() is not None else ""
     pytest.fail(f"the cells never both checkpointed: {output}")
@@ -175,7 +178,15 @@ def _run_here(corpus: Path, out: Path, *extra: str) -> None:
 
 
 def _steps(out: Path) -> list[int]:
-    return sorted(torch.load(p, weights_only=True)["step"] for p in out.glob("ckpt/*/last.pt"))
+    """The steps of the cells' resumable checkpoints (one being replaced is read again)."""
+    for _ in range(50):
+        try:
+            return sorted(
+                torch.load(p, weights_only=True)["step"] for p in out.glob("ckpt/*/last.pt")
+            )
+        except (OSError, RuntimeError):
+            time.sleep(0.01)
+    raise AssertionError(f"could not read the checkpoints under {out}")
 
 
 @pytest.mark.slow

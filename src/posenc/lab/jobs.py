@@ -134,7 +134,8 @@ def run_pool(
         inbox = ctx.Queue()
         args = (setup, setup_args, threads, os.getpid(), inbox, outbox)
         proc = ctx.Process(target=_worker_main, args=args, daemon=True, name="posenc-lab-job")
-        proc.start()
+        with _main_left_out():
+            proc.start()
         return _Worker(proc, inbox)
 
     pool = _Pool(start, stop, deque(tasks))
@@ -159,6 +160,27 @@ def run_pool(
                 pool.halted = True
     finally:
         _shutdown(pool.workers, outbox)
+
+
+@contextlib.contextmanager
+def _main_left_out() -> Any:
+    """Start a worker without running this program's ``__main__`` in it (spawn runs it again,
+    as ``__mp_main__``, unless it is a package's ``__main__``): a worker needs nothing from it
+    (an encoding registered there runs in this process instead, :func:`encoding_modules`), and
+    a script calling :func:`~posenc.lab.experiment.run_grid` without an
+    ``if __name__ == "__main__":`` guard would start its grid again in every worker."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def _shutdown(workers: list[_Worker], outbox: Any) -> None:
@@ -251,8 +273,22 @@ def _worker_main(
                 break
             continue
         outbox.put((me, "done", index, outcome))
-    if os.getppid() != parent:
-        outbox.cancel_join_thread()  # nobody reads what is still queued
+    _exit(outbox, orphaned=os.getppid() != parent)
+
+
+def _exit(outbox: Any, orphaned: bool) -> None:
+    """End the worker once what it queued has reached the parent (an orphan's queue is dropped:
+    nobody reads it), skipping the interpreter's teardown (seconds, for torch's modules):
+    every file it wrote was closed and synced by the code that wrote it."""
+    if orphaned:
+        outbox.cancel_join_thread()
+    outbox.close()
+    if not orphaned:
+        outbox.join_thread()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _next_task(inbox: Any, parent: int) -> Any:
