@@ -1,9 +1,15 @@
 """The documentation: every ```python block of docs/*.md, README.md and README.zh-CN.md runs
-(the blocks of one file in order, in one namespace), and `mkdocs build --strict` passes."""
+(the blocks of one file in order, in one namespace, after its ```python title="name.py" blocks
+are written as files beside it and importable), the ```bash commands of the pages in
+:data:`COMMAND_PAGES` run, and `mkdocs build --strict` passes."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -21,12 +27,51 @@ DOC_FILES = [
     ROOT / "README.zh-CN.md",
 ]
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+#: A file the page shows whole: ```python title="mymod.py"``` (written out, not executed).
+FILE_FENCE = re.compile(
+    r'^```python[ \t]+title="([\w.-]+\.py)"[ \t]*\n(.*?)^```[ \t]*$', re.MULTILINE | re.DOTALL
+)
+BASH_FENCE = re.compile(r"^```bash[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+#: Pages whose ```bash blocks are run too: each line is a ``posenc`` command.
+COMMAND_PAGES = ("add-encoding.md",)
 
 
 def python_blocks(path: Path) -> list[tuple[int, str]]:
     """``(first line number, code)`` of each ```python block of a Markdown file."""
     text = path.read_text(encoding="utf-8")
     return [(text.count("\n", 0, m.start()) + 2, m.group(1)) for m in FENCE.finditer(text)]
+
+
+def page_files(path: Path) -> dict[str, str]:
+    """``{file name: text}`` of each ```python title="name.py" block of a Markdown file."""
+    return dict(FILE_FENCE.findall(path.read_text(encoding="utf-8")))
+
+
+def write_page_files(path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page's files written to ``folder``, importable from it (sys.path) for this test."""
+    for name, text in page_files(path).items():
+        (folder / name).write_text(text, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(folder))
+
+
+@pytest.fixture
+def isolated_registry(tmp_path: Path):
+    """The modules a page's code imports from its folder (``tmp_path``), and the encodings
+    they register, are gone after the test (anything else it imports stays)."""
+    from posenc import registry
+
+    before = set(registry.names())
+    yield
+    ours = {
+        name
+        for name, module in list(sys.modules.items())
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path))
+    }
+    for name in set(registry.names()) - before:
+        if registry.entry(name).builder.__module__ in ours:
+            registry.unregister(name)
+    for name in ours:
+        del sys.modules[name]
 
 
 def test_block_extraction() -> None:
@@ -44,11 +89,14 @@ def test_block_extraction() -> None:
     [p for p in DOC_FILES if p.exists()],
     ids=lambda p: p.relative_to(ROOT / "docs").as_posix() if p in TOUR_FILES else p.name,
 )
-def test_doc_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doc_examples_run(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_registry: None
+) -> None:
     blocks = python_blocks(path)
     if not blocks:
         pytest.skip(f"{path.name} has no python blocks")
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
+    write_page_files(path, tmp_path, monkeypatch)
     torch.manual_seed(0)
     namespace: dict[str, object] = {"__name__": f"doc_{path.stem}"}
     for line, code in blocks:
@@ -58,6 +106,32 @@ def test_doc_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.Monkey
             raise AssertionError(
                 f"the example at {path.relative_to(ROOT)} line {line} failed: {e!r}"
             ) from e
+
+
+def bash_commands(path: Path) -> list[list[str]]:
+    """The commands of the ```bash blocks of a Markdown file, split as a shell would."""
+    text = path.read_text(encoding="utf-8")
+    return [shlex.split(line) for block in BASH_FENCE.findall(text) for line in block.splitlines()
+            if line.strip()]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", COMMAND_PAGES)
+def test_doc_commands_run(name: str, tmp_path: Path) -> None:
+    """Each ``posenc`` command of the page runs (a fresh process, in a folder holding the
+    page's files, on PYTHONPATH as the page says) and exits 0."""
+    path = ROOT / "docs" / name
+    for file, text in page_files(path).items():
+        (tmp_path / file).write_text(text, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")]),
+           "COLUMNS": "200", "NO_COLOR": "1"}  # fmt: skip
+    commands = bash_commands(path)
+    assert commands, f"{name} has no bash commands"
+    for argv in commands:
+        assert argv[0] == "posenc", f"{name}: {shlex.join(argv)} is not a posenc command"
+        res = subprocess.run([sys.executable, "-m", "posenc", *argv[1:]], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert res.returncode == 0, f"{name}: {shlex.join(argv)}\n{res.stdout}\n{res.stderr}"
+        assert "Traceback" not in res.stderr, res.stderr
 
 
 def test_docstring_examples_run() -> None:
