@@ -8,6 +8,7 @@ written by hand: nothing here trains."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 
 from posenc.cli import app
 from posenc.lab import report as R
-from posenc.lab.results import load_rows, store_rows
+from posenc.lab.results import extend_rows, load_rows, store_rows
 from posenc.lab.store import RESULTS_FILE, ResultStore
 
 DATA = Path(__file__).resolve().parent / "data" / "lab_store_rows.jsonl"
@@ -57,10 +58,91 @@ def _bad_lines() -> dict[str, tuple[bytes, str]]:
             "'eval' is [1], not dict[str, Any]",
         ),
         "not an object": (b"[1, 2, 3]\n", "a JSON list, not an object"),
+        **_nested_bad_lines(),
         "deep nesting": ((deep + "\n").encode(), "nested too deep"),
         "deep nesting in a row": (
             (json.dumps({**row, "config_hash": "bad3"})[:-1] + ', "x": ' + deep + "}\n").encode(),
             "nested too deep",
+        ),
+    }
+
+
+def _nested(tag: str, path: str, value: Any) -> bytes:
+    """The first good row (key ``tag``) with the nested field at ``path`` (dotted; ``-`` drops
+    it) set to ``value``."""
+    row = copy.deepcopy({**GOOD[0], "config_hash": tag})
+    *parents, last = path.split(".")
+    at = row
+    for key in parents:
+        at = at[key]
+    if value is _DROP:
+        del at[last]
+    else:
+        at[last] = value
+    return _line(row)
+
+
+_DROP = object()
+
+
+def _deep_in_eval(tag: str) -> bytes:
+    """The first good row with a 3000-deep list beside the fields of its ``eval``."""
+    text = json.dumps({**GOOD[0], "config_hash": tag})
+    deep = "[" * 3000 + "]" * 3000
+    return (text.replace('"eval": {', '"eval": {"x": ' + deep + ", ", 1) + "\n").encode()
+
+
+def _nested_bad_lines() -> dict[str, tuple[bytes, str]]:
+    """Valid JSON rows whose nested fields (``eval`` and the others the reports read) have the
+    wrong shape or type: each would fail the report (TypeError, KeyError, AttributeError)."""
+    base = "eval.variants.base"
+    result = GOOD[0]["eval"]["variants"]["base"]["results"]["64"]
+    deep_list: Any = []
+    for _ in range(500):  # parses (under the recursion limit) and is no object
+        deep_list = [deep_list]
+    return {
+        "nested bits a string": (
+            _nested("n1", f"{base}.results.64.bits", "x"),
+            f"{base}.results.64.bits is 'x', not a number or null",
+        ),
+        "eval of another shape": (_nested("n2", "eval", {"bits": {"64": "x"}}), "no eval.mode"),
+        "results a list": (
+            _nested("n3", f"{base}.results", [1, 2]),
+            f"{base}.results is [1, 2], not an object",
+        ),
+        "a result a list": (
+            _nested("n4", f"{base}.results.64", [1]),
+            f"{base}.results.64 is [1], not an object",
+        ),
+        "a result keyed by no length": (
+            _nested("n5", f"{base}.results.x", result),
+            f"{base}.results has the key 'x', not a length",
+        ),
+        "lengths of strings": (
+            _nested("n6", "eval.lengths", ["64"]),
+            "eval.lengths[0] is '64', not an integer",
+        ),
+        "a variant a string": (
+            _nested("n7", "eval.variants.linear", "x"),
+            "eval.variants.linear is 'x', not an object",
+        ),
+        "no base variant": (_nested("n8", base, _DROP), "no eval.variants.base"),
+        "a number past float's range": (
+            _nested("n9", f"{base}.results.64.bits", 10**400),
+            "not a number or null",
+        ),
+        "a deep list where an object belongs": (
+            _nested("n10", f"{base}.results", deep_list),
+            f"{base}.results is [[[...]]], not an object",
+        ),
+        "a 3000-deep value in eval": (_deep_in_eval("n11"), "nested too deep"),
+        "train statistics missing": (
+            _nested("n12", "train.tokens_per_s", _DROP),
+            "no train.tokens_per_s",
+        ),
+        "runtime of the wrong type": (
+            _nested("n13", "runtime.threads", "one"),
+            "runtime.threads is 'one', not an integer",
         ),
     }
 
@@ -294,3 +376,27 @@ def test_a_well_formed_readme_block_is_replaced_and_the_rest_kept(lab_out, tmp_p
     assert block == R.readme_table(R.load_rows(lab_out))
     assert new == f"{head}{START}\n{block}{END}{tail}"
     assert re.match(r"\| encoding \|", block) and "old table" not in new
+
+
+def test_an_extend_row_with_a_bad_nested_field_is_skipped_and_the_extend_report_runs(tmp_path):
+    """``posenc lab extend``'s rows are checked the same way (their ``eval`` and the identity
+    the table reads): one warning for the bad row, every good one in the table."""
+    data = Path(__file__).resolve().parent / "data" / "lab_extend_rows.jsonl"
+    extend = [json.loads(line) for line in data.read_text().splitlines()]
+    bad = copy.deepcopy({**extend[1], "config_hash": "bad-extend"})
+    bad["identity"]["train"]["lr"] = "fast"
+    out = tmp_path / "out"
+    out.mkdir()
+    lines = [_line(r) for r in GOOD] + [_line(extend[0]), _line(bad)]
+    lines += [_line(r) for r in extend[1:]]
+    (out / RESULTS_FILE).write_bytes(b"".join(lines))
+    rows, messages = _warnings_of(lambda: extend_rows(out))
+    assert [r["config_hash"] for r in rows] == [r["config_hash"] for r in extend]
+    assert messages == [
+        f"{out / RESULTS_FILE}:{len(GOOD) + 2}: skipping a result row that cannot be read: "
+        "identity.train.lr is 'fast', not a number"
+    ]
+    args = ["lab", "report", "--out", str(out), "--no-plots", "--question", "extend"]
+    res, messages = _warnings_of(lambda: CliRunner().invoke(app, args))
+    assert res.exit_code == 0 and "rope + YaRN" in res.output, res.output
+    assert len(messages) == 1 and "Traceback" not in res.output

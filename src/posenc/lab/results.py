@@ -8,6 +8,8 @@ new one. A row of another results schema is refused with what to do.
 
 from __future__ import annotations
 
+import math
+import reprlib
 import types
 from dataclasses import fields
 from functools import cache
@@ -16,7 +18,19 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .config import LENGTH_ENCODINGS
 from .identity import RESULTS_SCHEMA
-from .rows import EXTEND, REFERENCE, ExtendRow, GridRow, upgrade_row
+from .rows import (
+    EXTEND,
+    EXTEND_SHAPES,
+    GRID_SHAPES,
+    REFERENCE,
+    Each,
+    ExtendRow,
+    GridRow,
+    Keys,
+    ListOf,
+    OneOf,
+    upgrade_row,
+)
 from .store import RESULTS_FILE, ResultStore
 
 
@@ -49,6 +63,87 @@ def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
+#: A value in a warning: short, and bounded in depth (a deeply nested value is not recursed).
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring = 2, 3, 3, 30
+
+
+def _short(value: object) -> str:
+    return _SHORT.repr(value)
+
+
+def _leaf_ok(value: object, leaf: Any) -> bool:
+    """A leaf of a nested shape (:mod:`posenc.lab.rows`): ``float`` any number a float holds
+    (an integer past float's range is none), ``int``, ``str``, ``None``, ``Any``."""
+    if leaf is Any:
+        return True
+    if leaf is None:
+        return value is None
+    if isinstance(value, bool):
+        return leaf is bool
+    if leaf is float:
+        return isinstance(value, float) or (isinstance(value, int) and _fits_float(value))
+    return isinstance(value, leaf)
+
+
+def _fits_float(value: int) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _shape_name(shape: Any) -> str:
+    if isinstance(shape, Keys | Each):
+        return "an object"
+    if isinstance(shape, ListOf):
+        return "a list"
+    if isinstance(shape, OneOf):
+        return " or ".join(_shape_name(s) for s in shape.options)
+    names = {float: "a number", int: "an integer", str: "a string", None: "null"}
+    return names.get(shape, "anything")
+
+
+def shape_problem(value: object, shape: Any, where: str) -> str | None:
+    """Why ``value`` (parsed JSON, at ``where``: ``eval.variants.base``) does not have the
+    nested ``shape`` (:class:`~posenc.lab.rows.Keys`, ``Each``, ``ListOf``, ``OneOf`` or a
+    leaf); None if it has. Recurses only as deep as the shape, never into the value beyond."""
+    wrong = f"{where} is {_short(value)}, not {_shape_name(shape)}"
+    if isinstance(shape, OneOf):
+        fits = [s for s in shape.options if shape_problem(value, s, where) is None]
+        if fits:
+            return None
+        typed = [s for s in shape.options if isinstance(s, Keys | Each | ListOf)]
+        inner = [s for s in typed if isinstance(value, list if isinstance(s, ListOf) else dict)]
+        return shape_problem(value, inner[0], where) if inner else wrong
+    if isinstance(shape, ListOf):
+        if not isinstance(value, list):
+            return wrong
+        for i, item in enumerate(value):
+            if (problem := shape_problem(item, shape.item, f"{where}[{i}]")) is not None:
+                return problem
+        return None
+    if isinstance(shape, Keys | Each):
+        return _object_problem(value, shape, where) if isinstance(value, dict) else wrong
+    return None if _leaf_ok(value, shape) else wrong
+
+
+def _object_problem(value: dict[str, Any], shape: Keys | Each, where: str) -> str | None:
+    if isinstance(shape, Each):
+        for key, item in value.items():
+            if shape.int_keys and not (key.isascii() and key.isdigit()):
+                return f"{where} has the key {_short(key)}, not a length"
+            if (problem := shape_problem(item, shape.value, f"{where}.{key}")) is not None:
+                return problem
+        return None
+    for key, item in value.items():
+        sub = shape.required.get(key, shape.optional.get(key, shape.rest))
+        if sub is not None and (problem := shape_problem(item, sub, f"{where}.{key}")):
+            return problem
+    missing = [k for k in shape.required if k not in value]
+    return f"no {where}.{missing[0]}" if missing else None
+
+
 #: The fields a stored row is read without (rows written before them lack them) are typed when
 #: present; these it cannot be read without (beyond the store's key).
 REQUIRED_FIELDS = ("group",)
@@ -58,7 +153,9 @@ def row_problem(row: dict[str, Any]) -> tuple[str | None, str | None]:
     """A stored row against its dataclass (:class:`GridRow`, or :class:`ExtendRow` for a row
     with a ``kind``): why it cannot be read (a field of :data:`REQUIRED_FIELDS` missing, or a
     field of the wrong type; None if it can), and a note naming fields no posenc row has (they
-    are ignored). Raises ValueError for a row of another results schema."""
+    are ignored). A nested field is checked against its shape (:data:`~posenc.lab.rows.GRID_SHAPES`,
+    :data:`~posenc.lab.rows.EXTEND_SHAPES`: what the reports read inside it). Raises ValueError
+    for a row of another results schema."""
     schema = row.get("schema", RESULTS_SCHEMA)
     if schema != RESULTS_SCHEMA:
         raise ValueError(
@@ -73,7 +170,10 @@ def row_problem(row: dict[str, Any]) -> tuple[str | None, str | None]:
             return f"no {name!r}", None
     for name, value in row.items():
         if name in wanted and not _is(value, wanted[name]):
-            return f"{name!r} is {value!r:.40}, not {_type_name(wanted[name])}", None
+            return f"{name!r} is {_short(value)}, not {_type_name(wanted[name])}", None
+    for name, shape in (EXTEND_SHAPES if row.get("kind") else GRID_SHAPES).items():
+        if name in row and (problem := shape_problem(row[name], shape, name)) is not None:
+            return problem, None
     unknown = [repr(k) for k in row if k not in wanted and k != "kind"]
     if unknown:
         return None, f"ignoring field(s) no result row has: {', '.join(unknown)}"

@@ -9,7 +9,7 @@ The field order is the key order of the stored JSON (the reports list variants a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 EXTEND, REFERENCE = "extend", "extend-reference"
@@ -148,3 +148,93 @@ def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def runtime_dict(runtime: GridRuntime | ExtendRuntime) -> dict[str, Any]:
     return asdict(runtime)
+
+
+# --- The shapes of a row's nested fields --------------------------------------------------------
+#
+# What the readers (the reports, the figures, ``posenc lab extend``) index inside a row's objects,
+# so that a row whose ``eval`` (or ``train``, ``runtime``, ``identity``) is an object of the wrong
+# shape is skipped when it is read (:func:`posenc.lab.results.row_problem`) instead of failing
+# the report. Keys not named are allowed (and not looked at).
+
+
+@dataclass(frozen=True)
+class Keys:
+    """An object with the ``required`` keys and, where present, the ``optional`` ones, each of
+    its shape; ``rest``: the shape of every other key's value (None: not looked at)."""
+
+    required: dict[str, Any]
+    optional: dict[str, Any] = field(default_factory=dict)
+    rest: Any = None
+
+
+@dataclass(frozen=True)
+class Each:
+    """An object whose every value has the shape ``value``; ``int_keys``: its keys are integers
+    written as strings (an eval length)."""
+
+    value: Any
+    int_keys: bool = False
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A list whose every item has the shape ``item``."""
+
+    item: Any
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """Any of ``options`` (a shape each)."""
+
+    options: tuple[Any, ...]
+
+
+#: Leaves: ``float`` is any JSON number that is a float (an integer too; a bool is no number),
+#: ``int`` an integer, ``str`` a string, ``None`` null, ``Any`` anything.
+NUMBER_OR_NULL = OneOf((float, None))
+
+_CURVE = Keys({"pos": ListOf(int), "end": ListOf(int), "bits": ListOf(NUMBER_OR_NULL)})
+_RESULT = Keys(
+    {"bits": NUMBER_OR_NULL},
+    {"acc": NUMBER_OR_NULL, "tokens": int, "curve": OneOf((None, _CURVE)),
+     "note": OneOf((None, str))},
+)  # fmt: skip
+_BY_DEPTH = ListOf(OneOf((None, ListOf(NUMBER_OR_NULL))))  # [length][depth]
+_PASSKEY = Keys({"depths": ListOf(float), "lengths": ListOf(int), "acc": _BY_DEPTH,
+                 "exact": _BY_DEPTH})  # fmt: skip
+_VARIANT = Keys(
+    {"label": str, "results": Each(_RESULT, int_keys=True)},
+    {"seconds": float, "passkey": OneOf((None, _PASSKEY))},
+)
+
+#: ``eval``: :func:`posenc.lab.evaluate.evaluate_model`'s result, with its ``base`` variant.
+EVAL_SHAPE = Keys(
+    {"mode": str, "unit": str, "lengths": ListOf(int),
+     "variants": Keys({"base": _VARIANT}, rest=_VARIANT)},
+    {"train_len": int, "skipped": Each(Any)},
+)  # fmt: skip
+
+#: A grid row's nested fields: the ones its table and caption read.
+GRID_SHAPES: dict[str, Any] = {
+    "eval": EVAL_SHAPE,
+    "train": Keys(
+        {"tokens_per_s": float, "train_seconds": float, "final_loss_bits": float},
+        {"tokens_per_s_fast": float},
+    ),
+    "runtime": Keys({"world_size": int, "device": str, "threads": int, "cell_seconds": float}),
+    "identity": Keys({"train": Keys(
+        {"model": Keys({"dim": int, "num_layers": int, "num_heads": int}),
+         "train": Keys({"steps": int, "batch_size": int})},
+        {"data": Each(Any)},
+    )}, {"eval": Each(Any)}),
+    "data": Keys({"name": str, "fingerprint": str}),
+    "versions": Keys({"torch": str}),
+}  # fmt: skip
+
+#: An extend row's nested fields.
+EXTEND_SHAPES: dict[str, Any] = {
+    "eval": EVAL_SHAPE,
+    "identity": Keys({"model": Each(Any), "train": Keys({"batch_size": int, "lr": float})}),
+}
