@@ -1,10 +1,13 @@
 """Published model configs against transformers' own rotary classes.
 
-Each file of ``tests/data/hf_configs`` is a real ``config.json``; ``SOURCES.jsonl`` there names
-its Hub repository and the public copy it was taken from (older files also carry ``_source``,
-``_via``, ``_notes`` keys, which the loader strips). Files posenc refuses live in ``refused/``. For every file, in both forms (the raw dict and the config
-object transformers builds from it), and for every rope layer type, :func:`posenc.hf.rope_from_hf`
-must give:
+Each file of ``tests/data/hf_configs`` is a verbatim copy of a published ``config.json``;
+``SOURCES.jsonl`` there names its Hub repository and the public copy it was taken from. Files posenc
+refuses live in ``refused/`` (``tests/test_hf_corpus_files.py``). The reconstructed fixtures of
+``tests/data/hf_configs_rebuilt`` (dicts and presets, not published files; their ``_source``,
+``_via``, ``_notes`` keys are stripped) run here too, as ``rebuilt/<name>``: they keep their cases
+covered, but they are fixtures, not evidence. For every file, in both forms (the raw dict and the
+config object transformers builds from it), and for every rope layer type,
+:func:`posenc.hf.rope_from_hf` must give:
 
 * the cos/sin of the model's ``*RotaryEmbedding`` class (float32, <= 1e-6 times the attention
   factor), at sampled positions up to 4x ``max_position_embeddings`` and at every switch point
@@ -24,7 +27,6 @@ import inspect
 import json
 import random
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,14 +38,17 @@ transformers.logging.set_verbosity_error()
 from transformers import CONFIG_MAPPING  # noqa: E402
 from transformers.models.auto.configuration_auto import model_type_to_module_name  # noqa: E402
 
+from _hf_corpus_paths import CORPUS, PREFIX, REBUILT, config_path  # noqa: E402
 from posenc.hf import ROPE_INTERLEAVE_MODEL_TYPES, hf_rope_kwargs, rope_from_hf  # noqa: E402
 
-CORPUS = Path(__file__).parent / "data" / "hf_configs"
 METADATA = ("_source", "_via", "_notes")
 # pending/: published files that other tests' harnesses do not handle yet (kept out of their globs)
-NAMES = sorted(p.stem for p in CORPUS.glob("*.json")) + sorted(
+PUBLISHED = sorted(p.stem for p in CORPUS.glob("*.json")) + sorted(
     f"pending/{p.stem}" for p in CORPUS.glob("pending/*.json")
 )
+# the reconstructed fixtures (not evidence)
+FIXTURES = sorted(f"{PREFIX}{p.stem}" for p in REBUILT.glob("*.json"))
+NAMES = PUBLISHED + FIXTURES
 TOL = 1e-6  # float32, cos/sin (times the attention factor) and rotated q, k
 
 
@@ -51,8 +56,8 @@ TOL = 1e-6  # float32, cos/sin (times the attention factor) and rotated q, k
 
 
 def load(name: str) -> dict[str, Any]:
-    """The published config of corpus file ``name``, without the provenance keys."""
-    raw = json.loads((CORPUS / f"{name}.json").read_text())
+    """The config of corpus file (or ``rebuilt/`` fixture) ``name``, without provenance keys."""
+    raw = json.loads(config_path(name).read_text())
     return {k: v for k, v in raw.items() if k not in METADATA}
 
 
@@ -90,15 +95,28 @@ def rope_keys(text: Any) -> list[str | None]:
     return [k for k in params if k in labels] or [None]
 
 
+def _attention_always_interleaves(module: Any) -> bool:
+    """The module's attention calls ``apply_rotary_pos_emb_interleave`` whatever the config says
+    (DeepSeek-V3.2: its sparse-attention indexer alone keeps ``apply_rotary_pos_emb``)."""
+    for name, obj in vars(module).items():
+        if not (isinstance(obj, type) and name.endswith("Attention") and "forward" in vars(obj)):
+            continue
+        source = inspect.getsource(obj.forward)
+        if "apply_rotary_pos_emb_interleave(" in source and "rope_interleave" not in source:
+            return True
+    return False
+
+
 def is_flagged_interleave(text: Any) -> bool:
     """DeepSeek-V3 style: interleaved pairs, written back de-interleaved by transformers (the
-    types posenc flags, and those whose module has only the interleaving apply, e.g. GLM-5)."""
+    types posenc flags, and those whose attention uses only the interleaving apply, e.g. GLM-5,
+    DeepSeek-V3.2)."""
     if text.model_type in ROPE_INTERLEAVE_MODEL_TYPES:
         return bool(getattr(text, "rope_interleave", False))
     module = modeling(text)
-    return not hasattr(module, "apply_rotary_pos_emb") and hasattr(
-        module, "apply_rotary_pos_emb_interleave"
-    )
+    if not hasattr(module, "apply_rotary_pos_emb_interleave"):
+        return False
+    return not hasattr(module, "apply_rotary_pos_emb") or _attention_always_interleaves(module)
 
 
 def reference_cos_sin(out: Any, model_type: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,7 +181,7 @@ def position_batches(text: Any, kw: dict[str, Any], name: str) -> list[torch.Ten
     orig = (kw["scaling"] or {}).get("original_max_position_embeddings")
     # GPT-J's sin/cos table has max_position_embeddings rows: nothing exists past it.
     top = length if text.model_type in ("gptj", "codegen") else 4 * length
-    rng = random.Random(name)
+    rng = random.Random(name.removeprefix(PREFIX))  # a fixture samples as it did before its move
     sample = {0, 1, 2, 3, 7, 31, 100, 1023, length // 2, length - 1, length, length + 1}
     sample |= {2 * length, 3 * length + 7, 4 * length - 1} | {rng.randrange(top) for _ in range(16)}
     ends = {top - 1, length - 1, length}
@@ -240,27 +258,42 @@ def _rotations(errors, rope, module, text, kw, positions, ref, rotary, extra) ->
 
 
 def test_corpus_files_name_their_source() -> None:
-    """Each file is in SOURCES.jsonl (tests/test_hf_corpus_files.py checks the entries)."""
+    """Each file is in its folder's SOURCES.jsonl (tests/test_hf_corpus_files.py checks the
+    entries: every corpus file verbatim, at least 80 with refused/)."""
     listed = {json.loads(line)["name"] for line in (CORPUS / "SOURCES.jsonl").open()}
-    assert len(NAMES) >= 70
-    for name in NAMES:
+    fixtures = {json.loads(line)["name"] for line in (REBUILT / "SOURCES.jsonl").open()}
+    assert len(PUBLISHED) >= 70
+    for name in PUBLISHED:
         assert f"{name}.json" in listed, name
+    for name in FIXTURES:
+        assert f"{name[len(PREFIX) :]}.json" in fixtures, name
 
 
-def test_corpus_covers_the_rope_families() -> None:
-    texts = {name: hf_text_config(load(name)) for name in NAMES}
+def _kinds(names: list[str]) -> set[str]:
     kinds = set()
-    for name, text in texts.items():
-        for layer_type in rope_keys(text):
+    for name in names:
+        for layer_type in rope_keys(hf_text_config(load(name))):
             kw = hf_rope_kwargs(load(name), layer_type)
             kinds.add((kw["scaling"] or {}).get("rope_type", "default"))
             kinds |= {kw["layout"], "partial" if kw["rotary_dim"] < kw["head_dim"] else "full"}
             kinds |= {"mrope"} if "mrope_section" in kw else set()
             kinds |= {"per_layer_type"} if layer_type else set()
-    assert kinds >= {
+    return kinds
+
+
+# rope families no published file of the corpus has yet: only the rebuilt fixtures test them
+FIXTURES_ONLY = {"linear", "longrope"}
+
+
+def test_corpus_covers_the_rope_families() -> None:
+    families = {
         "default", "linear", "yarn", "longrope", "llama3", "half", "interleaved", "partial",
-        "mrope", "per_layer_type",
+        "mrope", "per_layer_type", "proportional",
     }  # fmt: skip
+    published = _kinds(PUBLISHED)
+    assert published >= families - FIXTURES_ONLY
+    assert not published & FIXTURES_ONLY, "a published file has it now: drop it from FIXTURES_ONLY"
+    assert _kinds(FIXTURES) >= FIXTURES_ONLY
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -348,7 +381,7 @@ def test_negative_control_swapped_llama3_smoothing_factors() -> None:
 
 
 def test_negative_control_longrope_switch_moved_by_one() -> None:
-    for name in ("phi-3.5-mini-instruct", "phi-4-mini-instruct"):
+    for name in ("rebuilt/phi-3.5-mini-instruct", "rebuilt/phi-4-mini-instruct"):  # fixtures
         assert not _caught(name)
         assert _caught(name, seq_shift=1), name
         assert _caught(name, seq_shift=-1), name

@@ -1,11 +1,15 @@
 """The published config files themselves: their sources, transformers' reading, posenc's refusals.
 
-``tests/data/hf_configs/SOURCES.jsonl`` names, for each file of the folder (and of ``refused/``
-and ``pending/``), the Hub model and the public copy it came from. A file marked ``verbatim`` is
-that copy unchanged (nothing added, removed or re-serialized here): the published keys and
-values; the copy's own spacing may differ from the Hub's (some copies drop the final newline or
-re-indent), and ``agrees_with`` names a second, independent copy with the same keys and values
-where one was found. The older ``verbatim: false`` files were rebuilt from dicts or excerpts.
+``tests/data/hf_configs/`` (with its ``pending/`` and ``refused/`` subfolders) is the corpus: every
+file there is a verbatim copy of a published ``config.json``, and ``SOURCES.jsonl`` names, for each,
+the Hub model and the public copy it came from (repository, path, commit; ``notes`` say how the copy
+is known to be the whole file where that is not plain). Verbatim means that copy unchanged (nothing
+added, removed or re-serialized here): the published keys and values; the copy's own spacing may
+differ from the Hub's (some copies drop the final newline or re-indent), and ``agrees_with`` names a
+second, independent copy with the same keys and values where one was found.
+``tests/data/hf_configs_rebuilt/`` holds reconstructed fixtures (dicts, presets, excerpts, configs
+cut to fewer layers), with their own ``SOURCES.jsonl`` (``via``): they run here as ``rebuilt/<name>``
+so their cases stay covered, but they are not evidence about the published models.
 For every file:
 
 * transformers' config class for its ``model_type`` builds it, and keeps every key it holds
@@ -15,11 +19,11 @@ For every file:
   Qwen2.5-VL's top-level text keys into ``text_config``); a key it drops is a failure unless
   :data:`DROPPED` lists it with the reason;
 * posenc's :func:`posenc.hf.position_plan` reads it (the cos/sin and rotation parity against
-  transformers' rotary classes is ``tests/test_hf_corpus.py``, which runs over the same folder);
+  transformers' rotary classes is ``tests/test_hf_corpus.py``, which runs over the same folders);
 * a file under ``refused/`` is refused by :func:`posenc.hf.rope_from_hf` with a reason that names
   what it refuses (its model type, or the ``refusal`` of its entry), never read silently.
 ``pending/`` holds published files posenc's rotary classes read like transformers, but that other
-tests (the plan, inspect and drop-in tests, which glob the folder itself) do not pass yet; each
+tests (the plan, inspect and drop-in tests, which glob the top folder) do not pass yet; each
 entry's ``pending`` says why, and the file moves up when that is fixed.
 """
 
@@ -39,16 +43,23 @@ transformers.logging.set_verbosity_error()
 
 from transformers import CONFIG_MAPPING  # noqa: E402
 
+from _hf_corpus_paths import CORPUS, PREFIX, REBUILT, config_path  # noqa: E402
 from posenc.hf import position_plan, rope_from_hf  # noqa: E402
 
-CORPUS = Path(__file__).parent / "data" / "hf_configs"
-SOURCES = {
-    e["name"]: e for e in map(json.loads, (CORPUS / "SOURCES.jsonl").read_text().splitlines())
-}
+
+def _sources(folder: Path, prefix: str = "") -> dict[str, dict[str, Any]]:
+    lines = (folder / "SOURCES.jsonl").read_text().splitlines()
+    return {prefix + e["name"]: e for e in map(json.loads, lines)}
+
+
+CORPUS_SOURCES = _sources(CORPUS)  # the published files
+REBUILT_SOURCES = _sources(REBUILT, PREFIX)  # the reconstructed fixtures
+SOURCES = {**CORPUS_SOURCES, **REBUILT_SOURCES}
 FILES = sorted(p.name for p in CORPUS.glob("*.json")) + sorted(
     f"pending/{p.name}" for p in CORPUS.glob("pending/*.json")
 )
 REFUSED = sorted(f"refused/{p.name}" for p in (CORPUS / "refused").glob("*.json"))
+FIXTURES = sorted(f"{PREFIX}{p.name}" for p in REBUILT.glob("*.json"))
 METADATA = ("_source", "_via", "_notes")
 
 # transformers' own moves of a key (the key survives under the new name)
@@ -91,7 +102,7 @@ NO_ROPE = sorted(n for n in REFUSED if "has no rotary" in SOURCES[n].get("refusa
 
 def raw_file(name: str) -> dict[str, Any]:
     """The file's dict without the provenance keys older files carry."""
-    raw = json.loads((CORPUS / name).read_text())
+    raw = json.loads(config_path(name).read_text())
     return {k: v for k, v in raw.items() if k not in METADATA}
 
 
@@ -142,24 +153,29 @@ def dropped_keys(raw: dict[str, Any], config: Any, prefix: str = "") -> list[str
 
 
 def test_every_file_has_its_source() -> None:
-    assert sorted(SOURCES) == sorted(FILES + REFUSED)
-    verbatim = [n for n, e in SOURCES.items() if e["verbatim"]]
-    assert len(verbatim) >= 80, len(verbatim)
-    for name, entry in SOURCES.items():
+    """Every file of the corpus (top folder, pending/, refused/) is a verbatim copy of a published
+    config.json with its source, and there are at least 80; the fixtures say where they came from."""
+    assert sorted(CORPUS_SOURCES) == sorted(FILES + REFUSED)
+    assert sorted(REBUILT_SOURCES) == FIXTURES
+    assert len(CORPUS_SOURCES) >= 80, len(CORPUS_SOURCES)
+    for name, entry in CORPUS_SOURCES.items():
+        assert entry["verbatim"] is True, f"{name}: not verbatim, it belongs in {REBUILT.name}/"
         assert re.fullmatch(r"[\w.-]+/[\w.-]+", entry["model"]), name
-        raw = json.loads((CORPUS / name).read_text())
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", entry["repo"]), name
+        assert entry["path"].endswith(".json") and re.fullmatch("[0-9a-f]{40}", entry["commit"])
+        raw = json.loads(config_path(name).read_text())
         assert isinstance(raw.get("model_type"), str), name
-        if entry["verbatim"]:
-            assert re.fullmatch(r"[\w.-]+/[\w.-]+", entry["repo"]), name
-            assert entry["path"].endswith(".json") and re.fullmatch("[0-9a-f]{40}", entry["commit"])
-            assert not set(raw) & set(METADATA), name  # the published text, nothing added
-        else:
-            assert raw["_via"] == entry["via"], name
+        assert not set(raw) & set(METADATA), name  # the published text, nothing added
         assert name.startswith("refused/") == ("status" in entry), name
         assert name.startswith("pending/") == ("pending" in entry), name  # why it waits there
+    for name, entry in REBUILT_SOURCES.items():
+        assert entry["verbatim"] is False, name
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", entry["model"]), name
+        raw = json.loads(config_path(name).read_text())
+        assert isinstance(raw.get("model_type"), str) and raw["_via"] == entry["via"], name
 
 
-@pytest.mark.parametrize("name", FILES + REFUSED)
+@pytest.mark.parametrize("name", FILES + REFUSED + FIXTURES)
 def test_transformers_builds_it_and_keeps_every_key(name: str) -> None:
     raw = raw_file(name)
     if SOURCES[name].get("transformers") is False:  # remote-code models (Kimi-K2, MiMo)
@@ -175,7 +191,7 @@ def test_transformers_builds_it_and_keeps_every_key(name: str) -> None:
 # --- posenc's reading ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", FILES + FIXTURES)
 def test_position_plan_reads_it(name: str) -> None:
     raw = raw_file(name)
     plan = position_plan(raw)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from _hf_corpus_paths import config_path
 from posenc.hf import (
     attention_temperature_from_hf,
     hf_rope_kwargs,
@@ -21,7 +22,6 @@ from posenc.hf import (
 )
 from posenc.hf.load import cached_config_path, hub_cache_dir
 
-CORPUS = Path(__file__).parent / "data" / "hf_configs"
 ENTRIES = (
     lambda c: rope_from_hf(c).base,
     lambda c: hf_rope_kwargs(c)["base"],
@@ -31,7 +31,7 @@ ENTRIES = (
 
 
 def _ministral() -> dict[str, Any]:
-    return json.loads((CORPUS / "ministral-3-3b-reasoning-2512.json").read_text())
+    return json.loads(config_path("ministral-3-3b-reasoning-2512").read_text())
 
 
 def _cache(root: Path, model_id: str, raw: dict[str, Any], rev: str = "abc123") -> Path:
@@ -126,7 +126,7 @@ def test_bad_files(tmp_path: Path) -> None:
 
 def _gemma3_leaving_defaults() -> dict[str, Any]:
     """gemma-3-4b-it as published: its text_config leaves head_dim and the heads to the class."""
-    raw = json.loads((CORPUS / "gemma-3-4b-it.json").read_text())
+    raw = json.loads(config_path("gemma-3-4b-it").read_text())
     text = raw["text_config"]
     for key in ("head_dim", "num_attention_heads", "num_key_value_heads"):
         text.pop(key)
@@ -170,7 +170,7 @@ def test_class_defaults_with_transformers() -> None:
 
 def test_complete_configs_read_without_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
     _hide_transformers(monkeypatch)
-    plan = position_plan(CORPUS / "gemma-2-9b.json")
+    plan = position_plan(config_path("gemma-2-9b"))
     assert [x.span for x in plan.layers[:2]] == [("sliding", 4096), "full"]
 
 

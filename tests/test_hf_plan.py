@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ transformers.logging.set_verbosity_error()
 
 from transformers import CONFIG_MAPPING  # noqa: E402
 
+from _hf_corpus_paths import config_path, top_level_files  # noqa: E402
 from _hf_probe import probe, text_config, tiny_text_config  # noqa: E402
 from posenc.hf import (  # noqa: E402
     LayerPositions,
@@ -32,12 +32,11 @@ from posenc.hf import (  # noqa: E402
     rope_from_hf,
 )
 
-CORPUS = Path(__file__).parent / "data" / "hf_configs"
-NAMES = sorted(p.stem for p in CORPUS.glob("*.json"))
+NAMES = sorted(p.stem for p in top_level_files())
 
 
 def load(name: str) -> dict[str, Any]:
-    raw = json.loads((CORPUS / f"{name}.json").read_text())
+    raw = json.loads(config_path(name).read_text())
     return {k: v for k, v in raw.items() if not k.startswith("_")}
 
 

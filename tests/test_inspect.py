@@ -17,18 +17,18 @@ transformers.logging.set_verbosity_error()
 from transformers import CONFIG_MAPPING  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
+from _hf_corpus_paths import config_path, top_level_files  # noqa: E402
 from _hf_probe import probe, text_config, tiny_text_config  # noqa: E402
 from posenc.cli import app  # noqa: E402
 from posenc.hf.inspect import config_warnings, format_indices, inspect_config  # noqa: E402
 from posenc.rotary import RotaryEmbedding  # noqa: E402
 
-CORPUS = Path(__file__).parent / "data" / "hf_configs"
-FILES = sorted(CORPUS.glob("*.json"))
+FILES = top_level_files()
 runner = CliRunner()
 
 
 def load(name: str) -> dict[str, Any]:
-    raw = json.loads((CORPUS / f"{name}.json").read_text())
+    raw = json.loads(config_path(name).read_text())
     return {k: v for k, v in raw.items() if not k.startswith("_")}
 
 
@@ -83,7 +83,7 @@ def test_format_indices() -> None:
 
 
 def test_table_groups_equal_layers() -> None:
-    result = runner.invoke(app, ["inspect", str(CORPUS / "gemma-2-9b.json")])
+    result = runner.invoke(app, ["inspect", str(config_path("gemma-2-9b"))])
     assert result.exit_code == 0
     assert "0, 2, 4, 6" in result.stdout and "1, 3, 5, 7" in result.stdout
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import Llama4TextConfig
 
+from _hf_corpus_paths import config_path
 from posenc import registry
 from posenc.functional.length import pose_positions, randomized_positions
 from posenc.lab import presets as P
@@ -24,7 +24,6 @@ from posenc.lab.train import train_model
 from posenc.model import TemperedAttention, TransformerLM
 from posenc.rotary.temperature import QueryTemperature
 
-HF_CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 SMALL = P.preset("cpu-small")  # L = 64, eval to 8L = 512, 2 layers
 
 
@@ -87,11 +86,11 @@ def test_temperatures_use_the_published_scales_at_the_train_length() -> None:
     attn_scale and floor_scale unset) on the NoPE layers, floor_scale -> L. Ministral-3: its
     published llama_4_scaling_beta on every layer, original_max_position_embeddings -> L."""
     ref = Llama4TextConfig()
-    maverick = json.loads((HF_CONFIGS / "llama-4-maverick-17b-128e.json").read_text())
+    maverick = json.loads(config_path("llama-4-maverick-17b-128e").read_text())
     assert "attn_scale" not in maverick["text_config"]  # so the default is Llama-4's
     llama4 = P.model_config(SMALL, "rope:nope_every=2:temperature=llama4", 256).temperature
     assert llama4 == QueryTemperature("llama4_temperature", ref.attn_scale, 64, layers=(1,))
-    ministral = json.loads((HF_CONFIGS / "ministral-3-3b-reasoning-2512.json").read_text())
+    ministral = json.loads(config_path("ministral-3-3b-reasoning-2512").read_text())
     beta = ministral["text_config"]["rope_parameters"]["llama_4_scaling_beta"]
     got = P.model_config(SMALL, "alibi:temperature=ministral", 256).temperature
     assert got == QueryTemperature("llama4_scaling", beta, 64, layers=None)

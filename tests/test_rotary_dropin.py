@@ -187,16 +187,15 @@ import importlib  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from transformers import CONFIG_MAPPING, AutoModel, AutoModelForCausalLM  # noqa: E402
 from transformers.models.auto.configuration_auto import model_type_to_module_name  # noqa: E402
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
+from _hf_corpus_paths import config_path, top_level_files  # noqa: E402
 from posenc.hf import attention_temperature_from_hf  # noqa: E402
 from posenc.rotary import MRoPE, RotaryEmbedding  # noqa: E402
 
-CORPUS = Path(__file__).parent / "data" / "hf_configs"
 _SHRINK = {  # config key -> tiny value (only keys the config has are set)
     "vocab_size": 97, "intermediate_size": 32, "moe_intermediate_size": 16,
     "shared_expert_intermediate_size": 16, "intermediate_size_mlp": 32, "num_attention_heads": 2,
@@ -210,7 +209,7 @@ _SHRINK = {  # config key -> tiny value (only keys the config has are set)
 
 
 def _corpus_raw(name: str) -> dict[str, Any]:
-    raw = json.loads((CORPUS / f"{name}.json").read_text())
+    raw = json.loads(config_path(name).read_text())
     return {k: v for k, v in raw.items() if not k.startswith(("_source", "_via", "_notes"))}
 
 
@@ -402,7 +401,7 @@ def _scale_queries(attn: nn.Module, temperature: Any) -> None:
 
 def _one_per_architecture() -> list[str]:
     seen: dict[tuple[str, str], str] = {}
-    for path in sorted(CORPUS.glob("*.json")):
+    for path in top_level_files():
         raw = _corpus_raw(path.stem)
         text = CONFIG_MAPPING[raw["model_type"]].from_dict(copy.deepcopy(raw))
         text = text.get_text_config(decoder=True)
