@@ -448,6 +448,8 @@ def _cell_runner(
     grid = _Grid(cfg, data, lengths, ctx)
 
     def run(index: int, task: tuple[str, int]) -> tuple[str, Any]:
+        if stop.signum is not None:  # signalled before this cell started: it is not begun
+            return "interrupted", (stop.signum, None)
         cell = grid.cell(parse_label(task[0]), task[1])
         try:
             return "row", _run_cell(grid, cell)

@@ -221,7 +221,8 @@ JOBS = Flag(
     "jobs",
     ("--jobs", "-j"),
     int | None,
-    "Cells run at once, in worker processes (each with its share of the threads).",
+    "Cells run at once, in worker processes (each with its share of the threads); 1 on CUDA "
+    "and under torchrun.",
     min=1,
     none="one per core",
     show_default="one per core",
@@ -231,7 +232,8 @@ FORCE = Flag(
     "force",
     ("--force",),
     str | None,
-    "Rerun these cells though finished: comma-separated labels, or 'all'.",
+    "Train these cells again from step 0 though finished, their new row replacing the stored "
+    "one: comma-separated labels as the grid spells them, or 'all'.",
     grid=False,
 )
 DRY_RUN = Flag(

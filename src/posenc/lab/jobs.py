@@ -158,6 +158,11 @@ def run_pool(
                         w.task = None
             if on_event(Event(kind, index, value)):
                 pool.halted = True
+    except BaseException:  # the running tasks stop at a checkpoint before the workers end
+        for w in pool.busy():
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(w.proc.pid, signal.SIGTERM)
+        raise
     finally:
         _shutdown(pool.workers, outbox)
 
@@ -173,7 +178,9 @@ def _main_left_out() -> Any:
     if main is None:
         yield
         return
-    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    saved: dict[str, Any] = {
+        k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__
+    }
     main.__dict__.pop("__file__", None)
     main.__dict__["__spec__"] = None
     try:
@@ -261,7 +268,14 @@ def _worker_main(
     def emit(kind: str, value: Any) -> None:
         outbox.put((me, kind, current[0], value))
 
-    run = setup(*setup_args, stop=stop, emit=emit)
+    try:
+        run = setup(*setup_args, stop=stop, emit=emit)
+    except Exception as e:  # every task it is given reports why
+        why = f"the worker process could not start: {type(e).__name__}: {e}"
+
+        def run(index: int, task: Any) -> Any:
+            raise RuntimeError(why)
+
     while (item := _next_task(inbox, parent)) is not None:
         index, task = item
         current[0] = index
