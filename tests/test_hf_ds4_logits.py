@@ -9,7 +9,7 @@ pairing, the leading slice, the output's rotation by plus the angle or not at al
 compressed layers reading ``main``) each move the logits far.
 
 The published DeepSeek-V4 configs (``tests/data/hf_configs/refused/deepseek-v4-*.json``, kept
-there because the corpus harness passes no label) are read here by label against the class's own
+there because the corpus harness passes no label; found wherever the corpus keeps them) are read here by label against the class's own
 rotary module, to 4x their ``max_position_embeddings``.
 """
 
@@ -198,12 +198,17 @@ def test_planted_faults_move_the_logits(monkeypatch: pytest.MonkeyPatch, fault: 
 
 # --- the published configs, by label ------------------------------------------------------------
 
-CORPUS = Path(__file__).parent / "data" / "hf_configs" / "refused"
-DS4_FILES = sorted(p.name for p in CORPUS.glob("deepseek-v4-*.json"))
+DATA = Path(__file__).parent / "data"
+# wherever the corpus keeps them (refused/ while its harness passes no label)
+DS4_FILES = sorted(str(p.relative_to(DATA)) for p in DATA.glob("hf_configs*/**/deepseek-v4-*.json"))
+
+
+def test_the_published_configs_are_found() -> None:
+    assert {Path(n).name for n in DS4_FILES} >= {"deepseek-v4-flash.json", "deepseek-v4-pro.json"}
 
 
 def _raw(name: str) -> dict[str, Any]:
-    raw = json.loads((CORPUS / name).read_text())
+    raw = json.loads((DATA / name).read_text())
     return {k: v for k, v in raw.items() if not k.startswith("_")}
 
 

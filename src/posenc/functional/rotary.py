@@ -268,15 +268,21 @@ def mrope_cos_sin(
     mrope_section: tuple[int, ...] | list[int],
     interleaved: bool | str = False,
     attention_factor: float = 1.0,
+    *,
+    fractional: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Multimodal RoPE cos/sin: pair ``j`` turns with the position of its axis (Qwen2-VL/Qwen3-VL).
 
     Shapes: ``positions [3, *]`` integer (temporal, height, width), ``inv_freq [n]`` with
     ``n = sum(mrope_section)`` -> ``cos, sin [*, n]`` float32. The pairs' axes are those of
     :func:`mrope_axis_index`; text tokens carry the same position on all three axes, which makes
-    this plain RoPE.
+    this plain RoPE. ``fractional=True`` also takes float32 positions as they are (Qwen3-Omni's
+    ``get_rope_index`` gives a video's frames fractional temporal positions).
     """
-    positions = check_positions(positions)
+    if not (
+        fractional and isinstance(positions, torch.Tensor) and positions.dtype == torch.float32
+    ):
+        positions = check_positions(positions)
     if positions.dim() < 2 or positions.shape[0] != 3:
         raise ValueError(
             f"M-RoPE positions must be [3, ...] (T, H, W), got shape {tuple(positions.shape)}"

@@ -86,6 +86,7 @@ SUPPORTED: dict[str, _Entry] = {
     "qwen2_5_vl_text": ("qwen2_5_vl", _STANDARD),
     # (their full models are found by their text config's model_type)
     "qwen2_5_omni_text": ("qwen2_5_omni", _STANDARD),
+    "qwen3_omni_moe_text": ("qwen3_omni_moe", _STANDARD),  # its float32 positions: see rotary.py
     "glm4v_text": ("glm4v", {"apply_rotary_pos_emb": GLM4V}),
     "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),

@@ -276,6 +276,15 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any]) -> Any:
     return cfg
 
 
+#: Model types whose ``get_rope_index`` gives float32 position ids (Qwen3-Omni, the
+#: ``audio_merged`` layout of :func:`posenc.rotary.mrope_position_ids`: a video's frames sit at
+#: fractional temporal positions, ``seconds per grid * position_id_per_seconds``); their text
+#: configs' rotary takes them as they are.
+FRACTIONAL_POSITION_MODEL_TYPES = frozenset(
+    {"qwen3_omni_moe", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text", "qwen3_omni_moe_talker",
+     "qwen3_omni_moe_talker_text"}
+)  # fmt: skip
+
 #: Model types whose rotary class returns float32 cos/sin whatever ``x``'s dtype (their
 #: transformers 5.x ``forward`` skips the cast), so their attention rotates in float32.
 FLOAT32_TABLE_TYPES = frozenset({"olmo3", "beam", "lfm3"})
@@ -332,6 +341,7 @@ class HFRotaryEmbedding(nn.Module):
         if dtype is None and getattr(text, "model_type", None) in FLOAT32_TABLE_TYPES:
             dtype = torch.float32
         self.table_layout, self.dtype = table_layout, dtype
+        self.fractional = getattr(text, "model_type", None) in FRACTIONAL_POSITION_MODEL_TYPES
         # Dynamic NTK as transformers keeps it: the longest length seen since the last call
         # within the original length (its ``max_seq_len_cached``), per layer type.
         self.dynamic_len: dict[str | None, int] = {}
@@ -350,10 +360,11 @@ class HFRotaryEmbedding(nn.Module):
     def forward(
         self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [*]``, ``position_ids [b, s]`` (M-RoPE ``[3, b, s]``) -> ``cos, sin [b, s, r]``."""
+        """``x [*]``, ``position_ids [b, s]`` (M-RoPE ``[3, b, s]``; float32 for the types of
+        :data:`FRACTIONAL_POSITION_MODEL_TYPES`) -> ``cos, sin [b, s, r]``."""
         rope = self.rope(layer_type)
         if isinstance(rope, MRoPE):
-            cos, sin = _mrope_cos_sin(rope, position_ids)  # [b, s, n]
+            cos, sin = _mrope_cos_sin(rope, position_ids, self.fractional)  # [b, s, n]
         else:
             positions = check_positions(position_ids, "position_ids", ranks=(1, 2))
             cos, sin = rope.cos_sin(positions, self._dynamic_length(rope, layer_type, positions))
@@ -386,9 +397,20 @@ class HFRotaryEmbedding(nn.Module):
         return f"ropes={self.ropes}, table_layout={self.table_layout!r}"
 
 
-def _mrope_cos_sin(rope: MRoPE, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """M-RoPE cos/sin ``[b, s, n]`` of ``position_ids [b, s]`` (text) or ``[3, b, s]``."""
-    pos = check_positions(position_ids, "position_ids", ranks=(2, 3))
+def _mrope_cos_sin(
+    rope: MRoPE, position_ids: torch.Tensor, fractional: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE cos/sin ``[b, s, n]`` of ``position_ids [b, s]`` (text) or ``[3, b, s]``; integer,
+    or float32 where ``fractional`` (Qwen3-Omni's)."""
+    if fractional and isinstance(position_ids, torch.Tensor) and position_ids.is_floating_point():
+        if position_ids.dtype != torch.float32 or position_ids.dim() not in (2, 3):
+            raise ValueError(
+                "fractional position_ids must be float32 [b, s] or [3, b, s] (get_rope_index's), "
+                f"got {position_ids.dtype} {list(position_ids.shape)}"
+            )
+        pos = position_ids
+    else:
+        pos = check_positions(position_ids, "position_ids", ranks=(2, 3))
     pos3 = pos if pos.dim() == 3 else pos[None].expand(3, *pos.shape)  # [3, b, s]
     if pos3.shape[0] != 3:
         raise ValueError(f"M-RoPE position_ids must be [b, s] or [3, b, s], got {list(pos.shape)}")
@@ -396,4 +418,6 @@ def _mrope_cos_sin(rope: MRoPE, position_ids: torch.Tensor) -> tuple[torch.Tenso
         inv_freq, factor = rope.frequencies(max_position(pos3) + 1)
     else:
         inv_freq, factor = rope._traced_frequencies(pos3, pos3)
-    return mrope_cos_sin(pos3, inv_freq, rope.mrope_section, rope.allocation, factor)
+    return mrope_cos_sin(
+        pos3, inv_freq, rope.mrope_section, rope.allocation, factor, fractional=fractional
+    )
