@@ -110,6 +110,20 @@ def test_module_colon_class_runs_in_the_lab(plugin, tmp_path: Path) -> None:
     assert registry.origin("linearpenalty") == MODULE
 
 
+def test_a_class_registered_from_the_command_line_reaches_worker_processes(
+    plugin, tmp_path: Path
+) -> None:
+    """``-e mymod:Class`` registers the class in this process; the lab's workers (fresh
+    processes, ``--jobs 2``) import mymod, which does not register it: they find it through
+    the registration this process left them (registry.CLASSES_ENV)."""
+    out = tmp_path / "run"
+    code, text = invoke("lab", "-e", f"{MODULE}:LinearPenalty,alibi", "--jobs", "2",
+                        "--out", str(out), "--quiet", *TINY)  # fmt: skip
+    assert code == 0, text
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["encoding"] for r in rows) == ["alibi", "linearpenalty"]
+
+
 def test_import_then_a_registered_name(plugin, tmp_path: Path) -> None:
     """``--import mymod -e myenc`` where mymod registers myenc with ``register``."""
     mod = Path(sys.path[0]) / "posenc_test_plugin_reg.py"

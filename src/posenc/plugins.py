@@ -97,7 +97,7 @@ def module_encoding(module: types.ModuleType, attr: str) -> str:
     if isinstance(obj, type) and issubclass(obj, nn.Module):
         if name in registry.names() and registry.origin(name) == obj.__module__:
             return name  # registered by its module (register_class) under its own name
-        return registry.register_encoding_class(obj, name)
+        return registry.register_encoding_class(obj, name, remember=True)
     if name in registry.names():
         return name
     ours = [n for n in registry.names() if registry.origin(n) == module.__name__]

@@ -25,7 +25,9 @@ lab; one that fails to load is skipped with one warning naming it.
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
+import os
 import types
 import typing
 import warnings
@@ -139,12 +141,18 @@ def register_class(
 SHAPE_ARGS = ("dim", "num_heads", "head_dim", "max_len", "causal")
 
 
-def register_encoding_class(cls: type[nn.Module], name: str | None = None) -> str:
+def register_encoding_class(
+    cls: type[nn.Module], name: str | None = None, *, remember: bool = False
+) -> str:
     """Register encoding class ``cls`` under ``name`` (default: its class name, lower case),
     its family its ``family`` attribute, and return the name. ``__init__``'s leading
     parameters named as the model's shape (:data:`SHAPE_ARGS`: ``num_heads``, ``head_dim``,
     ...) are filled from it; every other parameter, each with a default, is an option. A
-    ``cls`` registered already (by this function) returns its name."""
+    ``cls`` registered already (by this function) returns its name.
+
+    ``remember``: also for a fresh process of this program (the lab's worker processes), which
+    imports ``cls``'s module but would not register it there: the registration is written to
+    :data:`CLASSES_ENV`, which such a process inherits, and :func:`entry` reads it."""
     known = [
         e.name for e in _REGISTRY.values() if getattr(e.builder, "encoding_class", None) is cls
     ]
@@ -176,7 +184,51 @@ def register_encoding_class(cls: type[nn.Module], name: str | None = None) -> st
         options=tuple(p.name for p in rest), description=_first_line(cls.__doc__),
     )  # fmt: skip
     builder.encoding_class = cls  # type: ignore[attr-defined]
+    if remember and cls.__module__ not in ("__main__", "__mp_main__"):
+        _remembered()[name] = f"{cls.__module__}:{cls.__qualname__}"
+        _write_remembered()
     return name
+
+
+#: Classes registered by name outside their module (``posenc lab -e mymod:MyEnc``), as
+#: ``name=module:qualname`` pairs, comma-separated (:func:`register_encoding_class`).
+CLASSES_ENV = "POSENC_ENCODING_CLASSES"
+
+
+def _remembered() -> dict[str, str]:
+    global _REMEMBERED
+    if _REMEMBERED is None:
+        pairs = [p.partition("=") for p in os.environ.get(CLASSES_ENV, "").split(",") if p]
+        _REMEMBERED = {name: where for name, _, where in pairs}
+    return _REMEMBERED
+
+
+def _write_remembered() -> None:
+    text = ",".join(f"{k}={v}" for k, v in _remembered().items())
+    if text:
+        os.environ[CLASSES_ENV] = text
+    else:
+        os.environ.pop(CLASSES_ENV, None)
+
+
+def _register_remembered(key: str) -> bool:
+    """Register ``key`` from :data:`CLASSES_ENV` if it is there; False if not (or it fails:
+    the lookup then says the name is unknown)."""
+    where = _remembered().get(key)
+    if where is None:
+        return False
+    module, _, qualname = where.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        register_encoding_class(obj, key)
+    except Exception:
+        return False
+    return True
+
+
+_REMEMBERED: dict[str, str] | None = None
 
 
 def _first_line(doc: str | None) -> str:
@@ -258,6 +310,8 @@ def unregister(name: str) -> None:
         raise KeyError(f"encoding {name!r} is not registered")
     del _REGISTRY[key]
     ORIGINS.pop(key, None)
+    if _remembered().pop(key, None) is not None:
+        _write_remembered()
 
 
 def names(family: str | None = None) -> list[str]:
@@ -280,8 +334,8 @@ def entry(name: str) -> EncodingEntry:
     if not isinstance(name, str):
         raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
     key = name.strip().lower()
-    if key not in _REGISTRY and load_entry_points() and key in _REGISTRY:
-        return _REGISTRY[key]
+    if key not in _REGISTRY and not _register_remembered(key):
+        load_entry_points()  # once per process: an installed package may declare it
     if key not in _REGISTRY:
         raise ValueError(
             f"unknown encoding {name!r}{suggest(key)}; registered: {', '.join(names())}"
