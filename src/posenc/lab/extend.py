@@ -38,6 +38,7 @@ once (rows already stored are never written again). Checkpoints live under ``<ou
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import re
 import time
 from collections.abc import Callable
@@ -51,7 +52,7 @@ from ..functional.rope_scaling import ROPE_SCALING, extension_scaling
 from ..model import ModelConfig, TransformerLM
 from .checkpoint import FINAL, load_checkpoint
 from .config import DataConfig, EvalConfig, TrainConfig
-from .data import LabData, load_data
+from .data import LabData, corpus_note, load_data
 from .dist import init_distributed
 from .evaluate import evaluate_model
 from .identity import jsonable, model_identity, stable_hash
@@ -65,8 +66,25 @@ from .train import Interrupted, train_model
 #: The RoPE methods a rotary cell is fine-tuned with ("none": no rescaling).
 ROPE_METHODS: tuple[str, ...] = ("none", "linear", "ntk", "yarn", "longrope", "dynamic")
 
-#: Bias encodings extended by the fine-tune alone (no rescaling exists for them).
-BIAS_ENCODINGS: tuple[str, ...] = tuple(registry.names("bias"))
+
+def bias_encodings() -> tuple[str, ...]:
+    """The bias encodings extended by the fine-tune alone (no rescaling exists for them): the
+    registry's bias family as it stands when called, so a bias registered after this module
+    was imported is extendable (``BIAS_ENCODINGS`` reads the same, also when read)."""
+    return tuple(registry.names("bias"))
+
+
+def default_encodings() -> tuple[str, ...]:
+    """What ``posenc lab extend`` extends by default: ``rope`` and every registered bias."""
+    return ("rope", *bias_encodings())
+
+
+def __getattr__(name: str) -> Any:
+    # ``BIAS_ENCODINGS`` was a tuple read from the registry at import; it is read when asked.
+    if name == "BIAS_ENCODINGS":
+        return bias_encodings()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 EXTEND_DIR = "extend"
 
@@ -81,8 +99,9 @@ class ExtendConfig:
     at least 1). ``curve``: steps at which the target length is evaluated (None: 1, 2, 5, 10,
     20, 50, ... below ``steps``). ``methods``: :data:`ROPE_METHODS` to fine-tune RoPE cells
     with. ``encodings``: the grid's encodings to extend, ``rope`` and the bias family
-    (:func:`extendable`). ``reference``: encodings trained from scratch at the target length,
-    each from the grid's plain cell of that name (no options).
+    (:func:`extendable`; default: ``rope`` and the biases registered when the config is made,
+    :func:`default_encodings`). ``reference``: encodings trained from scratch at the target
+    length, each from the grid's plain cell of that name (no options).
 
     The table's tolerance (bits within which a method counts as recovered) is the report's
     (:func:`posenc.lab.extend_report.extend_table`), not part of a run.
@@ -93,7 +112,7 @@ class ExtendConfig:
     lr: float | None = None
     warmup_steps: int | None = None
     methods: tuple[str, ...] = ROPE_METHODS
-    encodings: tuple[str, ...] = ("rope", *BIAS_ENCODINGS)
+    encodings: tuple[str, ...] = field(default_factory=default_encodings)
     reference: tuple[str, ...] = ("rope",)
     curve: tuple[int, ...] | None = None
 
@@ -181,14 +200,19 @@ def resolve(cfg: ExtendConfig, base_train: TrainConfig) -> ExtendConfig:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     lr = cfg.lr if cfg.lr is not None else base_train.lr * base_train.min_lr_ratio
-    if not lr > 0:
-        raise ValueError(f"lr must be positive, got {lr}")
+    if not (isinstance(lr, (int, float)) and 0 < lr < math.inf):
+        raise ValueError(f"lr must be a positive finite number, got {lr}")
     # 2% of the steps, as the PI paper's 20 of 1000 (at least 1): 10- and 50-step runs share it.
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, round(0.02 * steps))
     curve = cfg.curve if cfg.curve is not None else default_curve(steps)
     bad = [c for c in curve if not 0 < c < steps]
     if bad:
-        raise ValueError(f"curve steps must lie in 1..{steps - 1} (steps={steps}), got {bad}")
+        within = (
+            f"in 1..{steps - 1}" if steps > 1 else "none: a 1-step fine-tune has no steps between"
+        )
+        raise ValueError(
+            f"curve steps are the fine-tune steps between 0 and steps={steps} ({within}), got {bad}"
+        )
     unknown = [m for m in cfg.methods if m not in ROPE_METHODS]
     if unknown or not cfg.methods:
         raise ValueError(
@@ -312,16 +336,18 @@ def jobs(bases: list[_Base], cfg: ExtendConfig) -> list[_Job]:
     return out
 
 
-def _data_of(row: GridRow) -> LabData:
+def _data_of(row: GridRow) -> tuple[DataConfig, LabData]:
+    """The grid's data, as it was when its cells were trained (else ValueError)."""
     ident = dict(row.identity["train"]["data"])
     fingerprint = ident.pop("fingerprint")
-    data = load_data(DataConfig(**ident))
+    cfg = DataConfig(**ident)
+    data = load_data(cfg)
     if data.fingerprint != fingerprint:
         raise ValueError(
             f"the grid's data has changed since its cells were trained (fingerprint "
             f"{fingerprint}, now {data.fingerprint}): rerun the grid first"
         )
-    return data
+    return cfg, data
 
 
 @dataclass
@@ -553,7 +579,11 @@ def run_extend(
         f"curve {list(cfg.curve or ())}), {len(todo)} run(s), group {ext_group}"
     )
     with open_run(opts, dist, log) as run:
-        ext = _Extend(cfg, _data_of(bases[0].row), ext_group, run, summary)
+        data_cfg, data = _data_of(bases[0].row)
+        ext = _Extend(cfg, data, ext_group, run, summary)
+        note = corpus_note(data_cfg, data, ext.eval_config(bases[0]).tokens)
+        if note is not None:
+            log(note)
         for job in todo:
             if run.stop.signum is not None:
                 raise Interrupted(run.stop.signum)

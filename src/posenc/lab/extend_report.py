@@ -18,6 +18,7 @@ from .identity import stable_hash
 from .results import extend_rows
 from .rows import EXTEND, REFERENCE
 from .store import RESULTS_FILE
+from .term_table import print_table
 
 __all__ = [
     "README_MARKERS", "REPORT_DIR", "ExtendLine", "describe_extend", "extend_data",
@@ -247,17 +248,12 @@ def extend_markdown(rows: list[dict[str, Any]]) -> str:
     return describe_extend(rows) + "\n\n" + markdown_table(header, body)
 
 
-def print_extend_table(rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def print_extend_table(rows: list[dict[str, Any]], console: Any = None) -> None:
+    """Print the table with rich, every number in full (:mod:`posenc.lab.term_table`)."""
     header, body = extend_table(rows)
-    table = Table(title="posenc lab extend", caption=describe_extend(rows))
-    for h in header:
-        table.add_column(h, justify="left" if h == "extension" else "right")
-    for cells in body:
-        table.add_row(*cells)
-    Console().print(table)
+    print_table(
+        header, body, title="posenc lab extend", caption=describe_extend(rows), console=console
+    )
 
 
 def write_extend_readme(path: str | Path, rows: list[dict[str, Any]]) -> Path:
