@@ -368,3 +368,20 @@ def test_without_matplotlib_each_command_says_which_extra(
     page = (tmp_path / "r.html").read_text()
     assert "posenc.functional.rotary" not in page  # no figure blames another module
     assert "Not drawn: posenc plots need matplotlib" in page
+
+
+def test_plots_ready_says_what_is_not_drawn_and_which_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The check ``posenc lab report`` and ``posenc lab extend`` make before drawing."""
+    from posenc.plots import common
+
+    assert common.plots_ready("extend.png") and capsys.readouterr().err == ""
+
+    def missing() -> None:
+        raise ImportError("posenc plots need matplotlib: pip install 'posenc[plots]'")
+
+    monkeypatch.setattr(common, "require_matplotlib", missing)
+    assert not common.plots_ready("extend.png")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "extend.png not drawn" in err and "posenc[plots]" in err
