@@ -461,7 +461,7 @@ def test_bad_scaling() -> None:
                 "factor": 2.0,
             },
         )
-    with pytest.raises(ValueError, match="high_freq_factor"):
+    with pytest.warns(UserWarning, match="high_freq_factor"):  # as transformers: read, warned
         RotaryEmbedding(
             16,
             scaling={

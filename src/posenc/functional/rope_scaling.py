@@ -33,6 +33,7 @@ frequencies bit for bit and ``dtype=float64`` keeps angles exact at large positi
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -400,11 +401,16 @@ _MODULE_KEYS = {
 def _check_relations(rope_type: str, out: dict[str, Any]) -> None:
     """Checks between keys (each key alone is checked by ``KEY_CHECKS``)."""
     # Equal factors (Llama-4-Scout's 1.0 and 1.0) leave the smoothing band empty: transformers
-    # reads them (its where-masking never selects the 0/0 smoothing), and so does _llama3.
+    # reads them (its where-masking never selects the 0/0 smoothing), and so does _llama3. With
+    # high < low the band is empty too (L / high > L / low): transformers warns and divides the
+    # wavelengths above L / low by factor, keeping the others; _llama3 does the same.
     if rope_type == "llama3" and out["high_freq_factor"] < out["low_freq_factor"]:
-        raise ValueError(
-            "scaling['high_freq_factor'] must be >= scaling['low_freq_factor'] "
-            f"for rope_type 'llama3', got {out['high_freq_factor']} and {out['low_freq_factor']}"
+        warnings.warn(
+            f"scaling['high_freq_factor'] ({out['high_freq_factor']}) is below "
+            f"scaling['low_freq_factor'] ({out['low_freq_factor']}) for rope_type 'llama3': no "
+            "frequency is smoothed; those with wavelengths above original_max_position_embeddings"
+            " / low_freq_factor are divided by factor, the others kept (as transformers)",
+            stacklevel=3,
         )
     if rope_type == "dynamic" and out["factor"] > MAX_DYNAMIC_FACTOR:
         # base * (factor * s / L - (factor - 1)) ** (r / (r - 2)) overflows float64 to inf/NaN
