@@ -117,18 +117,19 @@ def bash_commands(path: Path) -> list[list[str]]:
 
 @pytest.mark.parametrize("name", COMMAND_PAGES)
 def test_doc_commands_run(name: str, tmp_path: Path) -> None:
-    """Each ``posenc`` command of the page runs (a fresh process, in a folder holding the
-    page's files, on PYTHONPATH as the page says) and exits 0."""
+    """Each ``posenc`` command of the page runs (the ``posenc`` script where it is installed,
+    a fresh process in a folder holding the page's files) and exits 0."""
     path = ROOT / "docs" / name
     for file, text in page_files(path).items():
         (tmp_path / file).write_text(text, encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")]),
-           "COLUMNS": "200", "NO_COLOR": "1"}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200", "NO_COLOR": "1"}
+    script = Path(sys.executable).with_name("posenc")  # not python -m: no folder on sys.path
+    posenc = [str(script)] if script.exists() else [sys.executable, "-m", "posenc"]
     commands = bash_commands(path)
     assert commands, f"{name} has no bash commands"
     for argv in commands:
         assert argv[0] == "posenc", f"{name}: {shlex.join(argv)} is not a posenc command"
-        res = subprocess.run([sys.executable, "-m", "posenc", *argv[1:]], cwd=tmp_path, env=env,
+        res = subprocess.run([*posenc, *argv[1:]], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)  # fmt: skip
         assert res.returncode == 0, f"{name}: {shlex.join(argv)}\n{res.stdout}\n{res.stderr}"
         assert "Traceback" not in res.stderr, res.stderr

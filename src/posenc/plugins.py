@@ -19,6 +19,8 @@ Installed packages declare encodings in the ``posenc.encodings`` entry-point gro
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import types
 from collections.abc import Iterable
 
@@ -28,17 +30,22 @@ from . import registry
 
 
 def import_modules(names: Iterable[str]) -> None:
-    """Import each module in ``names``; ValueError naming the module when it cannot be
-    imported (not found, or it raised while importing)."""
+    """Import each module in ``names``, the current folder searched first as ``python -m``
+    does (``mymod.py`` beside you is found by the ``posenc`` command too); ValueError naming
+    the module when it cannot be imported (not found, or it raised while importing)."""
     for name in names:
         import_module(name)
 
 
 def import_module(name: str, option: str = "--import") -> types.ModuleType:
-    """Module ``name``, imported; ValueError naming ``option`` and the module when it cannot be
+    """Module ``name``, imported (the current folder on ``sys.path``, as :func:`import_modules`
+    says); ValueError naming ``option`` and the module when it cannot be
     imported (not a module name, not found, or it raised while importing)."""
     if not is_module_name(name):
         raise ValueError(f"{option} {name!r}: not a module name (give e.g. mypkg.encodings)")
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)  # as python -m: a module beside you (workers inherit sys.path)
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
