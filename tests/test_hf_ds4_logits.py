@@ -106,6 +106,25 @@ def test_generate_with_the_cache_equals_the_stock_model() -> None:
     assert worst <= 1e-5
 
 
+def test_scaling_by_label_equals_transformers_built_with_it() -> None:
+    """``scaling={"compress": ...}``: the model built with those rope parameters (measured 0.0;
+    the logits move 1.7 from the model's own)."""
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+            "beta_fast": 32, "beta_slow": 1}  # fmt: skip
+    model, ids = _model(), _ids()
+    main = dict(model.config.rope_parameters["main"])
+    before = _logits(model, ids)
+    apply_posenc(model, scaling={"compress": yarn})
+    compress = {**yarn, "rope_theta": 160000.0, "partial_rotary_factor": 0.5}
+    params = {"main": main, "compress": compress}
+    config = transformers.DeepseekV4Config(**{**TINY, "rope_parameters": params})
+    reference = transformers.DeepseekV4ForCausalLM(config).eval()
+    reference.load_state_dict(model.state_dict())
+    got = _logits(model, ids)
+    assert (got - _logits(reference, ids)).abs().max().item() <= 1e-5
+    assert (got - before).abs().max().item() > 0.1
+
+
 def _float32_frequencies(model: Any) -> None:
     """Give the model's rotary modules their float32 frequencies back (``model.to(bfloat16)``
     rounds transformers' ``inv_freq`` buffers; posenc keeps its frequencies in float32)."""
