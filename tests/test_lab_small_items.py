@@ -214,3 +214,42 @@ def test_extend_refuses_in_one_line(grid_out, extra, why):
     assert res.exit_code == 2, res.output
     assert why in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+# --- the grid's table (posenc lab report) ------------------------------------------------------
+
+
+def _grid_rows() -> list[dict[str, Any]]:
+    """The three real grid rows as three seeds each (seed and key changed, bits shifted by
+    0.01 a seed), evaluated at six lengths (the 2L results copied): cells like ``4.364 ± 0.025``."""
+    good = [json.loads(line) for line in (DATA / "lab_store_rows.jsonl").read_text().splitlines()]
+    rows = []
+    for seed in range(3):
+        for r in copy.deepcopy(good):
+            r["seed"], r["config_hash"] = seed, f"{r['config_hash']}-{seed}"
+            ev = r["eval"]
+            ev["lengths"] = [64, 128, 256, 512, 1024, 2048]
+            for v in ev["variants"].values():
+                for n in ev["lengths"][2:]:
+                    v["results"][str(n)] = copy.deepcopy(v["results"]["128"])
+                for res in v["results"].values():
+                    if res["bits"] is not None:
+                        res["bits"] += 0.01 * seed
+            rows.append(r)
+    return rows
+
+
+@pytest.mark.parametrize("width", [80, 50])
+def test_the_grid_table_on_a_narrow_terminal_cuts_no_number(width):
+    from posenc.lab.report import print_table as print_grid
+    from posenc.lab.report import table_cells
+
+    rows = _grid_rows()
+    buf = io.StringIO()
+    print_grid(rows, console=Console(file=buf, width=width, force_terminal=True, color_system=None))
+    text = buf.getvalue()
+    _, body = table_cells(rows)
+    numbers = [n for row in body for c in row[1:-2] for n in NUMBER.findall(c.replace("*", ""))]
+    assert len(numbers) > 30
+    _assert_all_in_full(text, numbers)
+    assert max(len(line) for line in text.splitlines()) <= width

@@ -261,7 +261,8 @@ def print_table(
     """Print the table with rich, and under it the paired differences from ``reference``
     (default RoPE, :func:`paired_markdown`'s table in compact cells)."""
     from rich.console import Console
-    from rich.table import Table
+
+    from .term_table import print_table as print_cells
 
     if console is None:
         console = Console()
@@ -275,12 +276,10 @@ def print_table(
     title = f"train short, test long: test bits per {unit} at each eval length" + (
         " (answer accuracy)" if unit == "token" else ""
     )
-    table = Table(title=title, caption=describe(rows), box=box.SIMPLE_HEAD)
-    for i, name in enumerate(header[:keep]):
-        table.add_column(name, no_wrap=True, justify="left" if i == 0 else "right")
-    for cells in body:
-        table.add_row(*cells[:keep])
-    console.print(table)
+    # Every number in full: split to fit a terminal, whole in a log (posenc.lab.term_table).
+    cells = [c[:keep] for c in body]
+    print_cells(header[:keep], cells, title=title, caption=describe(rows), console=console,
+                markup=True, box=box.SIMPLE_HEAD)  # fmt: skip
     _print_paired(rows, console, reference)
 
 
