@@ -255,11 +255,17 @@ PINNED_HASHES = {
 
 
 def test_plain_labels_keep_their_identities() -> None:
+    """Identity version 2 adds the encoding's code (posenc.lab.identity.code_identity) and
+    nothing else: without it, a plain label's identity and hashes are version 1's."""
+    from posenc.lab.identity import code_identity
+
     got = json.loads(json.dumps(P.train_identity(SMALL, "rope", 0, 256, "fp")))
+    assert got.pop("code") == code_identity("rope")
     assert got == PLAIN_ROPE_IDENTITY
     for (preset, label), want in PINNED_HASHES.items():
         cfg = P.preset(preset)
         train = P.train_identity(cfg, label, 0, 256, "fp")
+        train = {k: v for k, v in train.items() if k != "code"}  # version 1's part
         cell = P.cell_identity(train, P.eval_identity(cfg))
         assert (P.stable_hash(train), P.stable_hash(cell)) == want, (preset, label)
 
