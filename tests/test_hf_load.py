@@ -125,7 +125,8 @@ def test_bad_files(tmp_path: Path) -> None:
 
 
 def _gemma3_leaving_defaults() -> dict[str, Any]:
-    """gemma-3-4b-it as published: its text_config leaves head_dim and the heads to the class."""
+    """gemma-3-4b-it (a rebuilt fixture, tests/data/hf_configs_rebuilt/): its text_config leaves
+    head_dim and the heads to the class."""
     raw = json.loads(config_path("gemma-3-4b-it").read_text())
     text = raw["text_config"]
     for key in ("head_dim", "num_attention_heads", "num_key_value_heads"):

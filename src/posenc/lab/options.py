@@ -67,12 +67,13 @@ RANDOMIZED_MAX_LEN = 2**20
 #: salt 0), so positions and tokens come from independent streams of the same (seed, step).
 POSITIONS_SALT = 104_729
 # Temperature scales. Llama-4: transformers' Llama4TextConfig defaults attn_scale=0.1 and
-# floor_scale=8192 (the published Llama-4-Maverick config, tests/data/hf_configs/
-# llama-4-maverick-17b-128e.json, leaves both at these defaults); 8192 is its training context,
-# so the analogue here is floor_scale = L: the scale is 1 up to position L - 2 and grows past it.
-# Ministral-3: llama_4_scaling_beta=0.1 with original_max_position_embeddings=16384, its context
-# before the YaRN extension (tests/data/hf_configs/ministral-3-3b-reasoning-2512.json); the
-# analogue is beta 0.1, length L.
+# floor_scale=8192 (the published Llama-4-Scout config, tests/data/hf_configs/
+# llama-4-scout-17b-16e-instruct-fp8-dynamic.json, leaves both at these defaults); 8192 is its
+# training context, so the analogue here is floor_scale = L: the scale is 1 up to position L - 2
+# and grows past it. Ministral-3 / Devstral-2: llama_4_scaling_beta=0.1 with
+# original_max_position_embeddings, its context before the YaRN extension
+# (tests/data/hf_configs/devstral-small-2-24b-instruct-2512.json); the analogue is beta 0.1,
+# length L.
 LLAMA4_ATTN_SCALE = 0.1
 MINISTRAL_BETA = 0.1
 
