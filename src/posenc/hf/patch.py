@@ -12,7 +12,10 @@ Each supported architecture is an entry of :data:`SUPPORTED`: its modeling modul
 rotation function it calls, how that function rotates (pairing, cos/sin table layout, output
 order). At patch time each entry is checked against the installed transformers: the stock
 function and posenc's are run on the same random inputs, so a transformers release that changes
-a rotation is refused instead of silently patched.
+a rotation is refused instead of silently patched. DeepSeek-V4 is an entry too: its one-tensor
+rotation of each head's trailing rope slice (queries, the shared key/value head, compressed keys,
+and the attention output's rotation by minus the angle), with its rotary modules replaced by
+posenc's for both labelled rope sets (:data:`LABELLED_ROTARY_MODEL_TYPES`).
 """
 
 from __future__ import annotations
@@ -293,10 +296,7 @@ def apply_posenc(
         backend: the kernel, as :func:`posenc.kernels.rope_qk` takes it (``"auto"``: Triton on
             GPU, the native kernel on CPU, PyTorch otherwise).
 
-    DeepSeek-V4 (:data:`LABELLED_ROTARY_MODEL_TYPES`): its rotary modules become posenc's too,
-    both labelled sets (``main``, ``compress``), and every rotation of the trailing rope slice
-    (queries, the shared key/value head, compressed keys, the indexer, and the attention
-    output's rotation by minus the angle) is posenc's.
+    DeepSeek-V4's rotary modules (both labelled sets) become posenc's too (see :data:`SUPPORTED`).
 
     No weight and no ``state_dict`` entry changes; other models are untouched;
     :func:`remove_posenc` undoes it. Works with ``generate()``, the KV cache, left padding and
