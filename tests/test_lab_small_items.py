@@ -143,7 +143,9 @@ def test_text_says_the_corpus_size_and_that_the_budget_is_capped(docs, monkeypat
     assert "100 tokens scored per length" in (corpus_note(cfg, data, 100) or "")
 
 
-def test_lab_with_text_logs_the_corpus_line_once(docs, monkeypatch, tmp_path):
+def test_lab_with_text_logs_the_corpus_line_once_and_the_report_says_the_cap(
+    docs, monkeypatch, tmp_path
+):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     out = tmp_path / "run"
     args = ["lab", "--text", str(docs), "-e", "none", "--steps", "2", "--train-len", "16",
@@ -154,6 +156,9 @@ def test_lab_with_text_logs_the_corpus_line_once(docs, monkeypatch, tmp_path):
     lines = [line for line in res.output.splitlines() if line.startswith("--text ")]
     assert len(lines) == 1, res.output
     assert "3 file(s), 32,768 bytes" in lines[0] and "--eval-tokens 32768 is capped" in lines[0]
+    # The report's caption says it too (table.md), beside the tokens it scored.
+    table = (out / "report" / "table.md").read_text()
+    assert "(the whole test split: --eval-tokens 32768 is capped to it)" in table
 
 
 # --- extend reads the registry when used ---------------------------------------------------------

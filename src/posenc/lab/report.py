@@ -238,6 +238,11 @@ def describe(rows: list[dict[str, Any]]) -> str:
     mode = r0["eval"]["mode"]
     base = r0["eval"]["variants"]["base"]["results"]
     scored = max((res["tokens"] for res in base.values()), default=0)
+    # A test split shorter than --eval-tokens caps it (more lost than a window's rounding).
+    budget = r0["identity"].get("eval", {}).get("tokens")
+    longest = max(r0["eval"]["lengths"], default=0)
+    capped = isinstance(budget, int) and scored + longest <= budget
+    cap = f" (the whole test split: --eval-tokens {budget} is capped to it)" if capped else ""
     options = sorted(
         {f"{r['encoding']} {r['encoding_kwargs']}" for r in rows if r["encoding_kwargs"]}
     )
@@ -250,7 +255,7 @@ def describe(rows: list[dict[str, Any]]) -> str:
         f"({r0['data']['fingerprint']}), model dim {model['dim']} x {model['num_layers']} layers "
         f"x {model['num_heads']} heads, train length {r0['train_len']}, {train['steps']} steps x "
         f"{train['batch_size']} sequences, eval on {mode} windows, {scored} test tokens per "
-        f"length; {len(rows)} cells, {wall:.0f} s of cell time; device {', '.join(devices)}, "
+        f"length{cap}; {len(rows)} cells, {wall:.0f} s of cell time; device {', '.join(devices)}, "
         f"threads {threads}, processes {worlds}; torch {r0['versions']['torch']}"
     )
 
