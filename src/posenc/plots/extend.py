@@ -119,9 +119,10 @@ def extend_caption(data: dict[str, Any]) -> str:
     found = extend_findings(data)
     by_label = {f["label"]: f for f in found["methods"]}
     T = data["target_len"]
-    out = ["Look at: where each line of the left panel enters the grey band."]
+    out = ["Look at: how fast each line of the left panel falls."]
     if found["band"] is not None:
-        out.append(_band_sentence(found, data))
+        out = ["Look at: where each line of the left panel enters the grey band.",
+               _band_sentence(found, data)]  # fmt: skip
     if found["worst_zero_shot"] is not None:
         worst, best = by_label[found["worst_zero_shot"]], by_label[str(found["best_zero_shot"])]
         out.append(f"Zero-shot at {T}: worst {worst['label']} ({worst['zero_shot']:.2f} bits), "
@@ -252,7 +253,9 @@ def _steps_axis(ax: Axes, steps: list[int], title: str, ylabel: str) -> None:
 
 
 def _colors(n: int) -> list[Any]:
+    """One colour per method: tab10's ten hues first (tab20's dark shades), then their light
+    shades, so that no two of the first ten lines share a hue."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]
-    return [cmap(i % cmap.N) for i in range(n)]
+    tab20 = colormaps["tab20"]
+    return [tab20((2 * k) % 20 if k < 10 else (2 * (k - 10) + 1) % 20) for k in range(n)]
