@@ -400,3 +400,11 @@ def test_an_extend_row_with_a_bad_nested_field_is_skipped_and_the_extend_report_
     res, messages = _warnings_of(lambda: CliRunner().invoke(app, args))
     assert res.exit_code == 0 and "rope + YaRN" in res.output, res.output
     assert len(messages) == 1 and "Traceback" not in res.output
+
+
+def test_a_grid_row_skipped_for_its_fields_says_how_to_run_its_cell_again(tmp_path):
+    """Its key is stored, so a rerun counts the cell finished: the warning names --force."""
+    bad, _ = _nested_bad_lines()["nested bits a string"]
+    out = _store_with(tmp_path, bad)
+    _, messages = _warnings_of(lambda: store_rows(out))
+    assert messages[0].endswith("; its grid with --force none reruns it"), messages

@@ -165,19 +165,30 @@ def row_problem(row: dict[str, Any]) -> tuple[str | None, str | None]:
             "ckpt/ are reused where their identity still matches)"
         )
     wanted = _row_fields(ExtendRow if row.get("kind") else GridRow)
-    for name in REQUIRED_FIELDS:
-        if name not in row:
-            return f"no {name!r}", None
-    for name, value in row.items():
-        if name in wanted and not _is(value, wanted[name]):
-            return f"{name!r} is {_short(value)}, not {_type_name(wanted[name])}", None
-    for name, shape in (EXTEND_SHAPES if row.get("kind") else GRID_SHAPES).items():
-        if name in row and (problem := shape_problem(row[name], shape, name)) is not None:
-            return problem, None
+    problem = _field_problem(row, wanted)
+    if problem is not None:
+        # The row's key is stored, so its cell counts as finished: say how to run it again.
+        again = "" if row.get("kind") else f"; its grid with --force {row['encoding']} reruns it"
+        return problem + again, None
     unknown = [repr(k) for k in row if k not in wanted and k != "kind"]
     if unknown:
         return None, f"ignoring field(s) no result row has: {', '.join(unknown)}"
     return None, None
+
+
+def _field_problem(row: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+    """A required field missing, a field of the wrong type, or a nested field of the wrong
+    shape (:func:`shape_problem`); None if there is none."""
+    for name in REQUIRED_FIELDS:
+        if name not in row:
+            return f"no {name!r}"
+    for name, value in row.items():
+        if name in wanted and not _is(value, wanted[name]):
+            return f"{name!r} is {_short(value)}, not {_type_name(wanted[name])}"
+    for name, shape in (EXTEND_SHAPES if row.get("kind") else GRID_SHAPES).items():
+        if name in row and (problem := shape_problem(row[name], shape, name)) is not None:
+            return problem
+    return None
 
 
 def store_rows(out: str | Path) -> list[dict[str, Any]]:
