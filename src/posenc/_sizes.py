@@ -16,6 +16,10 @@ from typing import Any
 #: Set to 1 to run what :func:`check_fits` would refuse.
 NO_CHECK_ENV = "POSENC_NO_MEMORY_CHECK"
 
+#: What drawing and saving a figure takes besides its data (matplotlib's renderer and canvas;
+#: measured ~100 MB for the package's figures).
+FIGURE_BYTES = 100 * 2**20
+
 _CGROUP_FILES = (
     ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
     (

@@ -14,14 +14,15 @@ Memory of one cell (one process), in bytes:
   * n * n`` scores where materialized (a bias family on FlexAttention, from
   :data:`~posenc.attention.policy.FLEX_MIN_SCORES` scores where it runs, materializes none).
 
-A cell's peak is ``state + max(training, evaluation)``; ``jobs`` cells run at once, each in a
+Both activations are taken :data:`ALLOCATOR_SLACK` above the live tensors. A cell's peak is
+``state + max(training, evaluation)``; ``jobs`` cells run at once, each in a
 worker process of its own (:data:`WORKER_BYTES`: the interpreter and torch).
 The constants were measured on this package's model (CPU, float32, ``MALLOC_MMAP_THRESHOLD_``
 low so that the resident size follows the live tensors): 73-81 bytes per token, width unit and
 layer; 13 per token and vocabulary entry; per score and layer 6 (ALiBi, T5), 7-8 (Shaw), 15
 (DeBERTa), 56 (CoPE) in training, 8, 11-14, 17 and 40 in evaluation. Each is rounded up.
 
-Time: :func:`measure` times a training step and forward passes of the real model at the run's
+Time: :func:`measure` times a training step (forward and backward) and forward passes of the real model at the run's
 shapes on a short batch (well under a second at the presets' shapes), and :func:`label_cost`
 scales by tokens: ``steps * b * L`` for training, the scored tokens of every eval length and
 variant for evaluation.
@@ -52,6 +53,12 @@ TRAIN_TOKEN_MLP_BYTES = 8
 #: Bytes per token and vocabulary entry: logits, their log-softmax and gradient.
 TOKEN_VOCAB_BYTES = 16
 EVAL_TOKEN_DIM_BYTES = 32
+#: Activations are taken this much above the live tensors: glibc's allocator keeps freed blocks
+#: under its mmap threshold (up to 32 MB) in its arenas, so the resident size of a run made of
+#: smaller tensors exceeds their live peak (measured 1.7x for a 32 x 256 Shaw cell of
+#: ``posenc lab``), while tensors past it are returned when freed (1.0x): the runs large enough
+#: to be refused are made of those.
+ALLOCATOR_SLACK = 1.25
 #: What one cell's process holds besides its tensors' growth (allocator, autograd, threads).
 CELL_FIXED_BYTES = 32 * 2**20
 #: A worker process of ``--jobs``: the interpreter, torch and the data (measured: 390 MB).
@@ -175,7 +182,7 @@ def train_bytes(model: ModelConfig, batch: int, train_len: int) -> int:
     per_dim = TRAIN_TOKEN_DIM_BYTES + TRAIN_TOKEN_MLP_BYTES * model.mlp_ratio
     dense = tokens * (model.dim * model.num_layers * per_dim + TOKEN_VOCAB_BYTES * model.vocab_size)
     scores = batch * model.num_heads * train_len * train_len * encoded_layers(model)
-    return int(dense + scores * score_bytes(model, training=True))
+    return int(ALLOCATOR_SLACK * (dense + scores * score_bytes(model, training=True)))
 
 
 def eval_bytes(model: ModelConfig, n: int, batch_tokens: int, device: str) -> int:
@@ -188,7 +195,7 @@ def eval_bytes(model: ModelConfig, n: int, batch_tokens: int, device: str) -> in
     family = registry.entry(model.encoding).family
     if family == "bias" and n * n >= FLEX_MIN_SCORES and flex_available(device):
         per_score = 0
-    return int(dense + rows * model.num_heads * n * n * per_score + 32 * n)
+    return int(ALLOCATOR_SLACK * (dense + rows * model.num_heads * n * n * per_score) + 32 * n)
 
 
 def label_cost(
@@ -295,12 +302,12 @@ def _tokens(n: int, vocab: int, dev: torch.device) -> torch.Tensor:
 
 
 def _time_train(net: Any, cfg: LabConfig, dev: torch.device) -> float:
-    """Seconds per token of a training step (the second of two) at the train length."""
+    """Seconds per token of a training step's forward and backward (the second of two) at the
+    train length. AdamW's update is left out: a loop over ~30 tensors, milliseconds against the
+    step, and building an optimizer imports torch's compiler stack (seconds) in a run that may
+    end at the dry run."""
     import torch.nn.functional as F
 
-    from .train import make_optimizer
-
-    opt = make_optimizer(net, cfg.train, dev)
     x = _tokens(cfg.train_len, net.cfg.vocab_size, dev)
     net.train()
     elapsed = 0.0
@@ -309,10 +316,8 @@ def _time_train(net: Any, cfg: LabConfig, dev: torch.device) -> float:
         t0 = time.perf_counter()
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = net(x)  # [b, s, vocab]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), x.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        F.cross_entropy(logits.float().flatten(0, 1), x.flatten()).backward()
+        net.zero_grad(set_to_none=True)
         _sync(dev)
         elapsed = time.perf_counter() - t0
     return elapsed / x.numel()
@@ -436,3 +441,12 @@ def duration(seconds: float) -> str:
     if seconds < 90 * 60:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def check_training_fits(model: ModelConfig, batch: int, what: str, shrink: str) -> None:
+    """ValueError (one line) when training ``model`` on batches of ``batch`` sequences of its
+    ``max_len`` will not fit in the host's memory (weights, gradients, AdamW's moments and one
+    step's activations; ``what`` and ``shrink`` as :func:`~posenc._sizes.check_fits`)."""
+    _params, state = count_state(model, encodings=False)
+    need = CELL_FIXED_BYTES + state + train_bytes(model, batch, model.max_len)
+    check_fits(need, what, shrink)

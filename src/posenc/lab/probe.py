@@ -23,6 +23,7 @@ from ..plots.attention import model_attention
 from .batches import SPLITS, shard, step_generator
 from .checkpoint import CheckpointError, read_checkpoint
 from .config import TrainConfig
+from .estimate import check_training_fits
 from .progress import progress_bars, step_task
 from .train import train_model
 
@@ -103,6 +104,9 @@ def train_tiny_model(
         raise ValueError(f"train_len must exceed the task's lag {TINY_LAG}, got {train_len}")
     cfg = ModelConfig(vocab_size=TINY_VOCAB, dim=dim, num_layers=num_layers,
                       num_heads=num_heads, max_len=train_len, encoding=encoding)  # fmt: skip
+    check_training_fits(
+        cfg, batch_size, f"the tiny model at --train-len {train_len}", "--train-len"
+    )
     schedule = TrainConfig(
         steps=steps, batch_size=batch_size, lr=lr, warmup_steps=max(1, steps // 10)
     )

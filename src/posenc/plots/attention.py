@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._sizes import FIGURE_BYTES, check_fits
 from ..attention import Attention, PositionContext
 from ..model import TransformerLM
 from .common import add_caption, new_figure
@@ -45,9 +46,34 @@ def attention_weights(
     return attn.attention_probs(x, positions, context=context)
 
 
+#: Bytes per attention weight of one layer: the float32 map kept, and while it is computed
+#: the scores, the masked scores and the softmax (float32 each).
+MAP_KEPT_BYTES = 4
+MAP_WORK_BYTES = 12
+#: Bytes per drawn weight (at most ``max_heads`` maps of each length): the numpy copy and
+#: matplotlib's masked, normalized and resampled ones.
+MAP_DRAW_BYTES = 32
+
+
+def check_attention_size(length: int, num_heads: int, num_layers: int, batch: int = 1) -> None:
+    """ValueError (one line) when the attention maps of every layer at ``length`` (``[batch,
+    h, s, s]`` each) and their figure will not fit in memory."""
+    per_layer = batch * num_heads * length * length
+    need = per_layer * (num_layers * MAP_KEPT_BYTES + MAP_WORK_BYTES)
+    need += min(num_heads, 4) * length * length * MAP_DRAW_BYTES + FIGURE_BYTES
+    what = f"the attention figure at length {length} ({num_layers} layer(s) x {num_heads} heads)"
+    check_fits(need, what, "--train-len or --factor")
+
+
 @torch.no_grad()
 def model_attention(model: TransformerLM, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """Attention weights of every layer of ``model`` on ``tokens [b, s]`` -> list of ``[b, h, s, s]``."""
+    """Attention weights of every layer of ``model`` on ``tokens [b, s]`` -> list of ``[b, h, s, s]``.
+
+    ValueError (one line) first when they will not fit in memory (:func:`check_attention_size`).
+    """
+    check_attention_size(
+        tokens.shape[-1], model.cfg.num_heads, model.cfg.num_layers, tokens.shape[0]
+    )
     captured: list[tuple[torch.Tensor, Any, Any]] = []
 
     def grab(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

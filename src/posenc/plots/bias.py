@@ -23,6 +23,7 @@ import torch
 
 from .. import registry
 from .._checks import check_positive_int
+from .._sizes import FIGURE_BYTES, check_fits
 from .common import add_caption, new_figure
 
 if TYPE_CHECKING:
@@ -57,6 +58,21 @@ def available_bias_kinds(kinds: Sequence[str] | None = None) -> list[str]:
     return list(registered) if kinds is None else [k for k in kinds if k in registered]
 
 
+#: Bytes per bias entry of one encoding: its float32 map, the float64 copy kept and the
+#: masked one, and matplotlib's copies while it draws (measured: 27-33 bytes per entry for
+#: ALiBi's 4 x 1000 x 1000 maps, drawn and saved).
+BIAS_ENTRY_BYTES = 40
+#: The bias figure has a column per head: past this many the columns are too thin to read.
+MAX_BIAS_HEADS = 16
+
+
+def check_bias_size(kinds: int, num_heads: int, length: int) -> None:
+    """ValueError (one line) when ``kinds`` encodings' ``[h, s, s]`` maps will not fit."""
+    need = kinds * num_heads * length * length * BIAS_ENTRY_BYTES + FIGURE_BYTES
+    what = f"the bias figure of {kinds} encoding(s) x --heads {num_heads} x --length {length}"
+    check_fits(need, what, "--length or --heads, or name fewer kinds")
+
+
 def bias_data(
     kinds: Sequence[str] | None = None,
     num_heads: int = 4,
@@ -74,6 +90,8 @@ def bias_data(
     """
     check_positive_int("num_heads", num_heads)
     check_positive_int("length", length)
+    check_bias_size(len(kinds) if kinds is not None else len(registry.names("bias")),
+                    num_heads, length)  # fmt: skip
     registered = registry.names("bias")
     kinds = registered if kinds is None else list(kinds)
     unknown = [k for k in kinds if k not in registered]
@@ -122,6 +140,11 @@ def draw_bias(data: dict[str, Any]) -> Figure:
     kinds, h = data["kinds"], data["num_heads"]
     if not kinds:
         raise ValueError("draw_bias needs at least one bias encoding")
+    if h > MAX_BIAS_HEADS:
+        raise ValueError(
+            f"the bias figure draws a column per head: at most {MAX_BIAS_HEADS} heads, got {h}; "
+            "lower --heads"
+        )
     import matplotlib
 
     fig, axes = new_figure(len(kinds), h, width=2.4 * h + 1.6, height=2.3 * len(kinds) + 0.9)

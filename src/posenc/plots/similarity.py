@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .._checks import check_positive_int
+from .._sizes import FIGURE_BYTES, check_fits
 from ..functional.sinusoidal import sinusoidal_table
 from .common import add_caption, label_axes, new_figure
 
@@ -34,6 +35,20 @@ CAPTION = (
     "Look at: similarity depends only on the offset and falls (with ripples) as it grows; "
     "a larger base makes RoPE's bound decay more slowly."
 )
+
+
+#: Bytes per (offset, dimension) while a curve is computed: RoPE's complex128 phases and their
+#: partial sums (16 bytes each, half the dimensions), the sinusoidal float64 table with its
+#: angles (measured: 1.3 GB for --dim 2000 x --max-offset 20000, 32 bytes per entry).
+CURVE_ENTRY_BYTES = 32
+
+
+def check_curve_size(encoding: str, dim: int, max_offset: int) -> None:
+    """ValueError (one line) when the ``(max_offset + 1) x dim`` arrays of a similarity curve
+    will not fit in memory."""
+    need = (max_offset + 1) * dim * CURVE_ENTRY_BYTES + FIGURE_BYTES
+    what = f"the {encoding} curve of --dim {dim} x --max-offset {max_offset}"
+    check_fits(need, what, "--dim or --max-offset")
 
 
 def sinusoidal_similarity_data(
@@ -52,6 +67,7 @@ def sinusoidal_similarity_data(
     """
     check_positive_int("dim", dim)
     check_positive_int("max_offset", max_offset)
+    check_curve_size("sinusoidal", dim, max_offset)
     if start < 0:
         raise ValueError(f"start must be a non-negative position, got {start}")
     positions = torch.arange(start, start + max_offset + 1)  # [K]
@@ -97,6 +113,7 @@ def rope_decay_data(
     check_positive_int("max_distance", max_distance)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")
+    check_curve_size("rope", head_dim, max_distance)
     distances = np.arange(max_distance + 1, dtype=np.float64)  # [R]
     bounds = []
     for base in bases:
