@@ -110,6 +110,8 @@ def _fallback_layer_types(cfg: Mapping[str, Any], model_type: str, n: int) -> li
     if model_type == "llama4_text":
         chunked = cfg.get("attention_chunk_size", 8192) is not None
         return ["chunked_attention" if r and chunked else "full_attention" for r in _no_rope(cfg)]
+    if model_type in ("deepseek_v32", "glm_moe_dsa"):  # the sparse-attention indexer on every layer
+        return ["indexed_attention"] * n
     return None
 
 
