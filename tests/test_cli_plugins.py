@@ -219,3 +219,27 @@ def test_list_and_lab_see_entry_points(installed, tmp_path: Path) -> None:
     code, out = invoke("lab", "-e", "ep-penalty", "--out", str(tmp_path / "o"), "--dry-run",
                        *TINY)  # fmt: skip
     assert code == 0 and "ep-penalty" in out, out
+
+
+def test_lab_extend_imports_first(plugin, tmp_path: Path) -> None:
+    """``posenc lab extend --import mymod``: the module is imported before the grid is read (its
+    registration happens; then the missing grid is the one-line error), and a module that is
+    not there is refused in one line."""
+    mod = Path(sys.path[0]) / "posenc_test_plugin_ext.py"
+    mod.write_text(
+        "from posenc.registry import register_encoding_class\n"
+        f"from {MODULE} import LinearPenalty\n"
+        "register_encoding_class(LinearPenalty, 'penalty-ext')\n"
+    )
+    try:
+        code, out = invoke("lab", "extend", "--import", "posenc_test_plugin_ext", "--out",
+                           str(tmp_path / "empty"))  # fmt: skip
+        assert code != 0 and "penalty-ext" in registry.names(), out
+        assert len(out.strip().splitlines()) == 1 and "Traceback" not in out, out
+    finally:
+        sys.modules.pop("posenc_test_plugin_ext", None)
+    code, out = invoke("lab", "extend", "--import", "no_such_module_here")
+    assert code == 2 and out.strip().splitlines() == [
+        "error: --import no_such_module_here: no module named 'no_such_module_here' (is it on "
+        "PYTHONPATH, or installed?)"
+    ], out

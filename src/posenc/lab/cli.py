@@ -21,6 +21,7 @@ import typer
 from . import DEFAULT_RUN_TIME
 from .flags import (
     DEVICE,
+    IMPORT,
     LAB_FLAGS,
     OUT,
     PLOTS,
@@ -343,7 +344,7 @@ EXTEND_FLAGS: tuple[Flag, ...] = (
     Flag("encodings", ("--encodings", "-e"), str | None,
          "Grid encodings to extend (rotary ones with every method, the others unchanged).",
          path="encodings", convert=lambda v: tuple(option_list("--encodings", v, _EXTENDABLE)),
-         show_default="rope,alibi,t5,kerple,fire,sandwich"),
+         show_default="rope and the registered biases"),
     Flag("reference", ("--reference",), str | None,
          "Encodings trained from scratch at the target length (the bar); 'none' for none.",
          path="reference", show_default="rope",
@@ -357,6 +358,7 @@ EXTEND_FLAGS: tuple[Flag, ...] = (
     RESTART,
     Flag("threads", ("--threads",), int | None, "torch CPU threads.", min=1, grid=False,
          show_default="the grid's"),
+    IMPORT,
     DEVICE,
     QUIET,
     PLOTS,
@@ -364,7 +366,8 @@ EXTEND_FLAGS: tuple[Flag, ...] = (
 
 
 def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, threads: int | None,
-            device: str, quiet: bool, plots: bool, **given: Any) -> None:  # fmt: skip
+            imports: list[str] | None, device: str, quiet: bool, plots: bool,
+            **given: Any) -> None:  # fmt: skip
     """Fine-tune the grid's finished cells at a longer length with each RoPE method (and the
     bias encodings unchanged): zero-shot vs fine-tuned, and the steps to come within 0.02 bits
     of a model trained at that length from scratch. Resumable; rows go to the grid's store."""
@@ -374,7 +377,10 @@ def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, thread
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
+    from ..plugins import import_modules
+
     with _refusals(out):
+        import_modules(imports or ())
         check_device(device)
         check_caps({"steps": given.get("steps"), "threads": threads})
         target = given.get("target")
