@@ -11,6 +11,12 @@ Layout of an output folder (``--out``, default ``runs/lab``)::
 
 Under ``torchrun`` every rank walks the same grid; rank 0 decides what is finished, writes the
 checkpoints and the store, and the others follow (training with DDP, evaluation sharded).
+
+Otherwise on the CPU the cells run on ``RunOptions.jobs`` worker processes (default one per core,
+:func:`~posenc.lab.run.resolve_jobs`; :mod:`posenc.lab.jobs`), each writing its cell's
+checkpoints; this process alone decides what is finished and appends the rows, in the order a
+serial run would, so ``results.jsonl`` and every number in it read the same. ``--force`` labels
+train again from step 0, their new row read in place of the stored one.
 """
 
 from __future__ import annotations
