@@ -98,12 +98,12 @@ def test_override_lets_the_run_through(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_dry_run_prints_cells_estimate_and_folder_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    code, output = _lab(["-e", "rope,shaw", "--seeds", "2", "--dry-run", "-o", str(out)])
+    code, output = _lab(["-e", "alibi,shaw", "--seeds", "2", "--dry-run", "-o", str(out)])
     assert code == 0, output
     lines = output.strip().splitlines()
     assert lines[0].startswith("4 cell(s), ")
     cells = [line.split()[0:2] for line in lines[1:5]]
-    assert cells == [["rope", "s0"], ["shaw", "s0"], ["rope", "s1"], ["shaw", "s1"]]
+    assert cells == [["alibi", "s0"], ["shaw", "s0"], ["alibi", "s1"], ["shaw", "s1"]]
     assert all(re.search(r"~[\d.]+ (s|min|h), peak ~[\d.]+ [MG]B$", line) for line in lines[1:5])
     assert lines[5].startswith("peak memory: about ") and "available" in lines[5]
     assert lines[6].startswith("time: about ")

@@ -23,9 +23,11 @@ layer; 13 per token and vocabulary entry; per score and layer 6 (ALiBi, T5), 7-8
 (DeBERTa), 56 (CoPE) in training, 8, 11-14, 17 and 40 in evaluation. Each is rounded up.
 
 Time: :func:`measure` times a training step (forward and backward) and forward passes of the real model at the run's
-shapes on a short batch (well under a second at the presets' shapes), and :func:`label_cost`
-scales by tokens: ``steps * b * L`` for training, the scored tokens of every eval length and
-variant for evaluation.
+shapes on a short batch (well under a second at the presets' shapes; CPU time over threads
+where the machine is busy, :class:`_Clock`), and :func:`with_time` scales by tokens: ``steps * b *
+L`` for training, the scored tokens of every eval length and variant for evaluation. Checked
+against the default grid's cells (1 thread): estimated 39 s for NoPE and 50 s for RoPE, run in
+34 s (31 s training, 3 s evaluation) and 49 s (35 s, 15 s).
 """
 
 from __future__ import annotations
@@ -277,13 +279,13 @@ def measure(cfg: LabConfig, model: ModelConfig, device: str, threads: int) -> Th
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(0)
             net = TransformerLM(model).to(dev)
-            train = _time_train(net, cfg, dev)
-            forward = _time_forward(net, cfg.train_len, dev)
+            train = _time_train(net, cfg, dev, threads)
+            forward = _time_forward(net, cfg.train_len, dev, threads)
             n = min(max(cfg.eval_lengths()), MEASURE_MAX_LEN)
             long = None
             if n > cfg.train_len:
                 try:
-                    long = (n, _time_forward(net, n, dev))
+                    long = (n, _time_forward(net, n, dev, threads))
                 except (RuntimeError, ValueError, IndexError):
                     long = None  # e.g. a learned table shorter than n
     finally:
@@ -291,9 +293,27 @@ def measure(cfg: LabConfig, model: ModelConfig, device: str, threads: int) -> Th
     return Throughput(train, forward, long)
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+class _Clock:
+    """Seconds of work since it started: on the CPU the process's CPU time over its threads
+    where that is less than the wall time (a busy machine's other processes are not this run's
+    cost: the estimate is for the machine as the run will find it once they are done), the
+    wall time on CUDA (after a synchronize)."""
+
+    def __init__(self, dev: torch.device, threads: int) -> None:
+        self.dev, self.threads = dev, threads
+        self._sync()
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def _sync(self) -> None:
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+
+    def seconds(self) -> float:
+        self._sync()
+        wall = time.perf_counter() - self.wall
+        if self.dev.type == "cuda":
+            return wall
+        return min(wall, (time.process_time() - self.cpu) / self.threads)
 
 
 def _tokens(n: int, vocab: int, dev: torch.device) -> torch.Tensor:
@@ -301,7 +321,7 @@ def _tokens(n: int, vocab: int, dev: torch.device) -> torch.Tensor:
     return torch.randint(0, vocab, (rows, n), device=dev)  # [b, s]
 
 
-def _time_train(net: Any, cfg: LabConfig, dev: torch.device) -> float:
+def _time_train(net: Any, cfg: LabConfig, dev: torch.device, threads: int) -> float:
     """Seconds per token of a training step's forward and backward (the second of two) at the
     train length. AdamW's update is left out: a loop over ~30 tensors, milliseconds against the
     step, and building an optimizer imports torch's compiler stack (seconds) in a run that may
@@ -312,28 +332,24 @@ def _time_train(net: Any, cfg: LabConfig, dev: torch.device) -> float:
     net.train()
     elapsed = 0.0
     for _ in range(2):
-        _sync(dev)
-        t0 = time.perf_counter()
+        clock = _Clock(dev, threads)
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = net(x)  # [b, s, vocab]
         F.cross_entropy(logits.float().flatten(0, 1), x.flatten()).backward()
         net.zero_grad(set_to_none=True)
-        _sync(dev)
-        elapsed = time.perf_counter() - t0
+        elapsed = clock.seconds()
     return elapsed / x.numel()
 
 
-def _time_forward(net: Any, n: int, dev: torch.device) -> float:
+def _time_forward(net: Any, n: int, dev: torch.device, threads: int) -> float:
     """Seconds per token of an evaluation forward pass at length ``n``."""
     x = _tokens(n, net.cfg.vocab_size, dev)
     net.eval()
     with torch.no_grad():
-        _sync(dev)
-        t0 = time.perf_counter()
+        clock = _Clock(dev, threads)
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             net(x).float().argmax(-1)
-        _sync(dev)
-    return (time.perf_counter() - t0) / x.numel()
+        return clock.seconds() / x.numel()
 
 
 @dataclass(frozen=True)
