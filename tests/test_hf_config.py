@@ -341,7 +341,7 @@ def test_qwen3_5_partial_mrope_matches_transformers() -> None:
 
 
 def test_mrope_of_unverified_architectures_raises() -> None:
-    raw = {"model_type": "hunyuan_vl_text", "hidden_size": 64, "num_attention_heads": 4,
+    raw = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}}  # fmt: skip
     with pytest.raises(ValueError, match="posenc reproduces the M-RoPE of"):
         rope_from_hf(raw, use_transformers=False)

@@ -7,7 +7,7 @@ with ``j + d/2`` (``rotate_half``), so on an image token (sequence index, width,
 ordinal differ) the two channels of a pair turn by the angles of different axes: the map is not a
 rotation (it changes ``|q|``). posenc's tables hold one angle per pair, so ``rope_from_hf`` refuses
 such a config (dict, dict without transformers, config object, ``xdrope_section`` or
-``mrope_section``) instead of reading it as Qwen's M-RoPE. On text tokens every axis carries the
+``mrope_section``) instead of reading it as Qwen's M-RoPE, and its message says so. On text tokens every axis carries the
 sequence index and the map is plain RoPE. The default config has no sections, and transformers'
 own class cannot run it (``len(None)``), so the sweep of tests/test_hf_sweep.py skips the type.
 """
@@ -56,10 +56,22 @@ def test_xdrope_is_not_a_rotation_on_image_tokens() -> None:
     assert norm_change[~image].max() <= 1e-5 and norm_change[image].max() > 0.01
 
 
+# what the refusal must say: why XD-RoPE is not one of posenc's rotations
+WHY = (
+    r"HunYuanVLRotaryEmbedding splits its 4 axis sections \[4, 4, 4, 4\] over cat\(freqs, freqs\)"
+    r".*on image tokens the two channels of a half-split pair \(j, j \+ d/2\) turn by the angles"
+    r" of different axes.*posenc's tables hold one angle per pair"
+)
+
+
 @pytest.mark.parametrize("key", ["xdrope_section", "mrope_section"])
-def test_posenc_refuses_xdrope(key: str) -> None:
+@pytest.mark.parametrize("model_type", ["hunyuan_vl_text", "hunyuan_vl"])
+def test_posenc_refuses_xdrope(key: str, model_type: str) -> None:
     config = _config(key)
-    raw = {"model_type": "hunyuan_vl_text", **KW, "rope_parameters": dict(config.rope_parameters)}
+    params = dict(config.rope_parameters)
+    raw = {"model_type": "hunyuan_vl_text", **KW, "rope_parameters": params}
+    if model_type == "hunyuan_vl":  # the full model's file: the text keys under text_config
+        raw = {"model_type": "hunyuan_vl", "text_config": raw}
     for form, use_transformers in ((config, True), (raw, True), (raw, False)):
-        with pytest.raises(ValueError, match="mrope_section"):
+        with pytest.raises(ValueError, match=WHY):
             rope_from_hf(form, use_transformers=use_transformers)

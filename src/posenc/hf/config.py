@@ -452,9 +452,27 @@ def yarn_factor_mismatch(max_pos: float, factor: Any, orig: Any) -> str | None:
     )
 
 
+_XDROPE_REFUSAL = (
+    "HunYuan-VL's XD-RoPE is not a rotation posenc can express: transformers' "
+    "HunYuanVLRotaryEmbedding splits its {n} axis sections {section} over cat(freqs, freqs), so "
+    "on image tokens the two channels of a half-split pair (j, j + d/2) turn by the angles of "
+    "different axes (the map changes |q|); posenc's tables hold one angle per pair"
+)
+#: model_type -> why posenc refuses its multi-axis RoPE (``{n}``, ``{section}``: the sections).
+MROPE_REFUSALS = {"hunyuan_vl": _XDROPE_REFUSAL, "hunyuan_vl_text": _XDROPE_REFUSAL}
+
+
 def _mrope(params: Mapping[str, Any], model_types: frozenset[str]) -> dict[str, Any]:
     known = model_types & MROPE_MODEL_TYPES.keys()
     section = params.get("mrope_section")
+    refused = model_types & MROPE_REFUSALS.keys()
+    if refused:
+        section = section if section is not None else params.get("xdrope_section")
+        if section is not None:
+            listed = list(section) if isinstance(section, (list, tuple)) else section
+            n = len(listed) if isinstance(listed, list) else "?"
+            reason = MROPE_REFUSALS[min(refused)].format(n=n, section=listed)
+            raise ValueError(f"model_type {sorted(model_types)}: {reason}")
     if section is None and known:
         section = next((MROPE_MODEL_TYPES[t] for t in sorted(known) if MROPE_MODEL_TYPES[t]), None)
     if section is None:
