@@ -178,7 +178,8 @@ def _passkey_grid(
         ncols = max((len(g) for g in groups), default=1)
         return [g + [None] * (ncols - len(g)) for g in groups] or [[None]]
     shown = [p for p in panels if p["variant"] == "base"]
-    ncols = max(1, min(ncols, len(shown)))
+    rows = max(1, -(-len(shown) // ncols))
+    ncols = max(1, -(-len(shown) // rows))  # as few rows, then as even ones, as will do
     grid: list[list[dict[str, Any] | None]] = [
         list(shown[i : i + ncols]) for i in range(0, len(shown), ncols)
     ] or [[None]]
