@@ -15,8 +15,19 @@ config object transformers builds from it), and for every rope layer type,
 * the rotation of the model's own ``apply_rotary_pos_emb`` (float32), and in bfloat16 an error
   against transformers' float32 result no larger than transformers' own bfloat16 error.
 
+Rope sets are read as transformers keys them: each layer type with its own parameters and each
+nested set that is not a layer type (DeepSeek-V4's ``main`` and ``compress``), plus the labels
+posenc reads from one of those (DeepSeek-V4's ``indexer``, :func:`posenc.hf.labels.rope_labels`).
+Where a label rotates the *trailing* rope slice of each head (``rope_slice == "trailing"``,
+DeepSeek-V4's ``[nope | rope]``), q and k are as wide as the text head and posenc's tables rotate
+them (:func:`posenc.rotary.rotate_trailing` and the fused
+:func:`posenc.hf.rotary.apply_rotary_trailing`) against the model type's own one-tensor
+``apply_rotary_pos_emb``, by the angle and by minus it (``cos, -sin``: how the attention output's
+rotation is undone).
+
 The negative controls at the end show that a wrong base, swapped YaRN betas, swapped Llama-3
-smoothing factors and a LongRoPE switch moved by one position are each caught.
+smoothing factors, a LongRoPE switch moved by one position and DeepSeek-V4's leading slice rotated
+in place of its trailing one are each caught.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import importlib
 import inspect
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -40,6 +51,9 @@ from transformers.models.auto.configuration_auto import model_type_to_module_nam
 
 from _hf_corpus_paths import CORPUS, PREFIX, REBUILT, config_path  # noqa: E402
 from posenc.hf import ROPE_INTERLEAVE_MODEL_TYPES, hf_rope_kwargs, rope_from_hf  # noqa: E402
+from posenc.hf.labels import LABELLED_ROPES, rope_labels  # noqa: E402
+from posenc.hf.rotary import apply_rotary_trailing  # noqa: E402
+from posenc.rotary import rotate_trailing  # noqa: E402
 
 METADATA = ("_source", "_via", "_notes")
 # pending/: published files that other tests' harnesses do not handle yet (kept out of their globs)
@@ -89,10 +103,25 @@ def rotary_class(module: Any) -> type:
 
 
 def rope_keys(text: Any) -> list[str | None]:
-    """The layer types with their own rope parameters, or ``[None]`` for one set."""
+    """The rope sets to read: the layer types with their own rope parameters and the nested sets
+    that are not layer types (transformers' rule, DeepSeek-V4's ``main`` / ``compress``), plus
+    the labels posenc reads from one of those sets (DeepSeek-V4's ``indexer``); ``[None]`` for
+    one flat set."""
     params = getattr(text, "rope_parameters", None) or {}
-    labels = set(getattr(text, "layer_types", None) or ())
-    return [k for k in params if k in labels] or [None]
+    layer_types = set(getattr(text, "layer_types", None) or ())
+    keys = [k for k, v in params.items() if k in layer_types or isinstance(v, Mapping)]
+    labels = LABELLED_ROPES.get(text.model_type, {})
+    keys += [k for k in rope_labels(frozenset({text.model_type})) if labels[k].params in keys]
+    return list(dict.fromkeys(keys)) or [None]
+
+
+def transformers_key(text: Any, key: str | None) -> tuple[str, ...]:
+    """The ``layer_type`` argument of transformers' rotary class for posenc's ``key`` (a label
+    reads the nested set it names: DeepSeek-V4's ``indexer`` reads ``compress``)."""
+    if key is None:
+        return ()
+    label = LABELLED_ROPES.get(text.model_type, {}).get(key)
+    return (label.params,) if label is not None and label.params is not None else (key,)
 
 
 def _attention_always_interleaves(module: Any) -> bool:
@@ -200,11 +229,13 @@ def compare(
     mutate: Callable[[dict[str, Any]], None] | None = None,
     seq_shift: int = 0,
     forms: tuple[str, ...] = ("dict", "object"),
+    rope_slice: str | None = None,
 ) -> dict[str, float]:
     """Max errors of posenc against transformers over one corpus file.
 
     ``mutate`` edits posenc's copy of the config (transformers keeps the published one) and
-    ``seq_shift`` moves the length posenc picks its frequencies for: the negative controls.
+    ``seq_shift`` moves the length posenc picks its frequencies for, ``rope_slice="leading"``
+    rotates a trailing-slice model's leading channels: the negative controls.
     Returns ``{"cos_sin": .., "rotation": .., "bf16_ours": .., "bf16_transformers": ..}``.
     """
     raw = load(name)
@@ -217,7 +248,7 @@ def compare(
     torch.manual_seed(0)
     for layer_type in rope_keys(text):
         kw = hf_rope_kwargs(raw, layer_type)
-        extra = () if layer_type is None else (layer_type,)
+        extra = transformers_key(text, layer_type)
         for form in forms:
             src = ours_raw if form == "dict" else hf_text_config(ours_raw)
             rope = rope_from_hf(src, layer_type)
@@ -229,11 +260,16 @@ def compare(
                 scale = max(1.0, rope.attention_factor)
                 err = max((cos - cos_ref).abs().max().item(), (sin - sin_ref).abs().max().item())
                 errors["cos_sin"] = max(errors["cos_sin"], err / scale)
-                _rotations(errors, rope, module, text, kw, positions, ref, rotary, extra)
+                _rotations(
+                    errors, rope, module, text, kw, positions, ref, rotary, extra, rope_slice
+                )
     return errors
 
 
-def _rotations(errors, rope, module, text, kw, positions, ref, rotary, extra) -> None:
+def _rotations(errors, rope, module, text, kw, positions, ref, rotary, extra, slice_=None) -> None:
+    if kw.get("rope_slice") == "trailing":  # [nope | rope] heads (DeepSeek-V4)
+        _trailing_rotations(errors, rope, module, text, positions, ref, rotary, extra, slice_)
+        return
     # the rotated span: rotary_dim, or the whole head where a proportional RoPE pads it
     s, d, r = positions.shape[-1], kw["head_dim"], rope.span
     q, k = torch.randn(1, 2, s, d), torch.randn(1, 1, s, d)
@@ -251,6 +287,42 @@ def _rotations(errors, rope, module, text, kw, positions, ref, rotary, extra) ->
         )
         errors["bf16_transformers"] = max(
             errors["bf16_transformers"], (t.float() - x).abs().max().item()
+        )
+
+
+def _trailing_rotations(errors, rope, module, text, positions, ref, rotary, extra, slice_) -> None:
+    """Heads laid out ``[nope | rope]`` (DeepSeek-V4): q, k as wide as the text head, posenc's
+    tables rotating the trailing slice against the type's own one-tensor apply function, and the
+    rotation by minus the angle (``cos, -sin``, the attention output's undo) against
+    ``conj=True``. ``slice_="leading"`` rotates the leading slice instead (the planted fault)."""
+    s, d, layout = positions.shape[-1], text.head_dim, rope.layout
+    cos, sin = rope.cos_sin(positions)  # [1, s, r/2], float32
+    c, sn = cos[:, None], sin[:, None]  # [1, 1, s, r/2]
+    r = 2 * cos.shape[-1]
+
+    def ours(x: torch.Tensor, conj: bool = False) -> list[torch.Tensor]:
+        if slice_ == "leading":  # the fault: a [rope | nope] head's rotation
+            lead = rotate_trailing(x[..., :r], c, sn, layout, conj=conj)
+            return [torch.cat((lead, x[..., r:]), -1)]
+        fused = apply_rotary_trailing(x, cos, -sin if conj else sin, 1,
+                                      interleaved=layout == "interleaved")  # fmt: skip
+        return [rotate_trailing(x, c, sn, layout, conj=conj), fused]
+
+    q, k = torch.randn(1, 2, s, d), torch.randn(1, 1, s, d)
+    cos_t, sin_t = ref
+    for x in (q, k):
+        for conj, want in ((False, module.apply_rotary_pos_emb(x, cos_t, sin_t)),
+                           (True, module.apply_rotary_pos_emb(x, cos_t, -sin_t))):  # fmt: skip
+            for o in ours(x, conj):
+                errors["rotation"] = max(errors["rotation"], (o - want).abs().max().item())
+    cos16, sin16 = rotary(text)(torch.zeros(1, dtype=torch.bfloat16), positions, *extra)
+    for x in (q, k):
+        want = module.apply_rotary_pos_emb(x, cos_t, sin_t)
+        tf16 = module.apply_rotary_pos_emb(x.bfloat16(), cos16, sin16)
+        for o in ours(x.bfloat16()):
+            errors["bf16_ours"] = max(errors["bf16_ours"], (o.float() - want).abs().max().item())
+        errors["bf16_transformers"] = max(
+            errors["bf16_transformers"], (tf16.float() - want).abs().max().item()
         )
 
 
@@ -278,6 +350,7 @@ def _kinds(names: list[str]) -> set[str]:
             kinds |= {kw["layout"], "partial" if kw["rotary_dim"] < kw["head_dim"] else "full"}
             kinds |= {"mrope"} if "mrope_section" in kw else set()
             kinds |= {"per_layer_type"} if layer_type else set()
+            kinds |= {"trailing"} if kw.get("rope_slice") == "trailing" else set()
     return kinds
 
 
@@ -288,7 +361,7 @@ FIXTURES_ONLY = {"linear", "longrope"}
 def test_corpus_covers_the_rope_families() -> None:
     families = {
         "default", "linear", "yarn", "longrope", "llama3", "half", "interleaved", "partial",
-        "mrope", "per_layer_type", "proportional",
+        "mrope", "per_layer_type", "proportional", "trailing",
     }  # fmt: skip
     published = _kinds(PUBLISHED)
     assert published >= families - FIXTURES_ONLY
@@ -385,6 +458,13 @@ def test_negative_control_longrope_switch_moved_by_one() -> None:
         assert not _caught(name)
         assert _caught(name, seq_shift=1), name
         assert _caught(name, seq_shift=-1), name
+
+
+def test_negative_control_leading_slice_rotated() -> None:
+    """DeepSeek-V4's heads are ``[nope | rope]``: rotating the leading ``qk_rope_head_dim``
+    channels with the right tables is caught (the cos/sin alone cannot tell)."""
+    assert not _caught("deepseek-v4-flash")
+    assert _caught("deepseek-v4-flash", rope_slice="leading")
 
 
 @pytest.mark.parametrize("low_high", [(1.0, 1.0), (2.0, 2.0), (1.0, 4.0)])

@@ -87,8 +87,8 @@ DROPPED: dict[tuple[str, str], str] = {
     ("pending/gemma-4-", "text_config.num_global_key_value_heads"): (
         "Gemma4TextConfig keeps no num_global_key_value_heads"
     ),
-    ("refused/deepseek-v4-", "num_hash_layers"): "DeepseekV4Config has no such field",
-    ("refused/deepseek-v4-", "compress_ratios"): "DeepseekV4Config calls it compress_rates",
+    ("deepseek-v4-", "num_hash_layers"): "DeepseekV4Config has no such field",
+    ("deepseek-v4-", "compress_ratios"): "DeepseekV4Config calls it compress_rates",
 }
 
 
@@ -221,15 +221,31 @@ def test_models_without_rope_are_refused_by_type() -> None:
                 rope_from_hf(config, **kw)
 
 
-DS4 = sorted(n for n in REFUSED if SOURCES[n].get("refusal") == "deepseek_v4")
+DS4 = sorted(n for n in FILES if n.startswith("deepseek-v4-"))
+
+
+def test_deepseek_v4_files_are_in_the_corpus() -> None:
+    assert DS4 == ["deepseek-v4-flash.json", "deepseek-v4-pro.json"]
+
+
+@pytest.mark.parametrize("name", DS4)
+def test_deepseek_v4_files_need_a_label(name: str) -> None:
+    """Without a label rope_from_hf refuses the published DeepSeek-V4 files, naming the labels
+    and layer types it takes (the raw dict and the config object)."""
+    raw = raw_file(name)
+    for config in (raw, build(raw)):
+        with pytest.raises(
+            ValueError, match=r"by label: pass one of \['compress', 'indexer', 'main'\]"
+        ):
+            rope_from_hf(config)
 
 
 @pytest.mark.parametrize("name", DS4)
 @pytest.mark.parametrize("label", ["main", "compress"])
 def test_deepseek_v4_files_read_exactly_with_a_label(name: str, label: str) -> None:
-    """The published DeepSeek-V4 files: without a label rope_from_hf refuses them (above); with
-    one, cos/sin equal DeepseekV4RotaryEmbedding's for that label (raw dict and config object,
-    positions to 4x max_position_embeddings), interleaved over the trailing rope slice."""
+    """With a label, cos/sin equal DeepseekV4RotaryEmbedding's for that label (raw dict and config
+    object, positions to 4x max_position_embeddings), interleaved over the trailing rope slice
+    (tests/test_hf_corpus.py compares the rotations, every label)."""
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as ds4
 
     raw = raw_file(name)

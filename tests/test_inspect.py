@@ -24,6 +24,15 @@ from posenc.hf.inspect import config_warnings, format_indices, inspect_config  #
 from posenc.rotary import RotaryEmbedding  # noqa: E402
 
 FILES = top_level_files()
+# files this probe cannot build a tiny model of (checked elsewhere), with the reason
+PROBE_SKIPS = {
+    path.stem: (
+        "DeepSeek-V4 (rope sets by label, trailing slice): _hf_probe does not shrink its "
+        "config; its tiny model is checked by tests/test_hf_ds4_logits.py"
+    )
+    for path in FILES
+    if path.stem.startswith("deepseek-v4-")
+}
 runner = CliRunner()
 
 
@@ -47,6 +56,8 @@ def test_every_corpus_file_prints_a_table() -> None:
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_json_matches_the_model_built_from_the_same_file(path: Path) -> None:
+    if path.stem in PROBE_SKIPS:
+        pytest.skip(PROBE_SKIPS[path.stem])
     report = run_json(path)
     raw = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     assert len(report["layers"]) == text_config(raw).num_hidden_layers == report["num_layers"]

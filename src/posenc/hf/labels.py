@@ -140,6 +140,9 @@ def deepseek_v4_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     ratios = cfg.get("compress_ratios")
     if cfg.get("layer_types") is None and ratios is not None:
         cfg["layer_types"] = [_DS4_COMPRESS_RATIO_TYPES[r] for r in ratios]
+    if cfg.get("layer_types") is not None:  # the class keeps the first num_hidden_layers
+        # (the published files list num_hidden_layers + 1 compress_ratios)
+        cfg["layer_types"] = list(cfg["layer_types"][: cfg["num_hidden_layers"]])
     given = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     if isinstance(given.get("main"), Mapping) and isinstance(given.get("compress"), Mapping):
         sets = {"main": dict(given["main"]), "compress": dict(given["compress"])}
