@@ -1,8 +1,10 @@
 """What a transformers model built from a config does with positions, layer by layer.
 
 :func:`tiny_text_config` keeps a config's position keys and shrinks everything else (at most
-``layers`` decoder layers, two heads of the same head_dim, small MLPs and vocabulary; windows and
-chunks to ``window``/``chunk`` when asked). :func:`probe` builds the model from it and runs one
+``layers`` decoder layers, or up to Gemma-4's first full layer; two heads of the same head_dim,
+per-layer head sizes kept and per-layer kv heads cut to one; small MLPs and vocabulary; per-layer
+lists and layer indices cut to the kept layers; windows and chunks to ``window``/``chunk`` when
+asked). :func:`probe` builds the model from it and runs one
 forward pass with the modeling module's functions wrapped, recording per layer:
 
 * ``rope``: whether the layer called the module's rotary function (``apply_rotary*``) before its
@@ -23,6 +25,7 @@ import importlib
 from typing import Any
 
 import torch
+import transformers
 from transformers import CONFIG_MAPPING, AutoModel
 from transformers.models.auto.configuration_auto import model_type_to_module_name
 
@@ -34,8 +37,10 @@ _SMALL = {
     "vocab_size_per_layer_input": 64, "hidden_size_per_layer_input": 8, "laurel_rank": 4,
     "q_lora_rank": 16, "kv_lora_rank": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
     "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_kv_shared_layers": 0,
-    "intermediate_size_mlp": 16, "first_k_dense_replace": 1,
+    "intermediate_size_mlp": 16, "first_k_dense_replace": 1, "top_k_experts": 1,
 }  # fmt: skip
+# Text configs AutoModel does not map to a model (their model type is that of a sub-config).
+_TEXT_MODELS = {"mllama_text_model": "MllamaTextModel"}
 _TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id")
 
 
@@ -53,6 +58,11 @@ def tiny_text_config(
         cfg.allow_global_per_layer_attribute_access = True
     n = cfg.num_hidden_layers
     keep = min(n, layers)
+    types = getattr(cfg, "layer_types", None) or []
+    heterogeneous = vars(cfg).get("_heterogeneity_spec") is not None  # per-layer overrides
+    if heterogeneous and "full_attention" in types:  # Gemma-4's class makes the last layer full:
+        full = [i for i, t in enumerate(types) if t == "full_attention"]  # end the kept ones on one
+        keep = max([i for i in full if i < keep] or full[:1]) + 1
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     for key, value in list(vars(cfg).items()):  # per-layer lists follow the layer count
         if isinstance(value, list) and len(value) == n and key != "mrope_section":
@@ -72,8 +82,9 @@ def tiny_text_config(
             setattr(cfg, key, [value] * len(current))
         elif current is not None:
             setattr(cfg, key, value)
-    if getattr(cfg, "moe_layers", None) is not None:
-        cfg.moe_layers = [i for i in cfg.moe_layers if i < keep]
+    for key in ("moe_layers", "cross_attention_layers"):  # layer indices
+        if getattr(cfg, key, None) is not None:
+            setattr(cfg, key, [i for i in getattr(cfg, key) if i < keep])
     for key in _TOKENS:
         if getattr(cfg, key, None) is not None:
             setattr(cfg, key, 0)
@@ -81,6 +92,15 @@ def tiny_text_config(
         cfg.sliding_window = window
     if chunk is not None and getattr(cfg, "attention_chunk_size", None) is not None:
         cfg.attention_chunk_size = chunk
+    if heterogeneous:  # the per-layer overrides (Gemma-4: head_dim, num_key_value_heads)
+        d = cfg.to_dict()
+        d["per_layer_config"] = {
+            k: {**v, **({"num_key_value_heads": 1} if "num_key_value_heads" in v else {})}
+            for k, v in d["per_layer_config"].items()
+            if int(k) < keep
+        }  # the kept layers' own, their kv heads shrunk as the others' (1 of 2 heads)
+        cfg = type(cfg).from_dict(d)
+        cfg.allow_global_per_layer_attribute_access = True
     return cfg
 
 
@@ -105,7 +125,10 @@ def probe(cfg: Any) -> dict[int, dict[str, Any]]:
     sliding_window, span, temperature, inv_freq (see the module docstring)."""
     torch.manual_seed(0)
     cfg._attn_implementation = "eager"
-    model = AutoModel.from_config(cfg).eval()
+    if cfg.model_type in _TEXT_MODELS:
+        model = getattr(transformers, _TEXT_MODELS[cfg.model_type])(cfg).eval()
+    else:
+        model = AutoModel.from_config(cfg).eval()
     name = model_type_to_module_name(cfg.model_type)
     module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
     events: list[tuple[str, Any]] = []

@@ -204,8 +204,10 @@ _SHRINK = {  # config key -> tiny value (only keys the config has are set)
     "first_k_dense_replace": 1, "n_shared_experts": 1, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
     "v_head_dim": 8, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
     "linear_num_key_heads": 2, "linear_num_value_heads": 2, "pad_token_id": 0, "bos_token_id": 1,
-    "eos_token_id": 2, "attention_chunk_size": 8,
+    "eos_token_id": 2, "attention_chunk_size": 8, "top_k_experts": 2,
 }  # fmt: skip
+# Text configs the Auto classes do not map to a model (their model type is that of a sub-config).
+_TEXT_MODELS = {"mllama_text_model": "MllamaForCausalLM"}
 
 
 def _corpus_raw(name: str) -> dict[str, Any]:
@@ -220,8 +222,19 @@ def _compact_layers(d: dict[str, Any]) -> None:
         kinds = list(dict.fromkeys(types))  # first of each type, in order
         d["layer_types"] = kinds if len(kinds) > 1 else kinds * 2
         d["num_hidden_layers"] = len(d["layer_types"])
+        kept = [types.index(k) for k in d["layer_types"]]  # the original index of each
     else:
         d["num_hidden_layers"] = 2
+        kept = [0, 1]
+    if d.get("per_layer_config"):  # Gemma-4: the kept layers' own overrides (global_head_dim)
+        overrides = {int(k): v for k, v in d["per_layer_config"].items()}
+        d["per_layer_config"] = {
+            new: {**overrides[old], **({"num_key_value_heads": 1} if "num_key_value_heads"
+                                       in overrides[old] else {})}
+            for new, old in enumerate(kept) if old in overrides
+        }  # fmt: skip
+    if d.get("cross_attention_layers"):  # Mllama: self, cross (to the image states), self
+        d["num_hidden_layers"], d["cross_attention_layers"] = 3, [1]
     if d.get("mlp_layer_types"):  # MiMo-V2-Flash: one MLP kind per layer
         d["mlp_layer_types"] = d["mlp_layer_types"][: d["num_hidden_layers"]]
     if d.get("no_rope_layers"):
@@ -264,8 +277,25 @@ def tiny_model(name: str, init: float = 0.2) -> tuple[nn.Module, Any]:
     auto = (
         AutoModelForCausalLM if tiny.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModel
     )
-    model = auto.from_config(tiny, attn_implementation="eager")
+    if tiny.model_type in _TEXT_MODELS:
+        model = getattr(transformers, _TEXT_MODELS[tiny.model_type])(tiny)
+    else:
+        model = auto.from_config(tiny, attn_implementation="eager")
+    for param_name, param in model.named_parameters():
+        if param_name.endswith(("cross_attn_attn_gate", "cross_attn_mlp_gate")):
+            param.data.fill_(1.0)  # Mllama's gates start at 0: open, so the cross layers count
     return model.float().eval(), tiny  # the file says bf16/fp16: compare in float32
+
+
+def _image_states(config: Any, batch: int) -> dict[str, torch.Tensor]:
+    """Mllama's cross-attention layers attend to image states (no positions, no rotation):
+    random ones, so those layers run between the rotating self-attention layers."""
+    if not getattr(config, "cross_attention_layers", None):
+        return {}
+    generator = torch.Generator().manual_seed(1)
+    return {
+        "cross_attention_states": torch.randn(batch, 5, config.hidden_size, generator=generator)
+    }
 
 
 def _first_rope_key(text: Any) -> str | None:
@@ -330,13 +360,20 @@ def _posenc_functions(module: Any) -> dict[str, Callable[..., Any]]:
         x = tensor.transpose(1, 2)
         return _rotate(sin.posenc_rope, x, x, sin)[0].transpose(1, 2)
 
+    def one(x, cos, sin, unsqueeze_dim=1):  # Gemma-4: q and k in separate calls
+        if unsqueeze_dim == 2:  # [b, s, h, d]
+            x = x.transpose(1, 2)
+            return _rotate(cos.posenc_rope, x, x, cos)[0].transpose(1, 2)
+        return _rotate(cos.posenc_rope, x, x, cos)[0]
+
     out: dict[str, Callable[..., Any]] = {}
     for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb"):
         original = getattr(module, name, None)
         if original is None:
             continue
         params = list(inspect.signature(original).parameters)
-        out[name] = single if params[0] == "tensor" else complex_pair if len(params) == 3 else pair
+        kinds = {"x": one, "tensor": single}
+        out[name] = kinds.get(params[0], complex_pair if len(params) == 3 else pair)
     return out
 
 
@@ -411,23 +448,7 @@ def _one_per_architecture() -> list[str]:
     return sorted(seen.values())
 
 
-def _model_type(name: str) -> str:
-    return str(_corpus_raw(name)["model_type"])
-
-
-# architectures this drop-in (one rope module, no label, the leading slice) does not fit
-DROPIN_SKIPS = {
-    "deepseek_v4": (
-        "DeepSeek-V4 (rope sets by label, trailing slice): its tiny model is checked by "
-        "tests/test_hf_ds4_logits.py, with apply_posenc"
-    ),
-}
-ARCHITECTURES = [
-    pytest.param(name, marks=pytest.mark.skip(reason=DROPIN_SKIPS[_model_type(name)]))
-    if _model_type(name) in DROPIN_SKIPS
-    else name
-    for name in _one_per_architecture()
-]
+ARCHITECTURES = _one_per_architecture()
 
 
 def _output(result: Any) -> torch.Tensor:
@@ -452,9 +473,10 @@ def test_corpus_architecture_left_padding(name: str, monkeypatch: pytest.MonkeyP
     mask[2, :11] = 0
     positions = (mask.cumsum(-1) - 1).clamp(min=0) + _start(config)
     with torch.no_grad():
-        ref = _output(model(ids, attention_mask=mask, position_ids=positions))
+        image = _image_states(config, 3)
+        ref = _output(model(ids, attention_mask=mask, position_ids=positions, **image))
         ours = with_posenc(model, config, monkeypatch)
-        got = _output(ours(ids, attention_mask=mask, position_ids=positions))
+        got = _output(ours(ids, attention_mask=mask, position_ids=positions, **image))
     keep = mask.bool()
     assert torch.isfinite(ref[keep]).all()
     err = (got[keep] - ref[keep]).abs().max().item()
@@ -467,7 +489,8 @@ def _decode(model: nn.Module, config: Any, ids: torch.Tensor, start: int) -> tor
     steps = [(0, 6)] + [(i, i + 1) for i in range(6, ids.shape[1])]
     for a, b in steps:
         positions = torch.arange(a, b)[None].expand(ids.shape[0], -1) + start
-        result = model(ids[:, a:b], position_ids=positions, cache=cache, use_cache=True)
+        image = _image_states(config, ids.shape[0]) if a == 0 else {}  # then read from the cache
+        result = model(ids[:, a:b], position_ids=positions, cache=cache, use_cache=True, **image)
         outs.append(_output(result))
     return torch.cat(outs, dim=1)
 
