@@ -33,6 +33,15 @@ from posenc.hf import (  # noqa: E402
 )
 
 NAMES = sorted(p.stem for p in top_level_files())
+# files this probe cannot build a tiny model of (checked elsewhere), with the reason
+PROBE_SKIPS = {
+    name: (
+        "DeepSeek-V4 (rope sets by label, trailing slice): _hf_probe does not shrink its "
+        "config; its tiny model is checked by tests/test_hf_ds4_logits.py"
+    )
+    for name in NAMES
+    if name.startswith("deepseek-v4-")
+}
 
 
 def load(name: str) -> dict[str, Any]:
@@ -117,6 +126,8 @@ def check_against_model(
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_matches_the_model_built_from_the_config(case: str) -> None:
+    if case in PROBE_SKIPS:
+        pytest.skip(PROBE_SKIPS[case])
     cfg = tiny_text_config(CASES[case](), window=5, chunk=6)
     plan = position_plan(cfg)
     check_against_model(plan, probe(cfg), span=True, skip=cross_attention_layers(cfg))
