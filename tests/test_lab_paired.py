@@ -225,7 +225,7 @@ def test_table_md_and_readme_block_carry_the_differences(tmp_path):
 def test_terminal_table_is_compact_and_fits_80_columns():
     from rich.console import Console
 
-    console = Console(file=io.StringIO(), width=80, record=True)
+    console = Console(file=io.StringIO(), width=80, record=True, force_terminal=True)
     R.print_table(fake_rows(), console=console)
     text = console.export_text()
     tail = text.split("paired by seed", 1)[1]

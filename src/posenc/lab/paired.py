@@ -224,33 +224,35 @@ def print_paired(
 ) -> None:
     """The paired table on a rich ``console``, compact (``+0.213±0.031*``: ``*`` resolved, green
     better and red worse; the seeds column left to the Markdown), so that four lengths fit 80
-    columns; or the note that one seed is not enough."""
+    columns, and never a number cut where more do not (:func:`posenc.lab.term_table.print_table`);
+    or the note that one seed is not enough."""
     from rich import box
     from rich.markup import escape
-    from rich.table import Table
+
+    from .term_table import print_table
 
     note = paired_note(reference)
     if note is not None:
         console.print(escape(note))
         return
     header, body = paired_cells(lines, reference, lengths, length_names, compact=True)
-    table = Table(
-        title=escape(f"difference from {reference.label} in bits per {unit}, paired by seed"),
-        box=box.SIMPLE_HEAD,
-        collapse_padding=True,
-        pad_edge=False,
-    )
-    for i, name in enumerate(header[:-1]):
-        table.add_column(escape(name), no_wrap=True, justify="left" if i == 0 else "right")
     others = [line for line in lines if line is not reference]
+    styled = []
     for line, cells in zip(others, body, strict=True):
-        styled = [escape(cells[0])]
+        row = [escape(cells[0])]
         for n, cell in zip(lengths, cells[1:-1], strict=True):
             style = _RICH_STYLE.get(paired_diff(line, reference, n).resolved)
-            styled.append(f"[{style}]{escape(cell)}[/{style}]" if style else escape(cell))
-        table.add_row(*styled)
-    console.print(table)
-    console.print(escape(paired_legend(reference.label, unit, compact=True)))  # console-wide
+            row.append(f"[{style}]{escape(cell)}[/{style}]" if style else escape(cell))
+        styled.append(row)
+    print_table(
+        [escape(h) for h in header[:-1]],
+        styled,
+        title=f"difference from {reference.label} in bits per {unit}, paired by seed",
+        caption=paired_legend(reference.label, unit, compact=True),
+        console=console,
+        markup=True,
+        box=box.SIMPLE_HEAD,
+    )
 
 
 def paired_columns(
