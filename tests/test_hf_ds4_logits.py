@@ -8,9 +8,9 @@ trailing slice. The stock model on the same weights is the reference; planted fa
 pairing, the leading slice, the output's rotation by plus the angle or not at all, the
 compressed layers reading ``main``) each move the logits far.
 
-The published DeepSeek-V4 configs (``tests/data/hf_configs/refused/deepseek-v4-*.json``, kept
-there because the corpus harness passes no label; found wherever the corpus keeps them) are read here by label against the class's own
-rotary module, to 4x their ``max_position_embeddings``.
+The published DeepSeek-V4 configs (``tests/data/hf_configs/deepseek-v4-*.json``, which the
+corpus harness also runs by label) are read here by label against the class's own rotary
+module, to 4x their ``max_position_embeddings``.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def test_planted_faults_move_the_logits(monkeypatch: pytest.MonkeyPatch, fault: 
 # --- the published configs, by label ------------------------------------------------------------
 
 DATA = Path(__file__).parent / "data"
-# wherever the corpus keeps them (refused/ while its harness passes no label)
+# wherever the corpus keeps them
 DS4_FILES = sorted(str(p.relative_to(DATA)) for p in DATA.glob("hf_configs*/**/deepseek-v4-*.json"))
 
 
