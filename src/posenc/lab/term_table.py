@@ -101,17 +101,43 @@ def print_table(
     ``markup``: the cells hold rich markup (bold)."""
     from rich import box as boxes
     from rich.console import Console
-    from rich.table import Table
 
     console = console if console is not None else Console()
     box = box if box is not None else boxes.HEAVY_HEAD
     log = not console.is_terminal  # a log or a pipe: the whole table, however wide
     widths = _widths(header, body, markup, None if log else console.width)
+    # In a log the table is printed at its own width, on the caller's console (a recording
+    # console keeps what it printed).
     if log:
-        console = Console(file=console.file, width=_table_width(widths))
-        groups: list[list[int]] | None = [list(range(1, len(header)))]
-    else:
-        groups = column_groups(widths, console.width)
+        saved, console.width = console.width, _table_width(widths)
+        try:
+            _print_groups(console, header, body, widths, [list(range(1, len(header)))],
+                          title=title, caption=caption, markup=markup, box=box, log=True)  # fmt: skip
+        finally:
+            console.width = saved
+        return
+    groups = column_groups(widths, console.width)
+    _print_groups(console, header, body, widths, groups, title=title, caption=caption,
+                  markup=markup, box=box, log=False)  # fmt: skip
+
+
+def _print_groups(
+    console: Any,
+    header: Sequence[str],
+    body: Sequence[Sequence[str]],
+    widths: list[int],
+    groups: list[list[int]] | None,
+    *,
+    title: str | None,
+    caption: str | None,
+    markup: bool,
+    box: Any,
+    log: bool,
+) -> None:
+    """The title, one table per group of columns (each beside the label column; one line per
+    value when ``groups`` is None), and the caption."""
+    from rich.table import Table
+
     if title:
         console.print(title, markup=False, soft_wrap=log, style="italic", highlight=False)
     if groups is None:
