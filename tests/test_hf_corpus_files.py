@@ -81,10 +81,10 @@ DROPPED: dict[tuple[str, str], str] = {
     ("lfm2.5-vl", "text_config.block_ff_dim"): (
         "LFM2 training-side width; Lfm2Config reads intermediate_size (same 12288)"
     ),
-    ("pending/gemma-4-", "text_config.global_head_dim"): (
+    ("gemma-4-", "text_config.global_head_dim"): (
         "Gemma4TextConfig keeps no global_head_dim attribute or to_dict key"
     ),
-    ("pending/gemma-4-", "text_config.num_global_key_value_heads"): (
+    ("gemma-4-", "text_config.num_global_key_value_heads"): (
         "Gemma4TextConfig keeps no num_global_key_value_heads"
     ),
     ("deepseek-v4-", "num_hash_layers"): "DeepseekV4Config has no such field",

@@ -61,8 +61,16 @@ ROPE_UNLESS_GLOBAL_MODEL_TYPES = frozenset(
 )
 # No layer_types: ``config.sliding_window`` (when set) applies to every layer.
 WINDOW_ON_EVERY_LAYER_MODEL_TYPES = frozenset(
-    {"mistral", "mixtral", "phi3", "starcoder2", "ministral3", "olmoe"}
+    {"mistral", "mixtral", "phi3", "starcoder2", "ministral3", "olmoe", "phimoe"}
 )
+# Old layer-type names a config class renames on load (transformers' _LEGACY_LAYER_TYPE_REMAP, in
+# PreTrainedConfig's post-init), applied here to a raw dict's list as well.
+LEGACY_LAYER_TYPES = {
+    "mamba": "linear_attention",
+    "attention": "full_attention",
+    "deepseek_sparse_attention": "indexed_attention",
+    "qwen_sparse_attention": "indexed_attention",
+}
 # The window counts only with ``use_sliding_window`` (Qwen2's config drops it, SmolLM3's attention).
 USE_SLIDING_WINDOW_MODEL_TYPES = frozenset(
     {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3", "qwen2_vl", "qwen2_vl_text",
@@ -211,7 +219,7 @@ def _layer_types(cfg: Any, model_types: frozenset[str], model_type: str, n: int)
         if model_types & WINDOW_ON_EVERY_LAYER_MODEL_TYPES and window is not None:
             return ["sliding_attention"] * n
         return ["full_attention"] * n
-    given = list(given)
+    given = [LEGACY_LAYER_TYPES.get(t, t) for t in given]
     if len(given) != n:
         raise ValueError(
             f"layer_types has {len(given)} entries but num_hidden_layers is {n}: they must be equal"
@@ -341,6 +349,9 @@ def position_plan(
 
 
 def longest_wavelength(rope: RotaryEmbedding, seq_len: int | None = None) -> float:
-    """``2π / min(inv_freq)`` in positions, with the frequencies in effect at ``seq_len``."""
+    """``2π / min(inv_freq)`` in positions, with the frequencies in effect at ``seq_len``; the
+    unrotated pairs of a proportional (p-RoPE) layer (``inv_freq`` 0) do not count, and a rope
+    whose every pair is unrotated has an infinite wavelength."""
     inv_freq, _ = rope.frequencies(seq_len)
-    return 2 * math.pi / float(inv_freq.double().min())
+    rotated = inv_freq.double()[inv_freq > 0]
+    return 2 * math.pi / float(rotated.min()) if rotated.numel() else math.inf
