@@ -16,6 +16,15 @@ from typing import Any
 
 from .defaults import CLASS_DEFAULTS
 
+_XDROPE_REFUSAL = (
+    "HunYuan-VL's XD-RoPE is not a rotation posenc can express: transformers' "
+    "HunYuanVLRotaryEmbedding splits its {n} axis sections {section} over cat(freqs, freqs), so "
+    "on image tokens the two channels of a half-split pair (j, j + d/2) turn by the angles of "
+    "different axes (the map changes |q|); posenc's tables hold one angle per pair"
+)
+#: model_type -> why posenc refuses its multi-axis RoPE (``{n}``, ``{section}``: the sections).
+MROPE_REFUSALS = {"hunyuan_vl": _XDROPE_REFUSAL, "hunyuan_vl_text": _XDROPE_REFUSAL}
+
 # Attention rotates pairs (x[2i], x[2i+1]): rotate_every_two / "interleaved" rotate_half, or a
 # complex product (DeepSeek-V2, Llama-4), or MLA models that always de-interleave.
 INTERLEAVED_MODEL_TYPES = frozenset(

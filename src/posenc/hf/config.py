@@ -50,6 +50,7 @@ from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
     LLAMA4_SCALING_MODEL_TYPES,
     MROPE_ALLOCATION_MODEL_TYPES,
     MROPE_MODEL_TYPES,
+    MROPE_REFUSALS,
     NO_ROPE_MODEL_TYPES,
     ROPE_INTERLEAVE_MODEL_TYPES,
     ROTARY_DIM_MODEL_TYPES,
@@ -450,16 +451,6 @@ def yarn_factor_mismatch(max_pos: float, factor: Any, orig: Any) -> str | None:
         f"original_max_position_embeddings = {max_pos} / {orig} = {implicit:g} "
         f"(transformers warns and uses the factor {factor:g})"
     )
-
-
-_XDROPE_REFUSAL = (
-    "HunYuan-VL's XD-RoPE is not a rotation posenc can express: transformers' "
-    "HunYuanVLRotaryEmbedding splits its {n} axis sections {section} over cat(freqs, freqs), so "
-    "on image tokens the two channels of a half-split pair (j, j + d/2) turn by the angles of "
-    "different axes (the map changes |q|); posenc's tables hold one angle per pair"
-)
-#: model_type -> why posenc refuses its multi-axis RoPE (``{n}``, ``{section}``: the sections).
-MROPE_REFUSALS = {"hunyuan_vl": _XDROPE_REFUSAL, "hunyuan_vl_text": _XDROPE_REFUSAL}
 
 
 def _mrope(params: Mapping[str, Any], model_types: frozenset[str]) -> dict[str, Any]:
