@@ -264,7 +264,10 @@ def test_cli_runs_and_reports(corpus_dir, tmp_path):
 
 KILL_ARGS = ["-e", "none,sinusoidal", "-L", "16", "--dim", "32", "--layers", "1", "--heads", "2",
              "--steps", "300", "--batch-size", "4", "--eval-tokens", "256", "--eval-lens",
-             "1x,2x", "--ckpt-every", "20", "--threads", "1", "-q", "--no-plots"]  # fmt: skip
+             "1x,2x", "--ckpt-every", "20", "--threads", "1", "-q", "--no-plots",
+             "--jobs", "1"]  # fmt: skip
+# --jobs 1: one cell at a time, so the kill lands after the first row and inside the second
+# cell; killing and resuming a grid on worker processes is tests/test_lab_jobs.py's.
 
 
 def _lab(corpus_dir, out, *extra, wait=True):

@@ -141,8 +141,10 @@ finally:
     print(json.dumps({"base": base, "peak": peak}))
 """
 
-#: The estimate and the measured peak growth of a real cell agree within this factor.
-FACTOR = 2.0
+#: The estimate and the measured peak growth of a real cell agree within this factor (alone:
+#: 1.15x; in the full suite on 2 xdist workers one run measured 2.2x, 1.11 GB against 0.50 GB,
+#: where the allocator's arenas held more; a constant 10x too large still fails at 3.3x).
+FACTOR = 2.5
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
