@@ -29,7 +29,7 @@ from typing import Any
 #: takes, measured: 5 min 54 s from a fresh clone after set-up on the 2-core x86-64 VM of the
 #: README's table (each result row records its own ``cell_seconds``). Every place that states
 #: the run time (README, ``posenc lab --help``, the docs, ``posenc report``) says this.
-DEFAULT_RUN_TIME = "about 8 minutes on two CPU cores"
+DEFAULT_RUN_TIME = "about 6 minutes on two CPU cores"
 
 _EXPORTS = {
     "LabConfig": "presets",
