@@ -100,7 +100,7 @@ def _run_lab(
             out=out, resume=resume, restart=restart, threads=threads, device=device,
             quiet=quiet, jobs=jobs, force=force_labels(force),
         )  # fmt: skip
-        plan = plan_run(cfg, opts)
+        plan = plan_run(cfg, opts, timed=dry_run)
         if dry_run:
             print(plan.text())
             return

@@ -136,18 +136,20 @@ def run_jobs(cfg: LabConfig, opts: Any, device: str) -> tuple[int, int]:
     return resolve_jobs(opts, cfg.threads, device)
 
 
-def plan_run(cfg: LabConfig, opts: Any) -> Plan:
+def plan_run(cfg: LabConfig, opts: Any, *, timed: bool = False) -> Plan:
     """Check ``cfg`` for a run with ``opts`` (a :class:`~posenc.lab.run.RunOptions`): every
-    option, and its peak memory against the memory available (:func:`preflight`), then time
-    a short training step of each family's first cell; return its :class:`Plan`. ValueError
-    (one line) naming what is wrong or, for a run that will not fit, the estimate, the memory
-    available and the options to lower."""
+    option, and its peak memory against the memory available (:func:`preflight`); with
+    ``timed`` (``--dry-run``, which prints the time) also time a short training step of each
+    family's first cell. Return its :class:`Plan`. ValueError (one line) naming what is wrong
+    or, for a run that will not fit, the estimate, the memory available and the options to
+    lower."""
     from .cell import resolve_labels
 
     dev = check_options(cfg, opts.device)
     jobs, threads = run_jobs(cfg, opts, dev)
-    preflight(cfg, opts.device, jobs=jobs, threads=threads)
-    estimate = estimate_run(cfg, cell_models(cfg), dev, jobs=jobs, threads=threads, timed=True)
+    estimate = preflight(cfg, opts.device, jobs=jobs, threads=threads)
+    if timed:  # a run that trains needs no forecast of its time: only --dry-run prints it
+        estimate = estimate_run(cfg, cell_models(cfg), dev, jobs=jobs, threads=threads, timed=True)
     labels = resolve_labels(cfg.encodings)
     cells = tuple(f"{label.text} s{seed}" for seed in cfg.seeds for label in labels)
     return Plan(cells=cells, out=opts.out, estimate=estimate)
