@@ -350,12 +350,25 @@ def test_scaling_per_layer_type_equals_transformers() -> None:
 
 
 def test_torch_compile_gives_the_eager_logits() -> None:
-    model = patched(tiny("llama"))
+    # Compiling reorders float32 reductions (matmuls, RMSNorm, softmax): stock transformers
+    # compiled differs from itself eager by up to 1.19e-5 on this model (AMD EPYC, 3 of 3 runs),
+    # so the bound on compiled-vs-eager is the stock model's own drift with a 4x margin, never
+    # below 1e-5; the patched model must not add drift of its own beyond that.
+    stock = tiny("llama")
     ids, mask, positions = left_padded()
+    stock_eager = logits(stock, ids, mask, positions, "llama")
+    stock_drift = worst(
+        stock_eager,
+        logits(torch.compile(stock, fullgraph=False), ids, mask, positions, "llama"),
+        mask,
+    )
+    torch._dynamo.reset()
+    model = patched(stock)
     want = logits(model, ids, mask, positions, "llama")
+    assert worst(want, stock_eager, mask) <= 1e-6  # patched equals stock in eager
     compiled = torch.compile(model, fullgraph=False)
     got = logits(compiled, ids, mask, positions, "llama")
-    assert worst(want, got, mask) <= 1e-5
+    assert worst(want, got, mask) <= max(1e-5, 4 * stock_drift)
 
 
 def test_refusals_name_what_is_wrong() -> None:
