@@ -86,3 +86,41 @@ def test_the_project_metadata_names_licence_authors_classifiers_and_keywords() -
     } <= classifiers
     assert not any(c.startswith("License ::") for c in classifiers)  # the SPDX string says it
     assert "urls" not in project
+
+
+# --- one version -----------------------------------------------------------------------------
+
+
+def test_the_version_has_one_source() -> None:
+    from importlib.metadata import version
+
+    project = _pyproject()["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    dynamic = _pyproject()["tool"]["setuptools"]["dynamic"]
+    assert dynamic["version"] == {"attr": "posenc.__version__"}
+    assert version("posenc") == posenc.__version__
+
+
+def test_the_built_metadata_follows_dunder_version(tmp_path: Path) -> None:
+    """A copy of the project with another ``__version__`` builds metadata with that version."""
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        (tmp_path / name).write_bytes((ROOT / name).read_bytes())
+    pkg = tmp_path / "src" / "posenc"
+    pkg.mkdir(parents=True)
+    init = (ROOT / "src" / "posenc" / "__init__.py").read_text()
+    assert f'__version__ = "{posenc.__version__}"' in init
+    (pkg / "__init__.py").write_text(
+        init.replace(f'__version__ = "{posenc.__version__}"', '__version__ = "9.8.7"')
+    )
+    (tmp_path / "meta").mkdir()
+    code = (
+        "from setuptools import build_meta; "
+        "print(build_meta.prepare_metadata_for_build_wheel('meta'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    dist_info = done.stdout.strip().splitlines()[-1]
+    assert dist_info == "posenc-9.8.7.dist-info"
+    assert "\nVersion: 9.8.7\n" in (tmp_path / "meta" / dist_info / "METADATA").read_text()

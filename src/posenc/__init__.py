@@ -6,6 +6,7 @@ from .attention import Attention, KVCache
 from .model import ModelConfig, TransformerLM
 from .registry import build, names
 
+# The one place the version is set: pyproject.toml reads it ([tool.setuptools.dynamic]).
 __version__ = "0.1.0"
 
 __all__ = ["Attention", "KVCache", "ModelConfig", "TransformerLM", "__version__", "build", "names"]
