@@ -30,15 +30,23 @@ from .config import (
     hf_rope_kwargs,
     rope_from_hf,
 )
+from .extension import EXTENSION_METHODS, extension_from_config, normalize_extension
 from .fope import fope_from_hf
 from .labels import LABELLED_ROPES, LAYER_TYPE_LABELS
 from .load import resolve_config
-from .patch import PosencPatch, apply_posenc, remove_posenc, supported_model_types
+from .patch import (
+    PosencPatch,
+    apply_posenc,
+    extension_model_types,
+    remove_posenc,
+    supported_model_types,
+)
 from .plan import LayerPositions, PositionPlan, position_plan
 from .rotary import HFRotaryEmbedding, apply_rotary_emb, apply_rotary_pos_emb
 from .temperature import attention_temperature_from_hf
 
 __all__ = [
+    "EXTENSION_METHODS",
     "FALLBACK_DEFAULTS",
     "HF_ROPE_TYPES",
     "INTERLEAVED_MODEL_TYPES",
@@ -59,8 +67,11 @@ __all__ = [
     "apply_rotary_emb",
     "apply_rotary_pos_emb",
     "attention_temperature_from_hf",
+    "extension_from_config",
+    "extension_model_types",
     "fope_from_hf",
     "hf_rope_kwargs",
+    "normalize_extension",
     "position_plan",
     "remove_posenc",
     "resolve_config",

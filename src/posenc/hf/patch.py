@@ -33,6 +33,7 @@ from torch import nn
 from .._checks import check_choice
 from ..functional.rope_scaling import yarn_mscale
 from ..kernels.constants import ROTARY_BACKENDS
+from .extension import EXTENSION_OVERRIDES, extension_state, normalize_extension
 from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb, apply_rotary_trailing
 from .shadow import PatchedForward, code_names, shadow_module
 
@@ -254,6 +255,7 @@ class PosencPatch:
     model_type: str
     backend: str
     scaling: Mapping[str, Any] | None
+    extension: Mapping[str, Any] | None = None
     attention: list[nn.Module] = field(default_factory=list)
     # (layer, attribute, what it held): the layer's own forward attribute, or accelerate's
     # ``_old_forward`` under its device hook; None where the class's forward served.
@@ -281,7 +283,11 @@ def _model_type(model: nn.Module) -> str:
 
 
 def apply_posenc(
-    model: nn.Module, *, scaling: Mapping[str, Any] | None = None, backend: str = "auto"
+    model: nn.Module,
+    *,
+    scaling: Mapping[str, Any] | None = None,
+    extension: Mapping[str, Any] | None = None,
+    backend: str = "auto",
 ) -> nn.Module:
     """Put posenc's fused RoPE into every attention layer of a loaded transformers model.
 
@@ -293,6 +299,11 @@ def apply_posenc(
             that replace the config's scaling on every layer type with RoPE, or a dict of them
             keyed by layer type (``{"full_attention": {...}}``): context extension. The result
             equals transformers built with the same ``rope_parameters``.
+        extension: None, or a training-free method that changes attention itself (with the
+            model's own RoPE): ``{"method": "self_extend", "group_size": G,
+            "neighbor_window": W}`` or ``{"method": "dual_chunk", "chunk_size": C,
+            "local_size": S}`` (:mod:`posenc.hf.extension`; exclusive with ``scaling``). The
+            KV cache then holds unrotated keys; memory stays linear in the length.
         backend: the kernel, as :func:`posenc.kernels.rope_qk` takes it (``"auto"``: Triton on
             GPU, the native kernel on CPU, PyTorch otherwise).
 
@@ -318,6 +329,8 @@ def apply_posenc(
     modeling, rotations = _modeling(model_type)
     for name, rotation in rotations.items():  # each call: the installed transformers is checked
         check_rotation(getattr(modeling, name), rotation, f"{modeling.__name__}.{name}")
+    if extension is not None:
+        return _apply_extension(model, model_type, modeling, rotations, scaling, extension, backend)
     patch = PosencPatch(model_type, backend, None if scaling is None else dict(scaling))
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     if scaling is not None or model_type in LABELLED_ROTARY_MODEL_TYPES:
@@ -340,6 +353,73 @@ def apply_posenc(
     if swaps:
         _rescale(patch, swaps, scaling)
     return model
+
+
+def _apply_extension(
+    model: nn.Module,
+    model_type: str,
+    modeling: types.ModuleType,
+    rotations: Mapping[str, Rotation],
+    scaling: Mapping[str, Any] | None,
+    extension: Mapping[str, Any],
+    backend: str,
+) -> nn.Module:
+    """apply_posenc with ``extension=``: every check first, then the layers' forwards."""
+    ext = normalize_extension(extension)
+    if scaling is not None:
+        raise ValueError(
+            f"extension {ext['method']!r} keeps the model's own RoPE: pass scaling or extension, "
+            "not both"
+        )
+    if set(rotations) != {"apply_rotary_pos_emb"} or rotations["apply_rotary_pos_emb"] not in (
+        HALF,
+        HALF_PARTIAL,
+    ):
+        raise ValueError(
+            f"extension {ext['method']!r} supports half-split RoPE models "
+            f"({', '.join(extension_model_types())}); {model_type} rotates otherwise"
+        )
+    state = extension_state(model, modeling, ext)
+    layers = _attention_layers(model, modeling, {"apply_rotary_pos_emb"})
+    for layer in layers:
+        names = code_names(type(layer).forward)
+        if not names & {"ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"}:
+            raise ValueError(
+                f"extension {ext['method']!r}: {type(layer).__name__} does not call transformers' "
+                "attention functions"
+            )
+        if "forward" in layer.__dict__ and "_old_forward" not in layer.__dict__:
+            raise ValueError(
+                f"{type(layer).__name__} of this model already has a forward of its own (another "
+                "patch or hook): apply posenc first, or remove that patch"
+            )
+    patch = PosencPatch(model_type, backend, None, ext)
+    for layer in layers:
+        attr = "_old_forward" if "_old_forward" in layer.__dict__ else "forward"
+        patch.forwards.append((layer, attr, layer.__dict__.get(attr)))
+        setattr(layer, attr, PatchedForward(layer, model_type, backend, extension_shadow_for))
+        layer.posenc_extension = state  # type: ignore[assignment]
+        patch.attention.append(layer)
+    model.posenc_patch = patch  # type: ignore[assignment]
+    return model
+
+
+def extension_model_types() -> list[str]:
+    """The ``model_type`` values ``apply_posenc(extension=...)`` can take (half-split RoPE)."""
+    return sorted(
+        t
+        for t, (_, rotations) in SUPPORTED.items()
+        if set(rotations) == {"apply_rotary_pos_emb"}
+        and rotations["apply_rotary_pos_emb"] in (HALF, HALF_PARTIAL)
+    )
+
+
+def extension_shadow_for(model_type: str, backend: str) -> types.ModuleType:
+    """The shadow of ``model_type``'s modeling module for an extended model: no rotation before
+    the cache, and posenc's extension attention (:mod:`posenc.hf.extension`)."""
+    modeling, _ = _modeling(model_type)
+    overrides = {k: v for k, v in EXTENSION_OVERRIDES.items() if hasattr(modeling, k)}
+    return shadow_module(modeling, f"{backend}_extension", overrides)
 
 
 def _modeling(model_type: str) -> tuple[types.ModuleType, dict[str, Rotation]]:
@@ -434,5 +514,7 @@ def remove_posenc(model: nn.Module) -> nn.Module:
         setattr(parent, attr, original)
     for module, scale in patch.softmax_scale:
         setattr(module, "scaling", scale)  # noqa: B010 - a plain float attribute
+    for layer in patch.attention:
+        layer.__dict__.pop("posenc_extension", None)
     del model.posenc_patch
     return model
