@@ -124,3 +124,41 @@ def test_the_built_metadata_follows_dunder_version(tmp_path: Path) -> None:
     dist_info = done.stdout.strip().splitlines()[-1]
     assert dist_info == "posenc-9.8.7.dist-info"
     assert "\nVersion: 9.8.7\n" in (tmp_path / "meta" / dist_info / "METADATA").read_text()
+
+
+# --- the sdist -------------------------------------------------------------------------------
+
+# What the sdist carries beside the package, so that it runs its own tests and builds its docs.
+SDIST_EXTRAS = ("LICENSE", "Makefile", "mkdocs.yml", "README.md", "README.zh-CN.md")
+SDIST_TREES = ("tests", "docs", "benchmarks")
+
+
+@pytest.mark.slow
+def test_the_sdist_carries_tests_data_docs_and_benchmarks(tmp_path: Path) -> None:
+    """Every file of tests/ (tests/data/** included), docs/ and benchmarks/ in the checkout is in
+    the sdist (``.ci/sdist_check.sh`` then collects the sdist's tests)."""
+    import tarfile
+
+    code = (
+        "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    sdist = tmp_path / done.stdout.strip().splitlines()[-1]
+    with tarfile.open(sdist) as tar:
+        top = f"posenc-{posenc.__version__}/"
+        names = {m.name.removeprefix(top) for m in tar.getmembers() if m.isfile()}
+    for name in SDIST_EXTRAS:
+        assert name in names, name
+    want = {
+        p.relative_to(ROOT).as_posix()
+        for tree in SDIST_TREES
+        for p in (ROOT / tree).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert any(n.startswith("tests/data/hf_configs/") for n in want)
+    assert want <= names, sorted(want - names)[:20]
+    assert not any(n.endswith(".pyc") for n in names)
