@@ -29,6 +29,22 @@ def _block(text: str, name: str) -> str:
     return m.group(1)
 
 
+def test_an_infinite_figure_is_written_null_as_nan_is() -> None:
+    """A ratio over a zero time is +Infinity: strict JSON (null, read back as NaN by
+    ``number``), where the write used to raise."""
+    from posenc.bench.rows import number
+
+    doc = BenchRows("rope", "rope-cpu", rows=[{"speedup": math.inf, "x": (1.0, -math.inf)}])
+    text = doc.to_json()
+
+    def strict(name: str) -> None:
+        raise AssertionError(f"bare {name}")
+
+    back = json.loads(text, parse_constant=strict)["rows"][0]
+    assert back == {"speedup": None, "x": [1.0, None]}
+    assert math.isnan(number(back["speedup"]))
+
+
 def test_rows_round_trip_and_refuse_other_schemas(tmp_path: Path) -> None:
     doc = BenchRows("rope", "rope-cpu", {"torch": "2"}, "cmd", {"device": "cpu"},
                     [{"median_ms": float("nan"), "x": [1.5, float("nan")]}])  # fmt: skip

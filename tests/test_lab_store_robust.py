@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 import shutil
@@ -408,3 +409,82 @@ def test_a_grid_row_skipped_for_its_fields_says_how_to_run_its_cell_again(tmp_pa
     out = _store_with(tmp_path, bad)
     _, messages = _warnings_of(lambda: store_rows(out))
     assert messages[0].endswith("; its grid with --force none reruns it"), messages
+
+
+# --- strict JSON: a non-finite float is stored null and read as NaN was -------------------------
+
+
+def _no_constant(name: str) -> Any:
+    raise AssertionError(f"a bare {name} in a results file (not JSON)")
+
+
+def _non_finite_rows() -> list[dict[str, Any]]:
+    """The good rows on two seeds (a paired table), with non-finite numbers where a diverged
+    evaluation puts them: bits at one length (NaN, and +Infinity), a curve bin, a
+    ``float`` leaf (``train.tokens_per_s_fast``)."""
+    rows = []
+    for seed in (0, 1):
+        for r in GOOD:
+            row = copy.deepcopy({**r, "seed": seed, "config_hash": f"{r['config_hash']}-{seed}"})
+            results = row["eval"]["variants"]["base"]["results"]
+            if row["encoding"] == "sinusoidal":
+                results["128"]["bits"] = math.nan
+                results["128"]["curve"]["bits"][3] = math.nan
+            if row["encoding"] == "alibi" and seed == 1:
+                results["128"]["bits"] = math.inf
+                results["128"]["acc"] = math.nan
+                row["train"]["tokens_per_s_fast"] = math.nan
+            rows.append(row)
+    return rows
+
+
+def test_a_non_finite_float_is_stored_as_null_and_read_back_as_nan_was(tmp_path):
+    rows = _non_finite_rows()
+    new, old = tmp_path / "new", tmp_path / "old"
+    store = ResultStore(new / RESULTS_FILE)
+    for row in rows:
+        assert store.append(row)
+    # Before: the same rows as Python's json writes them by default (bare NaN, Infinity).
+    old.mkdir()
+    (old / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "NaN" in (old / RESULTS_FILE).read_text()
+
+    for line in (new / RESULTS_FILE).read_text().splitlines():
+        json.loads(line, parse_constant=_no_constant)  # strict JSON: no NaN, no Infinity
+    stored = [json.loads(line) for line in (new / RESULTS_FILE).read_text().splitlines()]
+    results = stored[4]["eval"]["variants"]["base"]["results"]  # sinusoidal, seed 1
+    assert results["128"]["bits"] is None and results["128"]["curve"]["bits"][3] is None
+
+    got, want = load_rows(new), load_rows(old)
+    # Read back, every NaN is NaN again (and +Infinity a non-finite NaN): the same rows.
+    assert json.dumps(got) == json.dumps(want).replace("Infinity", "NaN")
+    res = got[1]["eval"]["variants"]["base"]["results"]["128"]
+    assert math.isnan(res["bits"]) and math.isnan(res["curve"]["bits"][3])
+    assert math.isnan(got[5]["train"]["tokens_per_s_fast"])
+    # A length that does not apply (no tokens) keeps its null bits as None.
+    na = copy.deepcopy(GOOD[0])
+    na["config_hash"] = "n/a"
+    na["eval"]["variants"]["base"]["results"]["128"].update(
+        bits=None, acc=None, tokens=0, curve=None, note="n/a: too long"
+    )
+    ResultStore(tmp_path / "na" / RESULTS_FILE).append(na)
+    (read,) = load_rows(tmp_path / "na")
+    assert read["eval"]["variants"]["base"]["results"]["128"]["bits"] is None
+
+    # The same report: table, paired differences, CSV and the figure's data.
+    assert "n/a" in R.results_markdown(got, "none")
+    assert R.results_markdown(got, "none") == R.results_markdown(want, "none")
+    assert R.paired_markdown(got, "none") == R.paired_markdown(want, "none")
+    R.write_csv(got, tmp_path / "new.csv", "none")
+    R.write_csv(want, tmp_path / "old.csv", "none")
+    old_csv = (tmp_path / "old.csv").read_text()
+    assert "inf" in old_csv
+    assert (tmp_path / "new.csv").read_text() == old_csv.replace("inf", "nan")
+    from posenc.plots.lab import lab_data
+
+    np = pytest.importorskip("numpy")
+    got_data, want_data = lab_data(got), lab_data(want)
+    for a, b in zip(got_data["lines"], want_data["lines"], strict=True):
+        np.testing.assert_equal(a, b)  # NaN where NaN was
+    for a, b in zip(got_data["curves"]["lines"], want_data["curves"]["lines"], strict=True):
+        np.testing.assert_equal(a, b)

@@ -15,30 +15,22 @@ One file per block, ``rows/<block>.json`` beside the results file (``benchmarks/
       "rows": [{...}, ...]             # one flat record per measured thing, bench-specific
     }
 
-A float that was not measured (NaN in the bench) is written ``null`` and read back as NaN.
+A float that was not measured (NaN in the bench), or is not finite, is written ``null``
+(:mod:`posenc._strict_json`) and read back as NaN (:func:`number`).
 Each bench module documents its row keys beside the function that writes them.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import _strict_json as strict_json
+
 #: Bumped when a row key changes meaning; :meth:`BenchRows.load` refuses other versions.
 SCHEMA = 1
-
-
-def _nan_to_none(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_nan_to_none(v) for v in value]
-    return value
 
 
 def number(value: float | int | None) -> float:
@@ -69,10 +61,10 @@ class BenchRows:
             "block": self.block,
             "env": self.env,
             "command": self.command,
-            "settings": _nan_to_none(self.settings),
-            "rows": _nan_to_none(self.rows),
+            "settings": self.settings,
+            "rows": self.rows,
         }
-        return json.dumps(doc, indent=1, allow_nan=False) + "\n"
+        return strict_json.dumps(doc, indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: str, where: str = "rows") -> BenchRows:

@@ -74,11 +74,12 @@ def _short(value: object) -> str:
 
 def _leaf_ok(value: object, leaf: Any) -> bool:
     """A leaf of a nested shape (:mod:`posenc.lab.rows`): ``float`` any number a float holds
-    (an integer past float's range is none), ``int``, ``str``, ``None``, ``Any``."""
+    (an integer past float's range is none) or null (a non-finite float, which the store writes
+    null: :func:`nan_for_null` reads it back as NaN), ``int``, ``str``, ``None``, ``Any``."""
     if leaf is Any:
         return True
-    if leaf is None:
-        return value is None
+    if leaf is None or value is None:
+        return value is None and leaf in (None, float)
     if isinstance(value, bool):
         return leaf is bool
     if leaf is float:
@@ -144,6 +145,46 @@ def _object_problem(value: dict[str, Any], shape: Keys | Each, where: str) -> st
     return f"no {where}.{missing[0]}" if missing else None
 
 
+def _nan_at_floats(value: Any, shape: Any) -> Any:
+    """``value`` (of ``shape``, checked by :func:`shape_problem`) with a null at each ``float``
+    leaf as NaN; the objects and lists on the way are copies."""
+    if shape is float:
+        return math.nan if value is None else value
+    if isinstance(shape, OneOf):
+        if value is None and None in shape.options:
+            return None  # null is one of its values (not applicable), not a lost float
+        fits = [s for s in shape.options if shape_problem(value, s, "") is None]
+        return _nan_at_floats(value, fits[0]) if fits else value
+    if isinstance(shape, ListOf) and isinstance(value, list):
+        return [_nan_at_floats(v, shape.item) for v in value]
+    if isinstance(shape, Each) and isinstance(value, dict):
+        return {k: _nan_at_floats(v, shape.value) for k, v in value.items()}
+    if isinstance(shape, Keys) and isinstance(value, dict):
+        subs = {**shape.required, **shape.optional}
+        return {k: _nan_at_floats(v, subs.get(k, shape.rest)) for k, v in value.items()}
+    return value
+
+
+def nan_for_null(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored row (checked by :func:`row_problem`) with its nulls that stand for a non-finite
+    float as NaN, which is how the readers took such a float before the store wrote strict JSON
+    (:mod:`posenc._strict_json`): each null at a ``float`` leaf of the row's shapes
+    (:data:`~posenc.lab.rows.GRID_SHAPES`, :data:`~posenc.lab.rows.EXTEND_SHAPES`), and the
+    ``bits`` and ``acc`` of a measured result (``tokens`` > 0; a length that does not apply has
+    no tokens, and its null ``bits`` stays None). Other fields, and the row given, as they are."""
+    shapes = EXTEND_SHAPES if row.get("kind") else GRID_SHAPES
+    out = {k: _nan_at_floats(v, shapes[k]) if k in shapes else v for k, v in row.items()}
+    ev = out.get("eval")
+    variants = ev.get("variants", {}) if isinstance(ev, dict) else {}
+    for variant in variants.values():
+        for res in variant["results"].values():  # copies (Keys, Each): safe to set
+            if isinstance(res.get("tokens"), int) and res["tokens"] > 0:
+                for name in ("bits", "acc"):
+                    if name in res and res[name] is None:
+                        res[name] = math.nan
+    return out
+
+
 #: The fields a stored row is read without (rows written before them lack them) are typed when
 #: present; these it cannot be read without (beyond the store's key).
 REQUIRED_FIELDS = ("group",)
@@ -197,13 +238,14 @@ def store_rows(out: str | Path) -> list[dict[str, Any]]:
 
     A row that :func:`row_problem` refuses (a field of the wrong type, or one it cannot be read
     without) is skipped with one warning naming the file and the line; a field no row has is
-    ignored, with a warning."""
+    ignored, with a warning. A non-finite float, stored as null, reads as NaN
+    (:func:`nan_for_null`)."""
     path = Path(out) / RESULTS_FILE
     try:
         rows = ResultStore(path).numbered_rows(row_problem)
     except ValueError as e:
         raise ValueError(f"{path} holds {e}") from None
-    return [upgrade_row(row) for _, row in rows]
+    return [upgrade_row(nan_for_null(row)) for _, row in rows]
 
 
 def grid_store_rows(out: str | Path) -> list[dict[str, Any]]:

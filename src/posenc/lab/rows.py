@@ -191,11 +191,14 @@ class OneOf:
     options: tuple[Any, ...]
 
 
-#: Leaves: ``float`` is any JSON number that is a float (an integer too; a bool is no number),
+#: Leaves: ``float`` is any JSON number that is a float (an integer too; a bool is no number)
+#: or null, which the store writes for a non-finite float (strict JSON) and the reader reads back
+#: as NaN (:func:`posenc.lab.results.nan_for_null`); ``NUMBER_OR_NULL`` keeps a null as None.
 #: ``int`` an integer, ``str`` a string, ``None`` null, ``Any`` anything.
 NUMBER_OR_NULL = OneOf((float, None))
 
-_CURVE = Keys({"pos": ListOf(int), "end": ListOf(int), "bits": ListOf(NUMBER_OR_NULL)})
+# A curve's bits are always floats (a non-finite bin reads back as NaN, a gap in its line).
+_CURVE = Keys({"pos": ListOf(int), "end": ListOf(int), "bits": ListOf(float)})
 _RESULT = Keys(
     {"bits": NUMBER_OR_NULL},
     {"acc": NUMBER_OR_NULL, "tokens": int, "curve": OneOf((None, _CURVE)),

@@ -5,7 +5,8 @@ process killed at any moment leaves whole rows behind (at worst a torn last line
 reader skips with a warning and the next append starts on a fresh line). Rows are keyed by
 ``(encoding, seed, config_hash)``; a key already present is never written again, so a rerun skips
 finished cells and no result is duplicated, except by a rerun asked for (``posenc lab --force``):
-its row is appended with ``replace=True`` and, read back, takes the earlier row's place. Any other line that is no row (invalid UTF-8 or
+its row is appended with ``replace=True`` and, read back, takes the earlier row's place. A line
+is strict JSON: a non-finite float (NaN, Infinity) is written ``null``. Any other line that is no row (invalid UTF-8 or
 JSON, a key field missing or of the wrong type) is skipped the same way, with one warning naming
 the file and the line, and the rows around it are read.
 """
@@ -18,6 +19,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from .. import _strict_json as strict_json
 
 RESULTS_FILE = "results.jsonl"
 
@@ -100,7 +103,8 @@ class ResultStore:
         if not replace and row_key(row) in self.keys():
             return False
         # Key order is kept (not sorted): the report lists variants in the order evaluated.
-        line = json.dumps(row, allow_nan=True)
+        # Strict JSON: a non-finite float is written null (the reader takes it as NaN did).
+        line = strict_json.dumps(row)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
