@@ -379,6 +379,73 @@ def test_folder_lock_refuses_a_second_holder_and_takes_over_a_stale_one(tmp_path
         lock.acquire(tmp_path)
 
 
+# A process that takes the folder lock, says so, and holds it until killed.
+_HOLD = """
+import sys, time
+from pathlib import Path
+from posenc.lab import lock
+held, stale = lock.acquire(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_folder_lock_conflicts_across_threads_and_processes_and_a_dead_holder_is_taken_over(
+    tmp_path,
+):
+    """The lock is the operating system's (filelock): another thread of this process and
+    another process are refused, naming the holder; the system frees it when its holder is
+    killed, and the next acquisition takes the dead holder's description over as stale."""
+    import threading
+
+    from posenc.lab import lock
+
+    said: list[str] = []
+
+    def other() -> None:
+        try:
+            lock.release(lock.acquire(tmp_path)[0])
+        except lock.FolderLocked as e:
+            said.append(str(e))
+
+    with lock.folder_lock(tmp_path):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert len(said) == 1 and f"in use by another posenc lab run (pid {os.getpid()}" in said[0]
+    # Held by another process: refused here, in this thread, naming it.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(lock.FolderLocked, match=f"in use by another.*pid {holder.pid} "):
+            lock.acquire(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    with lock.folder_lock(tmp_path) as stale:  # killed: the lock is free, its note stale
+        assert stale is not None and stale["pid"] == holder.pid
+    assert (tmp_path / lock.LOCK_FILE).read_text() == ""
+
+
+def test_folder_lock_needs_no_fcntl(tmp_path, monkeypatch):
+    """Windows has no ``fcntl``: the lock module, loaded where ``import fcntl`` fails, still
+    refuses a second holder (before filelock it locked nothing there)."""
+    import importlib.util
+
+    from posenc.lab import lock as installed
+
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # import fcntl -> ImportError
+    spec = importlib.util.spec_from_file_location("_lock_without_fcntl", installed.__file__)
+    assert spec is not None and spec.loader is not None
+    lock = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, lock)
+    spec.loader.exec_module(lock)
+    with lock.folder_lock(tmp_path), pytest.raises(lock.FolderLocked, match="in use by another"):
+        lock.acquire(tmp_path)
+
+
 LOCK_ARGS = ["-e", "none", "-L", "16", "--dim", "32", "--layers", "1", "--heads", "2",
              "--steps", "2000", "--batch-size", "4", "--eval-tokens", "256", "--eval-lens",
              "1x,2x", "--ckpt-every", "50", "--threads", "1", "--no-plots"]  # fmt: skip

@@ -162,3 +162,15 @@ def test_the_sdist_carries_tests_data_docs_and_benchmarks(tmp_path: Path) -> Non
     assert any(n.startswith("tests/data/hf_configs/") for n in want)
     assert want <= names, sorted(want - names)[:20]
     assert not any(n.endswith(".pyc") for n in names)
+
+
+# --- dependencies ----------------------------------------------------------------------------
+
+
+def _requirement(name: str) -> str:
+    (req,) = [r for r in _pyproject()["project"]["dependencies"] if r.startswith(name)]
+    return req
+
+
+def test_the_folder_lock_library_is_a_dependency() -> None:
+    assert _requirement("filelock") == "filelock>=3.12"  # posenc.lab.lock, on every OS

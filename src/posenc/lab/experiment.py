@@ -4,7 +4,8 @@ results store.
 
 Layout of an output folder (``--out``, default ``runs/lab``)::
 
-    lab.lock                          held while a run is going (posenc.lab.lock)
+    lab.lock                          who holds the folder while a run is going (posenc.lab.lock)
+    .lab.lock                         the operating-system lock that run holds
     results.jsonl                     one row per finished cell (posenc.lab.store)
     ckpt/<encoding>-s<seed>-<hash>/   last.pt while training, final.pt once trained
     report/                           table.md, results.csv, lab.png (posenc.lab.report)

@@ -2,15 +2,18 @@
 
 Two ``posenc lab`` processes on one folder would train the same cells, each taking the other's
 checkpoints for an interrupted run (and deleting them under it). So a run takes an exclusive
-``flock`` on ``<out>/lab.lock`` and writes who holds it (pid, host, start time, command) into
-the file; a second run is refused with that description.
+operating-system lock (the ``filelock`` package: ``flock`` on POSIX, ``msvcrt.locking`` on
+Windows) on ``<out>/.lab.lock`` and writes who holds it (pid, host, start time, command) into
+``<out>/lab.lock``; a second run, from another process or from this one, is refused with that
+description. (The description has a file of its own: a lock file's contents are the locking
+library's, which may truncate it on open or delete it on release.)
 
-The kernel releases a ``flock`` when its holder dies, however it dies, so a lock left by a killed
+The system releases the lock when its holder dies, however it dies, so a lock left by a killed
 run is never mistaken for a live one (and a reused pid does not matter): the next run gets the
-lock, finds the dead holder's description still in the file, and says it took over a stale
-lock. A clean exit empties the file. A description written on *another* host cannot be checked
-from here (``flock`` is not reliable across hosts on every network filesystem), so that run is
-refused too, with the lock file to delete once that run is known to be gone.
+lock, finds the dead holder's description still in ``lab.lock``, and says it took over a stale
+lock. A clean exit empties ``lab.lock``. A description written on *another* host cannot be
+checked from here (file locks are not reliable across hosts on every network filesystem), so that
+run is refused too, with the file to delete once that run is known to be gone.
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+from filelock import FileLock, Timeout
 
+#: Who holds the folder (JSON), empty when no run does.
 LOCK_FILE = "lab.lock"
+#: What the operating-system lock is taken on (its contents are filelock's).
+MUTEX_FILE = ".lab.lock"
 
 
 class FolderLocked(RuntimeError):
@@ -56,9 +60,11 @@ def describe(holder: dict[str, Any]) -> str:
     return text
 
 
-def _read(fd: int) -> dict[str, Any] | None:
-    os.lseek(fd, 0, os.SEEK_SET)
-    raw = os.read(fd, 1 << 16).decode(errors="replace").strip()
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        raw = path.read_bytes()[: 1 << 16].decode(errors="replace").strip()
+    except FileNotFoundError:
+        return None
     if not raw:
         return None
     try:
@@ -68,34 +74,43 @@ def _read(fd: int) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) else {"command": raw[:100]}
 
 
-def _write(fd: int, holder: dict[str, Any] | None) -> None:
-    os.ftruncate(fd, 0)
-    if holder is not None:
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
-    os.fsync(fd)
+def _write(path: Path, holder: dict[str, Any] | None) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        if holder is not None:
+            f.write(json.dumps(holder) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
-def acquire(out: Path) -> tuple[int, dict[str, Any] | None]:
-    """Lock ``out`` (created if needed) for this process: ``(fd, stale)``, where ``stale``
+@dataclass
+class HeldLock:
+    """A folder lock this process holds (:func:`acquire`); give it back with :func:`release`."""
+
+    mutex: FileLock
+    path: Path  # the description, ``<out>/lab.lock``
+
+
+def acquire(out: Path) -> tuple[HeldLock, dict[str, Any] | None]:
+    """Lock ``out`` (created if needed) for this process: ``(held, stale)``, where ``stale``
     describes a killed run whose lock this one took over (None if the folder was free).
 
-    Raises :class:`FolderLocked` naming the holder when a live run (or a run on another host)
-    holds it.
+    Raises :class:`FolderLocked` naming the holder when a live run (another process, or another
+    acquisition in this one) or a run on another host holds it.
     """
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # Not thread-local: the lock is the process's, whichever thread releases it.
+    mutex = FileLock(out / MUTEX_FILE, thread_local=False)
     try:
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read(fd) or {}
-                raise FolderLocked(
-                    f"{out} is in use by another posenc lab run ({describe(holder)}); wait for "
-                    "it to finish, or pass another --out"
-                ) from None
-        stale = _read(fd)
+        mutex.acquire(timeout=0)
+    except Timeout:
+        holder = _read(path) or {}
+        raise FolderLocked(
+            f"{out} is in use by another posenc lab run ({describe(holder)}); wait for "
+            "it to finish, or pass another --out"
+        ) from None
+    try:
+        stale = _read(path)
         here = socket.gethostname()
         if stale is not None and stale.get("host") not in (here, None):
             raise FolderLocked(
@@ -103,27 +118,27 @@ def acquire(out: Path) -> tuple[int, dict[str, Any] | None]:
                 f"which cannot be checked from {here}; delete {path} if that run is no longer "
                 "running, or pass another --out"
             )
-        _write(fd, _holder())
+        _write(path, _holder())
     except BaseException:
-        os.close(fd)
+        mutex.release()
         raise
-    return fd, stale
+    return HeldLock(mutex, path), stale
 
 
-def release(fd: int) -> None:
-    """Empty the lock file (a clean exit leaves no holder behind) and unlock it."""
+def release(held: HeldLock) -> None:
+    """Empty the description (a clean exit leaves no holder behind) and unlock the folder."""
     try:
-        _write(fd, None)
+        _write(held.path, None)
     finally:
-        os.close(fd)  # closing the last descriptor releases the flock
+        held.mutex.release()
 
 
 @contextmanager
 def folder_lock(out: Path) -> Iterator[dict[str, Any] | None]:
     """Hold the lock on ``out`` for the ``with`` body; yields the stale holder taken over, if
     any (:func:`acquire`)."""
-    fd, stale = acquire(out)
+    held, stale = acquire(out)
     try:
         yield stale
     finally:
-        release(fd)
+        release(held)

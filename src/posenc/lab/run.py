@@ -125,10 +125,10 @@ def open_run(opts: RunOptions, dist: Dist, log: Callable[[str], None]) -> Iterat
 @contextmanager
 def _folder_lock(out: Path, dist: Dist) -> Iterator[dict[str, Any] | None]:
     """The output folder's lock, taken by rank 0; every rank raises if it is held elsewhere."""
-    fd, stale, error = None, None, None
+    held, stale, error = None, None, None
     if dist.main:
         try:
-            fd, stale = acquire_lock(out)
+            held, stale = acquire_lock(out)
         except FolderLocked as e:
             error = str(e)
     error = dist.broadcast(error)
@@ -137,8 +137,8 @@ def _folder_lock(out: Path, dist: Dist) -> Iterator[dict[str, Any] | None]:
     try:
         yield stale
     finally:
-        if fd is not None:
-            release_lock(fd)
+        if held is not None:
+            release_lock(held)
 
 
 def cell_dir(out: Path, encoding: str, seed: int, train_hash: str) -> Path:
