@@ -174,3 +174,9 @@ def _requirement(name: str) -> str:
 
 def test_the_folder_lock_library_is_a_dependency() -> None:
     assert _requirement("filelock") == "filelock>=3.12"  # posenc.lab.lock, on every OS
+
+
+def test_the_torch_floor_has_flex_attention_with_gqa() -> None:
+    """posenc.attention.paths passes ``enable_gqa`` to FlexAttention, new in torch 2.5."""
+    assert _requirement("torch") == "torch>=2.5"
+    assert "enable_gqa=" in (ROOT / "src" / "posenc" / "attention" / "paths.py").read_text()

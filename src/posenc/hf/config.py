@@ -1,7 +1,8 @@
 """Interop with Hugging Face configs: the rotary embedding a transformers model uses, exactly.
 
 :func:`rope_from_hf` reads a transformers config object or a raw ``config.json`` dict (multimodal
-ones with their ``text_config``) and returns the :class:`~posenc.rotary.RotaryEmbedding` (or
+ones with their ``text_config``), of transformers 4.56+ (RoPE in ``rope_scaling``) or 5.x
+(``rope_parameters``), and returns the :class:`~posenc.rotary.RotaryEmbedding` (or
 :class:`~posenc.rotary.MRoPE`) that reproduces the model named by ``model_type``:
 
 * **Defaults of the config class.** A raw dict is first turned into the model's config object by
@@ -185,8 +186,8 @@ def _has_rope_keys(cfg: Mapping[str, Any]) -> bool:
 
 
 def _standardize(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``config.json`` dict shaped like a transformers 5.x config, with the class defaults of
-    :data:`FALLBACK_DEFAULTS` (the reader without transformers)."""
+    """A config dict (4.56+ ``rope_scaling`` or 5.x ``rope_parameters``) in transformers 5.x's
+    shape, with :data:`FALLBACK_DEFAULTS`' class defaults (the reader without transformers)."""
     cfg = dict(raw)
     text = cfg.get("text_config")
     if isinstance(text, Mapping) and not _has_rope_keys(cfg):
@@ -257,7 +258,8 @@ def _standard_params(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
 
 
 def _text_config(config: Any, use_transformers: bool) -> Any:
-    """The decoder's config to read: a transformers 5.x object, or a dict of the same shape."""
+    """The decoder's config to read, in transformers 5.x's shape: a 5.x object (``rope_parameters``)
+    as it is; a 4.56+ object (``rope_scaling``) or a dict, as a dict of that shape."""
     if isinstance(config, Mapping):
         _check_types(config)
         model_type = config.get("model_type")
