@@ -84,12 +84,17 @@ Which = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """``q [b, h, r, d] @ k [b, hk, n, d]^T * scale -> [b, h, r, n]`` in float32, GQA by view."""
+    """``q [b, h, r, d] @ k [b, hk, n, d]^T * scale -> [b, h, r, n]`` in float32, GQA by view.
+
+    The query heads of one kv head are stacked as rows (``[b, hk, g r, d]``), so the product is
+    one plain batched matmul per kv head: a broadcast ``[b, hk, g, r, d] @ [b, hk, 1, d, n]``
+    would copy the keys ``g`` times."""
     b, h, r, d = q.shape
     hk = k.shape[1]
-    qg = q.reshape(b, hk, h // hk, r, d)  # [b, hk, g, r, d]: query heads grouped by kv head
-    out = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2))  # [b, hk, g, r, n]
-    return out.reshape(b, h, r, -1).float() * scale  # [b, h, r, n]
+    qg = q.reshape(b, hk, (h // hk) * r, d)  # [b, hk, g r, d]: query heads grouped by kv head
+    out = torch.matmul(qg, k.transpose(-1, -2))  # [b, hk, g r, n]
+    out = out.float() if out.dtype != torch.float32 else out
+    return out.mul_(scale).view(b, h, r, -1)  # [b, h, r, n]
 
 
 def set_attention(
@@ -124,16 +129,17 @@ def set_attention(
             lo = max(0, end - (r1 - r0) - ks.max_distance)  # the band this set can reach
             band = _logits(ks.q[:, :, r0:r1], ks.k[:, :, lo:end], scale)  # [b, h, r, end - lo]
             mine = chosen[:, None, :, lo:] == index  # [b, 1, r, end - lo]
-            logits[..., lo:] = torch.where(mine, band, logits[..., lo:])
+            logits[..., lo:] = torch.where(mine, band, logits[..., lo:])  # in place on the band
         visible = dist[:, None] >= 0  # [b, 1, r, end]: causal by position
         if keep is not None:  # [b, 1, s | 1, t]: per query row, or one row of valid keys
             visible = visible & (keep[..., :end] if keep.shape[2] == 1 else keep[:, :, r0:r1, :end])
         # The dtype's lowest value, not -inf: a padded query row with no visible key then gets
         # uniform weights (as transformers' eager path gives it), not NaN.
-        probs = torch.softmax(logits.masked_fill(~visible, lowest), dim=-1)  # [b, h, r, end]
-        vg = v[:, :, :end].unsqueeze(2)  # [b, hk, 1, end, d]
-        pg = probs.to(v.dtype).reshape(b, hk, h // hk, r1 - r0, end)  # [b, hk, g, r, end]
-        out[:, :, r0:r1] = torch.matmul(pg, vg).reshape(b, h, r1 - r0, -1)  # [b, h, r, d]
+        logits.masked_fill_(~visible, lowest)
+        probs = torch.softmax(logits, dim=-1).to(v.dtype)  # [b, h, r, end]
+        pg = probs.view(b, hk, (h // hk) * (r1 - r0), end)  # [b, hk, g r, end]
+        pv = torch.matmul(pg, v[:, :, :end])  # [b, hk, g r, d]
+        out[:, :, r0:r1] = pv.view(b, h, r1 - r0, -1)  # [b, h, r, d]
     return out
 
 
