@@ -104,6 +104,16 @@ def test_every_method_at_three_lengths_then_resumes(
     assert "self_extend" in table.output and (tmp_path / "study.png").stat().st_size > 10_000
     md = _cli("extend", "report", str(out), "--markdown")
     assert "| method |" in md.output and "ppl@256" in md.output
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- extend:real -->\nold\n<!-- /extend:real -->\nend\n")
+    wrote = _cli("extend", "report", str(out), "--readme", str(readme), "--command", "posenc extend X",
+                 "--wall-minutes", "3")  # fmt: skip
+    assert wrote.exit_code == 0, wrote.output
+    text = readme.read_text()
+    assert "old" not in text and "posenc extend X" in text and "wall time 3 min" in text
+    assert text.endswith("<!-- /extend:real -->\nend\n") and md.output.strip() in text.replace(
+        "posenc extend X", f"posenc extend ... --out {out}"
+    ).replace("; wall time 3 min with loading", "")
 
 
 def test_an_interrupted_run_resumes_without_recomputing(folder: Path, tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ extend_app = typer.Typer(
 )
 
 SMOLLM2_ALIAS = "smollm2"
+README_START, README_END = "<!-- extend:real -->", "<!-- /extend:real -->"
 
 
 def _source(model: str, gguf: str | None) -> Any:
@@ -189,8 +190,13 @@ def report_command(
     run: str = typer.Argument(..., help="A `posenc extend` results folder."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the Markdown block instead."),
     figure: str = typer.Option(None, "--figure", help="Also draw the figure (.png or .svg)."),
+    readme: str = typer.Option(
+        None, "--readme", help="Write the Markdown between <!-- extend:real --> markers there."
+    ),
+    command: str = typer.Option("", "--command", help="The command that made the run (shown)."),
+    wall_minutes: float = typer.Option(None, "--wall-minutes", help="Its wall time (shown)."),
 ) -> None:
-    """Print a study's table (or Markdown), and draw its figure."""
+    """Print a study's table (or Markdown), draw its figure, or write its README block."""
     from .report import figure_data, markdown_report, study_table
     from .study import study_rows
 
@@ -198,10 +204,17 @@ def report_command(
         rows = study_rows(run)
         if not rows:
             raise ValueError(f"{run!r} holds no study rows yet")
-        if markdown:
-            typer.echo(
-                markdown_report(rows, command=f"posenc extend ... --out {run}", wall_seconds=None)
-            )
+        wall = None if wall_minutes is None else 60 * wall_minutes
+        text = markdown_report(
+            rows, command=command or f"posenc extend ... --out {run}", wall_seconds=wall
+        )
+        if readme:
+            from .._markdown import replace_block
+
+            replace_block(Path(readme), README_START, README_END, text + "\n")
+            typer.echo(f"wrote the study block of {readme}")
+        elif markdown:
+            typer.echo(text)
         else:
             from ..lab.term_table import print_table
 

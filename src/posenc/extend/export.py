@@ -32,7 +32,8 @@ def export_model(
 ) -> Path:
     """Write ``model`` with ``method`` (resolved for ``target_len``) to the folder ``out``.
 
-    The model must not carry a posenc patch. Raises ValueError (nothing written) for a method
+    ``tokenizer`` (None: none written) is saved beside the weights. The model must not carry a
+    posenc patch. Raises ValueError (nothing written) for a method
     transformers cannot express, or an ``out`` that is a non-empty folder.
     """
     if method.name in EXTENSION_METHODS:
@@ -70,7 +71,8 @@ def export_model(
         model.config = old_config
         if old_quantizer is not None:
             model.hf_quantizer = old_quantizer
-    tokenizer.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
     note = {
         "method": method.label,
         "rope_parameters": new.rope_parameters,
