@@ -245,3 +245,54 @@ def test_real_smollm2_patched_equals_stock() -> None:
         want = model(ids).logits
         got = apply_posenc(model)(ids).logits
     assert (got - want).abs().max() <= 1e-4  # float32 logits of size ~20; fused rotation
+
+
+def test_pose_examples_follow_the_authors_recipe() -> None:
+    """Against the authors' ``preprocess_function_pose`` (PoSE's train_pose.py), transcribed
+    with the same random draws in the same order."""
+    import random
+
+    from posenc.extend.finetune import pose_example
+
+    ids = list(range(1000, 1600))
+    for seed in range(100):
+        tokens, positions = pose_example(ids, 64, 512, random.Random(seed))
+        rng = random.Random(seed)
+        len_chunk, len_input, lt1 = 64, len(ids), 0
+        rt1 = rng.randint(1, (len_chunk + 1) // 2)
+        rt2 = rng.randint(lt1 + len_chunk, len_input)
+        lt2 = rt2 - (len_chunk - (rt1 - lt1))
+        chunked = ids[lt1:rt1] + ids[lt2:rt2]
+        pos = torch.arange(len(chunked))
+        lt, rt = 0, rng.randint(0, 512 - len(pos))
+        pos[: rt1 - lt1] += lt
+        pos[rt1 - lt1 :] += rt
+        assert tokens == chunked and positions == pos.tolist()
+        assert max(positions) <= 511
+
+
+def test_pose_finetune_resumes_and_exports(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ft"
+    args = ["extend", str(folder), "--finetune", "pose", "--steps", "3", "--train-len", "64",
+            "--methods", "none", "--lengths", "64,256", "--bin-size", "32", "--out", str(out)]  # fmt: skip
+    result = _cli(*args)
+    assert result.exit_code == 0, result.output
+    state = torch.load(out / "pose" / "checkpoint.pt", weights_only=False)
+    assert state["step"] == 3 and len(state["losses"]) == 3
+    config = json.loads((out / "pose-model" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn"
+    (row,) = study_rows(out)
+    assert row["model"]["source"].endswith("pose-model")
+    trained = transformers.AutoModelForCausalLM.from_pretrained(out / "pose-model")
+    original = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    changed = [
+        n
+        for n, p in trained.named_parameters()
+        if not torch.equal(p, dict(original.named_parameters())[n])
+    ]
+    assert changed  # the weights did move
+    again = _cli(*args)
+    assert again.exit_code == 0 and "resumed" not in again.output
+    assert (
+        torch.load(out / "pose" / "checkpoint.pt", weights_only=False)["losses"] == state["losses"]
+    )

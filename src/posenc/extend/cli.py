@@ -122,6 +122,8 @@ def _run(model: str, options: dict[str, Any]) -> None:
             f"{have / 2**30:.1f} GiB is available: lower --lengths or use a larger device"
         )
     out = Path(options["out"])
+    if options["finetune"]:
+        loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
     if options["dry_run"]:
         _dry_run(loaded, shape, cfg, todo, need, have)
         return
@@ -135,6 +137,50 @@ def _run(model: str, options: dict[str, Any]) -> None:
 
     print_table(header, body, title=f"posenc extend: {source.describe()}")
     typer.echo(f"rows in {out / 'results.jsonl'}; {time.perf_counter() - start:.0f} s")
+
+
+def _finetune(
+    model: Any, tokenizer: Any, source: Any, cfg: Any, options: dict[str, Any], out: Path
+) -> Any:
+    """``--finetune pose``: train (resumable), write the folder, and return it loaded with its
+    source, so the study then measures the fine-tuned model (``none``: with its scaling)."""
+    from ..hf import remove_posenc
+    from .estimate import available_bytes
+    from .evaluate import default_documents
+    from .export import export_model
+    from .finetune import FinetuneConfig, finetune, training_bytes
+    from .methods import parse_method
+    from .model import load_model, resolve_source
+
+    if options["finetune"] != "pose":
+        raise ValueError(f"--finetune must be 'pose', got {options['finetune']!r}")
+    ft = FinetuneConfig(
+        steps=options["steps"], train_len=options["train_len"], target_len=cfg.target,
+        method=options["finetune_method"], lr=options["lr"],
+    )  # fmt: skip
+    need = training_bytes(model, ft.train_len)
+    have = available_bytes(next(model.parameters()).device)
+    if need > have:
+        raise ValueError(
+            f"a PoSE step at --train-len {ft.train_len} needs about {need / 2**30:.1f} GiB and "
+            f"{have / 2**30:.1f} GiB is available: lower --train-len"
+        )
+    if options["dry_run"]:
+        typer.echo(f"PoSE: {ft.steps} steps at {ft.train_len} tokens, about {need / 2**30:.1f} GiB")
+        return model, tokenizer, source
+    # Training text: the next longest standard-library files after the evaluation documents.
+    docs = default_documents(len(cfg.documents) + 4)[len(cfg.documents) :]
+    result = finetune(model, tokenizer, docs, ft, out / "pose")
+    typer.echo(
+        f"PoSE: {ft.steps} steps in {result['seconds']:.0f} s, last loss {result['losses'][-1]:.3f}"
+    )
+    remove_posenc(model)
+    folder = out / "pose-model"
+    if not folder.exists():
+        export_model(model, tokenizer, parse_method(ft.method), cfg.target, folder)
+    source = resolve_source(str(folder))
+    model, tokenizer = load_model(source, dtype=options["dtype"], device=options["device"])
+    return model, tokenizer, source
 
 
 def _dry_run(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have: int) -> None:
@@ -177,6 +223,11 @@ def run_command(
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads (0: torch's choice)."),
     out: str = typer.Option("runs/extend", "--out", "-o", help="Results folder (resumable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say the time and memory; run nothing."),
+    finetune: str = typer.Option(None, "--finetune", help="pose: a PoSE fine-tune first."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Fine-tune steps."),
+    train_len: int = typer.Option(1024, "--train-len", min=2, help="Fine-tune length (tokens)."),
+    finetune_method: str = typer.Option("yarn", "--finetune-method", help="Scaling trained with."),
+    lr: float = typer.Option(2e-5, "--lr", help="Fine-tune learning rate (AdamW)."),
 ) -> None:
     """Perplexity by length and passkey retrieval of MODEL under each method."""
     try:
