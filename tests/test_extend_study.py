@@ -296,3 +296,14 @@ def test_pose_finetune_resumes_and_exports(folder: Path, tmp_path: Path) -> None
     assert (
         torch.load(out / "pose" / "checkpoint.pt", weights_only=False)["losses"] == state["losses"]
     )
+
+
+def test_dry_run_says_time_and_memory_and_writes_nothing(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dry"
+    result = _cli("extend", str(folder), "--methods", "none,self_extend", "--lengths", "64,256",
+                  "--bin-size", "32", "--passkey-lengths", "256", "--dry-run", "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    # 2 methods x (1 document + 1 length x 3 default depths)
+    assert "8 cells (2 methods" in result.output and "6 passkey prompts" in result.output
+    assert "GiB" in result.output and "Nothing was run" in result.output
+    assert not out.exists()

@@ -183,6 +183,10 @@ def _finetune(
     return model, tokenizer, source
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def _dry_run(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have: int) -> None:
     """Say what the study costs (one timed calibration forward); run nothing."""
     from .estimate import forward_flops, seconds_per_flop
@@ -193,7 +197,7 @@ def _dry_run(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have:
     typer.echo(
         f"{len(todo)} cells ({len(cfg.methods)} methods; perplexity at {cfg.lengths[-1]} tokens on "
         f"{docs} document(s); {len(todo) - len(cfg.methods) * docs} passkey prompts): "
-        f"about {total / 60:.0f} min on this machine, peak memory about "
+        f"about {_duration(total)} on this machine, peak memory about "
         f"{need / 2**30:.1f} GiB of {have / 2**30:.1f} GiB available. Nothing was run."
     )
 
