@@ -122,12 +122,12 @@ def _run(model: str, options: dict[str, Any]) -> None:
             f"{have / 2**30:.1f} GiB is available: lower --lengths or use a larger device"
         )
     out = Path(options["out"])
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     if options["finetune"]:
         loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
     if options["dry_run"]:
         _dry_run(loaded, shape, cfg, todo, need, have)
         return
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     run_study(loaded, tokenizer, source, cfg, out, dtype=options["dtype"])
     from .. import lab  # noqa: F401 - the store's reader warnings come from the lab package
 

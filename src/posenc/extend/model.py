@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,10 @@ def load_model(
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not sys.stderr.isatty():  # a log or a pipe: transformers' bars would be noise in it
+        hf_logging.disable_progress_bar()
 
     kw: dict[str, Any] = {"local_files_only": True}
     if source.gguf:

@@ -44,7 +44,7 @@ def draw_real_study(data: dict[str, Any]) -> Any:
                 for x, n in enumerate(lengths):
                     lp, rank, exact = data["passkey"][method].get((d, n), (float("nan"), 0, False))
                     ax2.text(x, y, f"{lp:.1f}\nrank {rank:.1f}{' ✓' if exact else ''}",
-                             ha="center", va="center", fontsize=7, color="w")  # fmt: skip
+                             ha="center", va="center", fontsize=7, color="k" if lp > -12 else "w")  # fmt: skip
             ax2.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=7)
             ax2.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
             ax2.set_ylabel(method, fontsize=7)
