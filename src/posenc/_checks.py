@@ -7,24 +7,11 @@ from collections.abc import Callable
 
 import torch
 
+# Re-exported: they live in _ints (torch-free, for the registry).
+from ._ints import check_positive_int as check_positive_int
+from ._ints import resolve_head_dim as resolve_head_dim
+
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-
-
-def check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def resolve_head_dim(dim: int, num_heads: int, head_dim: int | None) -> int:
-    """``head_dim`` if given, else ``dim // num_heads`` (which must divide evenly)."""
-    if head_dim is None:
-        if dim % num_heads:
-            raise ValueError(
-                f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim"
-            )
-        head_dim = dim // num_heads
-    return check_positive_int("head_dim", head_dim)
 
 
 def check_even(name: str, value: int, why: str) -> int:

@@ -145,18 +145,43 @@ def root(
     """Transformer positional encodings: demos, the lab, plots and benchmarks."""
 
 
-def matching_names(pattern: str | None) -> list[str]:
-    """Registered names matching ``pattern``, case-insensitively: a glob when it holds ``*?[``,
-    else a substring. All names for None."""
-    from . import registry
+def matching_names(pattern: str | None, names: list[str] | None = None) -> list[str]:
+    """Names (registered, or ``names``) matching ``pattern``, case-insensitively: a glob when it
+    holds ``*?[``, else a substring. All names for None."""
+    if names is None:
+        from . import registry
 
-    names = registry.names()
+        names = registry.names()
     if pattern is None:
         return names
     pat = pattern.strip().lower()
     if any(c in pat for c in "*?["):
         return [n for n in names if fnmatch.fnmatchcase(n, pat)]
     return [n for n in names if pat in n]
+
+
+def _list_rows(imports: list[str]) -> list[Any]:
+    """What ``posenc list`` shows: the catalog when only posenc's own encodings can exist (no
+    torch import), else the live registry after the imports and entry points."""
+    from . import catalog
+
+    if not imports and catalog.only_builtins():
+        return list(catalog.BUILTIN)
+    import warnings
+
+    from . import registry
+    from .plugins import import_modules
+
+    try:
+        import_modules(imports)
+    except ValueError as err:
+        fail(str(err))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", registry.PluginWarning)
+        registry.load_entry_points()
+    for w in caught:
+        typer.echo(f"warning: {w.message}", err=True)
+    return catalog.live_rows()
 
 
 @app.command("list")
@@ -175,35 +200,23 @@ def list_encodings(
     """List the registered encodings with their family, options and where they come from
     (posenc, a module given to --import, or an installed package's posenc.encodings entry
     point)."""
-    import warnings
-
     from rich.console import Console
     from rich.table import Table
 
-    from . import registry
-    from .plugins import import_modules
+    from .registry import suggest
 
-    try:
-        import_modules(imports or ())
-    except ValueError as err:
-        fail(str(err))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", registry.PluginWarning)
-        registry.load_entry_points()
-    for w in caught:
-        typer.echo(f"warning: {w.message}", err=True)
-    names = matching_names(pattern)
+    rows = {r.name: r for r in _list_rows(list(imports or ()))}
+    names = matching_names(pattern, list(rows))
     if not names:
         fail(
-            f"no registered encoding matches {pattern!r}{registry.suggest(str(pattern))}; "
-            f"registered: {', '.join(registry.names())}"
+            f"no registered encoding matches {pattern!r}{suggest(str(pattern), list(rows))}; "
+            f"registered: {', '.join(rows)}"
         )
     table = Table("name", "family", "shared", "options", "description", "from")
     for name in names:
-        e = registry.entry(name)
-        opts = ", ".join(f"{k}={v!r}" for k, v in registry.options(name).items())
-        shared = "yes" if e.shared else "per layer"
-        table.add_row(name, e.family, shared, opts, e.description, registry.origin(name))
+        r = rows[name]
+        shared = "yes" if r.shared else "per layer"
+        table.add_row(name, r.family, shared, r.options, r.description, r.origin)
     Console().print(table)
 
 

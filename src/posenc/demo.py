@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import typer
 
+# torch and the model load inside the commands: `posenc --help` must not import torch.
 from . import registry
-from .model import ModelConfig, TransformerLM
 
 DEFAULT_ORDERINGS = (("我 喜欢 学习 AI", "AI 学习 喜欢 我"), ("A B C D", "D C B A"))
 BLIND_TOL = 1e-9  # float64 forward passes: a true permutation matches to ~1e-15
@@ -57,6 +56,10 @@ def order_sensitivity(
 
     Shapes: each ordering ``[s]`` tokens -> hidden ``[1, s, dim]``; compared token by token.
     """
+    import torch
+
+    from .model import ModelConfig, TransformerLM
+
     perm = token_permutation(ordering_a, ordering_b)
     vocab = {tok: i for i, tok in enumerate(sorted(set(ordering_a)))}
     torch.manual_seed(seed)

@@ -4,9 +4,10 @@ The registry is the one answer to "which encodings (which biases, which rotary o
 consumers ask :func:`names` (``names(family="bias")``) instead of keeping lists. Entries are
 registered beside their family, as timm's ``register_model``: each family package registers
 its encodings on import (``posenc/absolute/entries.py``, ``posenc/rotary/entries.py``,
-``posenc/relative/entries.py``, and each bias in its own module of ``posenc/bias``), and
-``posenc/__init__.py`` imports the families. This module imports none of them: nothing here
-reaches up.
+``posenc/relative/entries.py``, and each bias in its own module of ``posenc/bias``). The registry
+imports the families by name (:data:`BUILTIN_PACKAGES`) at its first use, as it loads entry
+points; nothing is imported at module level, so ``import posenc`` and the CLI's help need no
+torch.
 
 Each entry is a builder ``f(ctx, **kwargs) -> nn.Module`` where ``ctx`` carries the model's
 shape (:class:`BuildContext`); ``kwargs`` are the encoding's own flat options, checked against
@@ -35,9 +36,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
+from ._ints import check_positive_int, resolve_head_dim
 
-from ._checks import check_positive_int, resolve_head_dim
+if typing.TYPE_CHECKING:
+    from torch import nn
 
 #: Where position enters, in the order :func:`names` lists them (DESIGN.md's table).
 FAMILIES = ("none", "absolute", "rotary", "bias", "relative")
@@ -60,7 +62,7 @@ class BuildContext:
             raise TypeError(f"causal must be a bool, got {self.causal!r}")
 
 
-Builder = Callable[..., nn.Module]
+Builder = Callable[..., "nn.Module"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,24 @@ class EncodingEntry:
 
 _REGISTRY: dict[str, EncodingEntry] = {}
 
+#: The packages whose import registers posenc's own encodings (each family registers beside
+#: itself). They load on the registry's first use, not on ``import posenc``: the CLI's help and
+#: ``posenc list`` run without torch (:mod:`posenc.catalog` lists them without importing them).
+BUILTIN_PACKAGES = ("posenc.absolute", "posenc.rotary", "posenc.bias", "posenc.relative")
+
+_BUILTINS_LOADED = False
+
+
+def _load_builtins() -> None:
+    """Import the family packages once, before any lookup or registration, so posenc's own
+    encodings always come first within their family."""
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    _BUILTINS_LOADED = True  # first: the families' own register() calls come back here
+    for package in BUILTIN_PACKAGES:
+        importlib.import_module(package)
+
 
 def register(
     name: str,
@@ -92,6 +112,7 @@ def register(
     ... def _build(ctx: BuildContext, *, scale: float = 1.0) -> nn.Module:
     ...     return MyBias(ctx.num_heads, scale=scale)
     """
+    _load_builtins()
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     if name != name.lower():
@@ -257,6 +278,7 @@ def load_entry_points() -> list[str]:
     if _ENTRY_POINTS_LOADED:
         return []
     _ENTRY_POINTS_LOADED = True
+    _load_builtins()
     from importlib.metadata import entry_points
 
     added: list[str] = []
@@ -284,6 +306,8 @@ def _add_entry_point(name: str, obj: object) -> None:
     registered builder, or an encoding class (registered under ``name``)."""
     if isinstance(obj, types.ModuleType) or any(e.builder is obj for e in _REGISTRY.values()):
         return
+    from torch import nn
+
     if isinstance(obj, type) and issubclass(obj, nn.Module):
         register_encoding_class(obj, name.strip().lower())
         return
@@ -306,6 +330,7 @@ def origin(name: str) -> str:
 def unregister(name: str) -> None:
     """Remove encoding ``name`` (registered by :func:`register`); KeyError if it is not there."""
     key = name.strip().lower()
+    _load_builtins()
     if key not in _REGISTRY:
         raise KeyError(f"encoding {name!r} is not registered")
     del _REGISTRY[key]
@@ -319,6 +344,7 @@ def names(family: str | None = None) -> list[str]:
     :data:`FAMILIES` order, each family's in registration order."""
     if family is not None and family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    _load_builtins()
     entries = sorted(_REGISTRY.values(), key=lambda e: FAMILIES.index(e.family))  # stable
     return [e.name for e in entries if family is None or e.family == family]
 
@@ -334,6 +360,7 @@ def entry(name: str) -> EncodingEntry:
     if not isinstance(name, str):
         raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
     key = name.strip().lower()
+    _load_builtins()
     if key not in _REGISTRY and not _register_remembered(key):
         load_entry_points()  # once per process: an installed package may declare it
     if key not in _REGISTRY:

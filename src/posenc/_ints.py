@@ -1,0 +1,21 @@
+"""Integer-size checks that need no torch (the registry's :class:`BuildContext` uses them, and
+the registry must import without torch: ``posenc --help`` and ``posenc list``)."""
+
+from __future__ import annotations
+
+
+def check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def resolve_head_dim(dim: int, num_heads: int, head_dim: int | None) -> int:
+    """``head_dim`` if given, else ``dim // num_heads`` (which must divide evenly)."""
+    if head_dim is None:
+        if dim % num_heads:
+            raise ValueError(
+                f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim"
+            )
+        head_dim = dim // num_heads
+    return check_positive_int("head_dim", head_dim)
