@@ -85,7 +85,8 @@ class RopeReport:
             cells += [f"{r.q_err:.3g}", f"{r.k_err:.3g}"]
             if cos_sin:
                 cells.append("-" if r.cos_sin_err is None else f"{r.cos_sin_err:.3g}")
-            cells += [f"{r.threshold:.3g}", str(r.first_failing_position or "-")]
+            first = r.first_failing_position  # position 0 is a position, not "none"
+            cells += [f"{r.threshold:.3g}", "-" if first is None else str(first)]
             lines.append(cells)
         widths = [max(len(c) for c in col) for col in zip(head, *lines, strict=False)]
         out = ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
