@@ -42,6 +42,7 @@ import torch
 from .._checks import check_int_at_most, check_positive_int
 from ..hf.config import _get, _head_dim, _nested_keys, read_config
 from ..hf.load import resolve_config
+from .diagnose import Diagnosis, diagnose
 from .probes import Probe, rope_probes
 from .reference import Reference
 from .report import Position, ProbeResult, RopeReport
@@ -337,10 +338,36 @@ def check_rope(
         if run.hung is not None:
             report.skipped.append(f"every probe after {run.hung}: the implementation hung there")
             break
+    if not report.ok:
+        report.diagnosis = _diagnosis(run, config, report, layout)
     if kind == "auto" and report.results:  # what the implementation turned out to return
         tables = any(r.cos_sin_err is not None for r in report.results)
         report.kind = "cos_sin" if tables else "qk"
     return report
+
+
+def _diagnosis(run: _Run, config: Any, report: RopeReport, layout: str | None) -> Diagnosis | None:
+    """:func:`~posenc.testing.diagnose.diagnose` on the layer type of the first failure whose
+    error is a number (not a call that raised, hung, or gave NaN or a wrong shape)."""
+    first = next((r for r in report.failures if r.note == "" and math.isfinite(r.q_err)), None)
+    if first is None or run.hung is not None:
+        return None
+    layer_type = first.layer_type
+    ref = Reference(config, layer_type, layout)
+    slack = SLACK[torch.float32] if run.slack is None else float(run.slack)
+
+    def outputs(position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        probe = Probe("diagnosis", position_ids, "arange(64)")
+        case = _Case(ref, probe, torch.float32, run.heads, run.kv_heads, run.seed)
+        try:
+            got = _outputs(run.impl, case, layer_type, run.kind, False, run.timeout)
+        except ImplTimeout:
+            return None
+        if isinstance(got, str):
+            return None
+        return case.q.double(), got[0][0].double(), case.thresholds(slack)[0]
+
+    return diagnose(ref, outputs)
 
 
 def _check_options(
