@@ -310,10 +310,9 @@ def check_rope(
     ``4 * max_position_embeddings - 1``; a model with a fixed table, such as GPT-J's, needs
     ``max_position_embeddings - 1``). ``probes``: run only these probe names. ``slack``: the
     factor on the reference's own error in the thresholds (default :data:`SLACK`: 4 in float32,
-    2 in bf16/fp16). ``timeout``: the seconds one call of ``impl`` may take (None: no bound);
-    the probe that runs past it fails, named in the report, and nothing is called after it
-    (:mod:`posenc.testing.timeout` says how a hang is stopped). The rules are in this module's
-    docstring; the probes in :mod:`posenc.testing.probes`.
+    2 in bf16/fp16). ``timeout``: seconds one call of ``impl`` may take (None: no bound); the
+    probe that runs past it fails, named, and nothing is called after it (how a hang is stopped:
+    :mod:`posenc.testing.timeout`). Rules: the module docstring; probes: :mod:`posenc.testing.probes`.
     """
     _check_options(kind, dtypes, slack, timeout)
     _check_sizes(batch=batch, heads=heads, kv_heads=kv_heads, dense_limit=dense_limit)
@@ -338,9 +337,14 @@ def check_rope(
         if run.hung is not None:
             report.skipped.append(f"every probe after {run.hung}: the implementation hung there")
             break
+    return _finish(report, run, config, layout)
+
+
+def _finish(report: RopeReport, run: _Run, config: Any, layout: str | None) -> RopeReport:
+    """The likely cause of a failure, and for ``kind="auto"`` what the implementation returned."""
     if not report.ok:
         report.diagnosis = _diagnosis(run, config, report, layout)
-    if kind == "auto" and report.results:  # what the implementation turned out to return
+    if run.kind == "auto" and report.results:
         tables = any(r.cos_sin_err is not None for r in report.results)
         report.kind = "cos_sin" if tables else "qk"
     return report
@@ -443,7 +447,7 @@ class _Run:
         self, ref: Reference, found: list[Probe], layer_type: str | None, nope: bool
     ) -> list[ProbeResult]:
         """Each probe of ``found`` (those named in ``probes``) in each dtype, up to a hang."""
-        out = []
+        out: list[ProbeResult] = []
         for dtype in self.dtypes:
             for probe in found:
                 if self.hung is not None:
