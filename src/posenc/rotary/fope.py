@@ -37,6 +37,7 @@ from torch import nn
 from .._checks import check_even, check_positions, check_positive_int
 from ..functional.rope_scaling import rope_inv_freq
 from ..kernels.reference import apply_rotary_reference
+from .base import resolve_qk_positions
 
 
 def fope_inv_freq(
@@ -63,23 +64,31 @@ def fope_inv_freq(
 
 
 def apply_fope(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cos: torch.Tensor | None = None,
+    k_sin: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate ``q [b, h, s, d]``, ``k [b, hk, s', d]`` by per-KV-head tables ``cos``, ``sin``
-    ``[b, hk or 1, s, d/2]`` (``k``'s; ``s' == s``) in the half pairing: query head ``j`` takes
-    KV head ``j // (h / hk)``'s rows (``repeat_kv``). Returns new ``(q', k')``."""
-    if cos.dim() != 4 or cos.shape != sin.shape or cos.shape[-1] * 2 != q.shape[-1]:
-        raise ValueError(
-            f"cos and sin must be [b, hk, s, d/2] with d/2 = {q.shape[-1] // 2}, got "
-            f"{tuple(cos.shape)} and {tuple(sin.shape)}"
-        )
+    """Rotate ``q [b, h, s, d]``, ``k [b, hk, t, d]`` by per-KV-head tables ``cos``, ``sin``
+    ``[b, hk or 1, s, d/2]`` (the queries'; the keys' ``k_cos``, ``k_sin`` ``[b, hk or 1, t, d/2]``,
+    default the same, ``t == s``) in the half pairing: query head ``j`` takes KV head
+    ``j // (h / hk)``'s rows (``repeat_kv``). Returns new ``(q', k')``."""
+    k_cos, k_sin = (cos, sin) if k_cos is None or k_sin is None else (k_cos, k_sin)
+    for c, s_, who in ((cos, sin, "cos and sin"), (k_cos, k_sin, "k_cos and k_sin")):
+        if c.dim() != 4 or c.shape != s_.shape or c.shape[-1] * 2 != q.shape[-1]:
+            raise ValueError(
+                f"{who} must be [b, hk, s, d/2] with d/2 = {q.shape[-1] // 2}, got "
+                f"{tuple(c.shape)} and {tuple(s_.shape)}"
+            )
     h, hk = q.shape[1], cos.shape[1]
     if h % hk:
         raise ValueError(f"query heads ({h}) must be a multiple of the tables' KV heads ({hk})")
     cos_q = cos.repeat_interleave(h // hk, dim=1)  # [b, h, s, d/2]: head j <- KV head j // (h/hk)
     sin_q = sin.repeat_interleave(h // hk, dim=1)
     return apply_rotary_reference(q, cos_q, sin_q, "half"), apply_rotary_reference(
-        k, cos, sin, "half"
+        k, k_cos, k_sin, "half"
     )
 
 
@@ -154,10 +163,17 @@ class FoPE(nn.Module):
         return F.pad(cos, pad, value=1.0), F.pad(sin, pad, value=1.0)  # [b, hk|1, s, d/2]
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q [b, h, s, d]`` and ``k [b, hk, s, d]`` (self-attention: one position per
-        token of both; default ``arange(s)``). Returns new ``(q', k')``."""
+        """Rotate ``q [b, h, s, d]`` and ``k [b, hk, t, d]`` by ``positions [s]|[b, s]`` and
+        ``k_positions [t]|[b, t]`` (defaults as every rotary module's: ``arange``, the queries at
+        the last ``s`` keys; ``k_positions`` is ``positions`` when ``t == s``), so that a KV cache
+        or Transformer-XL memory ahead of the queries rotates by its own positions. Returns new
+        ``(q', k')``."""
         if (
             q.dim() != 4
             or k.dim() != 4
@@ -165,7 +181,7 @@ class FoPE(nn.Module):
             or k.shape[-1] != self.head_dim
         ):
             raise ValueError(
-                f"q and k must be [b, h, s, {self.head_dim}] and [b, hk, s, {self.head_dim}], got "
+                f"q and k must be [b, h, s, {self.head_dim}] and [b, hk, t, {self.head_dim}], got "
                 f"{tuple(q.shape)} and {tuple(k.shape)}"
             )
         if self.sep_head and k.shape[1] != self.num_kv_heads:
@@ -173,10 +189,12 @@ class FoPE(nn.Module):
                 f"k must have this FoPE's {self.num_kv_heads} KV heads (one coefficient set "
                 f"each), got {k.shape[1]}"
             )
-        if positions is None:
-            positions = torch.arange(q.shape[2], device=q.device)
-        cos, sin = self.cos_sin(positions)
-        return apply_fope(q, k, cos, sin)
+        positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
+        k_cos, k_sin = self.cos_sin(k_positions)  # [b, hk|1, t, d/2]
+        if k_positions is positions:
+            return apply_fope(q, k, k_cos, k_sin)
+        cos, sin = self.cos_sin(positions)  # [b, hk|1, s, d/2]
+        return apply_fope(q, k, cos, sin, k_cos, k_sin)
 
     def extra_repr(self) -> str:
         return (

@@ -39,11 +39,14 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int_at_most, check_positive_int
 from ..hf.config import _get, _head_dim, _nested_keys, read_config
 from ..hf.load import resolve_config
+from .diagnose import Diagnosis, diagnose
 from .probes import Probe, rope_probes
 from .reference import Reference
 from .report import Position, ProbeResult, RopeReport
+from .timeout import ImplTimeout, call_with_timeout
 
 Impl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, str | None], Any]
 KINDS = ("auto", "qk", "cos_sin")
@@ -166,44 +169,73 @@ def _failed(case: _Case, layer_type: str | None, threshold: float, note: str) ->
     )
 
 
+#: What one call gave: ``((q', k'), cos/sin error [b, s] or None, worst cos/sin error or None)``.
+Outputs = tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None, float | None]
+
+
+def _outputs(
+    impl: Impl, case: _Case, layer_type: str | None, kind: str, nope: bool, timeout: float | None
+) -> Outputs | str:
+    """Call ``impl`` on the case's inputs: its ``(q', k')`` (rotated by its cos/sin if it gave
+    tables), or why it cannot be judged. :class:`ImplTimeout` passes through."""
+    pos = case.probe.position_ids
+    q_in, k_in, pos_in = case.q.clone(), case.k.clone(), pos.clone()
+    try:
+        out = call_with_timeout(lambda: impl(q_in, k_in, pos_in, layer_type), timeout)
+    except Exception as err:  # a conformance check reports what the implementation did
+        return f"raised {type(err).__name__}: {err}"
+    if not (torch.equal(q_in, case.q) and torch.equal(k_in, case.k) and torch.equal(pos_in, pos)):
+        return "modified its inputs in place"
+    tables = _as_tables(out) if kind != "qk" else None
+    if tables is not None:
+        if nope:
+            return "returned cos/sin for a NoPE layer type"
+        return _check_tables(case, tables)
+    if kind == "cos_sin":
+        return "did not return cos, sin [b, s, w] tensors"
+    note = _check_qk(case, out)
+    return note or ((out[0], out[1]), None, None)
+
+
+def _nan_note(out: tuple[torch.Tensor, torch.Tensor]) -> str:
+    """``"NaN in q' (3 of 512 values)..."`` where the outputs (for cos/sin: the rotation by
+    them) hold NaN, counted as an infinite error: a NaN never passes. Or ``""``."""
+    parts = [
+        f"{name} ({n} of {t.numel()} values)"
+        for name, t in (("q'", out[0]), ("k'", out[1]))
+        if (n := int(t.isnan().sum()))
+    ]
+    return "NaN in " + ", ".join(parts) if parts else ""
+
+
 def _judge(
-    impl: Impl, case: _Case, layer_type: str | None, kind: str, slack: float, nope: bool
+    impl: Impl,
+    case: _Case,
+    layer_type: str | None,
+    kind: str,
+    slack: float,
+    nope: bool,
+    timeout: float | None = None,
 ) -> ProbeResult:
     pos = case.probe.position_ids
     threshold, cs_threshold = (0.0, 0.0) if nope else case.thresholds(slack)
-    q_in, k_in, pos_in = case.q.clone(), case.k.clone(), pos.clone()
-    try:
-        out = impl(q_in, k_in, pos_in, layer_type)
-    except Exception as err:  # a conformance check reports what the implementation did
-        return _failed(case, layer_type, threshold, f"raised {type(err).__name__}: {err}")
-    if not (torch.equal(q_in, case.q) and torch.equal(k_in, case.k) and torch.equal(pos_in, pos)):
-        return _failed(case, layer_type, threshold, "modified its inputs in place")
-    tables = _as_tables(out) if kind != "qk" else None
-    cos_sin_err = None
-    if tables is not None:
-        if nope:
-            return _failed(case, layer_type, threshold, "returned cos/sin for a NoPE layer type")
-        got = _check_tables(case, tables)
-        if isinstance(got, str):
-            return _failed(case, layer_type, threshold, got)
-        out, cs_tok, cos_sin_err = got
-    elif kind == "cos_sin":
-        return _failed(case, layer_type, threshold, "did not return cos, sin [b, s, w] tensors")
-    else:
-        cs_tok = None
-        note = _check_qk(case, out)
-        if note:
-            return _failed(case, layer_type, threshold, note)
+    got = _outputs(impl, case, layer_type, kind, nope, timeout)
+    if isinstance(got, str):
+        return _failed(case, layer_type, threshold, got)
+    out, cs_tok, cos_sin_err = got
     ref_q, ref_k = (case.q.double(), case.k.double()) if nope else (case.ref_q, case.ref_k)
     q_tok, k_tok = _token_err(out[0], ref_q), _token_err(out[1], ref_k)
     bad = (q_tok > threshold) | (k_tok > threshold)
     if cs_tok is not None:
         bad |= cs_tok > cs_threshold
+    note = _nan_note(out)
+    if nope and not note:
+        note = "NoPE: q, k unchanged"
     return _result(
         case, layer_type, q_err=float(q_tok.max()), k_err=float(k_tok.max()), threshold=threshold,
         passed=not bool(bad.any()), first_failing_position=_first(bad, pos),
         cos_sin_err=cos_sin_err, cos_sin_threshold=None if cos_sin_err is None else cs_threshold,
-        note="NoPE: q, k unchanged" if nope else "",
+        note=note,
     )  # fmt: skip
 
 
@@ -262,6 +294,7 @@ def check_rope(
     dense_limit: int = 8192,
     probes: Collection[str] | None = None,
     slack: float | None = None,
+    timeout: float | None = 60.0,
 ) -> RopeReport:
     """Check a RoPE implementation against posenc's reading of a Hugging Face config.
 
@@ -277,15 +310,17 @@ def check_rope(
     ``4 * max_position_embeddings - 1``; a model with a fixed table, such as GPT-J's, needs
     ``max_position_embeddings - 1``). ``probes``: run only these probe names. ``slack``: the
     factor on the reference's own error in the thresholds (default :data:`SLACK`: 4 in float32,
-    2 in bf16/fp16). The rules are in this module's
-    docstring; the probes in :mod:`posenc.testing.probes`.
+    2 in bf16/fp16). ``timeout``: seconds one call of ``impl`` may take (None: no bound); the
+    probe that runs past it fails, named, and nothing is called after it (how a hang is stopped:
+    :mod:`posenc.testing.timeout`). Rules: the module docstring; probes: :mod:`posenc.testing.probes`.
     """
-    _check_options(kind, dtypes, slack)
+    _check_options(kind, dtypes, slack, timeout)
+    _check_sizes(batch=batch, heads=heads, kv_heads=kv_heads, dense_limit=dense_limit)
     config = resolve_config(config)  # a path or model id is read once
     label, max_pos = _describe(config)
     if max_pos is None:
         raise ValueError("config has no max_position_embeddings: the probes are placed by it")
-    run = _Run(impl, kind, tuple(dtypes), heads, kv_heads, seed, probes, slack)
+    run = _Run(impl, kind, tuple(dtypes), heads, kv_heads, seed, probes, slack, timeout)
     report = RopeReport(label, kind)
     for layer_type, uses_rope in _chosen_layer_types(config, layer_types):
         if not uses_rope and kind == "cos_sin":
@@ -299,13 +334,49 @@ def check_rope(
         )  # fmt: skip
         report.skipped += [f"{layer_type or ''} {s}".strip() for s in skipped]
         report.results += run.judge_all(ref, found, layer_type, nope=not uses_rope)
-    if kind == "auto" and report.results:  # what the implementation turned out to return
+        if run.hung is not None:
+            report.skipped.append(f"every probe after {run.hung}: the implementation hung there")
+            break
+    return _finish(report, run, config, layout)
+
+
+def _finish(report: RopeReport, run: _Run, config: Any, layout: str | None) -> RopeReport:
+    """The likely cause of a failure, and for ``kind="auto"`` what the implementation returned."""
+    if not report.ok:
+        report.diagnosis = _diagnosis(run, config, report, layout)
+    if run.kind == "auto" and report.results:
         tables = any(r.cos_sin_err is not None for r in report.results)
         report.kind = "cos_sin" if tables else "qk"
     return report
 
 
-def _check_options(kind: str, dtypes: Sequence[torch.dtype], slack: float | None) -> None:
+def _diagnosis(run: _Run, config: Any, report: RopeReport, layout: str | None) -> Diagnosis | None:
+    """:func:`~posenc.testing.diagnose.diagnose` on the layer type of the first failure whose
+    error is a number (not a call that raised, hung, or gave NaN or a wrong shape)."""
+    first = next((r for r in report.failures if r.note == "" and math.isfinite(r.q_err)), None)
+    if first is None or run.hung is not None:
+        return None
+    layer_type = first.layer_type
+    ref = Reference(config, layer_type, layout)
+    slack = SLACK[torch.float32] if run.slack is None else float(run.slack)
+
+    def outputs(position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        probe = Probe("diagnosis", position_ids, "arange(64)")
+        case = _Case(ref, probe, torch.float32, run.heads, run.kv_heads, run.seed)
+        try:
+            got = _outputs(run.impl, case, layer_type, run.kind, False, run.timeout)
+        except ImplTimeout:
+            return None
+        if isinstance(got, str):
+            return None
+        return case.q.double(), got[0][0].double(), case.thresholds(slack)[0]
+
+    return diagnose(ref, outputs)
+
+
+def _check_options(
+    kind: str, dtypes: Sequence[torch.dtype], slack: float | None, timeout: float | None
+) -> None:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     for dtype in dtypes:
@@ -313,6 +384,23 @@ def _check_options(kind: str, dtypes: Sequence[torch.dtype], slack: float | None
             raise ValueError(f"dtypes must be among {DTYPES}, got {dtype}")
     if slack is not None and not (isinstance(slack, (int, float)) and slack >= 1):
         raise ValueError(f"slack must be a number >= 1 (or None: SLACK per dtype), got {slack!r}")
+    if timeout is not None and not (
+        isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < 1e6
+    ):
+        raise ValueError(f"timeout must be seconds > 0 (or None: no bound), got {timeout!r}")
+
+
+#: The largest ``batch``, ``heads`` and ``kv_heads``: each probe builds ``[b, h, s, d]`` inputs.
+MAX_ROWS = 1024
+
+
+def _check_sizes(**sizes: object) -> None:
+    """Each size a positive integer (``batch``, ``heads``, ``kv_heads`` at most :data:`MAX_ROWS`)."""
+    for name, value in sizes.items():
+        if name == "dense_limit":
+            check_positive_int(name, value)
+        else:
+            check_int_at_most(name, value, MAX_ROWS, "each probe builds [b, h, s, d] inputs")
 
 
 def _chosen_layer_types(
@@ -339,9 +427,10 @@ def _layer_reference(
     return Reference({"rope_theta": 10000.0, "head_dim": head_dim}, None)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Run:
-    """What :func:`check_rope` holds fixed over its probes."""
+    """What :func:`check_rope` holds fixed over its probes; ``hung``: the probe whose call ran
+    past ``timeout`` (nothing is called after it)."""
 
     impl: Impl
     kind: str
@@ -351,18 +440,33 @@ class _Run:
     seed: int
     probes: Collection[str] | None
     slack: float | None
+    timeout: float | None = None
+    hung: str | None = None
 
     def judge_all(
         self, ref: Reference, found: list[Probe], layer_type: str | None, nope: bool
     ) -> list[ProbeResult]:
-        """Each probe of ``found`` (those named in ``probes``) in each dtype."""
-        out = []
+        """Each probe of ``found`` (those named in ``probes``) in each dtype, up to a hang."""
+        out: list[ProbeResult] = []
         for dtype in self.dtypes:
             for probe in found:
+                if self.hung is not None:
+                    return out
                 if self.probes is not None and probe.name not in self.probes:
                     continue
                 key = f"{self.seed}/{layer_type}/{dtype}/{probe.name}"
                 case = _Case(ref, probe, dtype, self.heads, self.kv_heads, zlib.crc32(key.encode()))
                 factor = SLACK[dtype] if self.slack is None else float(self.slack)
-                out.append(_judge(self.impl, case, layer_type, self.kind, factor, nope))
+                try:
+                    out.append(
+                        _judge(self.impl, case, layer_type, self.kind, factor, nope, self.timeout)
+                    )
+                except ImplTimeout:
+                    out.append(self._hang(case, layer_type))
         return out
+
+    def _hang(self, case: _Case, layer_type: str | None) -> ProbeResult:
+        note = f"did not return within timeout={self.timeout:g} s; no probe was run after it"
+        failed = _failed(case, layer_type, math.inf, note)
+        self.hung = failed.where
+        return failed

@@ -6,6 +6,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .diagnose import Diagnosis
 
 Position = int | tuple[int, ...]
 
@@ -56,7 +60,9 @@ class RopeReport:
     """The results of :func:`~posenc.testing.check_rope`, in probe order.
 
     ``ok``: every probe passed (and at least one ran). ``failures``: the failing rows.
-    ``skipped``: probes and layer types not run, each with the reason.
+    ``skipped``: probes and layer types not run, each with the reason. ``diagnosis``: for a
+    failing report, the likely cause fitted to the error's pattern
+    (:func:`~posenc.testing.diagnose.diagnose`), printed under the first line; None if none fits.
     """
 
     config: str
@@ -64,6 +70,7 @@ class RopeReport:
     results: list[ProbeResult] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     max_rows: int = 40
+    diagnosis: Diagnosis | None = None
 
     @property
     def ok(self) -> bool:
@@ -85,7 +92,8 @@ class RopeReport:
             cells += [f"{r.q_err:.3g}", f"{r.k_err:.3g}"]
             if cos_sin:
                 cells.append("-" if r.cos_sin_err is None else f"{r.cos_sin_err:.3g}")
-            cells += [f"{r.threshold:.3g}", str(r.first_failing_position or "-")]
+            first = r.first_failing_position  # position 0 is a position, not "none"
+            cells += [f"{r.threshold:.3g}", "-" if first is None else str(first)]
             lines.append(cells)
         widths = [max(len(c) for c in col) for col in zip(head, *lines, strict=False)]
         out = ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
@@ -102,6 +110,8 @@ class RopeReport:
             status = f"FAIL: {len(failures)} of {len(self.results)} probes failed; first {failures[0].summary()}"
         else:
             status = f"ok: {len(self.results)} probes passed"
-        lines = [f"RopeReport for {self.config} ({self.kind}): {status}", *self._table()]
+        lines = [f"RopeReport for {self.config} ({self.kind}): {status}"]
+        lines += [str(self.diagnosis)] if self.diagnosis is not None else []
+        lines += self._table()
         lines += [f"skipped {s}" for s in self.skipped]
         return "\n".join(lines)
