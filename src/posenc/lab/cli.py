@@ -82,12 +82,14 @@ def _run_lab(
     device: str,
     quiet: bool,
     plots: bool,
+    report_to: str,
     **options: Any,
 ) -> None:
     """Bare ``posenc lab``: run the grid (``options``: :class:`Overrides`' fields), then print
     and write its report (``--dry-run``: print the plan instead)."""
     from ..plugins import import_modules
     from .experiment import RunOptions, run_grid
+    from .metrics import check_report_to
     from .preflight import plan_run
 
     if resume and restart:
@@ -96,9 +98,10 @@ def _run_lab(
         import_modules(imports or ())
         cfg = build_config(preset, Overrides(**options))
         check_caps({"threads": threads, "jobs": jobs})
+        check_report_to(report_to)
         opts = RunOptions(
             out=out, resume=resume, restart=restart, threads=threads, device=device,
-            quiet=quiet, jobs=jobs, force=force_labels(force),
+            quiet=quiet, jobs=jobs, force=force_labels(force), report_to=report_to,
         )  # fmt: skip
         plan = plan_run(cfg, opts, timed=dry_run)
         if dry_run:

@@ -7,7 +7,9 @@ Layout of an output folder (``--out``, default ``runs/lab``)::
     lab.lock                          who holds the folder while a run is going (posenc.lab.lock)
     .lab.lock                         the operating-system lock that run holds
     results.jsonl                     one row per finished cell (posenc.lab.store)
-    ckpt/<encoding>-s<seed>-<hash>/   last.pt while training, final.pt once trained
+    ckpt/<encoding>-s<seed>-<hash>/   last.pt while training, final.pt once trained,
+                                      metrics.jsonl (and with --report-to tensorboard an
+                                      event file) of its steps (posenc.lab.metrics)
     report/                           table.md, results.csv, lab.png (posenc.lab.report)
 
 Under ``torchrun`` every rank walks the same grid; rank 0 decides what is finished, writes the
@@ -44,6 +46,7 @@ from .identity import eval_identity, group_identity, jsonable, stable_hash
 from .jobs import Event, encoding_modules, import_encodings, run_pool
 from .labels import Label, parse_label
 from .lock import describe
+from .metrics import MetricsLog, check_report_to, logged_steps
 from .options import resolve_options
 from .presets import GPU_PRESETS
 from .progress import ProgressRelay, RemoteProgress, step_task
@@ -148,6 +151,7 @@ def run_grid(
         torch.set_num_threads(threads)
     log = make_log(dist, opts.quiet, print_fn)
     lengths = check_config(cfg)
+    check_report_to(opts.report_to)
     labels = resolve_labels(cfg.encodings)
     for label in labels:  # lab options against this grid (ranges, tables, layers)
         resolve_options(cfg, label)
@@ -496,6 +500,7 @@ def _train_cell(grid: _Grid, cell: Cell) -> TrainResult:
         stop=ctx.stop,
         compile_model=cfg.compile,
         positions=cell.positions,
+        metrics=MetricsLog(ckpt_dir, logged_steps(cfg.train.steps), opts.report_to),
     )
     finish()
     return result

@@ -244,6 +244,15 @@ DRY_RUN = Flag(
     False,
     grid=False,
 )
+REPORT_TO = Flag(
+    "report_to",
+    ("--report-to",),
+    str,
+    "none, or tensorboard: an event file per cell beside its metrics.jsonl (needs "
+    "pip install 'posenc[tensorboard]').",
+    "none",
+    grid=False,
+)
 IMPORT = Flag(
     "imports",
     ("--import",),
@@ -293,6 +302,7 @@ LAB_FLAGS: tuple[Flag, ...] = (
     JOBS,
     FORCE,
     DRY_RUN,
+    REPORT_TO,
     IMPORT,
     DEVICE,
     Flag("ckpt_every", ("--ckpt-every",), int | None, "Checkpoint interval.", path="ckpt_every",

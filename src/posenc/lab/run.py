@@ -38,6 +38,7 @@ class RunOptions:
     quiet: bool = False
     jobs: int | None = None  # cells at once in worker processes; None: one per core
     force: tuple[str, ...] = ()  # labels rerun though finished; ("all",): every cell
+    report_to: str = "none"  # "tensorboard": an event file per cell beside its metrics.jsonl
 
 
 def usable_cores() -> int:

@@ -45,6 +45,7 @@ from .checkpoint import (
 from .config import TrainConfig
 from .data import IGNORE, LabData, shard
 from .dist import Dist, init_distributed, resolve_device
+from .metrics import MetricsLog, logged_steps
 
 __all__ = [
     "CKPT_FORMAT", "CKPT_VERSION", "FINAL", "LAST", "CheckpointError", "Dist", "Interrupted",
@@ -212,6 +213,21 @@ class _Run:
     resumed_from: int | None = None
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    metrics: MetricsLog | None = None  # rank 0's per-step log, if any
+
+    def record(self, step: int, loss: float, seconds: float, cfg: TrainConfig) -> None:
+        """Step ``step`` (0-based) took ``seconds`` and gave ``loss`` (nats): kept for the
+        statistics (when finite) and logged when due. Raises FloatingPointError on a
+        non-finite loss, after logging it."""
+        done, metrics = step + 1, self.metrics
+        finite = math.isfinite(loss)
+        if metrics is not None and (metrics.due(done, cfg.steps) or not finite):
+            tokens = cfg.batch_size * self.model.cfg.max_len * done
+            metrics.log(done, loss, lr_at(step, cfg), tokens, sum(self.step_times) + seconds)
+        if not finite:
+            raise FloatingPointError(f"the training loss became {loss} at step {step}")
+        self.step_times.append(seconds)
+        self.losses.append(loss)
 
     def payload(self, step: int) -> dict[str, Any]:
         """A resumable checkpoint at ``step``. Always ``model``, never a wrapper: DDP's
@@ -248,6 +264,7 @@ def train_model(
     init: dict[str, torch.Tensor] | None = None,
     hook: StepHook | None = None,
     hook_steps: tuple[int, ...] = (),
+    metrics: MetricsLog | None = None,
 ) -> TrainResult:
     """Train (or resume, or reuse) one cell and return the model and its training statistics.
 
@@ -266,7 +283,8 @@ def train_model(
     runs after each step of ``hook_steps`` below ``cfg.steps``, right after a checkpoint of that
     step is written, and again at that step when a run resumes from it (the process may have
     been killed inside the hook): it must be idempotent. The last step is the caller's (it has
-    the returned model).
+    the returned model). ``metrics``: where rank 0 logs each step (:mod:`posenc.lab.metrics`),
+    opened at the step the run starts or resumes from; nothing is logged for reused weights.
     """
     dist = dist or Dist()
     if ckpt_dir is not None and (ckpt_dir / FINAL).exists():
@@ -283,7 +301,14 @@ def train_model(
     compiled = compiles(compile_model, dist.device)
     net = _wrap(model, dist, compiled)
     ckpts = _Checkpoints(last_path, ckpt_every, frozenset(hook_steps) if hook else frozenset())
-    _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
+    run.metrics = metrics if dist.main else None
+    if run.metrics is not None:
+        run.metrics.open(run.start)
+    try:
+        _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
+    finally:
+        if run.metrics is not None:
+            run.metrics.close()
     stats = _stats(cfg, model_cfg.max_len, run.losses, run.step_times, model)
     _save_final(run, stats, ckpt_dir, dist)
     if compiled:
@@ -403,10 +428,7 @@ def _loop(
             nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
         run.opt.step()
         value = float(dist.sum_(loss.detach().float().reshape(1)) / dist.world)
-        if not math.isfinite(value):
-            raise FloatingPointError(f"the training loss became {value} at step {step}")
-        run.step_times.append(time.perf_counter() - t0)
-        run.losses.append(value)
+        run.record(step, value, time.perf_counter() - t0, cfg)
         done = step + 1
         if progress is not None:
             recent = run.step_times[-20:]  # a short moving window: single steps are noisy
@@ -449,7 +471,7 @@ def _stats(
     fast = sorted(timed)[len(timed) // 10]
     tokens_per_step = cfg.batch_size * seq_len
     tail = losses[-max(1, len(losses) // 10) :]
-    every = max(1, len(losses) // 200)
+    every = logged_steps(len(losses))
     return {
         "steps": len(losses),
         "tokens": tokens_per_step * len(losses),
