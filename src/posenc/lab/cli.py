@@ -62,7 +62,28 @@ def _lab(ctx: typer.Context, **options: Any) -> None:
     encodings or options and a device that is not there are refused before anything trains.
     """
     if ctx.invoked_subcommand is None:
+        config = options.pop("config")
+        if config is not None:
+            try:
+                options = with_grid_file(ctx, config, options)
+            except ValueError as e:
+                _fail(str(e))
         _run_lab(**options)
+
+
+def with_grid_file(ctx: typer.Context, path: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the values of the grid file at ``path`` (:mod:`posenc.lab.grid_file`)
+    in place of the defaults: an option given on the command line keeps its value."""
+    from .grid_file import read_grid_file
+
+    given = read_grid_file(path, LAB_FLAGS)
+    out = dict(options)
+    for name, value in given.items():
+        # by the enum's name: typer >= 0.2x carries its own copy of click's ParameterSource
+        source = ctx.get_parameter_source(name)
+        if source is None or source.name != "COMMANDLINE":
+            out[name] = value
+    return out
 
 
 lab = lab_app.callback(invoke_without_command=True)(with_flags(_lab, LAB_FLAGS, context=True))
