@@ -108,6 +108,7 @@ def _run_lab(
 ) -> None:
     """Bare ``posenc lab``: run the grid (``options``: :class:`Overrides`' fields), then print
     and write its report (``--dry-run``: print the plan instead)."""
+    from .._logging import cli_logging
     from ..plugins import import_modules
     from .experiment import RunOptions, run_grid
     from .metrics import check_report_to
@@ -115,6 +116,7 @@ def _run_lab(
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
+    cli_logging(quiet=quiet)
     with _refusals(out):
         import_modules(imports or ())
         cfg = build_config(preset, Overrides(**options))
@@ -401,8 +403,10 @@ def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, thread
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
+    from .._logging import cli_logging
     from ..plugins import import_modules
 
+    cli_logging(quiet=quiet)
     with _refusals(out):
         import_modules(imports or ())
         check_device(device)

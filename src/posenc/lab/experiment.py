@@ -161,7 +161,7 @@ def run_grid(
             log(f"took over the lock of a run that is no longer running ({describe(run.stale)})")
         given = data
         if data is None:
-            data = _load_data(cfg, dist)
+            data = _load_data(cfg, dist, run.progress)
         grid = _Grid(cfg, data, lengths, run)
         summary = GridSummary(grid.group, stale_lock=describe(run.stale) if run.stale else None)
         _log_start(cfg, labels, grid, log)
@@ -200,11 +200,16 @@ class _Plan:
     data: LabData | None = None
 
 
-def _load_data(cfg: LabConfig, dist: Dist) -> LabData:
-    """Rank 0 builds the corpus cache first; the others then find it."""
+def _load_data(cfg: LabConfig, dist: Dist, progress: Any = None) -> LabData:
+    """Rank 0 builds the corpus cache first; the others then find it. ``progress`` shows it
+    as a set-up task (building a corpus cache takes minutes on a slow disk)."""
+    task = None if progress is None else progress.add_task("set-up: data", total=None, stats="")
     data = load_data(cfg.data) if dist.main else None
     dist.barrier()
-    return data if data is not None else load_data(cfg.data)
+    data = data if data is not None else load_data(cfg.data)
+    if task is not None:
+        progress.update(task, visible=False)
+    return data
 
 
 def _log_start(
@@ -522,8 +527,12 @@ def _run_cell(grid: _Grid, cell: Cell) -> dict[str, Any]:
         f"{stats['final_loss_bits']:.3f} bits, {stats['tokens_per_s']:,.0f} tok/s"
     )
     t_eval = time.perf_counter()
+
+    def cell_log(msg: str) -> None:  # each eval line names its cell: workers interleave them
+        grid.ctx.log(f"  {cell.title}: {msg.strip()}")
+
     evaluation = evaluate_model(
-        result.model, grid.data, cfg.train_len, grid.lengths, cfg.eval, dist, log=grid.ctx.log
+        result.model, grid.data, cfg.train_len, grid.lengths, cfg.eval, dist, log=cell_log
     )
     runtime = GridRuntime(
         world_size=dist.world,

@@ -6,6 +6,7 @@ the stop signal, the progress display, the log and the results store, in one
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import re
@@ -24,6 +25,8 @@ from .lock import release as release_lock
 from .progress import progress_bars
 from .store import RESULTS_FILE, ResultStore
 from .train import StopFlag
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -98,8 +101,10 @@ class RunContext:
 def make_log(
     dist: Dist, quiet: bool, print_fn: Callable[[str], None] | None
 ) -> Callable[[str], None]:
-    """Rank 0's log: ``print_fn`` (default ``print`` unless ``quiet``)."""
-    say = print_fn if print_fn is not None else (print if dist.main and not quiet else None)
+    """Rank 0's log: ``print_fn``, else (unless ``quiet``) this module's logger at INFO, which
+    prints where the program's logging sends it (the command line: standard output,
+    :func:`posenc._logging.cli_logging`)."""
+    say = print_fn if print_fn is not None else (logger.info if dist.main and not quiet else None)
 
     def log(msg: str) -> None:
         if say is not None and dist.main:
