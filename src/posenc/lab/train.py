@@ -15,7 +15,8 @@ import math
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -283,17 +284,13 @@ def train_model(
     runs after each step of ``hook_steps`` below ``cfg.steps``, right after a checkpoint of that
     step is written, and again at that step when a run resumes from it (the process may have
     been killed inside the hook): it must be idempotent. The last step is the caller's (it has
-    the returned model). ``metrics``: where rank 0 logs each step (:mod:`posenc.lab.metrics`),
-    opened at the step the run starts or resumes from; nothing is logged for reused weights.
+    the returned model). ``metrics``: rank 0's step log (:class:`~posenc.lab.metrics.MetricsLog`).
     """
     dist = dist or Dist()
     if ckpt_dir is not None and (ckpt_dir / FINAL).exists():
         return _reuse(model_cfg, ckpt_dir / FINAL, identity, dist)
     seed_everything(seed)
-    model = TransformerLM(model_cfg)
-    if init is not None:
-        load_weights(model, init, Path("<init>"))
-    model = model.to(dist.device)
+    model = _fresh_model(model_cfg, init, dist.device)
     run = _Run(model, make_optimizer(model, cfg, dist.device), identity, seed)
     last_path = ckpt_dir / LAST if ckpt_dir is not None else None
     if last_path is not None and last_path.exists():
@@ -301,19 +298,38 @@ def train_model(
     compiled = compiles(compile_model, dist.device)
     net = _wrap(model, dist, compiled)
     ckpts = _Checkpoints(last_path, ckpt_every, frozenset(hook_steps) if hook else frozenset())
-    run.metrics = metrics if dist.main else None
-    if run.metrics is not None:
-        run.metrics.open(run.start)
-    try:
+    with _logged(run, metrics if dist.main else None):
         _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
-    finally:
-        if run.metrics is not None:
-            run.metrics.close()
     stats = _stats(cfg, model_cfg.max_len, run.losses, run.step_times, model)
     _save_final(run, stats, ckpt_dir, dist)
     if compiled:
         model = _eager_copy(model, model_cfg, dist)
     return TrainResult(model, stats, resumed_from=run.resumed_from)
+
+
+def _fresh_model(
+    model_cfg: ModelConfig, init: dict[str, torch.Tensor] | None, device: torch.device
+) -> TransformerLM:
+    """A new model (seeded by the caller), from ``init``'s weights when given, on ``device``."""
+    model = TransformerLM(model_cfg)
+    if init is not None:
+        load_weights(model, init, Path("<init>"))
+    return model.to(device)
+
+
+@contextmanager
+def _logged(run: _Run, metrics: MetricsLog | None) -> Iterator[None]:
+    """``metrics`` open for the ``with`` body, from the step ``run`` starts or resumes at (a
+    resume drops the lines past it), and closed however the body ends."""
+    run.metrics = metrics
+    if metrics is None:
+        yield
+        return
+    metrics.open(run.start)
+    try:
+        yield
+    finally:
+        metrics.close()
 
 
 def _save_final(run: _Run, stats: dict[str, Any], ckpt_dir: Path | None, dist: Dist) -> None:
