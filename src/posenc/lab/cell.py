@@ -8,6 +8,7 @@ each label against the registry; :func:`resolve_cell` turns one label and seed i
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +27,24 @@ from .options import (
 )
 
 
+def check_name(name: str) -> None:
+    """ValueError for an encoding name that is not registered: the closest registered names,
+    all of them, and how an encoding of the user's own gets in (``--import``)."""
+    try:
+        registry.entry(name)
+    except ValueError:
+        names = registry.names()
+        close = difflib.get_close_matches(name.strip().lower(), names, n=3, cutoff=0.0)
+        raise ValueError(
+            f"unknown encoding {name!r} (did you mean {' or '.join(map(repr, close))}?); registered: "
+            f"{', '.join(names)}; for an encoding of your own, add --import MODULE (the module "
+            "whose register() call adds it) or name it MODULE:NAME"
+        ) from None
+
+
 def check_label(label: Label) -> Label:
     """``label`` if its name is registered and its options are the encoding's or the lab's."""
-    registry.entry(label.name)  # raises ValueError naming the registered encodings
+    check_name(label.name)
     own = registry.options(label.name)
     enc, lab = split_options(label.given)
     unknown = sorted(set(enc) - set(own))

@@ -62,7 +62,28 @@ def _lab(ctx: typer.Context, **options: Any) -> None:
     encodings or options and a device that is not there are refused before anything trains.
     """
     if ctx.invoked_subcommand is None:
+        config = options.pop("config")
+        if config is not None:
+            try:
+                options = with_grid_file(ctx, config, options)
+            except ValueError as e:
+                _fail(str(e))
         _run_lab(**options)
+
+
+def with_grid_file(ctx: typer.Context, path: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the values of the grid file at ``path`` (:mod:`posenc.lab.grid_file`)
+    in place of the defaults: an option given on the command line keeps its value."""
+    from .grid_file import read_grid_file
+
+    given = read_grid_file(path, LAB_FLAGS)
+    out = dict(options)
+    for name, value in given.items():
+        # by the enum's name: typer >= 0.2x carries its own copy of click's ParameterSource
+        source = ctx.get_parameter_source(name)
+        if source is None or source.name != "COMMANDLINE":
+            out[name] = value
+    return out
 
 
 lab = lab_app.callback(invoke_without_command=True)(with_flags(_lab, LAB_FLAGS, context=True))
@@ -82,23 +103,28 @@ def _run_lab(
     device: str,
     quiet: bool,
     plots: bool,
+    report_to: str,
     **options: Any,
 ) -> None:
     """Bare ``posenc lab``: run the grid (``options``: :class:`Overrides`' fields), then print
     and write its report (``--dry-run``: print the plan instead)."""
+    from .._logging import cli_logging
     from ..plugins import import_modules
     from .experiment import RunOptions, run_grid
+    from .metrics import check_report_to
     from .preflight import plan_run
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
+    cli_logging(quiet=quiet)
     with _refusals(out):
         import_modules(imports or ())
         cfg = build_config(preset, Overrides(**options))
         check_caps({"threads": threads, "jobs": jobs})
+        check_report_to(report_to)
         opts = RunOptions(
             out=out, resume=resume, restart=restart, threads=threads, device=device,
-            quiet=quiet, jobs=jobs, force=force_labels(force),
+            quiet=quiet, jobs=jobs, force=force_labels(force), report_to=report_to,
         )  # fmt: skip
         plan = plan_run(cfg, opts, timed=dry_run)
         if dry_run:
@@ -377,8 +403,10 @@ def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, thread
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
+    from .._logging import cli_logging
     from ..plugins import import_modules
 
+    cli_logging(quiet=quiet)
     with _refusals(out):
         import_modules(imports or ())
         check_device(device)

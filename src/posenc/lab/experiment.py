@@ -7,7 +7,9 @@ Layout of an output folder (``--out``, default ``runs/lab``)::
     lab.lock                          who holds the folder while a run is going (posenc.lab.lock)
     .lab.lock                         the operating-system lock that run holds
     results.jsonl                     one row per finished cell (posenc.lab.store)
-    ckpt/<encoding>-s<seed>-<hash>/   last.pt while training, final.pt once trained
+    ckpt/<encoding>-s<seed>-<hash>/   last.pt while training, final.pt once trained,
+                                      metrics.jsonl (and with --report-to tensorboard an
+                                      event file) of its steps (posenc.lab.metrics)
     report/                           table.md, results.csv, lab.png (posenc.lab.report)
 
 Under ``torchrun`` every rank walks the same grid; rank 0 decides what is finished, writes the
@@ -44,6 +46,7 @@ from .identity import eval_identity, group_identity, jsonable, stable_hash
 from .jobs import Event, encoding_modules, import_encodings, run_pool
 from .labels import Label, parse_label
 from .lock import describe
+from .metrics import MetricsLog, check_report_to, logged_steps
 from .options import resolve_options
 from .presets import GPU_PRESETS
 from .progress import ProgressRelay, RemoteProgress, step_task
@@ -148,6 +151,7 @@ def run_grid(
         torch.set_num_threads(threads)
     log = make_log(dist, opts.quiet, print_fn)
     lengths = check_config(cfg)
+    check_report_to(opts.report_to)
     labels = resolve_labels(cfg.encodings)
     for label in labels:  # lab options against this grid (ranges, tables, layers)
         resolve_options(cfg, label)
@@ -157,7 +161,7 @@ def run_grid(
             log(f"took over the lock of a run that is no longer running ({describe(run.stale)})")
         given = data
         if data is None:
-            data = _load_data(cfg, dist)
+            data = _load_data(cfg, dist, run.progress)
         grid = _Grid(cfg, data, lengths, run)
         summary = GridSummary(grid.group, stale_lock=describe(run.stale) if run.stale else None)
         _log_start(cfg, labels, grid, log)
@@ -196,11 +200,16 @@ class _Plan:
     data: LabData | None = None
 
 
-def _load_data(cfg: LabConfig, dist: Dist) -> LabData:
-    """Rank 0 builds the corpus cache first; the others then find it."""
+def _load_data(cfg: LabConfig, dist: Dist, progress: Any = None) -> LabData:
+    """Rank 0 builds the corpus cache first; the others then find it. ``progress`` shows it
+    as a set-up task (building a corpus cache takes minutes on a slow disk)."""
+    task = None if progress is None else progress.add_task("set-up: data", total=None, stats="")
     data = load_data(cfg.data) if dist.main else None
     dist.barrier()
-    return data if data is not None else load_data(cfg.data)
+    data = data if data is not None else load_data(cfg.data)
+    if task is not None:
+        progress.update(task, visible=False)
+    return data
 
 
 def _log_start(
@@ -496,6 +505,7 @@ def _train_cell(grid: _Grid, cell: Cell) -> TrainResult:
         stop=ctx.stop,
         compile_model=cfg.compile,
         positions=cell.positions,
+        metrics=MetricsLog(ckpt_dir, logged_steps(cfg.train.steps), opts.report_to),
     )
     finish()
     return result
@@ -517,8 +527,12 @@ def _run_cell(grid: _Grid, cell: Cell) -> dict[str, Any]:
         f"{stats['final_loss_bits']:.3f} bits, {stats['tokens_per_s']:,.0f} tok/s"
     )
     t_eval = time.perf_counter()
+
+    def cell_log(msg: str) -> None:  # each eval line names its cell: workers interleave them
+        grid.ctx.log(f"  {cell.title}: {msg.strip()}")
+
     evaluation = evaluate_model(
-        result.model, grid.data, cfg.train_len, grid.lengths, cfg.eval, dist, log=grid.ctx.log
+        result.model, grid.data, cfg.train_len, grid.lengths, cfg.eval, dist, log=cell_log
     )
     runtime = GridRuntime(
         world_size=dist.world,

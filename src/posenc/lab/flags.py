@@ -135,7 +135,9 @@ class Flag:
     ``type`` and ``default``; ``path`` where its value goes in a LabConfig (None: not a field of
     it, or set by :func:`build_config` itself), ``convert`` from the option's text to that value;
     ``grid``: a knob of the grid (an :class:`Overrides` field) rather than of the run;
-    ``metavar``: the value's name in ``--help`` (default: its type)."""
+    ``metavar``: the value's name in ``--help`` (default: its type); ``several``: the option
+    takes several values (comma-separated or repeated), so a grid file's key takes a list
+    (:mod:`posenc.lab.grid_file`)."""
 
     field: str
     decls: tuple[str, ...]
@@ -151,6 +153,7 @@ class Flag:
     get: Callable[[LabConfig], Any] | None = None
     unset: Any = None
     metavar: str | None = None
+    several: bool = False
 
     def option(self) -> Any:
         """The typer option; a knob with a ``path`` shows each preset's value as its default."""
@@ -235,6 +238,7 @@ FORCE = Flag(
     "Train these cells again from step 0 though finished, their new row replacing the stored "
     "one: comma-separated labels as the grid spells them, or 'all'.",
     grid=False,
+    several=True,
 )
 DRY_RUN = Flag(
     "dry_run",
@@ -244,6 +248,15 @@ DRY_RUN = Flag(
     False,
     grid=False,
 )
+REPORT_TO = Flag(
+    "report_to",
+    ("--report-to",),
+    str,
+    "none, or tensorboard: an event file per cell beside its metrics.jsonl (needs "
+    "pip install 'posenc[tensorboard]').",
+    "none",
+    grid=False,
+)
 IMPORT = Flag(
     "imports",
     ("--import",),
@@ -251,18 +264,29 @@ IMPORT = Flag(
     "Import this module first (repeatable): its register() calls add encodings.",
     grid=False,
     metavar="MODULE",
+    several=True,
+)
+CONFIG = Flag(
+    "config",
+    ("--config",),
+    Path | None,
+    "A TOML grid file whose keys are these options' long names (train-len = 64, encodings = "
+    "['rope', 'alibi']); an option given here too overrides the file.",
+    grid=False,
+    metavar="FILE",
 )
 
 #: ``posenc lab``: flag -> field (and LabConfig path), in ``--help`` order.
 LAB_FLAGS: tuple[Flag, ...] = (
-    Flag("encodings", ("--encodings", "-e"), str, _ENCODINGS, "default"),
+    CONFIG,
+    Flag("encodings", ("--encodings", "-e"), str, _ENCODINGS, "default", several=True),
     Flag("preset", ("--preset", "-p"), str, "cpu-small, cpu, gpu or gpu-small.", "cpu-small",
          grid=False),
     Flag("train_len", ("--train-len", "-L"), int | None, "Train length L.", path="train_len",
          min=2),
     Flag("eval_lens", ("--eval-lens",), str | None,
          "Comma-separated eval lengths: tokens (256) or multiples (4x).", path="eval.lengths",
-         convert=_lengths),
+         convert=_lengths, several=True),
     Flag("seeds", ("--seeds",), int | None, _SEEDS, min=1, get=lambda c: len(c.seeds)),
     Flag("seed", ("--seed",), int, "First seed.", 0, unset=0),
     Flag("steps", ("--steps",), int | None, "Training steps.", path="train.steps", min=1),
@@ -278,7 +302,7 @@ LAB_FLAGS: tuple[Flag, ...] = (
     Flag("sliding", ("--sliding",), int | None, _SLIDING, path="eval.stride", min=1),
     Flag("rope_scalings", ("--rope-scalings",), str | None,
          "RoPE rescalings to sweep (linear,ntk,dynamic,yarn or none).",
-         path="eval.rope_scalings", convert=_scalings),
+         path="eval.rope_scalings", convert=_scalings, several=True),
     Flag("text", ("--text",), str | None, "Your corpus: a file, folder or glob."),
     Flag("dataset", ("--dataset",), str | None,
          "A Hugging Face dataset NAME[:CONFIG] in the local cache."),
@@ -293,6 +317,7 @@ LAB_FLAGS: tuple[Flag, ...] = (
     JOBS,
     FORCE,
     DRY_RUN,
+    REPORT_TO,
     IMPORT,
     DEVICE,
     Flag("ckpt_every", ("--ckpt-every",), int | None, "Checkpoint interval.", path="ckpt_every",

@@ -9,6 +9,7 @@ replays on its display.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,10 +21,16 @@ def progress_bars(enabled: bool, *, transient: bool = False, stderr: bool = Fals
     """A rich ``Progress`` (description, bar, steps, stats, elapsed, ETA), or None when disabled.
 
     ``transient``: the bars disappear once done (a figure's tiny model); ``stderr``: drawn there,
-    so a command's own output on stdout stays clean.
+    so a command's own output on stdout stays clean. When that stream is not a terminal (a file,
+    CI, ``| tee``) bars would show nothing until the end: a :class:`PlainProgress` prints plain
+    lines instead.
     """
     if not enabled:
         yield None
+        return
+    stream = sys.stderr if stderr else sys.stdout
+    if not _is_terminal(stream):
+        yield PlainProgress(stream)
         return
     from rich.console import Console
     from rich.progress import (
@@ -47,6 +54,64 @@ def progress_bars(enabled: bool, *, transient: bool = False, stderr: bool = Fals
     console = Console(stderr=True) if stderr else None
     with Progress(*columns, transient=transient, console=console) as progress:
         yield progress
+
+
+def _is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal, as rich decides it (``FORCE_COLOR``/``TTY_COMPATIBLE``
+    count), so a bar is drawn exactly where rich would draw one."""
+    from rich.console import Console
+
+    return bool(Console(file=stream).is_terminal)
+
+
+class PlainProgress:
+    """What stands in for rich's ``Progress`` when the output is not a terminal: the same
+    ``add_task``/``update``/``advance`` calls, printed as plain lines that each name their task
+    (a grid cell: ``rope s0: step 120/500  3.210 bits ...``). A task prints when it starts,
+    when it finishes, and in between at most every ``every`` seconds, so a log file grows at a
+    bounded rate whatever the step time. ``clock``: seconds (a test's fake clock)."""
+
+    def __init__(
+        self, stream: Any, every: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.stream, self.every, self.clock = stream, every, clock
+        self._tasks: dict[int, dict[str, Any]] = {}
+
+    def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
+        task = len(self._tasks) + 1
+        now = self.clock()
+        self._tasks[task] = {"description": description, "total": total, "completed": 0,
+                             "start": now, "said": now, "done": False, **fields}  # fmt: skip
+        self._say(task, "started")
+        return task
+
+    def update(self, task: int, **changes: Any) -> None:
+        state = self._tasks[task]
+        visible = changes.pop("visible", True)
+        state.update({k: v for k, v in changes.items() if k != "advance"})
+        state["completed"] += changes.get("advance", 0)
+        total = state["total"]
+        finished = total is not None and state["completed"] >= total
+        if state["done"]:
+            return
+        if finished or not visible:
+            state["done"] = True
+            self._say(task, "done")
+        elif self.clock() - state["said"] >= self.every:
+            self._say(task, "")
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        self.update(task, advance=advance)
+
+    def _say(self, task: int, what: str) -> None:
+        state = self._tasks[task]
+        now = state["said"] = self.clock()
+        total = state["total"]
+        count = f"{state['completed']:g}/{total:g}" if total is not None else ""
+        parts = [f"{state['description']}:", what, count, str(state.get("stats") or ""),
+                 f"({now - state['start']:.0f} s)"]  # fmt: skip
+        self.stream.write(" ".join(p for p in parts if p) + "\n")
+        self.stream.flush()
 
 
 def step_task(

@@ -6,6 +6,7 @@ the stop signal, the progress display, the log and the results store, in one
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import re
@@ -25,6 +26,8 @@ from .progress import progress_bars
 from .store import RESULTS_FILE, ResultStore
 from .train import StopFlag
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class RunOptions:
@@ -38,6 +41,7 @@ class RunOptions:
     quiet: bool = False
     jobs: int | None = None  # cells at once in worker processes; None: one per core
     force: tuple[str, ...] = ()  # labels rerun though finished; ("all",): every cell
+    report_to: str = "none"  # "tensorboard": an event file per cell beside its metrics.jsonl
 
 
 def usable_cores() -> int:
@@ -97,8 +101,10 @@ class RunContext:
 def make_log(
     dist: Dist, quiet: bool, print_fn: Callable[[str], None] | None
 ) -> Callable[[str], None]:
-    """Rank 0's log: ``print_fn`` (default ``print`` unless ``quiet``)."""
-    say = print_fn if print_fn is not None else (print if dist.main and not quiet else None)
+    """Rank 0's log: ``print_fn``, else (unless ``quiet``) this module's logger at INFO, which
+    prints where the program's logging sends it (the command line: standard output,
+    :func:`posenc._logging.cli_logging`)."""
+    say = print_fn if print_fn is not None else (logger.info if dist.main and not quiet else None)
 
     def log(msg: str) -> None:
         if say is not None and dist.main:

@@ -15,7 +15,8 @@ import math
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from .checkpoint import (
 from .config import TrainConfig
 from .data import IGNORE, LabData, shard
 from .dist import Dist, init_distributed, resolve_device
+from .metrics import MetricsLog, logged_steps
 
 __all__ = [
     "CKPT_FORMAT", "CKPT_VERSION", "FINAL", "LAST", "CheckpointError", "Dist", "Interrupted",
@@ -212,6 +214,21 @@ class _Run:
     resumed_from: int | None = None
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    metrics: MetricsLog | None = None  # rank 0's per-step log, if any
+
+    def record(self, step: int, loss: float, seconds: float, cfg: TrainConfig) -> None:
+        """Step ``step`` (0-based) took ``seconds`` and gave ``loss`` (nats): kept for the
+        statistics (when finite) and logged when due. Raises FloatingPointError on a
+        non-finite loss, after logging it."""
+        done, metrics = step + 1, self.metrics
+        finite = math.isfinite(loss)
+        if metrics is not None and (metrics.due(done, cfg.steps) or not finite):
+            tokens = cfg.batch_size * self.model.cfg.max_len * done
+            metrics.log(done, loss, lr_at(step, cfg), tokens, sum(self.step_times) + seconds)
+        if not finite:
+            raise FloatingPointError(f"the training loss became {loss} at step {step}")
+        self.step_times.append(seconds)
+        self.losses.append(loss)
 
     def payload(self, step: int) -> dict[str, Any]:
         """A resumable checkpoint at ``step``. Always ``model``, never a wrapper: DDP's
@@ -248,6 +265,7 @@ def train_model(
     init: dict[str, torch.Tensor] | None = None,
     hook: StepHook | None = None,
     hook_steps: tuple[int, ...] = (),
+    metrics: MetricsLog | None = None,
 ) -> TrainResult:
     """Train (or resume, or reuse) one cell and return the model and its training statistics.
 
@@ -266,16 +284,13 @@ def train_model(
     runs after each step of ``hook_steps`` below ``cfg.steps``, right after a checkpoint of that
     step is written, and again at that step when a run resumes from it (the process may have
     been killed inside the hook): it must be idempotent. The last step is the caller's (it has
-    the returned model).
+    the returned model). ``metrics``: rank 0's step log (:class:`~posenc.lab.metrics.MetricsLog`).
     """
     dist = dist or Dist()
     if ckpt_dir is not None and (ckpt_dir / FINAL).exists():
         return _reuse(model_cfg, ckpt_dir / FINAL, identity, dist)
     seed_everything(seed)
-    model = TransformerLM(model_cfg)
-    if init is not None:
-        load_weights(model, init, Path("<init>"))
-    model = model.to(dist.device)
+    model = _fresh_model(model_cfg, init, dist.device)
     run = _Run(model, make_optimizer(model, cfg, dist.device), identity, seed)
     last_path = ckpt_dir / LAST if ckpt_dir is not None else None
     if last_path is not None and last_path.exists():
@@ -283,12 +298,38 @@ def train_model(
     compiled = compiles(compile_model, dist.device)
     net = _wrap(model, dist, compiled)
     ckpts = _Checkpoints(last_path, ckpt_every, frozenset(hook_steps) if hook else frozenset())
-    _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
+    with _logged(run, metrics if dist.main else None):
+        _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
     stats = _stats(cfg, model_cfg.max_len, run.losses, run.step_times, model)
     _save_final(run, stats, ckpt_dir, dist)
     if compiled:
         model = _eager_copy(model, model_cfg, dist)
     return TrainResult(model, stats, resumed_from=run.resumed_from)
+
+
+def _fresh_model(
+    model_cfg: ModelConfig, init: dict[str, torch.Tensor] | None, device: torch.device
+) -> TransformerLM:
+    """A new model (seeded by the caller), from ``init``'s weights when given, on ``device``."""
+    model = TransformerLM(model_cfg)
+    if init is not None:
+        load_weights(model, init, Path("<init>"))
+    return model.to(device)
+
+
+@contextmanager
+def _logged(run: _Run, metrics: MetricsLog | None) -> Iterator[None]:
+    """``metrics`` open for the ``with`` body, from the step ``run`` starts or resumes at (a
+    resume drops the lines past it), and closed however the body ends."""
+    run.metrics = metrics
+    if metrics is None:
+        yield
+        return
+    metrics.open(run.start)
+    try:
+        yield
+    finally:
+        metrics.close()
 
 
 def _save_final(run: _Run, stats: dict[str, Any], ckpt_dir: Path | None, dist: Dist) -> None:
@@ -403,10 +444,7 @@ def _loop(
             nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
         run.opt.step()
         value = float(dist.sum_(loss.detach().float().reshape(1)) / dist.world)
-        if not math.isfinite(value):
-            raise FloatingPointError(f"the training loss became {value} at step {step}")
-        run.step_times.append(time.perf_counter() - t0)
-        run.losses.append(value)
+        run.record(step, value, time.perf_counter() - t0, cfg)
         done = step + 1
         if progress is not None:
             recent = run.step_times[-20:]  # a short moving window: single steps are noisy
@@ -449,7 +487,7 @@ def _stats(
     fast = sorted(timed)[len(timed) // 10]
     tokens_per_step = cfg.batch_size * seq_len
     tail = losses[-max(1, len(losses) // 10) :]
-    every = max(1, len(losses) // 200)
+    every = logged_steps(len(losses))
     return {
         "steps": len(losses),
         "tokens": tokens_per_step * len(losses),
