@@ -11,21 +11,28 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.posenc-installed
 
-.PHONY: setup demo lab test lint typecheck unit docs bench clean gpu-check gpu-wheels
+.PHONY: setup demo lab test lint typecheck unit docs bench clean gpu-check gpu-wheels \
+	test-floors sdist-check
+
+# $(call install_torch,BIN,SPEC): torch SPEC into the venv of BIN, from TORCH_INDEX where that
+# index answers, else from pip's configured indexes (what `setup` and `test-floors` share).
+define install_torch
+	@if [ -n "$(TORCH_INDEX)" ] && $(1)/python -c "import sys, urllib.request; \
+		urllib.request.urlopen(sys.argv[1].rstrip('/') + '/torch/', timeout=10)" "$(TORCH_INDEX)" 2>/dev/null; then \
+		echo "torch: $(2) from $(TORCH_INDEX)"; \
+		$(1)/python -m pip install -q "$(2)" --index-url "$(TORCH_INDEX)"; \
+	else \
+		echo "torch: $(2) from pip's configured indexes ($(or $(TORCH_INDEX),TORCH_INDEX is empty) not reachable or not set)"; \
+		$(1)/python -m pip install -q "$(2)"; \
+	fi
+endef
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	@if [ -n "$(TORCH_INDEX)" ] && $(BIN)/python -c "import sys, urllib.request; \
-		urllib.request.urlopen(sys.argv[1].rstrip('/') + '/torch/', timeout=10)" "$(TORCH_INDEX)" 2>/dev/null; then \
-		echo "torch: $(TORCH_SPEC) from $(TORCH_INDEX)"; \
-		$(BIN)/python -m pip install -q "$(TORCH_SPEC)" --index-url "$(TORCH_INDEX)"; \
-	else \
-		echo "torch: $(TORCH_SPEC) from pip's configured indexes ($(or $(TORCH_INDEX),TORCH_INDEX is empty) not reachable or not set)"; \
-		$(BIN)/python -m pip install -q "$(TORCH_SPEC)"; \
-	fi
+	$(call install_torch,$(BIN),$(TORCH_SPEC))
 	# setuptools >= 77 builds the package (license-files); an older torch's venv has an older one.
 	$(BIN)/python -m pip install -q "setuptools>=77"
 	$(BIN)/python -m pip install -q -e ".[dev]"
@@ -86,5 +93,40 @@ gpu-check:
 gpu-wheels:
 	$(PYTHON) benchmarks/gpu_check.py --wheels wheels
 
+# The declared floors (pyproject: torch>=2.5, transformers>=4.56) in a venv of their own,
+# FLOORS_VENV (ignored; `make clean` removes it), and the tests of the paths that depend on the
+# versions: reading HF configs into position plans and loading them (test_hf_plan, test_hf_load),
+# apply_posenc against the stock models (test_hf_apply: Llama and the others), FlexAttention
+# with enable_gqa (test_flex), the kernels' dispatch and fallbacks (test_kernels_rope).
+# test_hf_config.py is not among them: it imports transformers 5.x's GPTJRotaryEmbedding as a
+# reference, so it does not collect at 4.56. Not part of `make test` (a second torch is a large
+# download and the CI budget is spent); run it before raising or relying on a floor.
+FLOORS_VENV ?= .venv-floors
+FLOORS_TORCH ?= torch==2.5.1
+FLOORS_TRANSFORMERS ?= transformers==4.56.2
+FLOORS_TESTS ?= tests/test_hf_plan.py tests/test_hf_load.py tests/test_hf_apply.py \
+	tests/test_flex.py tests/test_kernels_rope.py \
+	tests/test_release_packaging.py::test_the_torch_floor_has_flex_attention_with_gqa
+FLOORS_BIN := $(FLOORS_VENV)/bin
+
+FLOORS_STAMP := $(FLOORS_VENV)/.posenc-floors-installed
+
+$(FLOORS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(FLOORS_VENV)
+	$(FLOORS_BIN)/python -m pip install -q --upgrade pip
+	$(call install_torch,$(FLOORS_BIN),$(FLOORS_TORCH))
+	$(FLOORS_BIN)/python -m pip install -q "setuptools>=77"
+	$(FLOORS_BIN)/python -m pip install -q -e ".[test]" "$(FLOORS_TRANSFORMERS)" "$(FLOORS_TORCH)"
+	touch $(FLOORS_STAMP)
+
+test-floors: $(FLOORS_STAMP)
+	$(FLOORS_BIN)/python -c "import torch, transformers; print('floors: torch', torch.__version__, '/ transformers', transformers.__version__)"
+	TRITON_INTERPRET=1 $(FLOORS_BIN)/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
+
+# The sdist runs its own tests: .ci/sdist_check.sh builds it, unpacks it and requires its
+# collected test ids to equal the checkout's (about a minute on 2 cores).
+sdist-check: setup
+	PYTHON=$(BIN)/python .ci/sdist_check.sh
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOORS_VENV) .pytest_cache .mypy_cache .ruff_cache

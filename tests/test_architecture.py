@@ -30,7 +30,11 @@ def _files(folder: Path, pattern: str = "*") -> list[Path]:
     return sorted(
         p
         for p in folder.rglob(pattern)
-        if p.is_file() and not SKIP_DIRS.intersection(p.relative_to(folder).parts)
+        if p.is_file()
+        and not SKIP_DIRS.intersection(parts := p.relative_to(folder).parts)
+        # setuptools' metadata of an editable install (src/posenc.egg-info: PKG-INFO holds
+        # the whole README), not source
+        and not any(part.endswith(".egg-info") for part in parts)
     )
 
 

@@ -174,23 +174,23 @@ def test_docs_build_strict(tmp_path_factory: pytest.TempPathFactory) -> None:
     site, returncode, log = build_site(tmp_path_factory)
     assert returncode == 0, log[-4000:]
     assert "WARNING" not in log, log[-4000:]
-    for page in ("index.html", "absolute/index.html", "api/functional/index.html"):
+    for page in ("index.html", "absolute.html", "api/functional.html"):
         assert (site / page).exists(), page
-    kernels = (site / "api" / "kernels" / "index.html").read_text(encoding="utf-8")
-    assert 'id="posenc.kernels.rope_qk"' in kernels and (site / "kernels" / "index.html").exists()
-    assert 'id="posenc.relative.cope.CoPE"' in (site / "api/relative/index.html").read_text()
+    kernels = (site / "api" / "kernels.html").read_text(encoding="utf-8")
+    assert 'id="posenc.kernels.rope_qk"' in kernels and (site / "kernels.html").exists()
+    assert 'id="posenc.relative.cope.CoPE"' in (site / "api/relative.html").read_text()
     # README.zh-CN.md as a page (docs/hooks.py), linked from the home page and the nav.
-    zh = (site / "zh" / "index.html").read_text(encoding="utf-8")
-    assert "各部分在哪里" in zh and '<a href="../">English</a>' in zh
-    assert 'href="zh/"' in (site / "index.html").read_text(encoding="utf-8")
+    zh = (site / "zh.html").read_text(encoding="utf-8")
+    assert "各部分在哪里" in zh and '<a href="index.html">English</a>' in zh
+    assert 'href="zh.html"' in (site / "index.html").read_text(encoding="utf-8")
     assert (site / "img" / "wavelengths.png").stat().st_size > 5_000
-    api = (site / "api" / "functional" / "index.html").read_text(encoding="utf-8")
+    api = (site / "api" / "functional.html").read_text(encoding="utf-8")
     assert "rope_inv_freq" in api and "sinusoidal_table" in api  # generated from docstrings
     # Formulas are math (arithmatex marks them for MathJax), not code blocks.
     for page in ("absolute", "rotary", "bias", "relative", "lab"):
-        built = (site / page / "index.html").read_text(encoding="utf-8")
+        built = (site / f"{page}.html").read_text(encoding="utf-8")
         assert 'class="arithmatex">\\[' in built, page  # a displayed formula
-    assert "\\theta_i = \\text{base}^{-2i/d}" in (site / "rotary" / "index.html").read_text()
+    assert "\\theta_i = \\text{base}^{-2i/d}" in (site / "rotary.html").read_text()
 
 
 def test_formulas_are_math_not_code_blocks() -> None:

@@ -146,6 +146,81 @@ def test_pages_load_nothing_from_the_network(site: Path) -> None:
     assert not missing, missing[:20]  # a local load must be a file of the site
 
 
+class _Links(HTMLParser):
+    """Every ``<a href>`` of a page, and the text of its table-of-contents links
+    (``a.nav-link`` whose href is an anchor of the page itself, the theme's sidebar)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+        self.toc: list[str] = []
+        self._toc_link = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "a" and "href" in a:
+            self.hrefs.append(a["href"])
+            if "nav-link" in a.get("class", "").split() and a["href"].startswith("#"):
+                self._toc_link = True
+                self.toc.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a":
+            self._toc_link = False
+
+    def handle_data(self, data: str) -> None:
+        if self._toc_link:
+            self.toc[-1] += data
+
+
+def page_links(html: str) -> _Links:
+    parser = _Links()
+    parser.feed(html)
+    return parser
+
+
+def test_every_internal_link_resolves_to_a_file(site: Path) -> None:
+    """The site opened from disk (file://): a link to a folder shows the folder's listing, not
+    its index.html, so every internal link must name a file (mkdocs.yml:
+    ``use_directory_urls: false``)."""
+    pages = sorted(site.rglob("*.html"))
+    checked, broken = 0, []
+    for page in pages:
+        for href in page_links(page.read_text(encoding="utf-8")).hrefs:
+            if not href or href.startswith(("#", "mailto:", "javascript:")) or is_remote(href):
+                continue
+            checked += 1
+            if not local_target(site, page, href).is_file():
+                broken.append(f"{page.relative_to(site).as_posix()}: {href}")
+    assert checked > 20 * len(pages) // 2, checked  # the navigation of every page is checked
+    assert not broken, broken[:20]
+
+
+def test_checker_sees_a_link_to_a_folder(tmp_path: Path) -> None:
+    """The check is not vacuous: a directory-style link (what `use_directory_urls: true`
+    writes) names a folder, which is no file."""
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "index.html").write_text("x")
+    page = tmp_path / "index.html"
+    links = page_links('<a href="guide/">a</a><a class="nav-link" href="#x">T <b>1</b></a>')
+    assert links.hrefs == ["guide/", "#x"] and links.toc == ["T 1"]
+    assert not local_target(tmp_path, page, "guide/").is_file()
+    assert local_target(tmp_path, page, "guide/index.html").is_file()
+
+
+def test_tables_of_contents_show_no_raw_tex(site: Path) -> None:
+    """MathJax typesets the page's formulas, not the sidebar's table of contents, which shows a
+    heading's TeX as written (``\\(m - n\\)``): headings carry no math."""
+    raw = []
+    for page in sorted(site.rglob("*.html")):
+        for title in page_links(page.read_text(encoding="utf-8")).toc:
+            if re.search(r"\\[(\[]|\$", title):
+                raw.append(f"{page.relative_to(site).as_posix()}: {title.strip()}")
+    assert not raw, raw
+    tour = page_links((site / "tour" / "06-rope.html").read_text(encoding="utf-8")).toc
+    assert any("m − n" in title for title in tour), tour  # the heading, in plain text
+
+
 def test_style_sheets_fetch_no_fonts_or_imports_from_the_network(site: Path) -> None:
     sheets = sorted(site.rglob("*.css"))
     assert any(s.name == "pygments.css" for s in sheets)  # the code colours, written by the hook

@@ -5,6 +5,7 @@ the network off, without errors, draws each view, and redraws when a control mov
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import math
@@ -218,6 +219,24 @@ def test_page_embeds_exactly_explorer_data(small: dict[str, Any]) -> None:
     assert set(views) == {"matrix", "similarity", "rotation", "wavelengths"}
 
 
+def test_each_encoding_has_its_own_captions(small: dict[str, Any]) -> None:
+    """The page carries each view's caption per encoding (app.js shows the chosen one's): the
+    sinusoidal ones describe the table, not RoPE (no R(p)q, no grey plain-RoPE curve, which the
+    page never shows for it), and the page opens with its initial encoding's captions."""
+    text = explorer_html(small)
+    meta = embedded(text, "posenc-explore-data")["meta"]
+    views = embedded(text, "posenc-explore-views")
+    captions = meta["captions"]
+    assert sorted(captions) == sorted(e["id"] for e in small["meta"]["encodings"])
+    for enc, by_view in captions.items():
+        assert set(by_view) == set(views), enc
+    for view in views:
+        assert captions["sinusoidal"][view] != captions["rope"][view], view
+        assert not re.search(r"RoPE|R\(p\)|grey", captions["sinusoidal"][view]), view
+        shown = captions[meta["initial"]["enc"]][view]
+        assert f'<figcaption id="caption-{view}">{html.escape(shown)}</figcaption>' in text
+
+
 def test_command_writes_the_default_grid(page: Path) -> None:
     """The page the command writes: its size, nothing fetched from outside, and a few frames of
     the default grid against posenc's functions."""
@@ -413,6 +432,12 @@ def test_page_in_chromium_offline_draws_and_follows_the_controls(
         assert view.eval("document.getElementById('control-scaling').disabled") is True
         assert sinus["matrix"]["images"] != after["matrix"]["images"]
         assert "sinusoidal_table" in sinus["matrix"]["titles"][0]
+        captions = embedded(page.read_text(encoding="utf-8"), "posenc-explore-data")["meta"][
+            "captions"
+        ]
+        for name in VIEWS:  # each caption now the sinusoidal table's, not RoPE's
+            shown = view.eval(f"document.getElementById('caption-{name}').textContent")
+            assert shown == captions["sinusoidal"][name], name
     finally:
         browser.close()
     assert errors_of(browser.events) == []

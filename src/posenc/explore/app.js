@@ -153,6 +153,10 @@
       el.classList.toggle("idle", state.enc !== "rope" || state.scaling === "none");
     }
     document.getElementById("p-value").textContent = String(state.p);
+    // Each view's caption is the chosen encoding's (a sinusoidal table is not RoPE's).
+    for (const [view, text] of Object.entries(META.captions[state.enc])) {
+      document.getElementById("caption-" + view).textContent = text;
+    }
     const jobs = Object.keys(DRAW).map((view) => {
       const t = DRAW[view](sel);
       return Plotly.react("view-" + view, t.data, t.layout, CONFIG);

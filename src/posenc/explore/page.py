@@ -46,19 +46,40 @@ TEXT = {
         "rotation_title": "One pair of R(p)q turning as p moves",
     },
 }
-CAPTIONS = {
-    "matrix": "Look at: each column is one frequency; the left columns turn fast, the right ones "
-    "so slowly that they barely change below the train length (dashed). Scaling stretches the "
-    "slow columns so the eval length looks like the train length to them.",
-    "similarity": "Look at: the peak at n = p and how fast it falls off; for RoPE the curve "
-    "depends only on n − p. The grey curve is plain RoPE, to compare a scaling with.",
-    "rotation": "Look at: the fastest pair (outer circle) turns about one radian per position; "
-    "the slowest (inner) moves along a short arc. Scaling slows the slow pairs, so their arc "
-    "at the eval length stays within the angles seen in training.",
-    "wavelengths": "Look at: the pairs above the train length (dashed) never finished one turn "
-    "in training. Each scaling type moves a different set of them (grey: plain RoPE) toward "
-    "the eval length (dotted).",
+#: What to look at in each view, per encoding: the page shows the chosen encoding's (app.js
+#: swaps them with the encoding control), so a sinusoidal view is never described as RoPE's.
+CAPTIONS: dict[str, dict[str, str]] = {
+    "sinusoidal": {
+        "matrix": "Look at: each row is the vector added to the token embedding at position p; "
+        "sin and cos of pair i sit at columns 2i, 2i+1. The left pairs turn fast, the right ones "
+        "so slowly that they barely change below the train length (dashed). An absolute table "
+        "has no scaling: every row past the train length is one the model never saw.",
+        "similarity": "Look at: the peak at n = p and how fast it falls off. PE(p) · PE(n) is a "
+        "sum of cos((p − n)ωᵢ), so it depends only on n − p; the model adds PE to the content "
+        "vectors, so its logits mix this with content terms.",
+        "rotation": "Look at: the (cos, sin) columns of three pairs of the table, drawn on "
+        "circles one inside the other: the fastest (outer) turns one radian per position, the "
+        "slowest (inner) only a short arc below the train length. These are the table's values, "
+        "added to the embedding; no q or k is rotated.",
+        "wavelengths": "Look at: the wavelengths 2π/ωᵢ of the table's pairs; those above the "
+        "train length (dashed) never finished one turn in training. Nothing rescales them at "
+        "the eval length (dotted): the scaling control applies to the rotary encoding only.",
+    },
+    "rope": {
+        "matrix": "Look at: each column is one frequency; the left columns turn fast, the right "
+        "ones so slowly that they barely change below the train length (dashed). Scaling "
+        "stretches the slow columns so the eval length looks like the train length to them.",
+        "similarity": "Look at: the peak at n = p and how fast it falls off; for RoPE the curve "
+        "depends only on n − p. The grey curve is plain RoPE, to compare a scaling with.",
+        "rotation": "Look at: the fastest pair (outer circle) turns about one radian per "
+        "position; the slowest (inner) moves along a short arc. Scaling slows the slow pairs, "
+        "so their arc at the eval length stays within the angles seen in training.",
+        "wavelengths": "Look at: the pairs above the train length (dashed) never finished one "
+        "turn in training. Each scaling type moves a different set of them (grey: plain RoPE) "
+        "toward the eval length (dotted).",
+    },
 }
+VIEWS = ("matrix", "similarity", "rotation", "wavelengths")
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", "Noto Sans", sans-serif; color: #1d1d1f;
@@ -228,12 +249,13 @@ def initial_state(meta: dict[str, Any]) -> dict[str, Any]:
 def page_meta(meta: dict[str, Any]) -> dict[str, Any]:
     """``meta`` with what the script needs to present it: the initial state, line styles,
     titles, the positions ``0 .. P-1`` and ``log10`` of the train and eval lengths (where a
-    label on the log axis goes)."""
+    label on the log axis goes), and each encoding's captions of the views."""
     return {
         **meta,
         "initial": initial_state(meta),
         "styles": STYLES,
         "text": TEXT,
+        "captions": CAPTIONS,
         "positions": list(range(meta["num_positions"])),
         "log_train_len": math.log10(meta["train_len"]),
         "log_eval_len": {k: math.log10(v) for k, v in meta["eval_len"].items()},
@@ -279,10 +301,12 @@ def explorer_html(data: dict[str, Any] | None = None) -> str:
             f'max="{meta["num_positions"] - 1}" step="1"> <span id="p-value"></span></label>',
         ]
     )  # fmt: skip
+    # The initial encoding's captions; app.js sets the chosen encoding's on every draw.
+    captions = CAPTIONS[initial_state(meta)["enc"]]
     views = "".join(
         f'<figure><div class="view" id="view-{name}"></div>'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-        for name, caption in CAPTIONS.items()
+        f'<figcaption id="caption-{name}">{html.escape(captions[name])}</figcaption></figure>'
+        for name in VIEWS
     )
     intro = (
         f"Every number on this page was computed by posenc {__version__} "
