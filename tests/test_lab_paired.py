@@ -266,7 +266,7 @@ def test_holm_against_statsmodels():
     rng = random.Random(1)
     for _ in range(50):
         ps = [rng.random() ** 2 for _ in range(rng.randint(1, 40))]
-        reject, adjusted, _, _ = multitest.multipletests(ps, alpha=0.05, method="holm")
+        _, adjusted, _, _ = multitest.multipletests(ps, alpha=0.05, method="holm")
         assert holm(ps) == pytest.approx(list(adjusted), abs=1e-12)
 
 
