@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 import signal
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -212,6 +213,7 @@ class _Run:
     resumed_from: int | None = None
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    step_cpu_times: list[float] = field(default_factory=list)  # process CPU seconds per step
 
     def payload(self, step: int) -> dict[str, Any]:
         """A resumable checkpoint at ``step``. Always ``model``, never a wrapper: DDP's
@@ -226,6 +228,7 @@ class _Run:
             "sampler": {"kind": "step-seeded", "seed": self.seed, "next_step": step},
             "losses": self.losses,
             "step_times": self.step_times,
+            "step_cpu_times": self.step_cpu_times,
         }
 
 
@@ -285,6 +288,8 @@ def train_model(
     ckpts = _Checkpoints(last_path, ckpt_every, frozenset(hook_steps) if hook else frozenset())
     _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
     stats = _stats(cfg, model_cfg.max_len, run.losses, run.step_times, model)
+    if dist.device.type == "cpu":  # on CUDA the host's CPU time is launches, not the work
+        stats.update(cpu_throughput(cfg.batch_size * model_cfg.max_len, run.step_cpu_times))
     _save_final(run, stats, ckpt_dir, dist)
     if compiled:
         model = _eager_copy(model, model_cfg, dist)
@@ -337,6 +342,7 @@ def _resume_or_restart(run: _Run, last_path: Path, resume: bool, restart: bool, 
     set_rng_state(ckpt["rng"])
     run.start = run.resumed_from = int(ckpt["step"])
     run.losses, run.step_times = list(ckpt["losses"]), list(ckpt["step_times"])
+    run.step_cpu_times = list(ckpt.get("step_cpu_times", []))
 
 
 def _wrap(model: TransformerLM, dist: Dist, compiled: bool) -> nn.Module:
@@ -388,7 +394,7 @@ def _loop(
         )  # resumed at a hook step: it may not have finished
     net.train()
     for step in range(run.start, cfg.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         x, y = data.train_batch(step, cfg.batch_size, seq_len, run.seed, dist.rank, dist.world)
         pos = None
         if positions is not None:
@@ -406,6 +412,7 @@ def _loop(
         if not math.isfinite(value):
             raise FloatingPointError(f"the training loss became {value} at step {step}")
         run.step_times.append(time.perf_counter() - t0)
+        run.step_cpu_times.append(time.process_time() - c0)
         run.losses.append(value)
         done = step + 1
         if progress is not None:
@@ -431,6 +438,20 @@ def _run_hook(hook: StepHook, step: int, run: _Run, net: nn.Module, dist: Dist) 
     hook(step, run.model)
     net.train()
     dist.barrier()
+
+
+def cpu_throughput(tokens_per_step: int, cpu_times: list[float]) -> dict[str, float]:
+    """``{"tokens_per_cpu_s": tokens per second of this process's CPU time}`` from the median
+    CPU time of a training step (warm-up steps skipped as for the wall clock; ``{}`` without
+    steps). CPU time, unlike wall time, does not grow while the process waits for a core that
+    another process holds, so two cells timed minutes apart or side by side on a loaded machine
+    compare on the work their steps do; the median leaves out the odd step with a collection
+    or a page fault storm."""
+    skip = min(len(cpu_times) - 1, max(2, len(cpu_times) // 20))
+    timed = cpu_times[skip:]
+    if not timed:
+        return {}
+    return {"tokens_per_cpu_s": tokens_per_step / max(statistics.median(timed), 1e-9)}
 
 
 def _stats(
