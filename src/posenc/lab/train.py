@@ -215,6 +215,12 @@ class _Run:
     step_times: list[float] = field(default_factory=list)
     step_cpu_times: list[float] = field(default_factory=list)  # process CPU seconds per step
 
+    def record(self, t0: float, c0: float, loss: float) -> None:
+        """A finished step: its wall and CPU seconds (since ``t0``, ``c0``) and its loss."""
+        self.step_times.append(time.perf_counter() - t0)
+        self.step_cpu_times.append(time.process_time() - c0)
+        self.losses.append(loss)
+
     def payload(self, step: int) -> dict[str, Any]:
         """A resumable checkpoint at ``step``. Always ``model``, never a wrapper: DDP's
         ``module.`` or torch.compile's ``_orig_mod.`` would prefix every key and the checkpoint
@@ -287,9 +293,7 @@ def train_model(
     net = _wrap(model, dist, compiled)
     ckpts = _Checkpoints(last_path, ckpt_every, frozenset(hook_steps) if hook else frozenset())
     _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
-    stats = _stats(cfg, model_cfg.max_len, run.losses, run.step_times, model)
-    if dist.device.type == "cpu":  # on CUDA the host's CPU time is launches, not the work
-        stats.update(cpu_throughput(cfg.batch_size * model_cfg.max_len, run.step_cpu_times))
+    stats = _stats(cfg, model_cfg.max_len, run, model, dist)
     _save_final(run, stats, ckpt_dir, dist)
     if compiled:
         model = _eager_copy(model, model_cfg, dist)
@@ -411,9 +415,7 @@ def _loop(
         value = float(dist.sum_(loss.detach().float().reshape(1)) / dist.world)
         if not math.isfinite(value):
             raise FloatingPointError(f"the training loss became {value} at step {step}")
-        run.step_times.append(time.perf_counter() - t0)
-        run.step_cpu_times.append(time.process_time() - c0)
-        run.losses.append(value)
+        run.record(t0, c0, value)
         done = step + 1
         if progress is not None:
             recent = run.step_times[-20:]  # a short moving window: single steps are noisy
@@ -455,9 +457,10 @@ def cpu_throughput(tokens_per_step: int, cpu_times: list[float]) -> dict[str, fl
 
 
 def _stats(
-    cfg: TrainConfig, seq_len: int, losses: list[float], step_times: list[float], model: nn.Module
+    cfg: TrainConfig, seq_len: int, run: _Run, model: nn.Module, dist: Dist
 ) -> dict[str, Any]:
-    """Training statistics.
+    """Training statistics (on the CPU with :func:`cpu_throughput`'s ``tokens_per_cpu_s``; not on
+    CUDA, where the host's CPU time is the kernel launches, not the work).
 
     Throughput skips the first steps (allocator and kernel warm-up). ``tokens_per_s`` is the
     plain mean over the timed steps: wall-clock honest, but on a shared machine it moves with
@@ -465,6 +468,7 @@ def _stats(
     of the steps the machine gave this run undisturbed: encodings trained minutes apart compare
     fairly on it (the benchmark habit of taking the best of repeated timings).
     """
+    losses, step_times = run.losses, run.step_times
     skip = min(len(step_times) - 1, max(2, len(step_times) // 20))
     timed = step_times[skip:]
     fast = sorted(timed)[len(timed) // 10]
@@ -483,4 +487,7 @@ def _stats(
         ],
         "params": sum(p.numel() for p in model.parameters()),
         "config": asdict(cfg),
+        **(
+            cpu_throughput(tokens_per_step, run.step_cpu_times) if dist.device.type == "cpu" else {}
+        ),
     }
