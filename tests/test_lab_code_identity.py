@@ -170,3 +170,72 @@ def test_a_row_without_code_is_reported_and_rerun(plugin, tmp_path: Path) -> Non
     assert len(rerun.trained) == 1 and not rerun.skipped  # not "finished" for the skip test
     (shown,) = load_rows(out)
     assert shown["config_hash"] != row["config_hash"] and "code" in shown["identity"]["train"]
+
+
+@pytest.fixture
+def package_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of posenc's source that the code identity hashes in place of the package (a
+    checkout whose files the test may edit); the hash is computed afresh before and after."""
+    import shutil
+
+    from posenc.lab import identity
+
+    copy = tmp_path / "posenc"
+    shutil.copytree(identity.PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(identity, "PACKAGE_ROOT", copy)
+    identity.package_source_hash.cache_clear()
+    yield copy
+    identity.package_source_hash.cache_clear()
+
+
+def test_an_edit_of_posencs_own_source_trains_again(plugin, package_copy, tmp_path) -> None:
+    """An edit of ``functional/`` (which computes RoPE, registered in ``rotary/entries.py``)
+    moves the identity of posenc's encodings and of a plugin's alike, and the cell trains again;
+    an edit outside the source (a bytecode cache) moves nothing."""
+    from posenc.lab import identity
+
+    out = tmp_path / "run"
+    plugin(SOURCE)
+    assert len(run(out).trained) == 1
+    before = {name: code_identity(name) for name in ("rope", NAME)}
+    (package_copy / "__pycache__").mkdir(exist_ok=True)
+    (package_copy / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+    identity.package_source_hash.cache_clear()
+    assert {name: code_identity(name) for name in ("rope", NAME)} == before
+    assert run(out).skipped
+
+    target = sorted((package_copy / "functional").glob("*.py"))[0]
+    target.write_text(target.read_text() + "\n# an edit\n")
+    identity.package_source_hash.cache_clear()
+    after = {name: code_identity(name) for name in ("rope", NAME)}
+    for name in ("rope", NAME):
+        assert after[name]["package"] != before[name]["package"], name
+        assert (
+            after[name]["source"] == before[name]["source"]
+        )  # the registering module is as it was
+    edited = run(out)
+    assert len(edited.trained) == 1 and not edited.skipped, "an edit of posenc must rerun"
+
+
+def test_the_package_hash_covers_every_source_file_once(package_copy: Path) -> None:
+    """The hashed set is every .py and .c file of the package (against a walk of the folder
+    written here), so a new file or a rename moves the hash too."""
+    import os
+
+    from posenc.lab import identity
+
+    walked = sorted(
+        Path(d, f).relative_to(package_copy).as_posix()
+        for d, _, files in os.walk(package_copy)
+        for f in files
+        if f.endswith((".py", ".c"))
+    )
+    got = [p.relative_to(package_copy).as_posix() for p in identity.package_files(package_copy)]
+    assert got == walked and any(p.startswith("functional/") for p in got)
+    first = identity.package_source_hash()
+    (package_copy / "functional" / "new_helper.py").write_text("")
+    identity.package_source_hash.cache_clear()
+    added = identity.package_source_hash()
+    (package_copy / "functional" / "new_helper.py").rename(package_copy / "functional" / "other.py")
+    identity.package_source_hash.cache_clear()
+    assert len({first, added, identity.package_source_hash()}) == 3

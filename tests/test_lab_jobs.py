@@ -24,8 +24,9 @@ from posenc.lab.store import RESULTS_FILE, ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Row fields that are wall-clock measurements, not results.
-TIMINGS = {"seconds", "train_seconds", "tokens_per_s", "tokens_per_s_fast", "step_times"}
+#: Row fields that are time measurements (wall clock or CPU), not results.
+TIMINGS = {"seconds", "train_seconds", "tokens_per_s", "tokens_per_s_fast", "tokens_per_cpu_s",
+           "step_times"}  # fmt: skip
 
 
 def numbers(row: dict[str, Any]) -> dict[str, Any]:

@@ -92,7 +92,8 @@ def test_model_identity_is_the_labs_version_1() -> None:
     from posenc.lab.identity import IDENTITY_VERSION, MODEL_FIELDS_WHEN_SET, model_identity
     from posenc.model import ModelConfig
 
-    assert IDENTITY_VERSION == 2  # version 2 added the code; the model rule is version 1
+    # version 2 added the code, version 3 posenc's own source; the model rule is version 1
+    assert IDENTITY_VERSION == 3
     plain = model_identity(ModelConfig())
     assert not set(MODEL_FIELDS_WHEN_SET) & set(plain)
     assert model_identity(ModelConfig(nope_every=2))["nope_every"] == 2

@@ -255,8 +255,9 @@ PINNED_HASHES = {
 
 
 def test_plain_labels_keep_their_identities() -> None:
-    """Identity version 2 adds the encoding's code (posenc.lab.identity.code_identity) and
-    nothing else: without it, a plain label's identity and hashes are version 1's."""
+    """Identity versions 2 and 3 add the encoding's code (posenc.lab.identity.code_identity,
+    with posenc's own source hash since version 3) and nothing else: without it, a plain
+    label's identity and hashes are version 1's."""
     from posenc.lab.identity import code_identity
 
     got = json.loads(json.dumps(P.train_identity(SMALL, "rope", 0, 256, "fp")))

@@ -1,11 +1,13 @@
 """Paired differences against a reference line (``posenc lab report --reference``): the t
-quantile they use for df 1..1000, the per-seed differences and their 95% intervals, the resolved
-marks, and where they are written (terminal, table.md, results.csv, the README block).
+quantile they use for df 1..1000, the per-seed differences and their 95% intervals, the paired t
+test's p-values and Holm's correction across the table, the resolved marks, and where they are
+written (terminal, table.md, results.csv, the README block).
 
 Every expected number here is computed in this file from the rows' bits with the t quantile
 written out from a published table (R's ``qt(0.975, df)`` to 6 decimals, which agrees with the
 NIST/SEMATECH e-Handbook's 3-decimal table), or checked against mpmath's incomplete beta
-function; none is read back from the report.
+function; Holm's rule is the textbook's sequential procedure written out here (and statsmodels'
+``multipletests`` where it is installed); none is read back from the report.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typer.testing import CliRunner
 from posenc.cli import app
 from posenc.lab import paired as P
 from posenc.lab import report as R
-from posenc.lab.stats import paired_mean_ci, t_critical
+from posenc.lab.stats import holm, paired_mean_ci, paired_t_p, t_critical
 
 # --- the t quantile for df 1..1000 ---------------------------------------------------------
 
@@ -129,6 +131,47 @@ def lines_by_label(rows: list[dict]) -> dict:
     return {line.label: line for line in R.table_rows(rows)}
 
 
+def t_test_p(d: list[float]) -> float:
+    """The paired t test's two-sided p from mpmath's regularized incomplete beta function:
+    ``P(|T| >= t) = I_{df / (df + t^2)}(df / 2, 1 / 2)``."""
+    import mpmath
+
+    n = len(d)
+    mean, s = sum(d) / n, math.sqrt(sum((x - sum(d) / n) ** 2 for x in d) / (n - 1))
+    t, df = mean / (s / math.sqrt(n)), n - 1
+    return float(mpmath.betainc(df / 2, 0.5, 0, df / (df + t * t), regularized=True))
+
+
+def holm_rejects(ps: dict, alpha: float = 0.05) -> set:
+    """The textbook's sequential Holm procedure: sort ascending, reject while
+    ``p_(k) <= alpha / (m - k + 1)``, stop at the first that is not."""
+    out, m = set(), len(ps)
+    for k, key in enumerate(sorted(ps, key=ps.get), start=1):
+        if ps[key] > alpha / (m - k + 1):
+            break
+        out.add(key)
+    return out
+
+
+def expected_marks() -> dict:
+    """``(label, length) -> "worse" | "better" | ""``: each comparison of the fake table (the
+    differences with a spread: not the reference, not n/a, not rope +YaRN's zeros at L) tested
+    by :func:`t_test_p`, the family corrected by :func:`holm_rejects`."""
+    ps = {}
+    for label, enc, variant in (("rope +YaRN", "rope", "yarn"), ("alibi", "alibi", "base"),
+                                ("none", "none", "base"), ("learned", "learned", "base")):  # fmt: skip
+        for n in LENGTHS:
+            d = [a - b for a, b in zip(BITS[enc][variant][n], ROPE[n], strict=True)
+                 if a is not None]  # fmt: skip
+            if len(d) == 3 and any(d):
+                ps[label, n] = (t_test_p(d), sum(d))
+    rejected = holm_rejects({k: p for k, (p, _) in ps.items()})
+    marks = {k: ("worse" if total > 0 else "better") if k in rejected else ""
+             for k, (_, total) in ps.items()}  # fmt: skip
+    assert set(marks.values()) == {"", "worse", "better"}  # the fixture exercises each
+    return marks
+
+
 # --- the numbers ----------------------------------------------------------------------------
 
 
@@ -171,6 +214,81 @@ def test_resolved_marks_follow_the_interval():
     assert (learned.mean, learned.half, learned.resolved) == (None, None, "")
 
 
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 7])
+def test_paired_t_p_is_the_t_distributions_tail(df):
+    """Against mpmath's incomplete beta, at differences of several sizes; and the test's
+    duality with the interval: p < 5% exactly where the 95% interval excludes 0."""
+    for k in range(1, 40):
+        d = [0.01 * k + 0.02 * math.sin(3 * i + k) for i in range(df + 1)]
+        p = paired_t_p(d, [0.0] * len(d))
+        assert p == pytest.approx(t_test_p(d), rel=1e-7, abs=1e-12)
+        mean, half = paired_mean_ci(d, [0.0] * len(d))
+        assert (p < 0.05) == (abs(mean) > half)
+    assert paired_t_p([1.0, 2.0], [1.0, 2.0]) is None  # the same numbers: nothing to test
+    assert paired_t_p([1.0], [0.0]) is None and paired_t_p([1.0, 2.0], [0.5, 1.5]) == 0.0
+
+
+# Wikipedia, "Holm-Bonferroni method", example: four hypotheses, alpha 0.05; H1 and H4 are
+# rejected, H2 and H3 not (the procedure stops at H3's 0.03 > 0.05 / 2).
+HOLM_EXAMPLE = {"H1": 0.01, "H2": 0.04, "H3": 0.03, "H4": 0.005}
+
+
+def test_holm_against_the_textbook_procedure():
+    names, ps = list(HOLM_EXAMPLE), list(HOLM_EXAMPLE.values())
+    adjusted = holm(ps)
+    assert {n for n, a in zip(names, adjusted, strict=True) if a < 0.05} == {"H1", "H4"}
+    assert holm_rejects(HOLM_EXAMPLE) == {"H1", "H4"}
+    # the adjusted values by their definition, max over j <= i of min(1, (m - j + 1) p_(j))
+    order = sorted(range(4), key=ps.__getitem__)
+    for i in range(4):
+        want = max(min(1.0, (4 - j) * ps[order[j]]) for j in range(i + 1))
+        assert adjusted[order[i]] == pytest.approx(want)
+    # random families: the adjusted p is below alpha exactly for the procedure's rejections
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        family = {i: rng.random() ** 3 for i in range(rng.randint(1, 30))}
+        got = holm(list(family.values()))
+        for alpha in (0.01, 0.05, 0.2):
+            assert {i for i, a in zip(family, got, strict=True) if a <= alpha} == holm_rejects(
+                family, alpha
+            )
+    with pytest.raises(ValueError, match=r"p-values in \[0, 1\], got 1.5"):
+        holm([0.1, 1.5])
+    assert holm([]) == []
+
+
+def test_holm_against_statsmodels():
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    import random
+
+    rng = random.Random(1)
+    for _ in range(50):
+        ps = [rng.random() ** 2 for _ in range(rng.randint(1, 40))]
+        _, adjusted, _, _ = multitest.multipletests(ps, alpha=0.05, method="holm")
+        assert holm(ps) == pytest.approx(list(adjusted), abs=1e-12)
+
+
+def test_the_table_marks_follow_holm_not_each_interval():
+    """Across the table: every comparison's mark is the corrected decision; two of them
+    (alibi at L and 2L) have intervals that exclude 0 and lose their mark."""
+    lines = R.table_rows(fake_rows())
+    rope = next(line for line in lines if line.label == "rope")
+    table = P.paired_table(lines, rope, LENGTHS)
+    marks = expected_marks()
+    assert table.comparisons == len(marks) == 9
+    for (i, n), d in table.diffs.items():
+        key = (lines[i].label, n)
+        assert d.resolved == (marks.get(key) or ("" if d.mean is None else "no")), key
+        if key in marks:
+            alone = P.paired_diff(lines[i], rope, n)
+            assert d.p == alone.p and d.p_holm >= d.p  # the correction never lowers p
+    uncorrected = {k for k in marks if P.paired_diff(lines_by_label(fake_rows())[k[0]], rope,
+                                                     k[1]).resolved in ("worse", "better")}  # fmt: skip
+    assert {("alibi", 16), ("alibi", 32)} <= uncorrected - {k for k, m in marks.items() if m}
+
+
 def test_pairs_are_the_shared_seeds_and_five_seeds_use_df_4():
     """A reference with five seeds and a line with three pair over three; five and five use
     t_{0.975, 4}."""
@@ -196,14 +314,18 @@ def test_markdown_table_of_differences():
     legend, table = md.split("\n\n")
     assert legend.startswith("Paired differences from rope: for each seed")
     assert "95% interval" in legend and "excludes 0" in legend
+    # the rule is stated, with the size of the family: 9 tests (4 lines x 3 lengths, less
+    # learned's two n/a and rope +YaRN's zeros at L)
+    assert "after Holm's correction for the table's 9 comparisons" in legend
+    marks = expected_marks()
     lines = table.splitlines()
     assert lines[0] == "| vs rope | 16 (L) | 32 (2L) | 64 (4L) | seeds |"
     body = {line.split(" | ")[0].strip("| "): line for line in lines[2:]}
     assert list(body) == ["rope +YaRN", "alibi", "none", "learned"]  # the table's order
-    alibi = " | ".join(cell("alibi", n, "worse") for n in LENGTHS)
+    alibi = " | ".join(cell("alibi", n, marks["alibi", n]) for n in LENGTHS)
     assert body["alibi"] == f"| alibi | {alibi} | 3 |"
     assert body["none"] == "| none | " + " | ".join(cell("none", n, "") for n in LENGTHS) + " | 3 |"
-    yarn = [cell("rope", n, "better", "yarn") for n in LENGTHS[1:]]
+    yarn = [cell("rope", n, marks["rope +YaRN", n], "yarn") for n in LENGTHS[1:]]
     assert body["rope +YaRN"] == "| rope +YaRN | 0.000 ± 0.000 | " + " | ".join(yarn) + " | 3 |"
     assert body["learned"].endswith("| n/a | n/a | 3 |")
 
@@ -229,8 +351,13 @@ def test_terminal_table_is_compact_and_fits_80_columns():
     R.print_table(fake_rows(), console=console)
     text = console.export_text()
     tail = text.split("paired by seed", 1)[1]
-    mean, half = interval(diffs("alibi", 16), T2)
+    assert expected_marks()["alibi", 64] == "worse"
+    mean, half = interval(diffs("alibi", 64), T2)
     assert f"{mean:+.3f}±{half:.3f}*" in tail  # * resolved
+    assert expected_marks()["alibi", 16] == ""  # its interval excludes 0; not after Holm
+    mean, half = interval(diffs("alibi", 16), T2)
+    assert f"{mean:+.3f}±{half:.3f}*" not in tail and f"{mean:+.3f}±{half:.3f}" in tail
+    assert "Holm" in " ".join(tail.split())
     mean, half = interval(diffs("none", 16), T2)
     assert f"{mean:+.3f}±{half:.3f} " in tail or f"{mean:+.3f}±{half:.3f}\n" in tail
     assert "…" not in text.split("difference from rope", 1)[1].split("Paired")[0]
@@ -242,11 +369,12 @@ def test_csv_columns_of_the_differences(tmp_path):
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         fields, lines = reader.fieldnames, list(reader)
-    assert fields[-6:] == [
+    assert fields[-8:] == [
         "reference", "bits_diff_mean", "bits_diff_ci95_low", "bits_diff_ci95_high",
-        "diff_resolved", "diff_n_seeds",
+        "diff_resolved", "diff_n_seeds", "diff_p", "diff_p_holm",
     ]  # fmt: skip
     assert {line["reference"] for line in lines} == {"rope"}
+    marks = expected_marks()
     for line in lines:
         key = (line["encoding"], line["variant"], int(line["eval_len"]))
         if key[:2] == ("rope", "base") or key == ("learned", "base", 32):
@@ -257,8 +385,11 @@ def test_csv_columns_of_the_differences(tmp_path):
             assert float(line["bits_diff_mean"]) == pytest.approx(mean, abs=1e-12)
             assert float(line["bits_diff_ci95_low"]) == pytest.approx(mean - half, rel=1e-6)
             assert float(line["bits_diff_ci95_high"]) == pytest.approx(mean + half, rel=1e-6)
-            assert line["diff_resolved"] == ("worse" if key[0] == "alibi" else "no")
+            assert line["diff_resolved"] == (marks[key[0], key[2]] or "no")
             assert line["diff_n_seeds"] == "3"
+            p = t_test_p(diffs(key[0], key[2]))
+            assert float(line["diff_p"]) == pytest.approx(p, rel=1e-6, abs=1e-12)
+            assert float(line["diff_p"]) <= float(line["diff_p_holm"]) <= 1
 
 
 def test_one_seed_says_the_differences_need_two():

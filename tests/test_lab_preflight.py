@@ -168,3 +168,41 @@ def test_estimate_within_a_factor_of_a_real_cell(tmp_path: Path) -> None:
     estimate = estimate_run(cfg, cell_models(cfg), "cpu", jobs=1, threads=1).peak
     assert estimate > 300e6  # the activations dominate: a test of the model, not of constants
     assert estimate / FACTOR < growth < estimate * FACTOR, (growth, estimate)
+
+
+@pytest.mark.parametrize("label", ["rope", "alibi", "shaw", "t5"])
+def test_state_counts_what_adamw_holds_after_a_step(label: str) -> None:
+    """The estimate's state (weights, gradients, AdamW's two moments, buffers) against a real
+    model trained one step with the lab's own optimizer: the bytes of every parameter, its
+    gradient and every tensor in the optimizer's state (exp_avg and exp_avg_sq; the scalar step
+    counters left out), and of the buffers, summed here from the live tensors."""
+    import torch
+
+    from posenc.lab import presets as P
+    from posenc.lab.estimate import count_state
+    from posenc.lab.train import make_optimizer
+    from posenc.model import TransformerLM
+
+    cfg = P.preset("cpu-small")
+    model_cfg = P.model_config(cfg, label, 256)
+    params, estimated = count_state(model_cfg)
+    torch.manual_seed(0)
+    net = TransformerLM(model_cfg)
+    opt = make_optimizer(net, cfg.train, torch.device("cpu"))
+    x = torch.randint(0, 256, (2, cfg.train_len))
+    loss = torch.nn.functional.cross_entropy(net(x).flatten(0, 1), x.flatten())
+    loss.backward()
+    opt.step()
+    trained = [p for p in net.parameters() if p.requires_grad]
+    nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+    moments = [t for st in opt.state.values() for k, t in st.items() if k != "step"]
+    assert len(moments) == 2 * len(trained)  # AdamW: exp_avg and exp_avg_sq per parameter
+    measured = (
+        sum(nbytes(p) for p in trained)
+        + sum(nbytes(p.grad) for p in trained)
+        + sum(nbytes(t) for t in moments)
+        + sum(nbytes(p) for p in net.parameters() if not p.requires_grad)
+        + sum(nbytes(b) for b in net.buffers())
+    )
+    assert params == sum(p.numel() for p in trained)
+    assert estimated == measured, (estimated, measured)

@@ -105,6 +105,48 @@ def paired_mean_ci(
     return mean_ci([x - y for x, y in zip(a, b, strict=True)], level)
 
 
+def paired_t_p(values: Sequence[float], reference: Sequence[float]) -> float | None:
+    """The two-sided p-value of the paired t test of ``values[i] - reference[i]`` against 0:
+    ``P(|T| >= |t|)`` with ``t = mean / (s / sqrt(n))`` and ``n - 1`` degrees of freedom, the
+    test whose acceptance region is :func:`paired_mean_ci`'s interval (``p < 1 - level``
+    exactly when the ``level`` interval excludes 0).
+
+    None where there is nothing to test: under two pairs (no spread to estimate), or every
+    difference exactly 0 (the same numbers on both sides, such as a rescaling at the training
+    length, which is the identity). Equal nonzero differences (no spread) give 0."""
+    a, b = [float(v) for v in values], [float(v) for v in reference]
+    if len(a) != len(b):
+        raise ValueError(
+            f"paired_t_p needs one reference value per value, got {len(a)} and {len(b)}"
+        )
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    if len(diffs) < 2 or all(d == 0 for d in diffs):
+        return None
+    mean, spread = statistics.fmean(diffs), statistics.stdev(diffs)
+    if spread == 0:
+        return 0.0
+    t = abs(mean) / (spread / math.sqrt(len(diffs)))
+    return max(0.0, 1.0 - t_two_sided_prob(t, len(diffs) - 1))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the order given: with ``m`` p-values
+    sorted ``p_(1) <= ... <= p_(m)``, ``p~_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))``.
+    Rejecting where ``p~ < alpha`` keeps the chance of *any* false rejection among the ``m``
+    (the family-wise error rate) at most ``alpha``, whatever the tests' dependence."""
+    ps = [float(p) for p in pvalues]
+    bad = [p for p in ps if not 0.0 <= p <= 1.0]
+    if bad:
+        raise ValueError(f"holm needs p-values in [0, 1], got {bad[0]!r}")
+    m = len(ps)
+    out = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: ps[i])):
+        running = max(running, min(1.0, (m - rank) * ps[i]))  # step-down: never decreasing
+        out[i] = running
+    return out
+
+
 def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Whether ``mean ± half`` intervals ``a`` and ``b`` (each ``(mean, half)``) share a point:
     the report's "within noise" test. A lenient one: two intervals that do not overlap differ

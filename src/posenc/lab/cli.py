@@ -244,7 +244,8 @@ def report(
     --readme, the table into its block of a Markdown file: lab:table, lab:length, lab:passkey
     or lab:extend by the results' question). Under the table: each line's bits minus the
     reference's (--reference, default rope) for the same seed, mean over seeds with its 95%
-    interval, marked where the interval excludes 0."""
+    interval, marked where a paired t test resolves it after Holm's correction across the
+    table's comparisons."""
     from .report import QUESTIONS
 
     if all_groups and readme is not None:

@@ -9,7 +9,8 @@ The identities are the lab's, not the model's: :func:`model_identity` decides ho
 without moving any stored result. :data:`IDENTITY_VERSION` names the rules below; a change
 that would move the hash of an existing cell bumps it, and the reader says how to convert.
 
-Version 2 (version 1, every result written before the code entered, plus the code):
+Version 3 (version 2 plus posenc's own source; version 1, every result written before the code
+entered, is version 2 without the code):
 
 * a model is its config's fields, minus ``nope_every`` and ``temperature`` when they are None
   (options added after the lab's first results: a configuration without them keeps the hash it
@@ -19,22 +20,27 @@ Version 2 (version 1, every result written before the code entered, plus the cod
   resolved range;
 * the training identity holds ``"code"`` (:func:`code_identity`): the module that defines the
   encoding (its builder, or the class registered by
-  :func:`~posenc.registry.register_class`) and a hash of that module's source file, and for
-  posenc's own encodings posenc's version too; editing the module (one character) moves the
-  hash, so the cell trains again. A row written under version 1 has no ``"code"``: it is read
-  and reported as before, in its group (the group holds no code), and is not found by the
-  skip test, so its cell trains again;
+  :func:`~posenc.registry.register_class`) and a hash of that module's source file, for
+  posenc's own encodings posenc's version too, and for every encoding ``"package"``: the hash
+  of posenc's own source (:func:`package_source_hash`, every ``.py`` and C file of the
+  package), since a cell computes through posenc's model, training and evaluation whichever
+  module registered its encoding; editing the module or any file of posenc (one character)
+  moves the hash, so the cell trains again. A row written under version 1 has no ``"code"``
+  (under version 2, no ``"package"``): it is read and reported as before, in its group (the
+  group holds no code), and is not found by the skip test, so its cell trains again;
 * hashes are :func:`stable_hash` of the identity as JSON (tuples as lists).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
 import marshal
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from .. import __version__, registry
@@ -44,7 +50,7 @@ from .options import PositionSampling
 from .tasks import PASSKEY_DEPTHS, PASSKEY_MIN_PER_DEPTH
 
 #: The rules this module applies (module docstring).
-IDENTITY_VERSION = 2
+IDENTITY_VERSION = 3
 
 #: Bump when the meaning of a stored result changes (a new metric definition, a data change).
 RESULTS_SCHEMA = 1
@@ -91,6 +97,38 @@ def _source_hash(module_name: str, fn: Any) -> dict[str, str]:
     return {"code": hashlib.sha256(blob).hexdigest()[:16]}
 
 
+#: The folder whose source :func:`package_source_hash` hashes: the posenc package itself.
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+#: The files of the package that hold code a cell can run: Python, and the C of the CPU kernel
+#: (compiled at first use from the package's own copy).
+SOURCE_SUFFIXES = (".py", ".c", ".h", ".cpp", ".cu")
+
+
+def package_files(root: Path) -> list[Path]:
+    """Every source file under ``root`` (:data:`SOURCE_SUFFIXES`, bytecode caches left out), in
+    path order: the order is part of the hash, so it must not depend on the file system's."""
+    found = (p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file())
+    return sorted((p for p in found if "__pycache__" not in p.parts), key=lambda p: p.as_posix())
+
+
+@functools.cache
+def package_source_hash(root: Path | None = None) -> str:
+    """A hash of posenc's own source (``root``: default :data:`PACKAGE_ROOT`): each file's path
+    relative to ``root`` and its bytes, in path order, so an edit, a new file, a removed or a
+    renamed one moves it. Hashed once per process (about 2 MB, a few milliseconds): a process
+    that edits posenc while it runs keeps the hash of the code it imported."""
+    root = PACKAGE_ROOT if root is None else root
+    h = hashlib.sha256()
+    for path in package_files(root):
+        rel = path.relative_to(root).as_posix().encode()
+        data = path.read_bytes()
+        # Length-prefixed, so no two file sets can give the same stream of bytes.
+        h.update(b"%d:%s%d:" % (len(rel), rel, len(data)))
+        h.update(data)
+    return h.hexdigest()[:16]
+
+
 def code_identity(encoding: str) -> dict[str, Any]:
     """The code that defines registered encoding ``encoding``: the module of its builder (for
     a class registered by :func:`~posenc.registry.register_class`, the class's module) and a
@@ -100,13 +138,16 @@ def code_identity(encoding: str) -> dict[str, Any]:
     modules (``rotary/entries.py`` registers RoPE, ``rotary/embedding.py`` and
     ``functional/`` compute it), and an installed posenc changes those files only with its
     version: the version identifies the code of an installed posenc, the hash an edit of the
-    registering module in a checkout. An encoding from outside posenc is its module alone,
-    all of whose code a one-file plugin holds."""
+    registering module in a checkout. Every encoding, posenc's or a plugin's, also adds the
+    hash of posenc's whole source (:func:`package_source_hash`): in a checkout an edit of
+    ``rotary/embedding.py``, ``functional/``, the model or the training loop changes what a
+    cell computes as surely as an edit of the registering module does."""
     builder = registry.entry(encoding).builder
     module = getattr(builder, "__module__", None) or "?"
     out: dict[str, Any] = {"module": module, **_source_hash(module, builder)}
     if module == "posenc" or module.startswith("posenc."):
         out["posenc"] = __version__
+    out["package"] = package_source_hash()
     return out
 
 

@@ -5,8 +5,20 @@ Cells of one grid that share a seed share its data order, so what the seed alone
 difference of two cells of that seed. For each line of the table and each eval length: the
 mean over the shared seeds of ``line's bits - reference's bits`` (same seed, same length), the
 half-width of its 95% interval (Student t on the per-seed differences, ``n - 1`` degrees of
-freedom, :func:`posenc.lab.stats.paired_mean_ci`), and whether the interval excludes 0: the
-line is *resolved* worse (it excludes 0 from above) or better (from below) than the reference.
+freedom, :func:`posenc.lab.stats.paired_mean_ci`), the two-sided p-value of the same paired t
+test (:func:`posenc.lab.stats.paired_t_p`), and whether the difference is *resolved*, worse or
+better than the reference, after a correction for the number of comparisons.
+
+The correction: a table of 17 lines at four lengths makes about 65 comparisons, so at 5% each
+about three would be marked by chance alone. Holm's step-down correction
+(:func:`posenc.lab.stats.holm`) is applied across every comparison of the table, and a
+difference is resolved where its Holm-adjusted p is below 5% (``1 - CI_LEVEL``). Holm, not
+Benjamini-Hochberg: each mark is read as a claim on its own (the README cites single cells),
+so what must be bounded is the chance that *any* mark is false (the family-wise error rate),
+not their expected share (BH's false discovery rate); and Holm holds under any dependence,
+while BH needs independent or positively dependent tests, and these share the reference's
+values and the seeds. The ``±`` interval stays each comparison's own (uncorrected) 95% one: its
+width is the measurement; the mark is the corrected decision.
 
 Pure: it reads table lines (:class:`posenc.lab.report.TableRow`, or anything with their
 ``label``, ``seeds`` and ``bits``) and returns numbers and strings; :mod:`posenc.lab.report`
@@ -17,16 +29,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from .._markdown import markdown_table
-from .stats import CI_LEVEL, paired_mean_ci
+from .stats import CI_LEVEL, holm, paired_mean_ci, paired_t_p
 
 __all__ = [
-    "DEFAULT_REFERENCE", "PAIRED_COLUMNS", "RESOLVED_MARK", "PairedDiff", "find_reference",
-    "fmt_diff", "paired_cells", "paired_columns", "paired_diff", "paired_legend", "paired_note",
-    "paired_section", "print_paired", "seed_bits",
+    "DEFAULT_REFERENCE", "PAIRED_COLUMNS", "RESOLVED_MARK", "PairedDiff", "PairedTable",
+    "find_reference", "fmt_diff", "paired_cells", "paired_columns", "paired_diff",
+    "paired_legend", "paired_note", "paired_section", "paired_table", "print_paired",
+    "seed_bits",
 ]  # fmt: skip
 
 #: The line every other line is compared with, unless ``--reference`` names another.
@@ -38,11 +51,15 @@ RESOLVED_MARK = "*"
 
 #: ``results.csv``'s columns for a line's paired difference at one length, repeated on each of
 #: its seeds' lines: the reference's label, the mean difference and its 95% interval's ends,
-#: :attr:`PairedDiff.resolved` and the number of seeds shared (empty where not available).
+#: :attr:`PairedDiff.resolved` (after Holm's correction), the number of seeds shared, the paired
+#: t test's p-value and its Holm-adjusted value (empty where not available).
 PAIRED_COLUMNS = (
     "reference", "bits_diff_mean", "bits_diff_ci95_low", "bits_diff_ci95_high",
-    "diff_resolved", "diff_n_seeds",
+    "diff_resolved", "diff_n_seeds", "diff_p", "diff_p_holm",
 )  # fmt: skip
+
+#: The level a Holm-adjusted p must be below for a difference to be resolved (5%).
+ALPHA = round(1.0 - CI_LEVEL, 12)
 
 
 class Line(Protocol):
@@ -60,11 +77,16 @@ class PairedDiff:
     """A line's difference from the reference at one eval length, over ``pairs`` shared seeds.
 
     ``mean`` None: not available (no shared seed, or a shared seed without a finite value on
-    either side, the table's ``n/a``); ``half`` None: one pair, no spread to estimate."""
+    either side, the table's ``n/a``); ``half`` None: one pair, no spread to estimate. ``p``:
+    the paired t test's two-sided p-value (None: nothing to test, :func:`paired_t_p`);
+    ``p_holm``: ``p`` adjusted by Holm across the table's comparisons (:func:`paired_table`;
+    a difference on its own, from :func:`paired_diff`, is a family of one: ``p``)."""
 
     mean: float | None
     half: float | None
     pairs: int
+    p: float | None = None
+    p_holm: float | None = None
 
     @property
     def low(self) -> float | None:
@@ -76,12 +98,15 @@ class PairedDiff:
 
     @property
     def resolved(self) -> str:
-        """``"worse"`` (the interval lies above 0: more bits than the reference), ``"better"``
-        (below 0), ``"no"`` (it holds 0), ``""`` (no interval: under two pairs or n/a)."""
-        low, high = self.low, self.high
-        if low is None or high is None:
+        """``"worse"`` (Holm-adjusted p below :data:`ALPHA`, more bits than the reference),
+        ``"better"`` (the same, fewer bits), ``"no"`` (not shown to differ, or nothing to test),
+        ``""`` (no interval: under two pairs or n/a). For a family of one, worse or better is
+        exactly the 95% interval excluding 0 from above or below."""
+        if self.mean is None or self.half is None:
             return ""
-        return "worse" if low > 0 else "better" if high < 0 else "no"
+        if self.p_holm is None or self.p_holm >= ALPHA:
+            return "no"
+        return "worse" if self.mean > 0 else "better"
 
 
 def seed_bits(line: Line, length: int) -> dict[int, float | None]:
@@ -108,7 +133,36 @@ def paired_diff(line: Line, reference: Line, length: int, level: float = CI_LEVE
     if not shared or len(values) < len(shared) or len(refs) < len(shared):
         return PairedDiff(None, None, len(shared))
     mean, half = paired_mean_ci(values, refs, level)
-    return PairedDiff(mean, half, len(shared))
+    p = paired_t_p(values, refs)
+    return PairedDiff(mean, half, len(shared), p, p)
+
+
+@dataclass(frozen=True)
+class PairedTable:
+    """Every difference of a paired table, ``(index of the line in the table, eval length) ->``
+    :class:`PairedDiff` with ``p_holm`` adjusted across the table's ``comparisons`` tests (the
+    differences with a p-value), the reference's own line left out."""
+
+    diffs: dict[tuple[int, int], PairedDiff]
+    comparisons: int
+
+
+def paired_table(
+    lines: Sequence[Line], reference: Line, lengths: Sequence[int], level: float = CI_LEVEL
+) -> PairedTable:
+    """Each line's :func:`paired_diff` from ``reference`` at each length, its p-value adjusted
+    by Holm (:func:`posenc.lab.stats.holm`) over every test of the table at once."""
+    diffs = {
+        (i, n): paired_diff(line, reference, n, level)
+        for i, line in enumerate(lines)
+        if line is not reference
+        for n in lengths
+    }
+    tested = [key for key, d in diffs.items() if d.p is not None]
+    adjusted = holm([p for key in tested if (p := diffs[key].p) is not None])
+    for key, p_holm in zip(tested, adjusted, strict=True):
+        diffs[key] = replace(diffs[key], p_holm=p_holm)
+    return PairedTable(diffs, len(tested))
 
 
 _L = TypeVar("_L", bound=Line)
@@ -157,14 +211,16 @@ def paired_cells(
     compact: bool = False,
 ) -> tuple[list[str], list[list[str]]]:
     """Header and body of the paired table: one line per table line but the reference, in the
-    table's order; a cell per eval length (:func:`fmt_diff`), then ``seeds``: how many seeds
-    the line shares with the reference (the ``n`` of its intervals)."""
+    table's order; a cell per eval length (:func:`fmt_diff`, marked after Holm's correction
+    across the table, :func:`paired_table`), then ``seeds``: how many seeds the line shares
+    with the reference (the ``n`` of its intervals)."""
+    table = paired_table(lines, reference, lengths)
     header = [f"vs {reference.label}", *length_names, "seeds"]
     body = []
-    for line in lines:
+    for i, line in enumerate(lines):
         if line is reference:
             continue
-        diffs = [paired_diff(line, reference, n) for n in lengths]
+        diffs = [table.diffs[i, n] for n in lengths]
         pairs = len(set(line.seeds) & set(reference.seeds))
         body.append([line.label, *(fmt_diff(d, compact) for d in diffs), str(pairs)])
     return header, body
@@ -183,15 +239,19 @@ def paired_note(reference: Line) -> str | None:
     )
 
 
-def paired_legend(reference: str, unit: str, compact: bool = False) -> str:
-    """What the paired table's cells mean."""
+def paired_legend(reference: str, unit: str, comparisons: int, compact: bool = False) -> str:
+    """What the paired table's cells mean, and the multiple-comparison rule of its marks
+    (Holm across the table's ``comparisons`` tests)."""
     mark = f"{RESOLVED_MARK} marks" if compact else "worse or better marks"
     return (
         f"Paired differences from {reference}: for each seed, a line's bits per {unit} minus "
         f"{reference}'s at the same eval length (the seeds share data order), mean over the "
-        f"seeds both ran ± half-width of its {CI_LEVEL:.0%} interval (Student t, seeds − 1 "
-        f"degrees of freedom); negative is fewer bits than {reference}. {mark} a difference "
-        "whose interval excludes 0 (resolved); an unmarked one is not shown to differ."
+        f"seeds both ran ± half-width of its own {CI_LEVEL:.0%} interval (Student t, seeds − 1 "
+        f"degrees of freedom, uncorrected); negative is fewer bits than {reference}. {mark} a "
+        f"difference resolved by the paired t test at {ALPHA:.0%} after Holm's correction for "
+        f"the table's {comparisons} comparisons (the chance of any false mark at most "
+        f"{ALPHA:.0%}); an unmarked one is not shown to differ, even where its own interval "
+        "excludes 0."
     )
 
 
@@ -208,7 +268,8 @@ def paired_section(
     if note is not None:
         return note + "\n"
     header, body = paired_cells(lines, reference, lengths, length_names)
-    return paired_legend(reference.label, unit) + "\n\n" + markdown_table(header, body) + "\n"
+    m = paired_table(lines, reference, lengths).comparisons
+    return paired_legend(reference.label, unit, m) + "\n\n" + markdown_table(header, body) + "\n"
 
 
 _RICH_STYLE = {"better": "green", "worse": "red"}
@@ -236,19 +297,20 @@ def print_paired(
         console.print(escape(note))
         return
     header, body = paired_cells(lines, reference, lengths, length_names, compact=True)
-    others = [line for line in lines if line is not reference]
+    table = paired_table(lines, reference, lengths)
+    others = [i for i, line in enumerate(lines) if line is not reference]
     styled = []
-    for line, cells in zip(others, body, strict=True):
+    for i, cells in zip(others, body, strict=True):
         row = [escape(cells[0])]
         for n, cell in zip(lengths, cells[1:-1], strict=True):
-            style = _RICH_STYLE.get(paired_diff(line, reference, n).resolved)
+            style = _RICH_STYLE.get(table.diffs[i, n].resolved)
             row.append(f"[{style}]{escape(cell)}[/{style}]" if style else escape(cell))
         styled.append(row)
     print_table(
         [escape(h) for h in header[:-1]],
         styled,
         title=f"difference from {reference.label} in bits per {unit}, paired by seed",
-        caption=paired_legend(reference.label, unit, compact=True),
+        caption=paired_legend(reference.label, unit, table.comparisons, compact=True),
         console=console,
         markup=True,
         box=box.SIMPLE_HEAD,
@@ -259,17 +321,17 @@ def paired_columns(
     lines: Sequence[Line], reference: Line, lengths: Sequence[int]
 ) -> dict[tuple[str, str, int], dict[str, Any]]:
     """``(encoding, variant, eval length) -> {column: value}`` for :data:`PAIRED_COLUMNS`: the
-    reference's label on every line, its own lines' differences empty."""
+    reference's label on every line, its own lines' differences empty; resolved and the
+    adjusted p after Holm's correction across the table (:func:`paired_table`)."""
+    table = paired_table(lines, reference, lengths)
     out: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for line in lines:
+    for i, line in enumerate(lines):
         for n in lengths:
-            d = paired_diff(line, reference, n)
-            none = line is reference or d.mean is None
-            values = (
-                ["", "", "", "", ""]
-                if none
-                else [d.mean, _blank(d.low), _blank(d.high), d.resolved, d.pairs]
-            )
+            d = table.diffs.get((i, n))
+            values: list[Any] = [""] * (len(PAIRED_COLUMNS) - 1)
+            if d is not None and d.mean is not None:
+                values = [d.mean, _blank(d.low), _blank(d.high), d.resolved, d.pairs,
+                          _blank(d.p), _blank(d.p_holm)]  # fmt: skip
             out[(line.encoding, line.variant, n)] = dict(
                 zip(PAIRED_COLUMNS, [reference.label, *values], strict=True)
             )

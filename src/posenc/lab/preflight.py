@@ -141,11 +141,15 @@ def plan_run(cfg: LabConfig, opts: Any, *, timed: bool = False) -> Plan:
     option, and its peak memory against the memory available (:func:`preflight`); with
     ``timed`` (``--dry-run``, which prints the time) also time a short training step of each
     family's first cell. Return its :class:`Plan`. ValueError (one line) naming what is wrong
-    or, for a run that will not fit, the estimate, the memory available and the options to
-    lower."""
+    (a row of another results schema in the store at ``opts.out``, which the run's report could
+    not read) or, for a run that will not fit, the estimate, the memory available and the options
+    to lower."""
     from .cell import resolve_labels
+    from .results import check_store
 
     dev = check_options(cfg, opts.device)
+    # The report after training reads the whole store: a row it cannot read is refused now.
+    check_store(opts.out)
     jobs, threads = run_jobs(cfg, opts, dev)
     estimate = preflight(cfg, opts.device, jobs=jobs, threads=threads)
     if timed:  # a run that trains needs no forecast of its time: only --dry-run prints it

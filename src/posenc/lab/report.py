@@ -34,11 +34,12 @@ from .store import RESULTS_FILE
 
 __all__ = [
     "CI_LEVEL", "QUESTIONS", "README_BLOCKS", "README_END", "README_START", "REPORT_DIR",
-    "TIE_MARK", "TableRow", "check_readme", "check_reference", "ci_legend", "describe",
-    "fmt_bits", "grid_store_rows", "groups", "length_names", "lengths_of", "load_rows",
+    "SPEED_LEGEND", "TIE_MARK", "TableRow", "check_readme", "check_reference", "ci_legend", "describe",
+    "fmt_bits", "grid_store_rows", "groups", "length_names", "lengths_of", "line_speed",
+    "load_rows",
     "markdown_bold", "newest_group", "noise_marks", "nope_throughput", "paired_markdown",
     "print_table", "question_of", "question_of_rows", "question_rows", "readme_problem",
-    "readme_table", "results_markdown", "table_cells", "table_rows", "write_csv",
+    "readme_table", "results_markdown", "speed_basis", "table_cells", "table_rows", "write_csv",
     "write_readme_table", "write_report",
 ]  # fmt: skip
 
@@ -57,6 +58,7 @@ class TableRow:
     seeds: list[int] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
     tokens_per_s_fast: list[float] = field(default_factory=list)
+    tokens_per_cpu_s: list[float] = field(default_factory=list)  # rows that recorded CPU time
     params: int | None = None
     train_bits: list[float] = field(default_factory=list)
 
@@ -80,6 +82,8 @@ def table_rows(rows: list[dict[str, Any]]) -> list[TableRow]:
                 line.tokens_per_s_fast.append(
                     float(train.get("tokens_per_s_fast", train["tokens_per_s"]))
                 )
+                if isinstance(train.get("tokens_per_cpu_s"), (int, float)):
+                    line.tokens_per_cpu_s.append(float(train["tokens_per_cpu_s"]))
                 line.params = int(r["params"])
                 line.train_bits.append(float(r["train"]["final_loss_bits"]))
     return list(lines.values())
@@ -170,12 +174,40 @@ def ci_legend(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def nope_throughput(lines: list[TableRow]) -> float | None:
-    """NoPE's fast-decile training throughput (the ratio's denominator), if NoPE ran."""
+def speed_basis(lines: list[TableRow]) -> str:
+    """What ``×NoPE`` compares: ``"cpu"`` (throughput per second of CPU time, which other load
+    on the machine does not inflate) when every base line holds it for each of its seeds, else
+    ``"wall"`` (fast-decile wall-clock throughput: rows from before CPU time was recorded, or
+    trained on CUDA, where the host's CPU time is not the work)."""
+    base = [line for line in lines if line.variant == "base"]
+    cpu = all(len(line.tokens_per_cpu_s) == len(line.tokens_per_s) for line in base)
+    return "cpu" if base and cpu else "wall"
+
+
+def line_speed(line: TableRow, basis: str) -> float | None:
+    """A base line's training throughput on ``basis`` (:func:`speed_basis`), mean over seeds."""
+    values = line.tokens_per_cpu_s if basis == "cpu" else line.tokens_per_s_fast
+    return statistics.fmean(values) if values else None
+
+
+def nope_throughput(lines: list[TableRow], basis: str | None = None) -> float | None:
+    """NoPE's training throughput on ``basis`` (default :func:`speed_basis` of ``lines``): the
+    ``×NoPE`` ratio's denominator, if NoPE ran."""
+    basis = basis or speed_basis(lines)
     for line in lines:
-        if line.encoding == "none" and line.variant == "base" and line.tokens_per_s_fast:
-            return statistics.fmean(line.tokens_per_s_fast)
+        if line.encoding == "none" and line.variant == "base":
+            return line_speed(line, basis)
     return None
+
+
+#: What the caption says ``×NoPE`` is, by :func:`speed_basis`.
+SPEED_LEGEND = {
+    "cpu": "×NoPE: training throughput per second of the process's CPU time (median step) "
+    "relative to NoPE's; CPU time does not count the waits for a core that other load on the "
+    "machine causes, so cells trained apart or side by side compare on their own work. ",
+    "wall": "×NoPE: ratio of fast-decile wall-clock step throughput to NoPE's, each cell timed "
+    "while it trained (these rows hold no CPU time): it moves with other load on the machine. ",
+}
 
 
 def table_cells(
@@ -187,13 +219,15 @@ def table_cells(
     length (:func:`fmt_bits`: ``mean ± 95% half-width`` over seeds, the mean alone for one seed,
     ``n/a`` where a length does not apply; the best base cell passed through ``bold`` and ties
     with it suffixed ``≈``, :func:`noise_marks`), ``train tok/s`` (mean training throughput,
-    tokens per second), ``×NoPE`` (fast-decile throughput relative to NoPE's), ``params`` and
+    tokens per second), ``×NoPE`` (throughput relative to NoPE's, per CPU second where the rows
+    hold it, :func:`speed_basis`), ``params`` and
     ``seeds`` (how many seeds the means are over). Variant lines leave the last four empty.
     """
     lines = table_rows(rows)
     lengths = lengths_of(rows)
     train_len = rows[0]["train_len"] if rows else 0
-    nope = nope_throughput(lines)
+    basis = speed_basis(lines)
+    nope = nope_throughput(lines, basis)
     unit = rows[0]["eval"]["unit"] if rows else "byte"
     header = ["encoding", *length_names(train_len, lengths)]
     header += ["train tok/s", "×NoPE", "params", "seeds"]
@@ -213,7 +247,7 @@ def table_cells(
         cells += ["", "", "", ""]
         if line.variant == "base":
             tps = statistics.fmean(line.tokens_per_s) if line.tokens_per_s else None
-            fast = statistics.fmean(line.tokens_per_s_fast) if line.tokens_per_s_fast else None
+            fast = line_speed(line, basis)
             cells[-4:] = [
                 f"{tps:,.0f}" if tps else "",
                 f"{fast / nope:.2f}" if fast and nope else "",
@@ -248,8 +282,8 @@ def describe(rows: list[dict[str, Any]]) -> str:
     )
     return (
         ci_legend(rows)
-        + "train tok/s: mean training throughput in tokens per second; ×NoPE: ratio of "
-        "fast-decile step throughput to NoPE's (robust to other load on the machine). "
+        + "train tok/s: mean training throughput in tokens per second (wall clock); "
+        + SPEED_LEGEND[speed_basis(table_rows(rows))]
         + (f"encoding options: {'; '.join(options)}. " if options else "")
         + f"group {r0['group']} (preset {r0['preset']}): data {r0['data']['name']} "
         f"({r0['data']['fingerprint']}), model dim {model['dim']} x {model['num_layers']} layers "

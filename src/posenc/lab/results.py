@@ -248,6 +248,13 @@ def store_rows(out: str | Path) -> list[dict[str, Any]]:
     return [upgrade_row(nan_for_null(row)) for _, row in rows]
 
 
+def check_store(out: str | Path) -> None:
+    """Refuse a run whose store it could not report: ValueError (the one line ``posenc lab
+    report`` gives, from :func:`store_rows`) for a row of another results schema in the store
+    at ``out``. A run checks this before it trains, so an unreadable store costs no training."""
+    store_rows(out)
+
+
 def grid_store_rows(out: str | Path) -> list[dict[str, Any]]:
     """Every grid row of the store at ``out`` (rows without a ``kind``), in the order written."""
     return [r for r in store_rows(out) if not r.get("kind")]

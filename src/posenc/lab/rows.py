@@ -224,7 +224,7 @@ GRID_SHAPES: dict[str, Any] = {
     "eval": EVAL_SHAPE,
     "train": Keys(
         {"tokens_per_s": float, "train_seconds": float, "final_loss_bits": float},
-        {"tokens_per_s_fast": float},
+        {"tokens_per_s_fast": float, "tokens_per_cpu_s": float},
     ),
     "runtime": Keys({"world_size": int, "device": str, "threads": int, "cell_seconds": float}),
     "identity": Keys({"train": Keys(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 import signal
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -215,11 +216,12 @@ class _Run:
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     metrics: MetricsLog | None = None  # rank 0's per-step log, if any
+    step_cpu_times: list[float] = field(default_factory=list)  # process CPU seconds per step
 
-    def record(self, step: int, loss: float, seconds: float, cfg: TrainConfig) -> None:
-        """Step ``step`` (0-based) took ``seconds`` and gave ``loss`` (nats): kept for the
-        statistics (when finite) and logged when due. Raises FloatingPointError on a
-        non-finite loss, after logging it."""
+    def record(self, step: int, loss: float, seconds: float, cpu: float, cfg: TrainConfig) -> None:
+        """Step ``step`` (0-based) took ``seconds`` (``cpu`` of process CPU time) and gave
+        ``loss`` (nats): kept for the statistics (when finite) and logged when due. Raises
+        FloatingPointError on a non-finite loss, after logging it."""
         done, metrics = step + 1, self.metrics
         finite = math.isfinite(loss)
         if metrics is not None and (metrics.due(done, cfg.steps) or not finite):
@@ -228,6 +230,7 @@ class _Run:
         if not finite:
             raise FloatingPointError(f"the training loss became {loss} at step {step}")
         self.step_times.append(seconds)
+        self.step_cpu_times.append(cpu)
         self.losses.append(loss)
 
     def payload(self, step: int) -> dict[str, Any]:
@@ -243,6 +246,7 @@ class _Run:
             "sampler": {"kind": "step-seeded", "seed": self.seed, "next_step": step},
             "losses": self.losses,
             "step_times": self.step_times,
+            "step_cpu_times": self.step_cpu_times,
         }
 
 
@@ -300,7 +304,7 @@ def train_model(
     ckpts = _Checkpoints(last_path, ckpt_every, frozenset(hook_steps) if hook else frozenset())
     with _logged(run, metrics if dist.main else None):
         _loop(run, net, cfg, data, dist, ckpts, progress, stop, positions, hook)
-    stats = _stats(cfg, model_cfg.max_len, run.losses, run.step_times, model)
+    stats = _stats(cfg, model_cfg.max_len, run, model, dist)
     _save_final(run, stats, ckpt_dir, dist)
     if compiled:
         model = _eager_copy(model, model_cfg, dist)
@@ -378,6 +382,7 @@ def _resume_or_restart(run: _Run, last_path: Path, resume: bool, restart: bool, 
     set_rng_state(ckpt["rng"])
     run.start = run.resumed_from = int(ckpt["step"])
     run.losses, run.step_times = list(ckpt["losses"]), list(ckpt["step_times"])
+    run.step_cpu_times = list(ckpt.get("step_cpu_times", []))
 
 
 def _wrap(model: TransformerLM, dist: Dist, compiled: bool) -> nn.Module:
@@ -429,7 +434,7 @@ def _loop(
         )  # resumed at a hook step: it may not have finished
     net.train()
     for step in range(run.start, cfg.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         x, y = data.train_batch(step, cfg.batch_size, seq_len, run.seed, dist.rank, dist.world)
         pos = None
         if positions is not None:
@@ -444,7 +449,7 @@ def _loop(
             nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
         run.opt.step()
         value = float(dist.sum_(loss.detach().float().reshape(1)) / dist.world)
-        run.record(step, value, time.perf_counter() - t0, cfg)
+        run.record(step, value, time.perf_counter() - t0, time.process_time() - c0, cfg)
         done = step + 1
         if progress is not None:
             recent = run.step_times[-20:]  # a short moving window: single steps are noisy
@@ -471,10 +476,25 @@ def _run_hook(hook: StepHook, step: int, run: _Run, net: nn.Module, dist: Dist) 
     dist.barrier()
 
 
+def cpu_throughput(tokens_per_step: int, cpu_times: list[float]) -> dict[str, float]:
+    """``{"tokens_per_cpu_s": tokens per second of this process's CPU time}`` from the median
+    CPU time of a training step (warm-up steps skipped as for the wall clock; ``{}`` without
+    steps). CPU time, unlike wall time, does not grow while the process waits for a core that
+    another process holds, so two cells timed minutes apart or side by side on a loaded machine
+    compare on the work their steps do; the median leaves out the odd step with a collection
+    or a page fault storm."""
+    skip = min(len(cpu_times) - 1, max(2, len(cpu_times) // 20))
+    timed = cpu_times[skip:]
+    if not timed:
+        return {}
+    return {"tokens_per_cpu_s": tokens_per_step / max(statistics.median(timed), 1e-9)}
+
+
 def _stats(
-    cfg: TrainConfig, seq_len: int, losses: list[float], step_times: list[float], model: nn.Module
+    cfg: TrainConfig, seq_len: int, run: _Run, model: nn.Module, dist: Dist
 ) -> dict[str, Any]:
-    """Training statistics.
+    """Training statistics (on the CPU with :func:`cpu_throughput`'s ``tokens_per_cpu_s``; not on
+    CUDA, where the host's CPU time is the kernel launches, not the work).
 
     Throughput skips the first steps (allocator and kernel warm-up). ``tokens_per_s`` is the
     plain mean over the timed steps: wall-clock honest, but on a shared machine it moves with
@@ -482,6 +502,7 @@ def _stats(
     of the steps the machine gave this run undisturbed: encodings trained minutes apart compare
     fairly on it (the benchmark habit of taking the best of repeated timings).
     """
+    losses, step_times = run.losses, run.step_times
     skip = min(len(step_times) - 1, max(2, len(step_times) // 20))
     timed = step_times[skip:]
     fast = sorted(timed)[len(timed) // 10]
@@ -500,4 +521,7 @@ def _stats(
         ],
         "params": sum(p.numel() for p in model.parameters()),
         "config": asdict(cfg),
+        **(
+            cpu_throughput(tokens_per_step, run.step_cpu_times) if dist.device.type == "cpu" else {}
+        ),
     }

@@ -6,8 +6,9 @@ Top: test loss against evaluation length, the training length dotted: "train sho
 confidence interval of the mean over seeds. Bottom: loss by position inside the longest
 evaluation window, which shows *where* an encoding breaks: a curve that rises right after the
 training length has not extrapolated. Left: every encoding as trained, one colour each. Right: the inference-time
-variants (RoPE rescalings, an interpolated learned table) beside their base model, each line its
-own colour (and its own line style and marker, so the lines stay apart in grey too).
+variants (RoPE rescalings, an interpolated learned table) beside their base model (drawn as on the
+left), each variant its own colour, dash pattern and marker: no two lines of the figure share a
+colour and a line style, so the lines stay apart in grey too.
 
 A pure renderer: :func:`lab_data` folds result rows (as :func:`posenc.lab.results.load_rows`
 reads them from a store) into the arrays :func:`draw_lab` draws; nothing here reads a store.
@@ -143,36 +144,45 @@ _MARKERS = "osD^vP*Xhp<>"
 _DASHES: list[Any] = ["--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
 
 
-def lab_styles(lines: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Line styles by label: ``(as_trained, variants)``.
+#: Line styles of the encodings as trained past the 20 colours of tab20 (a grid of more).
+_BASE_LINESTYLES: list[Any] = ["-", (0, (1, 1)), (0, (4, 2, 1, 2))]
 
-    As trained: one colour per encoding (tab20, dark shades first: the default grid has 13).
-    Variants (the lines of every encoding that has an inference-time variant): each line its
-    own colour (tab10), base models solid, variants dashed in their own pattern, each its own
-    marker.
-    """
+
+def lab_styles(lines: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Line styles by label: ``(as_trained, variants)``; one style per label in the whole
+    figure, and no two labels with the same ``(color, linestyle)``.
+
+    As trained: one colour per encoding (tab20, dark shades first: the default grid has 13),
+    solid, each its own marker; past 20 encodings the colours come round again in another
+    line style. Variants (the lines of every encoding that has an inference-time variant): a
+    base model as it is on the left (the same line in both panels), each variant its own
+    colour from Dark2 (none of tab20's, so a variant never takes an encoding's colour) and its
+    own dash pattern, never solid."""
     import matplotlib
 
-    tab20 = matplotlib.colormaps["tab20"]
+    tab20, dark2 = matplotlib.colormaps["tab20"], matplotlib.colormaps["Dark2"]
     encodings = list(dict.fromkeys(line["encoding"] for line in lines))
     base = {
-        e: {"color": tab20((2 * k) % 20 if k < 10 else (2 * k + 1) % 20), "linestyle": "-",
+        e: {"color": tab20((2 * k) % 20 if k % 20 < 10 else (2 * k + 1) % 20),
+            "linestyle": _BASE_LINESTYLES[(k // 20) % len(_BASE_LINESTYLES)],
             "marker": _MARKERS[k % len(_MARKERS)]}
         for k, e in enumerate(encodings)
     }  # fmt: skip
+    as_trained = {line["label"]: base[line["encoding"]] for line in lines}
     with_variants = {line["encoding"] for line in lines if line["variant"] != "base"}
-    tab10 = matplotlib.colormaps["tab10"]
     variants: dict[str, Any] = {}
-    dashes = 0
-    for k, line in enumerate(x for x in lines if x["encoding"] in with_variants):
-        solid = line["variant"] == "base"
+    j = 0  # the variant lines so far: (j mod 8, j mod 5) is a new pair for j < 40
+    for line in (x for x in lines if x["encoding"] in with_variants):
+        if line["variant"] == "base":
+            variants[line["label"]] = as_trained[line["label"]]
+            continue
         variants[line["label"]] = {
-            "color": tab10(k % 10),
-            "linestyle": "-" if solid else _DASHES[dashes % len(_DASHES)],
-            "marker": _MARKERS[k % len(_MARKERS)],
+            "color": dark2(j % 8),
+            "linestyle": _DASHES[j % len(_DASHES)],
+            "marker": _MARKERS[(j + len(encodings)) % len(_MARKERS)],
         }
-        dashes += 0 if solid else 1
-    return {line["label"]: base[line["encoding"]] for line in lines}, variants
+        j += 1
+    return as_trained, variants
 
 
 def _panel(

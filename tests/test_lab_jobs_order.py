@@ -1,0 +1,71 @@
+"""``posenc lab --jobs``: the workers are handed the cells in grid order, the first cell first
+(the rows are stored in that order whatever the workers do, so only the start order shows a
+pool that hands them out last-first). Recorded in the parent, from what the workers report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from posenc.lab import experiment as E
+from posenc.lab import presets as P
+from posenc.lab.jobs import Event, run_pool
+from posenc.lab.train import StopFlag
+
+
+def started_recorder(*, stop: Any, emit: Any) -> Any:
+    """A worker's task runner (spawned: importable by name) that reports each task's start."""
+
+    def run(index: int, task: Any) -> Any:
+        emit("start", task)
+        time.sleep(0.05)  # long enough that a second worker would be handed the next task
+        return task
+
+    return run
+
+
+def test_one_worker_runs_the_tasks_in_the_order_given() -> None:
+    started: list[int] = []
+
+    def on_event(event: Event) -> None:
+        if event.kind == "start":
+            started.append(event.value)
+
+    tasks = [(i, i) for i in range(5)]
+    run_pool(started_recorder, (), tasks, jobs=1, threads=1, stop=StopFlag(), on_event=on_event)
+    assert started == [0, 1, 2, 3, 4]
+
+
+@pytest.fixture
+def corpus_dir(tmp_path, monkeypatch, write_corpus):
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
+    return write_corpus(tmp_path, limit=4)
+
+
+def test_a_grid_hands_its_first_cells_first(corpus_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """Three cells on two workers: the first two cells start first (in either order, they run
+    at once), the third once a worker is free; each cell's first report from a worker (its
+    progress bar) marks its start."""
+    cfg = replace(
+        P.LabConfig(), preset="test", encodings=("none", "rope", "alibi"), train_len=16,
+        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
+        train=P.TrainConfig(steps=4, batch_size=2, warmup_steps=1),
+        data=P.DataConfig(source="text", path=str(corpus_dir)),
+        eval=P.EvalConfig(lengths=("1x",), tokens=64, batch_tokens=64, rope_scalings=()),
+    )  # fmt: skip
+    started: list[int] = []
+    on_event = E._Outcomes.on_event
+
+    def record(self: Any, event: Event) -> bool:
+        if event.index not in started:
+            started.append(event.index)
+        return on_event(self, event)
+
+    monkeypatch.setattr(E._Outcomes, "on_event", record)
+    summary = E.run_grid(cfg, E.RunOptions(out=tmp_path / "out", jobs=2, threads=1, quiet=True))
+    assert summary.trained == ["none (seed 0)", "rope (seed 0)", "alibi (seed 0)"]
+    assert sorted(started[:2]) == [0, 1] and started[2] == 2, started
