@@ -187,7 +187,7 @@ def untimed(row):
     """``row`` less what the clock decides (runtime, finish time, seconds, throughput): every
     number of the run itself is kept, and compared exactly."""
     clock = ("runtime", "finished_at", "seconds", "train_seconds", "tokens_per_s",
-             "tokens_per_s_fast")  # fmt: skip
+             "tokens_per_s_fast", "tokens_per_cpu_s")  # fmt: skip
     if isinstance(row, dict):
         return {k: untimed(v) for k, v in row.items() if k not in clock}
     return row
