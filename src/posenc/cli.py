@@ -19,6 +19,7 @@ from .bench.cli import bench_app
 from .cli_errors import fail, missing_package
 from .demo import demo_app
 from .extend.cli import extend_app
+from .kernels.cli import kernels_command
 from .lab.cli import lab_app
 from .plots.cli import plot_app, report_command
 
@@ -93,6 +94,7 @@ app.add_typer(lab_app, name="lab")
 app.add_typer(extend_app, name="extend")
 app.add_typer(plot_app, name="plot")
 app.command("report")(report_command)
+app.command("kernels")(kernels_command)
 
 
 def inspect_config_command(
