@@ -34,8 +34,8 @@
  * laid out once, in the order the layout consumes them (with the sign of sin folded in), into a
  * per-thread scratch that stays in L1 while every head of the tile is rotated. Both elements of
  * a pair are loaded before either is stored, so in place (out == x) is safe. The loop is bound
- * by memory: the next run of rows is prefetched, and large out-of-place outputs are written
- * with streaming stores.
+ * by memory: the next run of rows is prefetched, and on AVX-512 large out-of-place outputs are
+ * written with streaming stores.
  */
 #include <stdint.h>
 #include <stdlib.h>
