@@ -50,6 +50,7 @@ def _imported(*args: str) -> list[str]:
         ("demo", "order", "--help"),
         ("inspect", "--help"),
         ("explore", "--help"),
+        ("kernels", "--help"),
         ("list",),
         ("list", "rpoe"),
         ("no-such-command",),

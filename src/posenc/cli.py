@@ -95,6 +95,19 @@ app.add_typer(plot_app, name="plot")
 app.command("report")(report_command)
 
 
+@app.command("kernels")
+def kernels_command(
+    build: bool = typer.Option(
+        False, "--build", help="Build the CPU kernel now if it is not cached (and load it)."
+    ),
+) -> None:
+    """The native CPU kernel: built or not, cache path, compiler, the instruction-set variant
+    chosen for this CPU; which backend each call takes and why."""
+    from .kernels.cli import kernels_command as report
+
+    report(build)
+
+
 def inspect_config_command(
     config: str = typer.Argument(
         ...,

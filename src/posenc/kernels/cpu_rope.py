@@ -1,12 +1,19 @@
 """The native CPU rotary kernel (``csrc/rope_cpu.c``): build at first use, load, launch.
 
-The C source has no torch headers, so it compiles in about a second with the system C compiler
-(``$CC``, else ``cc``/``gcc``/``clang``) into ``$POSENC_CACHE_DIR`` (default
-``~/.cache/posenc``), keyed by a hash of the source, the flags and the CPU's feature flags
-(``-march=native`` code must not run on another CPU). It links OpenMP by soname, so inside a
-torch process it shares torch's OpenMP runtime and thread count. When no compiler works, or
-``POSENC_DISABLE_CPU_KERNEL=1``, :func:`cpu_kernel_status` says why and the dispatcher uses the
-pure-PyTorch path.
+The C source has no torch headers. It is compiled once per instruction-set variant with the
+system C compiler (``$CC``, else ``cc``/``gcc``/``clang``) into ``$POSENC_CACHE_DIR/kernels``
+(default ``~/.cache/posenc/kernels``), keyed by a hash of the source, the compiler and the flags.
+The first build takes about 2-4 s of compiler CPU time (15 s of wall time was seen on a loaded
+2-core machine); later processes load the cached library in milliseconds. Each build is logged
+on the ``posenc.kernels`` logger (INFO), and ``posenc kernels`` shows the status or builds now.
+
+Variants (:data:`ISA_VARIANTS`) are compiled with explicit flags, never ``-march=native``, and
+chosen at load from what the CPU has (``/proc/cpuinfo``'s flags, else torch's
+``get_cpu_capability()``): ``avx512bf16``, ``avx512``, ``avx2``, then ``generic`` (portable C,
+every CPU and architecture). ``POSENC_CPU_ISA=<variant>`` forces one (``auto``: the default).
+The library links OpenMP by soname, so inside a torch process it shares torch's OpenMP runtime
+and thread count. When no compiler works, or ``POSENC_DISABLE_CPU_KERNEL=1``,
+:func:`cpu_kernel_status` says why and the dispatcher uses the pure-PyTorch path.
 
 Shapes: ``b`` batch, ``h`` heads, ``s`` sequence length, ``d`` head_dim, ``r`` rotary_dim.
 """
@@ -14,7 +21,9 @@ Shapes: ``b`` batch, ``h`` heads, ``s`` sequence length, ``d`` head_dim, ``r`` r
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -22,6 +31,7 @@ import struct
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -31,15 +41,32 @@ from .constants import CPU_KERNEL_DTYPES
 from .reference import RopeArgs
 
 SOURCE = Path(__file__).parent / "csrc" / "rope_cpu.c"
+log = logging.getLogger("posenc.kernels")
 
-# Tried in order; the first that compiles wins (the later ones for compilers without
-# -march=native or OpenMP: slower, still correct).
-_FLAG_SETS = (
-    ("-O3", "-march=native", "-fopenmp"),
-    ("-O3", "-fopenmp"),
-    ("-O3", "-march=native"),
-    ("-O3",),
-)
+#: Instruction-set variants of the kernel, best first: the compiler flags of each build and the
+#: CPU features (``/proc/cpuinfo`` flag names) it needs. ``generic`` needs nothing.
+ISA_VARIANTS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "avx512bf16": (
+        ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"),
+        frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"}),
+    ),
+    "avx512": (
+        ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl"),
+        frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}),
+    ),
+    "avx2": (("-mavx2", "-mfma"), frozenset({"avx2", "fma"})),
+    "generic": ((), frozenset()),
+}
+# torch.backends.cpu.get_cpu_capability() -> the features it implies (where /proc/cpuinfo is not
+# there to read: macOS, Windows).
+_TORCH_CAPABILITY = {
+    "AVX512": ISA_VARIANTS["avx512"][1],
+    "AVX512_BF16": ISA_VARIANTS["avx512bf16"][1],
+    "AVX2": ISA_VARIANTS["avx2"][1],
+}
+# Per variant, tried in order; the first that compiles wins (the later one for compilers without
+# OpenMP: one thread, still correct).
+_FLAG_SETS = (("-O3", "-fopenmp"), ("-O3",))
 # No FMA contraction: x*c - y*s is then rounded as PyTorch's eager ops and transformers round it
 # (two products, one difference), so float32 results are bit-identical to theirs. An FMA would
 # save one instruction per element in a loop bound by memory anyway.
@@ -66,9 +93,25 @@ class _Args(ctypes.Structure):
     ]  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelInfo:
+    """The CPU kernel of this process, as ``posenc kernels`` shows it (nothing is built to
+    answer): the variant chosen and why, the compiler, the cached library and its state."""
+
+    isa: str  # the variant chosen (or to be chosen at first use)
+    why: str  # why that variant
+    compiler: str | None  # None: no C compiler found
+    path: Path | None  # the variant's library in the cache (None without a compiler)
+    built: bool  # the library is in the cache
+    loaded: bool  # loaded in this process
+    build_seconds: float | None  # wall time of the build, when this process built it
+    status: str  # cpu_kernel_status() once tried: "" loaded, else why not; "not tried yet"
+
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _status: str | None = None  # None: not tried yet; "" loaded; otherwise why not
+_loaded: KernelInfo | None = None  # what the last load found or built
 
 
 def _cache_dir() -> Path:
@@ -79,19 +122,44 @@ def _cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "posenc"
 
 
-def _cpu_fingerprint() -> str:
-    """What ``-march=native`` depends on: the machine and its CPU feature flags."""
-    parts = [platform.machine(), platform.processor()]
+def cpu_features() -> frozenset[str]:
+    """The CPU's x86 feature flags by ``/proc/cpuinfo``'s names (``avx2``, ``avx512_bf16``, ...),
+    from that file where there is one, else from torch's CPU capability; empty off x86-64."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return frozenset()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith(("flags", "Features", "model name")):
-                    parts.append(line.strip())
-                    if len(parts) > 4:
-                        break
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
     except OSError:
         pass
-    return "\n".join(parts)
+    return _TORCH_CAPABILITY.get(torch.backends.cpu.get_cpu_capability(), frozenset())
+
+
+def choose_isa(asked: str | None = None) -> tuple[list[str], str]:
+    """The variants to try, best first, and why: ``asked`` (default ``$POSENC_CPU_ISA``) alone
+    when it names one, else every variant this CPU can run. ValueError for an unknown name or
+    one this CPU cannot run (its code would stop at the first instruction it lacks)."""
+    have = cpu_features()
+    runs = [n for n, (_, need) in ISA_VARIANTS.items() if need <= have]
+    name = (os.environ.get("POSENC_CPU_ISA", "") if asked is None else asked).strip().lower()
+    if name in ("", "auto"):
+        known = frozenset().union(*(need for _, need in ISA_VARIANTS.values()))
+        lacks = sorted(known - have)
+        why = f"the best this CPU runs (it lacks {', '.join(lacks)})" if lacks else "the best"
+        return runs, why
+    if name not in ISA_VARIANTS:
+        raise ValueError(
+            f"POSENC_CPU_ISA must be auto or one of {', '.join(ISA_VARIANTS)}, got {name!r}"
+        )
+    if name not in runs:
+        missing = ", ".join(sorted(ISA_VARIANTS[name][1] - have))
+        raise ValueError(
+            f"POSENC_CPU_ISA={name} needs CPU features this CPU lacks ({missing}); it runs: "
+            f"{', '.join(runs)}"
+        )
+    return [name], f"POSENC_CPU_ISA={name}"
 
 
 def _compiler() -> str | None:
@@ -101,63 +169,137 @@ def _compiler() -> str | None:
     return None
 
 
-def _build() -> tuple[ctypes.CDLL | None, str]:
-    if os.environ.get("POSENC_DISABLE_CPU_KERNEL", "") not in ("", "0"):
-        return None, "disabled by POSENC_DISABLE_CPU_KERNEL"
+def _library(cc: str, flags: tuple[str, ...], isa: str) -> Path:
+    """Where the build of ``isa`` with these flags lives in the cache."""
+    parts = [SOURCE.read_bytes(), cc.encode(), " ".join(flags + _COMMON_FLAGS).encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    return _cache_dir() / "kernels" / f"rope_cpu_{isa}_{key}.so"
+
+
+def _compile(cc: str, flags: tuple[str, ...], path: Path) -> str:
+    """Build the library at ``path``: "" when it did, else the compiler's complaint."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Build under a unique name and rename: concurrent processes (pytest -n) may build at
+        # once, and a half-written .so must never be loaded.
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+        os.close(fd)
+        cmd = [cc, *flags, *_COMMON_FLAGS, str(SOURCE), "-o", tmp]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            os.unlink(tmp)
+            return f"{' '.join(cmd)}: {res.stderr.strip()[-300:]}"
+        os.replace(tmp, path)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{cc} {' '.join(flags)}: {e}"
+    return ""
+
+
+def _open(path: Path, isa: str) -> tuple[ctypes.CDLL | None, str]:
+    """Load a built library and declare its functions; None and why when it does not fit."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        return None, f"loading {path}: {e}"
+    lib.posenc_rope_isa.restype = ctypes.c_char_p
+    if lib.posenc_rope_isa().decode() != isa:
+        return None, f"{path} holds the {lib.posenc_rope_isa().decode()} variant, not {isa}"
+    lib.posenc_rope_args_size.restype = ctypes.c_int64
+    if lib.posenc_rope_args_size() != ctypes.sizeof(_Args):
+        return None, f"{path}: argument struct size mismatch (stale cache? delete it)"
+    for fn in (lib.posenc_rope_f32, lib.posenc_rope_bf16):
+        fn.argtypes = [ctypes.POINTER(_Args)]
+        fn.restype = ctypes.c_int
+    if _PAIR.size != 2 * ctypes.sizeof(_Args):
+        return None, f"packed argument size {_PAIR.size} != 2 x {ctypes.sizeof(_Args)}"
+    lib.posenc_rope_qk.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.posenc_rope_qk.restype = ctypes.c_int
+    return lib, ""
+
+
+def _build_isa(cc: str, isa: str, why: str) -> tuple[ctypes.CDLL | None, str, KernelInfo]:
+    """Load ``isa``'s library from the cache, building it first when it is not there."""
+    errors = []
+    for base in _FLAG_SETS:
+        flags = (*base, *ISA_VARIANTS[isa][0])
+        path = _library(cc, flags, isa)
+        seconds = None
+        if not path.exists():
+            log.info("building the CPU rotary kernel (%s) with %s into %s", isa, cc, path.parent)
+            start = time.perf_counter()
+            err = _compile(cc, flags, path)
+            if err:
+                errors.append(err)
+                continue
+            seconds = time.perf_counter() - start
+            log.info("built the CPU rotary kernel (%s) in %.1f s: %s", isa, seconds, path.name)
+        lib, err = _open(path, isa)
+        if lib is None:
+            errors.append(err)
+            continue
+        return lib, "", KernelInfo(isa, why, cc, path, True, True, seconds, "")
+    return None, " | ".join(errors), KernelInfo(isa, why, cc, path, False, False, None, "")
+
+
+def disabled() -> bool:
+    """``POSENC_DISABLE_CPU_KERNEL`` is set (to anything but 0)."""
+    return os.environ.get("POSENC_DISABLE_CPU_KERNEL", "") not in ("", "0")
+
+
+def _build(asked: str | None = None) -> tuple[ctypes.CDLL | None, str, KernelInfo | None]:
+    """Load the best variant that builds (ValueError for a bad ``POSENC_CPU_ISA``)."""
+    if disabled():
+        return None, "disabled by POSENC_DISABLE_CPU_KERNEL", None
     cc = _compiler()
     if cc is None:
-        return None, "no C compiler found (set CC, or install gcc/clang)"
-    source = SOURCE.read_bytes()
-    out_dir = _cache_dir() / "kernels"
+        return None, "no C compiler found (set CC, or install gcc/clang)", None
+    candidates, why = choose_isa(asked)
     errors = []
-    for flags in _FLAG_SETS:
-        parts = [source, cc.encode(), " ".join(flags + _COMMON_FLAGS).encode()]
-        key = hashlib.sha256(b"\0".join([*parts, _cpu_fingerprint().encode()])).hexdigest()[:16]
-        path = out_dir / f"rope_cpu_{key}.so"
-        if not path.exists():
-            try:
-                out_dir.mkdir(parents=True, exist_ok=True)
-                # Build under a unique name and rename: concurrent processes (pytest -n) may
-                # build at once, and a half-written .so must never be loaded.
-                fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-                os.close(fd)
-                cmd = [cc, *flags, *_COMMON_FLAGS, str(SOURCE), "-o", tmp]
-                res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-                if res.returncode != 0:
-                    os.unlink(tmp)
-                    errors.append(f"{' '.join(cmd)}: {res.stderr.strip()[-300:]}")
-                    continue
-                os.replace(tmp, path)
-            except (OSError, subprocess.SubprocessError) as e:
-                errors.append(f"{cc} {' '.join(flags)}: {e}")
-                continue
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as e:
-            errors.append(f"loading {path}: {e}")
-            continue
-        lib.posenc_rope_args_size.restype = ctypes.c_int64
-        if lib.posenc_rope_args_size() != ctypes.sizeof(_Args):
-            return None, f"{path}: argument struct size mismatch (stale cache? delete it)"
-        for fn in (lib.posenc_rope_f32, lib.posenc_rope_bf16):
-            fn.argtypes = [ctypes.POINTER(_Args)]
-            fn.restype = ctypes.c_int
-        if _PAIR.size != 2 * ctypes.sizeof(_Args):
-            return None, f"packed argument size {_PAIR.size} != 2 x {ctypes.sizeof(_Args)}"
-        lib.posenc_rope_qk.argtypes = [ctypes.c_char_p, ctypes.c_int64]
-        lib.posenc_rope_qk.restype = ctypes.c_int
-        return lib, ""
-    return None, "could not build the CPU rotary kernel: " + " | ".join(errors)
+    for isa in candidates:
+        lib, err, info = _build_isa(cc, isa, why)
+        if lib is not None:
+            return lib, "", info
+        errors.append(err)
+        why = f"{isa} did not build"  # the next one down is chosen for this reason
+    return None, "could not build the CPU rotary kernel: " + " | ".join(errors), None
 
 
 def cpu_kernel_status() -> str:
-    """``""`` when the native kernel is loaded (building it on the first call), else why not."""
-    global _lib, _status
+    """``""`` when the native kernel is loaded (building it on the first call), else why not.
+    ValueError when ``POSENC_CPU_ISA`` names no variant this CPU runs."""
+    global _lib, _status, _loaded
     if _status is None:
         with _lock:
             if _status is None:
-                _lib, _status = _build()
+                _lib, _status, _loaded = _build()
     return _status
+
+
+def load_cpu_kernel(isa: str | None = None) -> str:
+    """(Re)load the kernel now, as variant ``isa`` (default: ``$POSENC_CPU_ISA``, else the best
+    this CPU runs), building it if it is not cached; returns :func:`cpu_kernel_status`."""
+    global _lib, _status, _loaded
+    with _lock:
+        _lib, _status, _loaded = _build(isa)
+    return _status
+
+
+def cpu_kernel_info() -> KernelInfo:
+    """What :func:`cpu_kernel_status` loaded, or would load at first use (nothing is built)."""
+    if _loaded is not None and _status is not None:
+        return dataclasses.replace(_loaded, status=_status)
+    cc = _compiler()
+    status = _status if _status is not None else "not tried yet"
+    try:
+        candidates, why = choose_isa()
+    except ValueError as e:
+        return KernelInfo("-", str(e), cc, None, False, False, None, str(e))
+    isa = candidates[0]
+    if cc is None:
+        return KernelInfo(isa, why, None, None, False, False, None, status)
+    paths = [_library(cc, (*base, *ISA_VARIANTS[isa][0]), isa) for base in _FLAG_SETS]
+    path = next((p for p in paths if p.exists()), paths[0])
+    return KernelInfo(isa, why, cc, path, path.exists(), False, None, status)
 
 
 def rope_cpu(
