@@ -292,7 +292,8 @@ def test_pose_finetune_resumes_and_exports(folder: Path, tmp_path: Path) -> None
     ]
     assert changed  # the weights did move
     again = _cli(*args)
-    assert again.exit_code == 0 and "resumed" not in again.output
+    # The rerun finds the finished checkpoint: no step is trained again.
+    assert again.exit_code == 0 and "resumed PoSE at step 3 of 3" in again.output
     assert (
         torch.load(out / "pose" / "checkpoint.pt", weights_only=False)["losses"] == state["losses"]
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 
@@ -35,7 +37,22 @@ def cli_logging(quiet: bool = False, verbose: bool = False) -> logging.Logger:
         handler = _CurrentStdout()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
-    # not also through the root logger's handlers (a basicConfig elsewhere would print twice)
-    logger.propagate = False
+    # Records still propagate to the root logger: a test runner's capture (pytest's caplog) or a
+    # program's own handlers see them too.
     logger.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
     return logger
+
+
+@contextmanager
+def command_logging() -> Iterator[logging.Logger]:
+    """:func:`cli_logging` for the length of one command, then the ``posenc`` logger as it was
+    (handlers, level, propagation): a program or test runner that invokes the CLI in-process
+    keeps its own logging afterwards."""
+    logger = logging.getLogger("posenc")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        yield cli_logging()
+    finally:
+        logger.handlers[:] = saved[0]
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]

@@ -69,8 +69,11 @@ class PosencGroup(TyperGroup):
             fail(_usage_line(e))
 
     def invoke(self, ctx: Any) -> Any:
+        from ._logging import command_logging
+
         try:
-            return super().invoke(ctx)
+            with command_logging():  # posenc's INFO lines on stdout, for this command only
+                return super().invoke(ctx)
         except _UsageError as e:
             fail(_usage_line(e))
         except ImportError as e:

@@ -10,8 +10,6 @@ and nothing written; heavy imports happen inside the commands.
 from __future__ import annotations
 
 import json
-import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -122,7 +120,6 @@ def _run(model: str, options: dict[str, Any]) -> None:
             f"{have / 2**30:.1f} GiB is available: lower --lengths or use a larger device"
         )
     out = Path(options["out"])
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     if options["finetune"]:
         loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
     if options["dry_run"]:

@@ -8,9 +8,7 @@ reported as such, and the backend table then waits for the build.
 
 from __future__ import annotations
 
-import logging
 import subprocess
-import sys
 from collections.abc import Callable
 
 import typer
@@ -141,18 +139,7 @@ def kernels_command(build: bool = False) -> None:
     chosen for this CPU; which backend each call takes and why (the command's options are
     declared in :mod:`posenc.cli`, which imports this module only when the command runs:
     ``posenc.kernels`` imports torch)."""
-    from . import cpu_rope
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    level = cpu_rope.log.level
-    cpu_rope.log.addHandler(handler)  # the build's own lines, as it runs
-    cpu_rope.log.setLevel(logging.INFO)
-    try:
-        _report(build)
-    finally:
-        cpu_rope.log.removeHandler(handler)
-        cpu_rope.log.setLevel(level)
+    _report(build)  # the build's own log lines print as it runs (posenc.cli's command logging)
 
 
 def _report(build: bool) -> None:
