@@ -33,6 +33,8 @@ from torch import nn
 from .._checks import check_choice
 from ..functional.rope_scaling import yarn_mscale
 from ..kernels.constants import ROTARY_BACKENDS
+from .checks import check_scaling_argument
+from .config import HF_ROPE_TYPES
 from .extension import EXTENSION_OVERRIDES, extension_state, normalize_extension
 from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb, apply_rotary_trailing
 from .shadow import PatchedForward, code_names, shadow_module
@@ -213,7 +215,7 @@ def _probe_tables(
     rotation: Rotation, n: int, g: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random per-token cos/sin ``[2, 5, w]`` of ``n`` pairs in ``rotation``'s table layout."""
-    angle = torch.randn(2, 5, n, generator=g) * 3  # [b, s, n], distinct per token and pair
+    angle = torch.randn(2, 5, n, generator=g, device="cpu") * 3  # [b, s, n], per token and pair
     if rotation.table_layout == "cat":
         angle = torch.cat((angle, angle), dim=-1)
     elif rotation.table_layout == "repeat":
@@ -224,8 +226,10 @@ def _probe_tables(
 def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) -> None:
     """Run ``stock`` and posenc's stand-in on the same random inputs; raise if they differ
     (with a partial cos width too where the function passes channels through)."""
-    g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 1, 5, 8, generator=g)
+    # On the CPU whatever the ambient device (a model built under ``with torch.device("meta")``).
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(2, 3, 5, 8, generator=g, device="cpu")
+    k = torch.randn(2, 1, 5, 8, generator=g, device="cpu")
     for n in (4, 2) if rotation.partial or rotation.trailing else (4,):  # dim 8 of 8, 4 of 8
         cos, sin = _probe_tables(rotation, n, g)
         ours: Callable[..., Any] = fused_rotation(rotation, stock, "torch")
@@ -323,6 +327,7 @@ def apply_posenc(
     >>> model = remove_posenc(model)
     """
     check_choice("backend", backend, ROTARY_BACKENDS)
+    check_scaling_argument(scaling, HF_ROPE_TYPES)
     if getattr(model, "posenc_patch", None) is not None:
         raise ValueError("this model already has posenc applied: call remove_posenc(model) first")
     model_type = _model_type(model)

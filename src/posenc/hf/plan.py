@@ -30,6 +30,7 @@ import torch
 
 from ..rotary import RotaryEmbedding
 from ..rotary.temperature import QueryTemperature
+from .checks import check_layer_count, check_layer_types
 from .config import (
     _get,
     _nested_keys,
@@ -220,6 +221,7 @@ def _layer_types(cfg: Any, model_types: frozenset[str], model_type: str, n: int)
             return ["sliding_attention"] * n
         return ["full_attention"] * n
     given = [LEGACY_LAYER_TYPES.get(t, t) for t in given]
+    check_layer_types(given)
     if len(given) != n:
         raise ValueError(
             f"layer_types has {len(given)} entries but num_hidden_layers is {n}: they must be equal"
@@ -283,6 +285,7 @@ def plan_of(
             "config has no num_hidden_layers" + needs_transformers_hint(cfg, "num_hidden_layers")
         )
     n = _positive_int(n, "num_hidden_layers")
+    check_layer_count(n)
     types = _layer_types(cfg, model_types, str(model_type or ""), n)
     temperature = temperature_of(cfg, model_types)
     ropes: dict[str, tuple[dict[str, Any], RotaryEmbedding]] = {}
@@ -316,9 +319,11 @@ def plan_of(
         x.scaling.get("original_max_position_embeddings") for x in layers if x.scaling is not None
     ]
     max_pos = _get(cfg, "max_position_embeddings")
+    if max_pos is not None:
+        max_pos = _positive_int(max_pos, "max_position_embeddings")
     return PositionPlan(
         model_type=model_type,
-        max_position_embeddings=None if max_pos is None else int(max_pos),
+        max_position_embeddings=max_pos,
         original_max_position_embeddings=next((int(o) for o in origs if o is not None), None),
         layers=tuple(layers),
     )

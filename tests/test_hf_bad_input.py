@@ -1,0 +1,177 @@
+"""Bad input to posenc.hf found from outside: each refused in one line naming what was wrong and
+what is allowed (never a traceback, a hang or another library's message), or made to work."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+from typer.testing import CliRunner  # noqa: E402
+
+from posenc.cli import app  # noqa: E402
+from posenc.hf import apply_posenc, position_plan  # noqa: E402
+from posenc.hf.checks import LAYER_TYPES, MAX_LAYERS  # noqa: E402
+
+runner = CliRunner()
+LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+         "num_hidden_layers": 2, "max_position_embeddings": 256}  # fmt: skip
+
+
+def _one_line_error(args: list[str]) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def _tiny_llama(**kw: Any) -> Any:
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **kw,
+    )  # fmt: skip
+    return cfg
+
+
+# --- item: implausible layer counts ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("layers", [10**9, 10**7, MAX_LAYERS + 1])
+@pytest.mark.parametrize("use_transformers", [True, False])
+def test_an_implausible_layer_count_is_refused_at_once(layers: int, use_transformers: bool) -> None:
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=f"at most {MAX_LAYERS} decoder layers"):
+        position_plan({**LLAMA, "num_hidden_layers": layers}, use_transformers=use_transformers)
+    assert time.perf_counter() - start < 5  # was: no answer in 120 s (10**7), killed (10**9)
+
+
+def test_the_layer_limit_is_refused_in_text_config_and_on_the_command_line(tmp_path: Path) -> None:
+    nested = {"model_type": "qwen2_vl", "text_config": {**LLAMA, "num_hidden_layers": 10**9}}
+    with pytest.raises(ValueError, match=r"\['text_config'\]\['num_hidden_layers'\] is 10+"):
+        position_plan(nested, use_transformers=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, "num_hidden_layers": 10**9}))
+    assert f"at most {MAX_LAYERS}" in _one_line_error(["inspect", str(path)])
+
+
+def test_a_config_object_with_too_many_layers_is_refused() -> None:
+    cfg = _tiny_llama()
+    cfg.num_hidden_layers = MAX_LAYERS + 1  # set after construction: the class built no list
+    with pytest.raises(ValueError, match=f"at most {MAX_LAYERS}"):
+        position_plan(cfg)
+
+
+def test_the_limit_keeps_every_real_size_readable() -> None:
+    plan = position_plan({**LLAMA, "num_hidden_layers": MAX_LAYERS}, use_transformers=False)
+    assert plan.num_layers == MAX_LAYERS
+
+
+# --- item: deeply nested JSON ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [100_000, 200])
+def test_deeply_nested_json_is_one_line(tmp_path: Path, depth: int) -> None:
+    path = tmp_path / "config.json"
+    path.write_text('{"model_type": "llama", "x": ' + "[" * depth + "]" * depth + "}")
+    assert "levels deep" in _one_line_error(["inspect", str(path)])
+    with pytest.raises(ValueError, match="levels deep"):
+        position_plan(path)
+
+
+# --- item: the rotation probe on the meta device ---------------------------------------------
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 2.0}])
+def test_apply_posenc_under_the_meta_device_then_load(scaling: dict[str, Any] | None) -> None:
+    """Build on meta, patch, then materialize and load: logits equal the stock model's."""
+    cfg = _tiny_llama()
+    torch.manual_seed(0)
+    stock = transformers.LlamaForCausalLM(cfg).eval()
+    if scaling is not None:  # stock transformers with the same rope parameters
+        stock = transformers.LlamaForCausalLM(_tiny_llama(rope_parameters=scaling)).eval()
+        stock.load_state_dict(transformers.LlamaForCausalLM(cfg).state_dict())
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+        apply_posenc(model, scaling=scaling)
+    model.to_empty(device="cpu")
+    model.load_state_dict(stock.state_dict())
+    for name, buf in stock.named_buffers():  # stock's non-persistent rotary buffers, as a loader
+        if name in dict(model.named_buffers()):
+            model.get_buffer(name).copy_(buf)
+    model.eval()
+    ids = torch.randint(0, 64, (2, 20))
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, stock(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_apply_posenc_under_meta_then_assign() -> None:
+    cfg = _tiny_llama()
+    stock = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+        apply_posenc(model)
+    model.load_state_dict(stock.state_dict(), assign=True)
+    assert model.posenc_patch.model_type == "llama"
+    assert all(not p.is_meta for p in model.parameters())
+
+
+# --- items: apply_posenc's scaling argument ----------------------------------------------------
+
+
+@pytest.mark.parametrize("scaling", ["yarn", 4.0, ["yarn"]])
+def test_scaling_that_is_not_a_dict_says_what_is_expected(scaling: Any) -> None:
+    model = transformers.LlamaForCausalLM(_tiny_llama())
+    with pytest.raises(TypeError, match=r"scaling must be a dict of rope parameters.*'yarn'"):
+        apply_posenc(model, scaling=scaling)
+    assert getattr(model, "posenc_patch", None) is None
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": "4096"},
+        {"rope_type": "linear", "factor": "4"},
+        {"full_attention": {"rope_type": "yarn", "factor": "2"}},
+    ],
+)
+def test_a_string_where_a_number_goes_is_posencs_message(scaling: dict[str, Any]) -> None:
+    model = transformers.LlamaForCausalLM(_tiny_llama())
+    with pytest.raises(ValueError, match=r"^scaling(\['full_attention'\])?\['\w+'\] must be a num"):
+        apply_posenc(model, scaling=scaling)
+
+
+# --- item: position_plan without transformers --------------------------------------------------
+
+
+def test_the_plan_refuses_a_hidden_size_that_does_not_divide() -> None:
+    with pytest.raises(ValueError, match=r"hidden_size \(65\) must be a multiple of num_attention"):
+        position_plan({**LLAMA, "hidden_size": 65}, use_transformers=False)
+
+
+def test_the_plan_refuses_an_unknown_layer_type() -> None:
+    raw = {**LLAMA, "layer_types": ["full_attention", "ful_attention"]}
+    with pytest.raises(ValueError, match=r"layer_types\[1\] is 'ful_attention'.*full_attention"):
+        position_plan(raw, use_transformers=False)
+    with pytest.raises(Exception, match="layer_types"):  # transformers' own class refuses it
+        transformers.LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+
+
+def test_posencs_layer_types_are_transformers_list() -> None:
+    from transformers.configuration_utils import ALLOWED_ATTN_LAYER_TYPES
+
+    assert set(LAYER_TYPES) == set(ALLOWED_ATTN_LAYER_TYPES)
+
+
+@pytest.mark.parametrize("max_pos", [-5, 0, 2.5])
+def test_the_plan_refuses_a_bad_max_position_embeddings(max_pos: float) -> None:
+    with pytest.raises(ValueError, match="max_position_embeddings must be a positive integer"):
+        position_plan({**LLAMA, "max_position_embeddings": max_pos}, use_transformers=False)
