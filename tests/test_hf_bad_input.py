@@ -175,3 +175,70 @@ def test_posencs_layer_types_are_transformers_list() -> None:
 def test_the_plan_refuses_a_bad_max_position_embeddings(max_pos: float) -> None:
     with pytest.raises(ValueError, match="max_position_embeddings must be a positive integer"):
         position_plan({**LLAMA, "max_position_embeddings": max_pos}, use_transformers=False)
+
+
+# --- item: a model_type nobody knows, with the pairing named ----------------------------------
+
+# MiniCPM-2B's config.json (openbmb/MiniCPM-2B-sft-bf16, remote code: model_type "minicpm", which
+# transformers does not register), its RoPE keys as published; auto_map and the token ids left out.
+MINICPM_2B = {
+    "architectures": ["MiniCPMForCausalLM"], "model_type": "minicpm", "hidden_act": "silu",
+    "hidden_size": 2304, "intermediate_size": 5760, "max_position_embeddings": 4096,
+    "num_attention_heads": 36, "num_hidden_layers": 40, "num_key_value_heads": 36,
+    "rms_norm_eps": 1e-05, "rope_scaling": None, "torch_dtype": "bfloat16", "vocab_size": 122753,
+    "scale_emb": 12, "dim_model_base": 256, "scale_depth": 1.4,
+}  # fmt: skip
+
+
+def test_an_unknown_model_type_with_a_named_layout_reads() -> None:
+    """MiniCPM's remote modeling code: Llama's rotate_half over cat(freqs, freqs), theta 10000,
+    head_dim = hidden_size / heads; checked against that formula in float64 and a naive loop."""
+    from transformers import CONFIG_MAPPING
+
+    from posenc.hf import rope_from_hf
+
+    assert "minicpm" not in CONFIG_MAPPING
+    with pytest.raises(ValueError, match=r"unknown model_type 'minicpm'.*layout="):
+        rope_from_hf(MINICPM_2B)  # without a layout: the pairing is unknown
+    for use_transformers in (True, False):
+        rope = rope_from_hf(MINICPM_2B, layout="half", use_transformers=use_transformers)
+        assert (rope.head_dim, rope.rotary_dim, rope.layout) == (64, 64, "half")
+    d, pos = 64, torch.tensor([0, 1, 17, 4095])
+    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
+    ang = pos[:, None].double() * inv  # [s, d/2]
+    q = torch.randn(1, 2, 4, d, dtype=torch.float64)
+    want = q.clone()
+    for i in range(d // 2):  # pairs (x[i], x[i + d/2])
+        a, b = q[..., i], q[..., i + d // 2]
+        want[..., i] = a * ang[:, i].cos() - b * ang[:, i].sin()
+        want[..., i + d // 2] = b * ang[:, i].cos() + a * ang[:, i].sin()
+    exact = rope_from_hf(MINICPM_2B, layout="half", angle_dtype=torch.float64)
+    got, _ = exact(q.float(), q.float(), pos)  # float32 rotation of float64 angles
+    assert (got.double() - want).abs().max().item() < 1e-5
+
+
+# --- item: mrope_position_ids' grids and mask --------------------------------------------------
+
+
+def test_mrope_refuses_a_fractional_grid() -> None:
+    from posenc.rotary import mrope_position_ids
+
+    types = torch.tensor([[0, 1, 1, 1, 1, 0]])
+    for grid in ([[1, 4.5, 4]], torch.tensor([[1.0, 4.0, 4.0]])):
+        with pytest.raises(ValueError, match=r"image_grid_thw must be integers \(t, h, w\)"):
+            mrope_position_ids("qwen2_vl", types, image_grid_thw=grid, spatial_merge_size=2)
+    pos, _ = mrope_position_ids("qwen2_vl", types, image_grid_thw=[[1, 4, 4]], spatial_merge_size=2)
+    assert pos.shape == (3, 1, 6)
+
+
+def test_mrope_refuses_a_mask_of_other_values_and_takes_bool() -> None:
+    from posenc.rotary import mrope_position_ids
+
+    types = torch.tensor([[0, 0, 1, 1, 1, 1, 0]])
+    kw: dict[str, Any] = {"image_grid_thw": [[1, 4, 4]], "spatial_merge_size": 2}
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match=r"attention_mask must hold 0 \(padding\) and 1.*\[2\]"):
+        mrope_position_ids("qwen2_vl", types, attention_mask=mask * 2, **kw)
+    as_long = mrope_position_ids("qwen2_vl", types, attention_mask=mask, **kw)
+    as_bool = mrope_position_ids("qwen2_vl", types, attention_mask=mask.bool(), **kw)
+    assert all(torch.equal(a, b) for a, b in zip(as_long, as_bool, strict=True))
