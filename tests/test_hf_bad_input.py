@@ -242,3 +242,34 @@ def test_mrope_refuses_a_mask_of_other_values_and_takes_bool() -> None:
     as_long = mrope_position_ids("qwen2_vl", types, attention_mask=mask, **kw)
     as_bool = mrope_position_ids("qwen2_vl", types, attention_mask=mask.bool(), **kw)
     assert all(torch.equal(a, b) for a, b in zip(as_long, as_bool, strict=True))
+
+
+# --- item: DeepSeek-V4's module takes the whole head --------------------------------------------
+
+
+@pytest.mark.parametrize("label", ["main", "compress", "indexer"])
+@pytest.mark.parametrize("use_transformers", [True, False])
+def test_deepseek_v4_module_rotates_the_trailing_slice_of_the_whole_head(
+    label: str, use_transformers: bool
+) -> None:
+    """The published DeepSeek-V4-Flash config: ``rope(q, k)`` on 512-wide heads (128 for the
+    indexer) equals transformers' deepseek_v4 ``apply_rotary_pos_emb`` (trailing slice) with
+    its own rotary module's tables."""
+    ds4 = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
+    from _hf_corpus_paths import config_path
+    from posenc.hf import rope_from_hf
+
+    raw = json.loads(config_path("deepseek-v4-flash").read_text())
+    obj = transformers.DeepseekV4Config.from_dict(dict(raw))
+    their_label = ds4.DeepseekV4Indexer.rope_layer_type if label == "indexer" else label
+    positions = torch.tensor([[0, 1, 7, 100, 5000, 70000]])
+    cos_t, sin_t = ds4.DeepseekV4RotaryEmbedding(obj)(torch.zeros(1), positions, their_label)
+    d = obj.index_head_dim if label == "indexer" else obj.head_dim
+    rope = rope_from_hf(raw, label, use_transformers=use_transformers)
+    assert (rope.head_dim, rope.rotary_dim) == (d, 64)
+    q, k = torch.randn(1, 4, 6, d), torch.randn(1, 1, 6, d)
+    got_q, got_k = rope(q, k, positions[0])
+    for got, x in ((got_q, q), (got_k, k)):
+        want = ds4.apply_rotary_pos_emb(x, cos_t, sin_t)
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, rope.attention_factor)
+        assert torch.equal(got[..., : d - 64], x[..., : d - 64])  # the nope channels pass

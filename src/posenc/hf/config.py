@@ -42,7 +42,7 @@ import torch
 
 from ..functional.rope_scaling import ORIG, ROPE_SCALING
 from ..functional.rotary import normalize_scaling
-from ..rotary import MRoPE, RotaryEmbedding
+from ..rotary import MRoPE, RotaryEmbedding, TrailingRotaryEmbedding
 from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
     HALF_MODEL_TYPES,
     INTERLEAVED_MODEL_TYPES,
@@ -537,7 +537,9 @@ def rope_from_hf(
     (:mod:`.labels`: DeepSeek-V4's ``"main"``/``"compress"``, ``"indexer"``). ``layout`` overrides the
     pairing inferred from ``model_type`` and makes readable a ``model_type`` nobody knows (remote
     code: MiniCPM's ``minicpm``), read as Llama's keys. ``angle_dtype=float32`` (default) reproduces
-    transformers' arithmetic. For MLA models (DeepSeek) the module's ``head_dim`` is
+    transformers' arithmetic. DeepSeek-V4's labels give a
+    :class:`~posenc.rotary.TrailingRotaryEmbedding` (the whole head in, its trailing rope slice
+    rotated). For MLA models (DeepSeek-V2/V3) the module's ``head_dim`` is
     ``qk_rope_head_dim``: apply it to the rope part of the queries and keys.
 
     >>> from posenc.hf import rope_from_hf
@@ -571,7 +573,8 @@ def rope_module(
             backend=backend,
             layout=layout or kw["layout"],
         )
-    return RotaryEmbedding(
+    cls = TrailingRotaryEmbedding if kw.get("rope_slice") == "trailing" else RotaryEmbedding
+    return cls(
         kw["head_dim"],
         kw["base"],
         kw["scaling"],
