@@ -273,3 +273,87 @@ def test_deepseek_v4_module_rotates_the_trailing_slice_of_the_whole_head(
         want = ds4.apply_rotary_pos_emb(x, cos_t, sin_t)
         assert (got - want).abs().max().item() <= 1e-5 * max(1.0, rope.attention_factor)
         assert torch.equal(got[..., : d - 64], x[..., : d - 64])  # the nope channels pass
+
+
+# --- items: apply_posenc's refusals: an unsupported type, a user's subclass ---------------------
+
+
+def _gptj_rope(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, cfg: Any) -> Any:
+    """transformers' own GPT-J rotation (modeling_gptj), on ``[b, h, s, d]``."""
+    gptj = pytest.importorskip("transformers.models.gptj.modeling_gptj")
+    r = cfg.rotary_dim
+    sincos = gptj.create_sinusoidal_positions(cfg.n_positions, r)[pos]  # [b, s, r]
+    sin, cos = torch.split(sincos, r // 2, dim=-1)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x = x.transpose(1, 2)  # [b, s, h, d], as GPT-J's attention holds it
+        rot = gptj.apply_rotary_pos_emb(x[..., :r], sin, cos)
+        return torch.cat((rot, x[..., r:]), dim=-1).transpose(1, 2)
+
+    return rotate(q), rotate(k)
+
+
+def test_an_unsupported_type_is_told_what_still_works() -> None:
+    from posenc.hf import rope_from_hf
+    from posenc.testing import check_rope
+
+    cfg = transformers.GPTJConfig(vocab_size=64, n_embd=64, n_layer=1, n_head=2, rotary_dim=16,
+                                  n_positions=64)  # fmt: skip
+    model = transformers.GPTJForCausalLM(cfg)
+    with pytest.raises(ValueError, match="does not support model_type 'gptj'") as err:
+        apply_posenc(model)
+    for named in ("rope_from_hf(model.config)", "check_rope", "posenc inspect"):
+        assert named in str(err.value)
+    assert rope_from_hf(model.config).rotary_dim == 16  # each claim holds
+    report = check_rope(lambda q, k, p, _: _gptj_rope(q, k, p, cfg), model.config,
+                        max_position=cfg.n_positions - 1, dtypes=(torch.float32,))  # fmt: skip
+    assert report.ok, report
+    path = Path(__file__).parent / "data" / "hf_configs" / "llama-3.2-1b-instruct.json"
+    assert runner.invoke(app, ["inspect", str(path)]).exit_code == 0
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2))
+    with pytest.raises(ValueError, match="model_type 'gpt2'") as err:
+        apply_posenc(gpt2)  # no RoPE: nothing of that kind to offer
+    assert "rope_from_hf" not in str(err.value)
+
+
+class _InheritsForward(transformers.models.llama.modeling_llama.LlamaAttention):
+    """A user's subclass that adds state but keeps transformers' forward."""
+
+
+class _OwnForward(transformers.models.llama.modeling_llama.LlamaAttention):
+    """A user's subclass with a forward of its own (calling transformers')."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return super().forward(*args, **kwargs)
+
+
+def _with_attention(cls: type) -> Any:
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_tiny_llama()).eval()
+    for i, layer in enumerate(model.model.layers):
+        sub = cls(model.config, i)
+        sub.load_state_dict(layer.self_attn.state_dict())
+        layer.self_attn = sub
+    return model
+
+
+def test_a_subclass_that_inherits_forward_is_patched() -> None:
+    model = _with_attention(_InheritsForward)
+    ids = torch.randint(0, 64, (1, 12))
+    with torch.no_grad():
+        want = model(ids).logits
+        apply_posenc(model)
+        got = model(ids).logits
+    assert len(model.posenc_patch.attention) == 2  # was 0: the subclass was skipped silently
+    assert all(isinstance(m, _InheritsForward) for m in model.posenc_patch.attention)
+    assert torch.allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_a_subclass_with_its_own_forward_is_named() -> None:
+    model = _with_attention(_OwnForward)
+    with pytest.warns(UserWarning, match=r"left the layers of \['_OwnForward'\] unpatched"):
+        with pytest.raises(RuntimeError, match="found no attention layer"):
+            apply_posenc(model)  # every attention layer is the user's: nothing to patch
+    with pytest.raises(ValueError, match=r"\['_OwnForward'\] define their own forward"):
+        apply_posenc(model, extension={"method": "self_extend", "group_size": 2,
+                                       "neighbor_window": 4})  # fmt: skip

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -282,7 +283,23 @@ def _model_type(model: nn.Module) -> str:
             return t
     raise ValueError(
         f"apply_posenc does not support model_type {model_type!r}; supported: "
-        f"{', '.join(supported_model_types())}"
+        f"{', '.join(supported_model_types())}{_what_still_works(config)}"
+    )
+
+
+def _what_still_works(config: Any) -> str:
+    """The refusal's tail naming what posenc still does for a config it cannot patch: its
+    RoPE read (``rope_from_hf``), checked (``check_rope``) and inspected, when it reads."""
+    from .plan import position_plan
+
+    try:
+        position_plan(config, cache_len=1)
+    except (ValueError, TypeError, KeyError, RuntimeError):
+        return ""
+    return (
+        ". Its positions still read: posenc.hf.rope_from_hf(model.config) builds its RoPE, "
+        "posenc.testing.check_rope(your_rope, model.config) checks one, and `posenc inspect` "
+        "on its config.json shows every layer"
     )
 
 
@@ -374,7 +391,7 @@ def _apply_extension(
             f"({', '.join(extension_model_types())}); {model_type} rotates otherwise"
         )
     state = extension_state(model, modeling, ext)
-    layers = _attention_layers(model, modeling, {"apply_rotary_pos_emb"})
+    layers = _attention_layers(model, modeling, {"apply_rotary_pos_emb"}, strict=True)
     for layer in layers:
         names = code_names(type(layer).forward)
         if not names & {"ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"}:
@@ -449,15 +466,40 @@ def shadow_for(model_type: str, backend: str) -> types.ModuleType:
     return shadow_module(modeling, backend, overrides)
 
 
-def _attention_layers(model: nn.Module, modeling: Any, names: set[str]) -> list[nn.Module]:
-    """The layers of ``modeling``'s classes whose forward calls one of ``names``."""
-    layers = [
-        m
-        for m in model.modules()
-        if type(m).__module__ == modeling.__name__
-        and "Vision" not in type(m).__name__
-        and code_names(type(m).forward) & names
-    ]
+def _modeling_class(cls: type, modeling: Any) -> type | None:
+    """The first class of ``cls``'s MRO defined in ``modeling`` (``cls`` itself, or the
+    transformers class a user's subclass derives from), None without one or for vision towers."""
+    base = next((c for c in cls.__mro__ if c.__module__ == modeling.__name__), None)
+    return None if base is None or "Vision" in base.__name__ else base
+
+
+def _attention_layers(
+    model: nn.Module, modeling: Any, names: set[str], strict: bool = False
+) -> list[nn.Module]:
+    """The layers of ``modeling``'s classes (and of subclasses that inherit their forward) whose
+    forward calls one of ``names``. A subclass with a forward of its own is left as it is, with
+    a warning naming it (an error when ``strict``): posenc rewrites only transformers' forwards."""
+    layers, own = [], set()
+    for m in model.modules():
+        base = _modeling_class(type(m), modeling)
+        if base is None or not code_names(base.forward) & names:
+            continue
+        if type(m).forward is base.forward:  # the class's or an inherited forward
+            layers.append(m)
+        else:
+            own.add(type(m).__qualname__)
+    if own and strict:
+        raise ValueError(
+            f"{sorted(own)} define their own forward, which posenc does not rewrite: an "
+            "extension needs every attention layer patched; inherit the transformers forward"
+        )
+    if own:
+        warnings.warn(
+            f"apply_posenc left the layers of {sorted(own)} unpatched: each defines its own "
+            "forward, which posenc does not rewrite (those layers keep transformers' rotation); "
+            "inherit the transformers class's forward to have them patched",
+            stacklevel=3,
+        )
     if not layers:
         raise RuntimeError(
             f"found no attention layer of {modeling.__name__} that calls {sorted(names)} in "
