@@ -351,9 +351,11 @@ def test_a_subclass_that_inherits_forward_is_patched() -> None:
 
 def test_a_subclass_with_its_own_forward_is_named() -> None:
     model = _with_attention(_OwnForward)
-    with pytest.warns(UserWarning, match=r"left the layers of \['_OwnForward'\] unpatched"):
-        with pytest.raises(RuntimeError, match="found no attention layer"):
-            apply_posenc(model)  # every attention layer is the user's: nothing to patch
+    with (
+        pytest.warns(UserWarning, match=r"left the layers of \['_OwnForward'\] unpatched"),
+        pytest.raises(RuntimeError, match="found no attention layer"),
+    ):
+        apply_posenc(model)  # every attention layer is the user's: nothing to patch
     with pytest.raises(ValueError, match=r"\['_OwnForward'\] define their own forward"):
         apply_posenc(model, extension={"method": "self_extend", "group_size": 2,
                                        "neighbor_window": 4})  # fmt: skip
