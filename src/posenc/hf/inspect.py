@@ -326,7 +326,9 @@ def _length_sources(raw: Any, plan: PositionPlan) -> tuple[str | None, int | Non
         trained = plan.original_max_position_embeddings
         return "config", trained, None if trained is None else ORIG
     text = _text(raw)
-    max_source = "file" if text.get("max_position_embeddings") is not None else "class default"
+    max_source: str | None = "file"
+    if text.get("max_position_embeddings") is None:
+        max_source = "class default"
     if plan.max_position_embeddings is None:
         max_source = None
     given = text.get(ORIG) is not None or any(

@@ -330,9 +330,9 @@ def apply_posenc(
 
     DeepSeek-V4's rotary modules (both labelled sets) become posenc's too (see :data:`SUPPORTED`).
 
-    No weight and no ``state_dict`` entry changes; other models are untouched;
-    :func:`remove_posenc` undoes it. Works with ``generate()``, the KV cache, left padding and
-    batched ``position_ids``, float32/bfloat16 and ``torch.compile``.
+    No weight or ``state_dict`` entry changes; other models are untouched; :func:`remove_posenc`
+    undoes it. Works with ``generate()``, the KV cache, left padding, batched ``position_ids``,
+    float32/bfloat16, ``torch.compile`` and a model built on the meta device then loaded.
 
     >>> import torch, transformers
     >>> from posenc.hf import apply_posenc, remove_posenc
@@ -356,8 +356,7 @@ def apply_posenc(
     patch = PosencPatch(model_type, backend, None if scaling is None else dict(scaling))
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     if scaling is not None or model_type in LABELLED_ROTARY_MODEL_TYPES:
-        # Built before anything changes, so a bad scaling leaves the model as it was.
-        swaps = _rotary_swaps(model, modeling, scaling, rotations)
+        swaps = _rotary_swaps(model, modeling, scaling, rotations)  # before any change
     layers = _attention_layers(model, modeling, set(rotations))
     _check_forwards(layers)
     _install(model, patch, layers, shadow_for)
@@ -482,9 +481,10 @@ def _attention_layers(
     layers, own = [], set()
     for m in model.modules():
         base = _modeling_class(type(m), modeling)
-        if base is None or not code_names(base.forward) & names:
+        forward = getattr(base, "forward", None)
+        if base is None or not code_names(forward) & names:
             continue
-        if type(m).forward is base.forward:  # the class's or an inherited forward
+        if type(m).forward is forward:  # the class's or an inherited forward
             layers.append(m)
         else:
             own.add(type(m).__qualname__)

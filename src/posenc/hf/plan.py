@@ -273,6 +273,17 @@ def _uses_rope(cfg: Any, model_types: frozenset[str], i: int, layer_type: str, s
     return not nested or params.get(key) is not None
 
 
+def _num_layers(cfg: Any) -> int:
+    n = _get(cfg, "num_hidden_layers")
+    if n is None:
+        raise ValueError(
+            "config has no num_hidden_layers" + needs_transformers_hint(cfg, "num_hidden_layers")
+        )
+    n = _positive_int(n, "num_hidden_layers")
+    check_layer_count(n)  # before anything is built per layer
+    return n
+
+
 def plan_of(
     cfg: Any,
     model_types: frozenset[str],
@@ -287,13 +298,7 @@ def plan_of(
             f"{PLAN_UNSUPPORTED_MODEL_TYPES[model_type]}"
         )
     model_type = _get(cfg, "model_type")
-    n = _get(cfg, "num_hidden_layers")
-    if n is None:
-        raise ValueError(
-            "config has no num_hidden_layers" + needs_transformers_hint(cfg, "num_hidden_layers")
-        )
-    n = _positive_int(n, "num_hidden_layers")
-    check_layer_count(n)
+    n = _num_layers(cfg)
     types = _layer_types(cfg, model_types, str(model_type or ""), n)
     temperature = temperature_of(cfg, model_types)
     ropes: dict[str, tuple[dict[str, Any], RotaryEmbedding]] = {}
