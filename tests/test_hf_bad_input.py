@@ -120,8 +120,14 @@ def test_apply_posenc_under_meta_then_assign() -> None:
         model = transformers.LlamaForCausalLM(cfg)
         apply_posenc(model)
     model.load_state_dict(stock.state_dict(), assign=True)
+    for name, buf in stock.named_buffers():  # non-persistent: not in the state dict
+        owner, _, attr = name.rpartition(".")
+        model.get_submodule(owner).register_buffer(attr, buf.clone(), persistent=False)
     assert model.posenc_patch.model_type == "llama"
     assert all(not p.is_meta for p in model.parameters())
+    ids = torch.randint(0, 64, (2, 20))
+    with torch.no_grad():
+        assert torch.allclose(model.eval()(ids).logits, stock(ids).logits, atol=1e-5, rtol=0)
 
 
 # --- items: apply_posenc's scaling argument ----------------------------------------------------
