@@ -73,7 +73,8 @@ def test_cos_sin_and_rotations_match_transformers(which: str, label: str) -> Non
     their_label = ds4.DeepseekV4Indexer.rope_layer_type if label == "indexer" else label
     cos_t, sin_t = theirs(torch.zeros(1), positions, layer_type=their_label)  # [1, s, 32]
     rope = rope_from_hf(cfg, label)
-    assert (rope.head_dim, rope.rotary_dim, rope.layout) == (64, 64, "interleaved")
+    head = obj.index_head_dim if label == "indexer" else obj.head_dim  # the whole head
+    assert (rope.head_dim, rope.rotary_dim, rope.layout) == (head, 64, "interleaved")
     cos, sin = rope.cos_sin(positions[0])  # [s, 32]
     assert (cos - cos_t[0]).abs().max().item() <= 1e-6
     assert (sin - sin_t[0]).abs().max().item() <= 1e-6

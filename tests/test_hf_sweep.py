@@ -175,7 +175,10 @@ def sweep_one(model_type: str) -> tuple[str, str]:
             ]  # fmt: skip
         else:
             try:
-                theirs = list(_reference(module, apply, text, ref, q, k, r))
+                if kw.get("rope_slice") == "trailing":  # DeepSeek-V4: the whole head, as its apply
+                    theirs = [apply(x, *ref) for x in (q, k)]  # rotates the trailing slice
+                else:
+                    theirs = list(_reference(module, apply, text, ref, q, k, r))
             except Exception as err:
                 return "skipped", f"apply function {apply.__name__} not callable here: {err!r:.80}"
         ours = rope(q, k, positions)

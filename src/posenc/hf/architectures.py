@@ -194,7 +194,9 @@ def unknown_model_type_error(model_type: str) -> ValueError:
     hint = f"; close matches: {close}" if close else ""
     return ValueError(
         f"unknown model_type {model_type!r}: neither posenc's architecture tables nor the "
-        f"installed transformers know it, so its pair layout and rotary dim are unknown{hint}"
+        f"installed transformers know it, so its pair layout and rotary dim are unknown{hint} "
+        "(rope_from_hf(config, layout='half' or 'interleaved') reads it with the pairing you "
+        "name)"
     )
 
 

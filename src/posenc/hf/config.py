@@ -42,7 +42,7 @@ import torch
 
 from ..functional.rope_scaling import ORIG, ROPE_SCALING
 from ..functional.rotary import normalize_scaling
-from ..rotary import MRoPE, RotaryEmbedding
+from ..rotary import MRoPE, RotaryEmbedding, TrailingRotaryEmbedding
 from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
     HALF_MODEL_TYPES,
     INTERLEAVED_MODEL_TYPES,
@@ -60,6 +60,7 @@ from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
     known_model_type,
     unknown_model_type_error,
 )
+from .checks import check_types, is_real
 from .defaults import (
     CLASS_DEFAULTS,
     CONFIG_ALIASES,
@@ -103,12 +104,8 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
     return getattr(config, key, default)
 
 
-def _is_real(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))
-
-
 def _is_number(value: Any) -> bool:
-    return _is_real(value) and math.isfinite(value)
+    return is_real(value) and math.isfinite(value)
 
 
 def _number(value: Any, name: str, allowed: str, ok: Any = lambda v: True) -> float:
@@ -125,30 +122,6 @@ def _positive_int(value: Any, name: str) -> int:
 
 
 # --- from a dict or an object to a transformers-5-shaped config ---------------------------------
-
-
-# Keys whose values must be numbers wherever they appear (top level, rope dicts, text_config):
-# checked before transformers sees the dict, so a string fails naming its key.
-_NUMERIC_KEYS = frozenset(
-    {"rope_theta", "rotary_emb_base", "partial_rotary_factor", "rotary_pct", "rotary_dim",
-     "head_dim", "hidden_size", "num_attention_heads", "max_position_embeddings",
-     "original_max_position_embeddings", "qk_rope_head_dim", "factor", "attention_factor",
-     "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor",
-     "high_freq_factor", "llama_4_scaling_beta", "rope_local_base_freq"}
-)  # fmt: skip
-
-
-def _check_types(raw: Mapping[str, Any], where: str = "config") -> None:
-    """Numbers where numbers go, in ``raw`` and the rope and text dicts nested in it."""
-    for key, value in raw.items():
-        if isinstance(value, Mapping) and key in ("rope_parameters", "rope_scaling", "text_config"):
-            _check_types(value, f"{where}[{key!r}]")
-        elif isinstance(value, Mapping) and where.endswith(
-            ("['rope_parameters']", "['rope_scaling']")
-        ):
-            _check_types(value, f"{where}[{key!r}]")  # per-layer-type rope parameters
-        elif key in _NUMERIC_KEYS and value is not None and not _is_real(value):
-            raise ValueError(f"{where}[{key!r}] must be a number, got {value!r}")
 
 
 def needs_transformers_hint(cfg: Any, what: str) -> str:
@@ -257,13 +230,13 @@ def _standard_params(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     return params
 
 
-def _text_config(config: Any, use_transformers: bool) -> Any:
+def _text_config(config: Any, use_transformers: bool, unknown_ok: bool = False) -> Any:
     """The decoder's config to read, in transformers 5.x's shape: a 5.x object (``rope_parameters``)
     as it is; a 4.56+ object (``rope_scaling``) or a dict, as a dict of that shape."""
     if isinstance(config, Mapping):
-        _check_types(config)
+        check_types(config)
         model_type = config.get("model_type")
-        if isinstance(model_type, str) and not known_model_type(model_type):
+        if isinstance(model_type, str) and not known_model_type(model_type) and not unknown_ok:
             raise unknown_model_type_error(model_type)
         obj = _transformers_config(config) if use_transformers else None
         if obj is None:
@@ -284,12 +257,15 @@ def _model_types(config: Any, text: Any) -> frozenset[str]:
     return frozenset(t for t in types if isinstance(t, str) and t)
 
 
-def read_config(config: Any, use_transformers: bool) -> tuple[Any, frozenset[str]]:
-    """``(text config, model types)`` of a config object or dict."""
+def read_config(
+    config: Any, use_transformers: bool, unknown_ok: bool = False
+) -> tuple[Any, frozenset[str]]:
+    """``(text config, model types)`` of a config object or dict; ``unknown_ok``: read a
+    ``model_type`` nobody knows (the caller names the pairing) as a Llama-like config."""
     if isinstance(config, Mapping) and isinstance(config.get("model_type"), str):
         # before the dict's values are checked: a ViT's list-valued keys are not the error
         check_has_rope(frozenset({config["model_type"]}), config)
-    text = _text_config(config, use_transformers)
+    text = _text_config(config, use_transformers, unknown_ok)
     model_types = _model_types(config, text)
     check_has_rope(model_types, config)
     for model_type in sorted(model_types & UNSUPPORTED_MODEL_TYPES.keys()):
@@ -382,7 +358,13 @@ def _head_dim(cfg: Any, layer_type: str | None) -> int:
                 + needs_transformers_hint(cfg, "head_dim")
             )
         hidden = _positive_int(hidden, "hidden_size")
-        head_dim = hidden // _positive_int(heads, "num_attention_heads")
+        heads = _positive_int(heads, "num_attention_heads")
+        if hidden % heads:
+            raise ValueError(
+                f"hidden_size ({hidden}) must be a multiple of num_attention_heads ({heads}) "
+                "for head_dim = hidden_size / num_attention_heads; or give head_dim"
+            )
+        head_dim = hidden // heads
     return _positive_int(head_dim, "head_dim")
 
 
@@ -553,8 +535,11 @@ def rope_from_hf(
     Qwen2.5-VL, Qwen3-VL, Qwen3.5). ``layer_type`` selects the entry of per-layer-type parameters
     (Gemma-3/4, OLMo-3: ``"sliding_attention"``, ``"full_attention"``) or a label
     (:mod:`.labels`: DeepSeek-V4's ``"main"``/``"compress"``, ``"indexer"``). ``layout`` overrides the
-    pairing inferred from ``model_type``. ``angle_dtype=float32`` (default) reproduces
-    transformers' arithmetic. For MLA models (DeepSeek) the module's ``head_dim`` is
+    pairing inferred from ``model_type`` and makes readable a ``model_type`` nobody knows (remote
+    code: MiniCPM's ``minicpm``), read as Llama's keys. ``angle_dtype=float32`` (default) reproduces
+    transformers' arithmetic. DeepSeek-V4's labels give a
+    :class:`~posenc.rotary.TrailingRotaryEmbedding` (the whole head in, its trailing rope slice
+    rotated). For MLA models (DeepSeek-V2/V3) the module's ``head_dim`` is
     ``qk_rope_head_dim``: apply it to the rope part of the queries and keys.
 
     >>> from posenc.hf import rope_from_hf
@@ -562,7 +547,8 @@ def rope_from_hf(
     ...               "rope_scaling": {"type": "linear", "factor": 2.0}}).scaling
     {'rope_type': 'linear', 'factor': 2.0}
     """
-    cfg, model_types = read_config(resolve_config(config), use_transformers)
+    raw = resolve_config(config)
+    cfg, model_types = read_config(raw, use_transformers, unknown_ok=layout is not None)
     kw = rope_kwargs(cfg, model_types, layer_type)
     return rope_module(kw, layout, angle_dtype, cache_len, backend)
 
@@ -587,7 +573,8 @@ def rope_module(
             backend=backend,
             layout=layout or kw["layout"],
         )
-    return RotaryEmbedding(
+    cls = TrailingRotaryEmbedding if kw.get("rope_slice") == "trailing" else RotaryEmbedding
+    return cls(
         kw["head_dim"],
         kw["base"],
         kw["scaling"],

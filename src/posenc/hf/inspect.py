@@ -23,9 +23,11 @@ Warnings, each a trap that silently changes what a model does:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..functional.rope_scaling import ORIG, ROPE_SCALING
@@ -118,19 +120,12 @@ def _raw_warnings(raw: Mapping[str, Any], use_transformers: bool) -> list[str]:
     text = _text(raw)
     out = []
     key, dicts = _rope_dicts(text)
-    if text.get("rope_scaling") is not None:
-        both = text.get("rope_parameters") is not None
+    if text.get("rope_scaling") is not None and text.get("rope_parameters") is not None:
         out.append(
-            "config gives 'rope_scaling', the transformers 4.x key: transformers 5.x reads it "
-            "into config.rope_parameters (config.rope_scaling is not set there)"
-            + (", and it replaces the 'rope_parameters' given beside it" if both else "")
+            "config gives 'rope_scaling' (the transformers 4.x key) beside 'rope_parameters': "
+            "transformers 5.x reads 'rope_scaling', which replaces the 'rope_parameters' given"
         )
     for where, params in dicts:
-        if "type" in params and "rope_type" not in params:
-            out.append(
-                f"{where} uses 'type': {params['type']!r}, the 4.x spelling of 'rope_type' "
-                "(read as rope_type)"
-            )
         unknown = _unknown_rope_keys(params)
         if unknown:
             rope_type = params.get("rope_type", params.get("type", "default"))
@@ -151,6 +146,52 @@ def _raw_warnings(raw: Mapping[str, Any], use_transformers: bool) -> list[str]:
             where = f" (nor in {', '.join(missing)})" if missing else ""
             out.append(f"no rope_theta{where}: the base falls back to {which}")
     return out
+
+
+def legacy_notes(raw: Mapping[str, Any]) -> list[str]:
+    """One brief note naming the transformers 4.x spellings a file uses (``rope_scaling``,
+    ``type``), which 5.x reads as ``rope_parameters`` / ``rope_type``; [] for a 5.x file."""
+    text = _text(raw)
+    old = ["'rope_scaling' (read as rope_parameters)"] if text.get("rope_scaling") else []
+    _, dicts = _rope_dicts(text)
+    if any("type" in p and "rope_type" not in p for _, p in dicts):
+        old.append("'type' (read as rope_type)")
+    return [f"transformers 4.x keys, read as 5.x does: {', '.join(old)}"] if old else []
+
+
+@contextlib.contextmanager
+def transformers_messages() -> Iterator[list[str]]:
+    """Collect, instead of printing, what transformers logs (its config validators' warnings)
+    and the Python warnings raised meanwhile; yields the list they are appended to, deduped."""
+    import logging
+
+    try:  # transformers adds its stderr handler on first use: let it, then set it aside
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.get_logger("transformers")
+    except ImportError:
+        pass
+    collected: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = " ".join(record.getMessage().split())
+            if message not in collected:
+                collected.append(message)
+
+    logger = logging.getLogger("transformers")
+    handlers, propagate = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [_Collect()], False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield collected
+        for w in caught:
+            message = " ".join(str(w.message).split())
+            if message not in collected:
+                collected.append(message)
+    finally:
+        logger.handlers, logger.propagate = handlers, propagate
 
 
 def _without_unknown_rope_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -243,9 +284,21 @@ def _effective(layer: LayerPositions) -> int | None:
     return round(sc["factor"] * sc[ORIG])
 
 
-def _layer_json(layer: LayerPositions, at: int | None) -> dict[str, Any]:
+def _softmax_factor(model_type: Any, scaling: Mapping[str, Any] | None) -> float | None:
+    """DeepSeek-V3's MLA softmax scale over ``head_dim ** -0.5`` (``yarn_mscale(factor,
+    mscale_all_dim) ** 2``) where its attention reads one from the rope parameters, else None."""
+    from .patch import MSCALE_SOFTMAX_MODEL_TYPES, mla_softmax_scale
+
+    if model_type not in MSCALE_SOFTMAX_MODEL_TYPES or scaling is None:
+        return None
+    factor = mla_softmax_scale(1, scaling)  # head_dim 1: the factor itself
+    return None if factor == 1.0 else factor
+
+
+def _layer_json(layer: LayerPositions, at: int | None, model_type: Any) -> dict[str, Any]:
     t = layer.temperature
     wavelength = None if layer.rope is None else longest_wavelength(layer.rope, at)
+    allocation = getattr(layer.rope, "allocation", None)  # M-RoPE: how sections are laid out
     return {
         "index": layer.index,
         "layer_type": layer.layer_type,
@@ -257,42 +310,74 @@ def _layer_json(layer: LayerPositions, at: int | None) -> dict[str, Any]:
         "base": layer.base,
         "scaling": None if layer.scaling is None else dict(layer.scaling),
         "mrope_section": None if layer.mrope_section is None else list(layer.mrope_section),
+        "mrope_allocation": allocation if layer.mrope_section is not None else None,
         "temperature": None if t is None else {"kind": t.kind, "beta": t.beta, "length": t.length},
+        "softmax_scale_factor": _softmax_factor(model_type, layer.scaling),
         "longest_wavelength": wavelength,
         "effective_context": _effective(layer),
     }
 
 
+def _length_sources(raw: Any, plan: PositionPlan) -> tuple[str | None, int | None, str | None]:
+    """``(where max_position_embeddings comes from, the training length, where that comes
+    from)``: a training length only where the config gives ``original_max_position_embeddings``
+    (max_position_embeddings is a context limit, often the class default, not one)."""
+    if not isinstance(raw, Mapping):
+        trained = plan.original_max_position_embeddings
+        return "config", trained, None if trained is None else ORIG
+    text = _text(raw)
+    max_source: str | None = "file"
+    if text.get("max_position_embeddings") is None:
+        max_source = "class default"
+    if plan.max_position_embeddings is None:
+        max_source = None
+    given = text.get(ORIG) is not None or any(
+        p.get(ORIG) is not None for _, p in _rope_dicts(text)[1]
+    )
+    if not given or plan.original_max_position_embeddings is None:
+        return max_source, None, None
+    return max_source, plan.original_max_position_embeddings, ORIG
+
+
 def inspect_config(config: Any, *, use_transformers: bool = True) -> dict[str, Any]:
     """A JSON-ready report of a config's positions: model fields, ``layers`` (one entry per
     decoder layer, as :class:`~posenc.hf.LayerPositions` plus the longest wavelength at
-    ``max_position_embeddings`` and the context the scaling targets), ``warnings``."""
+    ``max_position_embeddings`` and the context the scaling targets), ``warnings`` (traps) and
+    ``notes`` (4.x spellings, what transformers itself logged while reading the config)."""
     raw = resolve_config(config)
-    warnings: list[str] = []
-    if isinstance(raw, Mapping):
-        warnings += _raw_warnings(raw, use_transformers)
-        raw = _without_unknown_rope_keys(raw)
-    plan = _plan(raw, use_transformers)
-    if isinstance(raw, Mapping) and use_transformers:
-        warnings += _ignored_keys(raw, plan)
-    warnings += _yarn_warnings(plan)
-    trained = plan.original_max_position_embeddings or plan.max_position_embeddings
-    layers = [_layer_json(x, plan.max_position_embeddings) for x in plan.layers]
+    found: list[str] = []
+    with transformers_messages() as said:
+        if isinstance(raw, Mapping):
+            found += _raw_warnings(raw, use_transformers)
+            raw = _without_unknown_rope_keys(raw)
+        plan = _plan(raw, use_transformers)
+        if isinstance(raw, Mapping) and use_transformers:
+            found += _ignored_keys(raw, plan)
+        found += _yarn_warnings(plan)
+    notes = legacy_notes(raw) if isinstance(raw, Mapping) else []
+    notes += [f"transformers: {m}" for m in said if m not in found]
+    max_source, trained, trained_source = _length_sources(raw, plan)
+    layers = [_layer_json(x, plan.max_position_embeddings, plan.model_type) for x in plan.layers]
     return {
         "model_type": plan.model_type,
         "num_layers": plan.num_layers,
         "max_position_embeddings": plan.max_position_embeddings,
+        "max_position_embeddings_source": max_source,
         "original_max_position_embeddings": plan.original_max_position_embeddings,
         "training_length": trained,
+        "training_length_source": trained_source,
         "layers": layers,
-        "warnings": warnings,
+        "warnings": found,
+        "notes": notes,
     }
 
 
 def _rope_cell(x: Mapping[str, Any]) -> str:
     if not x["rope"]:
         return "NoPE" if x["span"] != "none" else "-"
-    mrope = f" M-RoPE {x['mrope_section']}" if x["mrope_section"] else ""
+    mrope = ""
+    if x["mrope_section"]:  # Qwen2.5-VL's contiguous T..H..W.. or Qwen3-VL's interleaved THWTHW..
+        mrope = f" M-RoPE {x['mrope_section']} {x['mrope_allocation']}"
     return f"{x['layout']} {x['rotary_dim']}/{x['head_dim']} θ={x['base']:g}{mrope}"
 
 
@@ -305,6 +390,9 @@ def _scaling_cell(x: Mapping[str, Any]) -> str:
         parts.append(f"x{sc['factor']:g}")
     if x["effective_context"] is not None:
         parts.append(f"{sc[ORIG]} -> {x['effective_context']}")
+    if x["softmax_scale_factor"] is not None:  # DeepSeek-V3's MLA reads the rope parameters
+        mscale = f"mscale {sc.get('mscale', 1):g}/mscale_all_dim {sc['mscale_all_dim']:g}"
+        parts.append(f"softmax x{x['softmax_scale_factor']:.3g} ({mscale})")
     return " ".join(parts)
 
 
@@ -325,15 +413,19 @@ def report_table(report: Mapping[str, Any]) -> Any:
     from rich.table import Table
 
     trained = report["training_length"]
-    title = (
-        f"{report['model_type']}: {report['num_layers']} layers, max_position_embeddings "
-        f"{report['max_position_embeddings']}, trained at L = {trained}"
-    )
+    max_pos, source = report["max_position_embeddings"], report["max_position_embeddings_source"]
+    length = f"max_position_embeddings {max_pos}" + (f" ({source})" if source else "")
+    if trained is not None:
+        length += f", trained at L = {trained} ({report['training_length_source']})"
+    else:
+        length += ", training length not given (L = max_position_embeddings)"
     table = Table(
         "layers", "type", "span", "rotation", "scaling", "temperature", "longest wavelength",
-        title=title, caption="rotation: pairing, rotated/head dims, base; longest wavelength "
+        title=f"{report['model_type']}: {report['num_layers']} layers, {length}",
+        caption="rotation: pairing, rotated/head dims, base; longest wavelength "
         "2π/min(inv_freq) at max_position_embeddings, in positions and in L",
     )  # fmt: skip
+    trained = trained or max_pos
     groups: dict[str, list[int]] = {}
     first: dict[str, Mapping[str, Any]] = {}
     for x in report["layers"]:
@@ -379,3 +471,5 @@ def inspect_command(
     console.print(report_table(report))
     for warning in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    for note in report["notes"]:  # after the traps: spellings and transformers' own words
+        console.print(f"[dim]note:[/dim] {note}", highlight=False)

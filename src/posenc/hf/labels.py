@@ -32,8 +32,8 @@ class RopeLabel:
     """How one labelled rope set differs from a config's plain reading.
 
     ``params``: the key of the nested ``rope_parameters`` it reads (None: the flat set);
-    ``rope_slice``: ``"trailing"`` for heads laid out ``[nope | rope]`` (the module is then built
-    for the rope slice alone, ``head_dim == rotary_dim``), ``"leading"`` otherwise; ``layout``:
+    ``rope_slice``: ``"trailing"`` for heads laid out ``[nope | rope]`` (the module takes the
+    whole head and rotates its last ``rotary_dim`` channels), ``"leading"`` otherwise; ``layout``:
     the pairing when it is not the architecture's; ``head_dim_key``: the config key of the head
     it rotates when that is not the attention's (``index_head_dim``).
     """
@@ -48,8 +48,6 @@ class RopeLabel:
         out = {**kw, "rope_slice": self.rope_slice}
         if self.layout is not None:
             out["layout"] = self.layout
-        if self.rope_slice == "trailing":  # the module rotates the rope slice alone
-            out["head_dim"] = out["rotary_dim"]
         if self.head_dim_key is not None:
             head_dim = cfg.get(self.head_dim_key) if isinstance(cfg, Mapping) else None
             head_dim = getattr(cfg, self.head_dim_key, head_dim)
@@ -69,7 +67,8 @@ class RopeLabel:
 _DS4 = {
     "main": RopeLabel("main", "trailing"),
     "compress": RopeLabel("compress", "trailing"),
-    "indexer": RopeLabel("compress", "trailing"),  # DeepseekV4Indexer's own rotary: compress
+    # DeepseekV4Indexer's own rotary: compress, on its index_head_dim heads
+    "indexer": RopeLabel("compress", "trailing", head_dim_key="index_head_dim"),
 }
 #: model_type -> {label: :class:`RopeLabel`}.
 LABELLED_ROPES: dict[str, dict[str, RopeLabel]] = {
@@ -134,6 +133,7 @@ def deepseek_v4_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     cfg.setdefault("rope_theta", 10000.0)
     cfg.setdefault("compress_rope_theta", 160000.0)
     cfg.setdefault("num_hidden_layers", 43)
+    cfg.setdefault("index_head_dim", 128)
     rope_dim = cfg.pop("qk_rope_head_dim", None)  # a legacy key: not MLA's head_dim rule here
     if cfg.get("partial_rotary_factor") is None:
         cfg["partial_rotary_factor"] = 64 / 512 if rope_dim is None else rope_dim / cfg["head_dim"]

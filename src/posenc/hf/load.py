@@ -74,11 +74,39 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"cannot read config file {str(path)!r}: {err}") from err
     except json.JSONDecodeError as err:
         raise ValueError(f"config file {str(path)!r} is not valid JSON: {err}") from err
+    except RecursionError:  # the parser recurses once per level
+        raise ValueError(_too_deep(path)) from None
     if not isinstance(data, dict):
         raise ValueError(
             f"config file {str(path)!r} must hold a JSON object, got {type(data).__name__}"
         )
+    if _depth(data) > MAX_DEPTH:  # what the parser took, deepcopy and the readers would not
+        raise ValueError(_too_deep(path))
     return data
+
+
+#: The deepest nesting of objects and arrays a config file may have (published ones: 4 or 5).
+MAX_DEPTH = 64
+
+
+def _too_deep(path: Path) -> str:
+    return (
+        f"config file {str(path)!r} nests objects or arrays more than {MAX_DEPTH} levels deep; "
+        "a config.json nests a few"
+    )
+
+
+def _depth(data: Any) -> int:
+    """How deep ``data`` nests dicts and lists, walked without recursion."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        children = value.values() if isinstance(value, dict) else value
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:
+                todo.extend((c, depth + 1) for c in children)
+    return deepest
 
 
 def config_path(source: str | os.PathLike[str]) -> Path:

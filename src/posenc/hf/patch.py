@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ from torch import nn
 from .._checks import check_choice
 from ..functional.rope_scaling import yarn_mscale
 from ..kernels.constants import ROTARY_BACKENDS
+from .checks import check_scaling_argument
+from .config import HF_ROPE_TYPES
 from .extension import EXTENSION_OVERRIDES, extension_state, normalize_extension
 from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb, apply_rotary_trailing
 from .shadow import PatchedForward, code_names, shadow_module
@@ -213,7 +216,7 @@ def _probe_tables(
     rotation: Rotation, n: int, g: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random per-token cos/sin ``[2, 5, w]`` of ``n`` pairs in ``rotation``'s table layout."""
-    angle = torch.randn(2, 5, n, generator=g) * 3  # [b, s, n], distinct per token and pair
+    angle = torch.randn(2, 5, n, generator=g, device="cpu") * 3  # [b, s, n], per token and pair
     if rotation.table_layout == "cat":
         angle = torch.cat((angle, angle), dim=-1)
     elif rotation.table_layout == "repeat":
@@ -224,8 +227,10 @@ def _probe_tables(
 def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) -> None:
     """Run ``stock`` and posenc's stand-in on the same random inputs; raise if they differ
     (with a partial cos width too where the function passes channels through)."""
-    g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 1, 5, 8, generator=g)
+    # On the CPU whatever the ambient device (a model built under ``with torch.device("meta")``).
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(2, 3, 5, 8, generator=g, device="cpu")
+    k = torch.randn(2, 1, 5, 8, generator=g, device="cpu")
     for n in (4, 2) if rotation.partial or rotation.trailing else (4,):  # dim 8 of 8, 4 of 8
         cos, sin = _probe_tables(rotation, n, g)
         ours: Callable[..., Any] = fused_rotation(rotation, stock, "torch")
@@ -278,7 +283,23 @@ def _model_type(model: nn.Module) -> str:
             return t
     raise ValueError(
         f"apply_posenc does not support model_type {model_type!r}; supported: "
-        f"{', '.join(supported_model_types())}"
+        f"{', '.join(supported_model_types())}{_what_still_works(config)}"
+    )
+
+
+def _what_still_works(config: Any) -> str:
+    """The refusal's tail naming what posenc still does for a config it cannot patch: its
+    RoPE read (``rope_from_hf``), checked (``check_rope``) and inspected, when it reads."""
+    from .plan import position_plan
+
+    try:
+        position_plan(config, cache_len=1)
+    except (ValueError, TypeError, KeyError, RuntimeError):
+        return ""
+    return (
+        ". Its positions still read: posenc.hf.rope_from_hf(model.config) builds its RoPE, "
+        "posenc.testing.check_rope(your_rope, model.config) checks one, and `posenc inspect` "
+        "on its config.json shows every layer"
     )
 
 
@@ -309,9 +330,9 @@ def apply_posenc(
 
     DeepSeek-V4's rotary modules (both labelled sets) become posenc's too (see :data:`SUPPORTED`).
 
-    No weight and no ``state_dict`` entry changes; other models are untouched;
-    :func:`remove_posenc` undoes it. Works with ``generate()``, the KV cache, left padding and
-    batched ``position_ids``, float32/bfloat16 and ``torch.compile``.
+    No weight or ``state_dict`` entry changes; other models are untouched; :func:`remove_posenc`
+    undoes it. Works with ``generate()``, the KV cache, left padding, batched ``position_ids``,
+    float32/bfloat16, ``torch.compile`` and a model built on the meta device then loaded.
 
     >>> import torch, transformers
     >>> from posenc.hf import apply_posenc, remove_posenc
@@ -323,6 +344,7 @@ def apply_posenc(
     >>> model = remove_posenc(model)
     """
     check_choice("backend", backend, ROTARY_BACKENDS)
+    check_scaling_argument(scaling, HF_ROPE_TYPES)
     if getattr(model, "posenc_patch", None) is not None:
         raise ValueError("this model already has posenc applied: call remove_posenc(model) first")
     model_type = _model_type(model)
@@ -334,8 +356,7 @@ def apply_posenc(
     patch = PosencPatch(model_type, backend, None if scaling is None else dict(scaling))
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     if scaling is not None or model_type in LABELLED_ROTARY_MODEL_TYPES:
-        # Built before anything changes, so a bad scaling leaves the model as it was.
-        swaps = _rotary_swaps(model, modeling, scaling, rotations)
+        swaps = _rotary_swaps(model, modeling, scaling, rotations)  # before any change
     layers = _attention_layers(model, modeling, set(rotations))
     _check_forwards(layers)
     _install(model, patch, layers, shadow_for)
@@ -369,7 +390,7 @@ def _apply_extension(
             f"({', '.join(extension_model_types())}); {model_type} rotates otherwise"
         )
     state = extension_state(model, modeling, ext)
-    layers = _attention_layers(model, modeling, {"apply_rotary_pos_emb"})
+    layers = _attention_layers(model, modeling, {"apply_rotary_pos_emb"}, strict=True)
     for layer in layers:
         names = code_names(type(layer).forward)
         if not names & {"ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"}:
@@ -444,15 +465,41 @@ def shadow_for(model_type: str, backend: str) -> types.ModuleType:
     return shadow_module(modeling, backend, overrides)
 
 
-def _attention_layers(model: nn.Module, modeling: Any, names: set[str]) -> list[nn.Module]:
-    """The layers of ``modeling``'s classes whose forward calls one of ``names``."""
-    layers = [
-        m
-        for m in model.modules()
-        if type(m).__module__ == modeling.__name__
-        and "Vision" not in type(m).__name__
-        and code_names(type(m).forward) & names
-    ]
+def _modeling_class(cls: type, modeling: Any) -> type | None:
+    """The first class of ``cls``'s MRO defined in ``modeling`` (``cls`` itself, or the
+    transformers class a user's subclass derives from), None without one or for vision towers."""
+    base = next((c for c in cls.__mro__ if c.__module__ == modeling.__name__), None)
+    return None if base is None or "Vision" in base.__name__ else base
+
+
+def _attention_layers(
+    model: nn.Module, modeling: Any, names: set[str], strict: bool = False
+) -> list[nn.Module]:
+    """The layers of ``modeling``'s classes (and of subclasses that inherit their forward) whose
+    forward calls one of ``names``. A subclass with a forward of its own is left as it is, with
+    a warning naming it (an error when ``strict``): posenc rewrites only transformers' forwards."""
+    layers, own = [], set()
+    for m in model.modules():
+        base = _modeling_class(type(m), modeling)
+        forward = getattr(base, "forward", None)
+        if base is None or not code_names(forward) & names:
+            continue
+        if type(m).forward is forward:  # the class's or an inherited forward
+            layers.append(m)
+        else:
+            own.add(type(m).__qualname__)
+    if own and strict:
+        raise ValueError(
+            f"{sorted(own)} define their own forward, which posenc does not rewrite: an "
+            "extension needs every attention layer patched; inherit the transformers forward"
+        )
+    if own:
+        warnings.warn(
+            f"apply_posenc left the layers of {sorted(own)} unpatched: each defines its own "
+            "forward, which posenc does not rewrite (those layers keep transformers' rotation); "
+            "inherit the transformers class's forward to have them patched",
+            stacklevel=3,
+        )
     if not layers:
         raise RuntimeError(
             f"found no attention layer of {modeling.__name__} that calls {sorted(names)} in "

@@ -8,8 +8,9 @@ A decoder's layers need not treat positions alike. transformers builds, from one
 * **Per-layer-type rotations** (Gemma-3/3n/4, OLMo-3: a local base, or YaRN on the full layers
   only, Gemma-4's ``global_head_dim`` and proportional partial rotary on the full layers).
 * **Spans**: sliding windows on ``"sliding_attention"`` layers (Gemma-2/3, gpt-oss, Qwen2/3 with
-  ``use_sliding_window`` from ``max_window_layers`` on, SmolLM3 with ``use_sliding_window``), on
-  every layer (Mistral, Mixtral, Phi-3, Starcoder2 with a ``sliding_window``), and Llama-4's
+  ``use_sliding_window`` from ``max_window_layers`` on, Qwen2-MoE's even-indexed layers below it,
+  SmolLM3 with ``use_sliding_window``), on every layer (Mistral, Mixtral, Phi-3, Starcoder2 with
+  a ``sliding_window``, Qwen3-MoE with ``use_sliding_window``), and Llama-4's
   chunked attention (``attention_chunk_size``) on its RoPE layers.
 * **Query temperatures** (Llama-4's on its NoPE layers, Ministral-3's on every layer).
 
@@ -30,6 +31,7 @@ import torch
 
 from ..rotary import RotaryEmbedding
 from ..rotary.temperature import QueryTemperature
+from .checks import check_layer_count, check_layer_types
 from .config import (
     _get,
     _nested_keys,
@@ -61,7 +63,7 @@ ROPE_UNLESS_GLOBAL_MODEL_TYPES = frozenset(
 )
 # No layer_types: ``config.sliding_window`` (when set) applies to every layer.
 WINDOW_ON_EVERY_LAYER_MODEL_TYPES = frozenset(
-    {"mistral", "mixtral", "phi3", "starcoder2", "ministral3", "olmoe", "phimoe"}
+    {"mistral", "mixtral", "phi3", "starcoder2", "ministral3", "olmoe", "phimoe", "qwen3_moe"}
 )
 # Old layer-type names a config class renames on load (transformers' _LEGACY_LAYER_TYPE_REMAP, in
 # PreTrainedConfig's post-init), applied here to a raw dict's list as well.
@@ -107,10 +109,17 @@ def _fallback_layer_types(cfg: Mapping[str, Any], model_type: str, n: int) -> li
         if window is None:
             return ["full_attention"] * n
         return _pattern(cfg.get("sliding_window_pattern") or 4, n)
-    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+    if model_type in ("qwen2", "qwen3"):  # windows from max_window_layers on
         start = cfg.get("max_window_layers", 28)
         on = cfg.get("use_sliding_window", False) and window is not None
         return ["sliding_attention" if on and i >= start else "full_attention" for i in range(n)]
+    if model_type == "qwen2_moe":  # windows on the even-indexed layers below max_window_layers
+        stop = cfg.get("max_window_layers", 28)
+        on = bool(cfg.get("use_sliding_window", False))
+        return [
+            "sliding_attention" if on and (i + 1) % 2 and i < stop else "full_attention"
+            for i in range(n)
+        ]
     if model_type == "smollm3":
         rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n)]
         on = cfg.get("use_sliding_window", False) and window is not None
@@ -220,6 +229,7 @@ def _layer_types(cfg: Any, model_types: frozenset[str], model_type: str, n: int)
             return ["sliding_attention"] * n
         return ["full_attention"] * n
     given = [LEGACY_LAYER_TYPES.get(t, t) for t in given]
+    check_layer_types(given)
     if len(given) != n:
         raise ValueError(
             f"layer_types has {len(given)} entries but num_hidden_layers is {n}: they must be equal"
@@ -263,6 +273,17 @@ def _uses_rope(cfg: Any, model_types: frozenset[str], i: int, layer_type: str, s
     return not nested or params.get(key) is not None
 
 
+def _num_layers(cfg: Any) -> int:
+    n = _get(cfg, "num_hidden_layers")
+    if n is None:
+        raise ValueError(
+            "config has no num_hidden_layers" + needs_transformers_hint(cfg, "num_hidden_layers")
+        )
+    n = _positive_int(n, "num_hidden_layers")
+    check_layer_count(n)  # before anything is built per layer
+    return n
+
+
 def plan_of(
     cfg: Any,
     model_types: frozenset[str],
@@ -277,12 +298,7 @@ def plan_of(
             f"{PLAN_UNSUPPORTED_MODEL_TYPES[model_type]}"
         )
     model_type = _get(cfg, "model_type")
-    n = _get(cfg, "num_hidden_layers")
-    if n is None:
-        raise ValueError(
-            "config has no num_hidden_layers" + needs_transformers_hint(cfg, "num_hidden_layers")
-        )
-    n = _positive_int(n, "num_hidden_layers")
+    n = _num_layers(cfg)
     types = _layer_types(cfg, model_types, str(model_type or ""), n)
     temperature = temperature_of(cfg, model_types)
     ropes: dict[str, tuple[dict[str, Any], RotaryEmbedding]] = {}
@@ -316,9 +332,11 @@ def plan_of(
         x.scaling.get("original_max_position_embeddings") for x in layers if x.scaling is not None
     ]
     max_pos = _get(cfg, "max_position_embeddings")
+    if max_pos is not None:
+        max_pos = _positive_int(max_pos, "max_position_embeddings")
     return PositionPlan(
         model_type=model_type,
-        max_position_embeddings=None if max_pos is None else int(max_pos),
+        max_position_embeddings=max_pos,
         original_max_position_embeddings=next((int(o) for o in origs if o is not None), None),
         layers=tuple(layers),
     )

@@ -45,7 +45,8 @@ from ..functional.rotary import mrope_cos_sin
 from ..kernels import rope_qk
 from ..rotary import MRoPE, RotaryEmbedding
 from ..rotary.embedding import max_position
-from .config import _MODULE_KEYS, rope_from_hf
+from .checks import check_scaling_argument
+from .config import _MODULE_KEYS, HF_ROPE_TYPES, rope_from_hf
 
 TABLE_LAYOUTS = ("cat", "repeat", "half")
 
@@ -235,8 +236,7 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any]) -> Any:
     applied to the types it names. Each layer type keeps its own ``rope_theta``,
     ``partial_rotary_factor`` and M-RoPE keys; its old scaling keys are replaced.
     """
-    if not isinstance(scaling, Mapping):
-        raise TypeError(f"scaling must be a dict of rope parameters, got {type(scaling).__name__}")
+    check_scaling_argument(scaling, HF_ROPE_TYPES)
     cfg = copy.deepcopy(text_config)
     params = copy.deepcopy(dict(cfg.rope_parameters or {}))
     labels = set(getattr(cfg, "layer_types", None) or ())

@@ -15,7 +15,7 @@ from .mrope_index import (
     mrope_position_ids,
 )
 from .temperature import QueryTemperature, llama4_scaling_scale, llama4_temperature_scale
-from .trailing import rotate_trailing
+from .trailing import TrailingRotaryEmbedding, rotate_trailing
 from .xpos import XPos, xpos_zeta
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "QueryTemperature",
     "RotaryEmbedding",
     "RotaryEncoding",
+    "TrailingRotaryEmbedding",
     "XPos",
     "apply_fope",
     "axial_inv_freq",

@@ -149,7 +149,9 @@ def _grids(grids: Any, name: str) -> list[tuple[int, int, int]]:
     for g in rows:
         if len(g) != 3:
             raise ValueError(f"each entry of {name} must be (t, h, w), got {g!r}")
-        t, h, w = (check_positive_int(f"{name} {a}", int(v)) for a, v in zip("thw", g, strict=True))
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in g):  # 4.5 is no patch count
+            raise ValueError(f"each entry of {name} must be integers (t, h, w), got {g!r}")
+        t, h, w = (check_positive_int(f"{name} {a}", v) for a, v in zip("thw", g, strict=True))
         out.append((t, h, w))
     return out
 
@@ -304,6 +306,13 @@ def _check_token_types(
         raise ValueError(
             f"attention_mask must be [{b}, {s}] like token_types, got {list(attention_mask.shape)}"
         )
+    if attention_mask is not None:  # 2 is neither a token nor padding
+        values = set(attention_mask.unique().tolist()) - {0, 1}
+        if values:
+            raise ValueError(
+                f"attention_mask must hold 0 (padding) and 1 (tokens) or be bool, got values "
+                f"{sorted(values)}"
+            )
     bad = sorted(set(token_types.unique().tolist()) - lay.token_types)
     if bad:
         raise ValueError(

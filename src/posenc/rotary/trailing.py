@@ -12,10 +12,14 @@ rotation by minus the angle::
 
 ``cos``, ``sin`` are a rotary module's (``rope.cos_sin(positions)``, ``[s, r/2]``, or
 ``[b, 1, s, r/2]`` for batched positions); :func:`posenc.hf.rope_from_hf` builds the module of
-each DeepSeek-V4 rope set (``"main"``, ``"compress"``) for the rope slice alone.
+each DeepSeek-V4 rope set (``"main"``, ``"compress"``) as a :class:`TrailingRotaryEmbedding`: the
+whole head in, the trailing slice rotated.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -23,6 +27,7 @@ from .._checks import check_choice
 from ..functional.rotary import _rotary_dim
 from ..kernels.constants import ROTARY_LAYOUTS
 from ..kernels.reference import apply_rotary_reference
+from .embedding import RopeTables, RotaryEmbedding
 
 
 def rotate_trailing(
@@ -55,3 +60,33 @@ def rotate_trailing(
     nope, rope = x[..., : d - r], x[..., d - r :]  # [..., d - r], [..., r]
     rotated = apply_rotary_reference(rope, cos, sin, layout, r, conj)  # [..., r]
     return torch.cat((nope, rotated), dim=-1)  # [..., d]: untouched head, rotated tail
+
+
+class TrailingRotaryEmbedding(RotaryEmbedding):
+    """:class:`RotaryEmbedding` of heads laid out ``[nope | rope]``: takes the whole head
+    (``head_dim``) and rotates its *trailing* ``rotary_dim`` channels (DeepSeek-V4), where the
+    plain module rotates the leading ones::
+
+        d=6, r=4: [n0 n1 | x0 x1 x2 x3] -> [n0 n1 | R(x0 x1 x2 x3)]
+
+    Same arguments, tables and ``cos_sin`` as :class:`RotaryEmbedding` (frequencies over
+    ``rotary_dim``); ``forward(q [b, h, s, d], k [b, hk, t, d], positions)``.
+    """
+
+    def apply_tables(
+        self, q: torch.Tensor, k: torch.Tensor, tables: RopeTables
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cut = self.head_dim - self.rotary_dim
+        if cut == 0:
+            return super().apply_tables(q, k, tables)
+        q_rope, k_rope = super().apply_tables(q[..., cut:], k[..., cut:], tables)  # [.., r]
+        return (
+            torch.cat((q[..., :cut], q_rope), dim=-1),  # [b, h, s, d]: nope passes, rope rotated
+            torch.cat((k[..., :cut], k_rope), dim=-1),  # [b, hk, t, d]
+        )
+
+    def with_scaling(self, scaling: Mapping[str, Any] | None) -> TrailingRotaryEmbedding:
+        return TrailingRotaryEmbedding(
+            self.head_dim, self.base, scaling, self.layout, self.rotary_dim,
+            angle_dtype=self.angle_dtype, cache_len=self.cache_len, backend=self.backend,
+        )  # fmt: skip
