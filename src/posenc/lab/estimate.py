@@ -65,6 +65,12 @@ ALLOCATOR_SLACK = 1.25
 CELL_FIXED_BYTES = 32 * 2**20
 #: A worker process of ``--jobs``: the interpreter, torch and the data (measured: 390 MB).
 WORKER_BYTES = 400 * 2**20
+#: Each of two one-thread workers on a 2-core host runs a cell this much slower than one alone
+#: (the default grid: 662 s of cell time with ``--jobs 2`` against 494 s serially).
+PAIR_SLOWDOWN = 1.34
+#: A ``--jobs`` worker's start before its first cell (the interpreter, torch, the data, the
+#: compiler stack AdamW imports), seconds of wall time on that host.
+WORKER_START_S = 8.0
 #: Tokens of the batch :func:`measure` times; longer train lengths take one row.
 MEASURE_TOKENS = 1024
 #: The longest length :func:`measure` times a forward pass at (below FlexAttention's compiles).
@@ -379,11 +385,18 @@ class Estimate:
 
     @property
     def seconds(self) -> float | None:
-        """Every cell's time over the jobs (None when a label was not timed)."""
+        """The run's wall time (None when a label was not timed): the cells handed out in grid
+        order (seeds outer) to whichever of the ``jobs`` workers is free first, as
+        :mod:`posenc.lab.jobs` does, each cell slowed by :func:`concurrency_slowdown` when
+        workers share the CPU, plus each worker's start-up (:data:`WORKER_START_S`)."""
         times = [c.seconds for c in self.costs]
         if any(t is None for t in times):
             return None
-        return sum(t for t in times if t is not None) * self.seeds / self.jobs
+        cells = [t for t in times if t is not None] * self.seeds
+        workers = min(self.jobs, len(cells))
+        slow = concurrency_slowdown(workers, self.device)
+        start = WORKER_START_S if workers > 1 and self.device == "cpu" else 0.0
+        return makespan([t * slow for t in cells], workers) + start
 
     def largest(self) -> LabelCost:
         return max(self.costs, key=lambda c: c.peak)
@@ -444,10 +457,28 @@ class Estimate:
         out.append(
             "time: not measured (train length past "
             f"{MEASURE_MAX_TRAIN_LEN})" if total is None
-            else f"time: about {duration(total)} (from a measured step of each family's first "
-            "cell; data loading and checkpoints not counted)"
+            else f"time: about {duration(total)} (from a measured step of each encoding, "
+            f"{self.jobs} worker(s) sharing the CPU; data loading not counted)"
         )  # fmt: skip
         return out
+
+
+def concurrency_slowdown(workers: int, device: str) -> float:
+    """How much longer a cell takes when ``workers`` one-thread workers share the CPU than
+    alone: they share the memory bandwidth and the last-level cache. Measured on the 2-core
+    host the presets are sized for (:data:`PAIR_SLOWDOWN`); taken the same for more workers
+    (each pair of cores shares as these two did), 1 on CUDA and for one worker."""
+    return PAIR_SLOWDOWN if workers > 1 and device == "cpu" else 1.0
+
+
+def makespan(seconds: list[float], workers: int) -> float:
+    """When the last of the cells ``seconds`` (in the order handed out) finishes on ``workers``
+    workers that each take the next cell as soon as they are free."""
+    free = [0.0] * max(1, workers)
+    for t in seconds:
+        i = min(range(len(free)), key=free.__getitem__)
+        free[i] += t
+    return max(free)
 
 
 def duration(seconds: float) -> str:

@@ -83,7 +83,7 @@ def estimate_run(
     encodings: bool = True,
 ) -> Estimate:
     """The run's :class:`~posenc.lab.estimate.Estimate` (``timed``: with the first cell of
-    each encoding family timed, :func:`~posenc.lab.estimate.measure`, and that throughput used
+    each encoding timed, :func:`~posenc.lab.estimate.measure`, and that throughput used
     for the family's other cells; ``encodings``: build and count each encoding). ValueError
     naming a label whose encoding does not build at this shape."""
     from .._sizes import available_bytes
@@ -94,9 +94,10 @@ def estimate_run(
             cost = label_cost(cfg, label, model, device, encodings=encodings)
         except (TypeError, ValueError) as e:
             raise ValueError(f"encoding {label!r} cannot be built at this shape: {e}") from None
-        if timed and cost.family not in timings:
-            timings[cost.family] = measure(cfg, model, device, threads)
-        timing = timings.get(cost.family)
+        # Timed per encoding, not per family: DeBERTa's step is twice Shaw's.
+        if timed and model.encoding not in timings:
+            timings[model.encoding] = measure(cfg, model, device, threads)
+        timing = timings.get(model.encoding)
         costs.append(cost if timing is None else with_time(cost, cfg, model, timing))
     return Estimate(
         costs=tuple(costs),

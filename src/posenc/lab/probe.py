@@ -76,6 +76,30 @@ class LagTask:
         yield lag_batch(g, max(1, max_tokens // seq_len), seq_len, self.lag)
 
 
+def tiny_model_config(
+    encoding: str = "rope",
+    train_len: int = 32,
+    steps: int = 300,
+    dim: int = 64,
+    num_heads: int = 4,
+    num_layers: int = 2,
+    batch_size: int = 32,
+) -> ModelConfig:
+    """The tiny model's config, its sizes checked (ValueError, one line) and its training
+    checked to fit in memory: what :func:`train_tiny_model` trains, checked before a progress
+    line is shown."""
+    check_positive_int("steps", steps)
+    check_positive_int("train_len", train_len)
+    if train_len <= TINY_LAG:
+        raise ValueError(f"train_len must exceed the task's lag {TINY_LAG}, got {train_len}")
+    cfg = ModelConfig(vocab_size=TINY_VOCAB, dim=dim, num_layers=num_layers,
+                      num_heads=num_heads, max_len=train_len, encoding=encoding)  # fmt: skip
+    check_training_fits(
+        cfg, batch_size, f"the tiny model at --train-len {train_len}", "--train-len"
+    )
+    return cfg
+
+
 def train_tiny_model(
     encoding: str = "rope",
     train_len: int = 32,
@@ -98,15 +122,7 @@ def train_tiny_model(
     model (eval mode) and ``info`` (``steps``, ``seconds``, ``final_loss_bits``: the mean over
     the last tenth of the steps, ``task``).
     """
-    check_positive_int("steps", steps)
-    check_positive_int("train_len", train_len)
-    if train_len <= TINY_LAG:
-        raise ValueError(f"train_len must exceed the task's lag {TINY_LAG}, got {train_len}")
-    cfg = ModelConfig(vocab_size=TINY_VOCAB, dim=dim, num_layers=num_layers,
-                      num_heads=num_heads, max_len=train_len, encoding=encoding)  # fmt: skip
-    check_training_fits(
-        cfg, batch_size, f"the tiny model at --train-len {train_len}", "--train-len"
-    )
+    cfg = tiny_model_config(encoding, train_len, steps, dim, num_heads, num_layers, batch_size)
     schedule = TrainConfig(
         steps=steps, batch_size=batch_size, lr=lr, warmup_steps=max(1, steps // 10)
     )
@@ -211,6 +227,7 @@ def _model_and_source(
         model, info = load_checkpoint_model(checkpoint)
         path = Path(info["path"])
         return model, info, f"lab checkpoint {path.parent.name}/{path.name}"
+    tiny_model_config(encoding, train_len, steps)  # a refusal comes before any progress line
     with progress_bars(progress, transient=True, stderr=True) as bars:
         on_step, finish = step_task(bars, f"tiny {encoding} model", steps)
         model, info = train_tiny_model(encoding, train_len, steps, seed, progress=on_step)
