@@ -170,6 +170,12 @@ def bench_rope(
         "", "--tag", help="Name this run's block (e.g. 'thp' for a run under other settings)."
     ),
     json_out: Path | None = typer.Option(None, "--json", help=_JSON_HELP),
+    decode_calls: bool = typer.Option(
+        True,
+        "--decode-calls/--no-decode-calls",
+        help="With decode shapes on the CPU: also the per-call table of every public rotary "
+        "call against transformers' apply (thread CPU time; block rope-decode-cpu).",
+    ),
 ) -> None:
     """RoPE on q and k: posenc's kernels vs transformers (eager, compiled),
     rotary-embedding-torch, flash-attn and Liger (GPU), and the copy-bandwidth reference."""
@@ -203,6 +209,40 @@ def bench_rope(
     doc = BenchRows("rope", name, env, _command_line(), settings, rows)
     _print_rope_summary(console, doc, cases)
     _publish(console, doc, results, json_out)
+    decode = [s for s in shape_list if s.decode]
+    if decode_calls and decode and dev.type == "cpu" and not backward:
+        _rope_decode_calls(console, decode, dtype_list, repeats, env, tag, results, json_out)
+
+
+def _rope_decode_calls(
+    console: Console,
+    shape_list: list[Shape],
+    dtype_list: list[torch.dtype],
+    repeats: int,
+    env: dict[str, str],
+    tag: str,
+    results: Path | None,
+    json_out: Path | None,
+) -> None:
+    """Time, print and publish the decode per-call table (:mod:`.decode_calls`)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from . import decode_calls
+    from .rows import BenchRows
+
+    console.print("decode per-call table (thread CPU time) ...")
+    rows = decode_calls.decode_rows(shape_list, dtype_list, max(repeats, 5))
+    table = Table(*decode_calls.HEADER, title="rope: decode, per call")
+    for row in decode_calls.table_rows(rows):
+        table.add_row(*map(escape, row))
+    console.print(table)
+    console.print(escape(decode_calls.LEGEND))
+    name = "rope-decode-cpu" + (f"-{tag}" if tag else "")
+    settings = {"device": "cpu", "tag": tag, "calls_per_sample": decode_calls.CALLS_PER_SAMPLE}
+    doc = BenchRows("rope-decode", name, env, _command_line(), settings, rows)
+    out = None if json_out is None else json_out.with_name(json_out.stem + "-decode.json")
+    _publish(console, doc, results, out)
 
 
 # --- cos-sin --------------------------------------------------------------------------------
