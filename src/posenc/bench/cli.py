@@ -494,6 +494,7 @@ def bench_model(
         torch.set_num_threads(threads)
     console, env = _console(torch.device("cpu"), ("torch", "transformers", "posenc"))
     cases = [("prefill", 1, 512), ("decode", 1, 512), ("decode", 8, 512)]
+    env["clock"] = hf_model.step_clock().__name__  # thread_time with one torch thread
     rows = hf_model.run_cases(cases, dtype_list, layers, repeats)
     _note_load(env)
     doc = hf_model.model_doc(rows, env, _command_line())

@@ -300,7 +300,7 @@ def plan_of(*given: torch.Tensor | None, options: tuple) -> DirectPlan | None:
     their own inputs on top of :func:`rope_qk` (:func:`posenc.hf.apply_rotary_pos_emb`)."""
     if torch.compiler.is_compiling():
         return None
-    key = call_key(*given, *options)
+    key = call_key(*given, *options)  # type: ignore[arg-type]
     try:
         return _PLANS.get(key) if key is not None else None
     except TypeError:
@@ -357,6 +357,7 @@ def _direct_plan(
         (outs[1].shape, outs[1].stride()), a.q.dtype, a.q.device, rows_q, rows_k, k_rows, inplace,
     )  # fmt: skip
     # empty_like's layout follows the input's strides alone, so one look decides for the key.
+    assert q is not None and k is not None
     plan.like = all(
         torch.empty_like(x).stride() == out.stride() for x, out in ((q, outs[0]), (k, outs[1]))
     )

@@ -328,7 +328,7 @@ class RotaryEmbedding(RotaryEncoding):
         pos, k_pos = self.resolve_positions(q, k, positions, k_positions)
         tables = self.tables(q, k, pos, k_pos)
         out = self.apply_tables(q, k, tables)
-        if key is not None and tables.pq is not None:
+        if key is not None and positions is not None and tables.pq is not None:
             self._remember(key, q, k, tables, positions, k_positions, out)
         return out
 
