@@ -147,6 +147,14 @@ def _publish(console: Console, doc: BenchRows, results: Path | None, json_out: P
 _JSON_HELP = "Write the rows here (default with --results: rows/<block>.json beside it)."
 
 
+_DECODE_CALLS = typer.Option(
+    True,
+    "--decode-calls/--no-decode-calls",
+    help="With decode shapes on the CPU: also the per-call table of every public rotary call "
+    "against transformers' apply (thread CPU time; block rope-decode-cpu).",
+)
+
+
 @bench_app.command("rope")
 def bench_rope(
     shapes: str = typer.Option("quick", "--shapes", help=_SHAPES_HELP),
@@ -170,12 +178,7 @@ def bench_rope(
         "", "--tag", help="Name this run's block (e.g. 'thp' for a run under other settings)."
     ),
     json_out: Path | None = typer.Option(None, "--json", help=_JSON_HELP),
-    decode_calls: bool = typer.Option(
-        True,
-        "--decode-calls/--no-decode-calls",
-        help="With decode shapes on the CPU: also the per-call table of every public rotary "
-        "call against transformers' apply (thread CPU time; block rope-decode-cpu).",
-    ),
+    decode_calls: bool = _DECODE_CALLS,
 ) -> None:
     """RoPE on q and k: posenc's kernels vs transformers (eager, compiled),
     rotary-embedding-torch, flash-attn and Liger (GPU), and the copy-bandwidth reference."""
@@ -203,15 +206,14 @@ def bench_rope(
             _print_rope_case(console, cases[-1])
     _note_load(env)
     name = ("rope-backward" if backward else "rope") + f"-{dev.type}" + (f"-{tag}" if tag else "")
-    settings = {"device": dev.type, "tag": tag, "backward": backward,
-                "decode_calls": rope.DECODE_CALLS}  # fmt: skip
+    settings: dict[str, object] = {"device": dev.type, "tag": tag, "backward": backward}
+    settings["decode_calls"] = rope.DECODE_CALLS
     rows = [r for c in cases for r in c.as_rows()]
     doc = BenchRows("rope", name, env, _command_line(), settings, rows)
     _print_rope_summary(console, doc, cases)
     _publish(console, doc, results, json_out)
-    decode = [s for s in shape_list if s.decode]
-    if decode_calls and decode and dev.type == "cpu" and not backward:
-        _rope_decode_calls(console, decode, dtype_list, repeats, env, tag, results, json_out)
+    if decode_calls and dev.type == "cpu" and not backward:
+        _rope_decode_calls(console, shape_list, dtype_list, repeats, env, tag, results, json_out)
 
 
 def _rope_decode_calls(
@@ -224,12 +226,17 @@ def _rope_decode_calls(
     results: Path | None,
     json_out: Path | None,
 ) -> None:
-    """Time, print and publish the decode per-call table (:mod:`.decode_calls`)."""
+    """Time, print and publish the decode per-call table (:mod:`.decode_calls`) of the decode
+    shapes among ``shape_list`` (none: nothing)."""
     from rich.markup import escape
     from rich.table import Table
 
     from . import decode_calls
     from .rows import BenchRows
+
+    shape_list = [s for s in shape_list if s.decode]
+    if not shape_list:
+        return
 
     console.print("decode per-call table (thread CPU time) ...")
     rows = decode_calls.decode_rows(shape_list, dtype_list, max(repeats, 5))

@@ -45,7 +45,7 @@ from .._checks import check_choice, check_positions, host_readable
 from ..functional.rotary import mrope_cos_sin
 from ..kernels import rope_qk
 from ..kernels.canonical import call_key
-from ..kernels.rope_op import DirectPlan, plan_of
+from ..kernels.rope_op import DirectPlan, lookup, plan_of, remember
 from ..rotary import MRoPE, RotaryEmbedding
 from ..rotary.embedding import max_position
 from .config import _MODULE_KEYS, rope_from_hf
@@ -128,11 +128,9 @@ def apply_rotary_pos_emb(
     if not torch.compiler.is_compiling():
         # A layout seen before passed every check below: run its plan (_DropInPlan).
         options = (unsqueeze_dim, interleaved, table_layout, backend)
-        key = call_key(q, k, cos, sin, None, None, None, None, *options)
-        try:
-            plan = _DROP_IN_PLANS.get(key) if key is not None else None
-        except TypeError:  # an unhashable option: the checks below say what is wrong
-            plan = key = None
+        key, plan = lookup(
+            _DROP_IN_PLANS, call_key(q, k, cos, sin, None, None, None, None, *options)
+        )
         if plan is not None:
             return plan.run(q, k, cos, sin)
     if unsqueeze_dim not in (1, 2):
@@ -141,11 +139,9 @@ def apply_rotary_pos_emb(
         )
     cos_h, sin_h = half_tables(cos, sin, table_layout)
     cos_h, sin_h = _as_rows(cos_h, "cos"), _as_rows(sin_h, "sin")  # [1 or b, s, n]
-    kernel_options = (
-        2 * cos_h.shape[-1], "bhsd" if unsqueeze_dim == 1 else "bshd",
-        "interleaved" if interleaved else "half", False, backend,
-    )  # fmt: skip
-    r, seq_layout, layout = kernel_options[:3]
+    r, seq_layout = 2 * cos_h.shape[-1], "bhsd" if unsqueeze_dim == 1 else "bshd"
+    layout = "interleaved" if interleaved else "half"
+    kernel_options = (r, seq_layout, layout, False, backend)
     out = rope_qk(
         q, k, cos_h, sin_h, layout=layout, rotary_dim=r, seq_layout=seq_layout, backend=backend
     )
@@ -155,9 +151,7 @@ def apply_rotary_pos_emb(
             # The kernel reads the first n columns of a float32 "cat" or "half" table as they
             # are (its row stride is the table's); other tables are converted on each call.
             views = cos_h.data_ptr() == cos.data_ptr() and sin_h.data_ptr() == sin.data_ptr()
-            if len(_DROP_IN_PLANS) >= 512:
-                _DROP_IN_PLANS.clear()
-            _DROP_IN_PLANS[key] = _DropInPlan(direct, None if views else table_layout)
+            remember(_DROP_IN_PLANS, key, _DropInPlan(direct, None if views else table_layout))
     return out
 
 

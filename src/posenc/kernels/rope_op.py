@@ -22,6 +22,9 @@ Shapes: ``b`` batch, ``h`` query heads, ``hk`` key heads, ``s`` query length, ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 import torch
 
 from .backends import available_backends, mixed_backend, select_backend, triton_status
@@ -300,11 +303,7 @@ def plan_of(*given: torch.Tensor | None, options: tuple) -> DirectPlan | None:
     their own inputs on top of :func:`rope_qk` (:func:`posenc.hf.apply_rotary_pos_emb`)."""
     if torch.compiler.is_compiling():
         return None
-    key = call_key(*given, *options)  # type: ignore[arg-type]
-    try:
-        return _PLANS.get(key) if key is not None else None
-    except TypeError:
-        return None
+    return lookup(_PLANS, call_key(*given, *options))[1]  # type: ignore[arg-type]
 
 
 def _aliases(canonical: torch.Tensor | None, given: torch.Tensor | None) -> bool:
@@ -413,32 +412,59 @@ def rope_qk(
     key = None
     if cu_seqlens is None and not torch.compiler.is_compiling():
         # A layout seen before passed every shape check: only the values are checked again.
-        key = call_key(*given, rotary_dim, seq_layout, layout, inplace, backend)
-        try:
-            plan = _PLANS.get(key) if key is not None else None
-        except TypeError:  # an unhashable option: the checks will say what is wrong
-            plan = key = None
+        options = (rotary_dim, seq_layout, layout, inplace, backend)
+        key, plan = lookup(_PLANS, call_key(*given, *options))
         if plan is not None:
             return plan.run(*given)
+    return _checked(given, key, cu_seqlens, rotary_dim, seq_layout, layout, inplace, backend)
+
+
+def _checked(
+    given: tuple,
+    key: tuple | None,
+    cu_seqlens: torch.Tensor | None,
+    rotary_dim: int | None,
+    seq_layout: str,
+    layout: str,
+    inplace: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope_qk` with every check, keeping its plan under ``key`` where one applies."""
+    q, k, cos, sin, cos_k, sin_k, positions, k_positions = given
     a = canonicalize(
         q, k, cos, sin, cos_k, sin_k, positions, k_positions, cu_seqlens, rotary_dim, seq_layout,
         layout == "interleaved",
     )  # fmt: skip
     if inplace:
-        check_inplace(q, k)
+        check_inplace(q, k)  # then the backend, which rope_qk_canonical would choose likewise
     chosen = mixed_backend(backend, q, k) or select_backend(backend, a.q, a[2:6])
     q_rot, k_rot = rope_qk_canonical(a, chosen, inplace=inplace, checked=True)
     outs = _caller_form(q, k, q_rot, k_rot, cu_seqlens, seq_layout, inplace)
-    direct = chosen == "cpu" and not (
-        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-    )
-    if key is not None and direct:
-        plan = _direct_plan(a, given, outs, (q_rot, k_rot), inplace)
-        if plan is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    if key is not None and chosen == "cpu" and not needs_grad:
+        remember(_PLANS, key, _direct_plan(a, given, outs, (q_rot, k_rot), inplace))
     return outs
+
+
+_T = TypeVar("_T")
+
+
+def lookup(plans: Mapping[tuple, _T], key: tuple | None) -> tuple[tuple | None, _T | None]:
+    """``(key, plans[key] or None)``; ``(None, None)`` for a key that cannot be one (None, or
+    an unhashable option: the checks will say what is wrong with it)."""
+    try:
+        return key, plans.get(key) if key is not None else None
+    except TypeError:
+        return None, None
+
+
+def remember(plans: dict[tuple, _T], key: tuple, plan: _T | None, limit: int = _MAX_PLANS) -> None:
+    """Keep ``plan`` (if any) under ``key``; a full dict starts again (a prefill of every length
+    adds one key per length)."""
+    if plan is not None:
+        if len(plans) >= limit:
+            plans.clear()
+        plans[key] = plan
 
 
 def _caller_form(

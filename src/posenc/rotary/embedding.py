@@ -29,7 +29,9 @@ from ..kernels.reference import RopeArgs
 from ..kernels.rope_op import (
     DirectPlan,
     direct_plan,
+    lookup,
     mixed_backend,
+    remember,
     rope_qk_canonical,
     select_backend,
     unit_last,
@@ -315,11 +317,8 @@ class RotaryEmbedding(RotaryEncoding):
         """
         key = None
         if self._plans is not None and positions is not None and not torch.compiler.is_compiling():
-            key = qk_key(q, k, positions, k_positions, self.span, self.interleaved, self.backend)
-            try:
-                plan = self._plans.get(key) if key is not None else None
-            except TypeError:
-                plan = key = None
+            options = (self.span, self.interleaved, self.backend)
+            key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
             if plan is not None:
                 out = self._run_plan(plan, q, k, positions, k_positions)
                 if out is not None:
@@ -368,11 +367,7 @@ class RotaryEmbedding(RotaryEncoding):
         cos, sin, _, _, pq, pk = tables
         a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved)
         given = (q, k, cos, sin, None, None, positions, k_positions)
-        plan = direct_plan(a, given, out, values_checked=True)
-        if plan is not None:
-            if len(self._plans) >= 64:
-                self._plans.clear()
-            self._plans[key] = plan
+        remember(self._plans, key, direct_plan(a, given, out, values_checked=True), limit=64)
 
     # --- the two steps of the stanza -----------------------------------------------------------
 
