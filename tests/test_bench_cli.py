@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from posenc.bench import decode_calls
 from posenc.bench.harness import parse_shapes, write_section
+from posenc.bench.rows import BenchRows
 from posenc.cli import app
 
 runner = CliRunner()
@@ -94,3 +96,22 @@ def test_decode_run_reports_the_module_comparison(tmp_path: Path) -> None:
     text = out.read_text()
     assert "| posenc-module |" in text and "| hf-module |" in text and "| fresh |" in text
     assert "- target [1, 4/2, 1, 16] float32: decode >=2x hf-module" in text
+    # The decode per-call table: every public call against transformers' apply, with rows.
+    assert "<!-- bench:rope-decode-cpu -->" in text
+    for call in decode_calls.CALLS:
+        assert f"| 1x4/2x1x16 | f32 | {call} |" in text
+    doc = BenchRows.load(tmp_path / "rows" / "rope-decode-cpu.json")
+    assert {r["call"] for r in doc.rows} == set(decode_calls.CALLS)
+    assert all(r["us"] > 0 and r["samples"] >= 5 for r in doc.rows)
+
+
+def test_decode_call_targets_name_what_was_missed() -> None:
+    row = {"call": "drop-in", "us": 10.0, "x_hf": 3.0}
+    assert decode_calls.target_text(row) == "ok"
+    assert decode_calls.target_text({**row, "us": 25.0}) == "MISSED us"
+    assert decode_calls.target_text({**row, "us": 25.0, "x_hf": 1.5}) == "MISSED us, x hf"
+    # rope_qk has the tighter budget and no transformers ratio target; hf-apply has none.
+    assert decode_calls.target_text({**row, "call": "rope_qk", "us": 16.0, "x_hf": 1.0}) == (
+        "MISSED us"
+    )
+    assert decode_calls.target_text({**row, "call": "hf-apply"}) == ""

@@ -28,7 +28,7 @@ def test_rows_and_block_cover_every_case() -> None:
     assert [(r.phase, r.batch, r.tokens) for r in rows] == cases
     # Timings only: at these tiny shapes, on a busy machine, no ordering between them holds.
     assert all(r.stock_ms > 0 and r.posenc_ms > 0 and r.rope_share > 0 for r in rows)
-    assert {"speedup", "rope_share", "stock_ms"} <= rows[0].as_dict().keys()
+    assert {"speedup", "rope_share", "rope_share_posenc", "stock_ms"} <= rows[0].as_dict().keys()
     block = hf_model.model_block(rows, {"torch": torch.__version__}, "posenc bench model")
     assert block.count("\n| prefill |") == 1 and block.count("\n| decode |") == 1
 
@@ -40,3 +40,22 @@ def test_cli_refuses_a_bad_dtype() -> None:
 
     result = CliRunner().invoke(app, ["bench", "model", "--dtypes", "float8"])
     assert result.exit_code == 2 and "float8" in result.output
+
+
+def test_the_speedup_noise_is_the_quartiles_of_paired_ratios() -> None:
+    import statistics
+
+    stock, posenc = [10.0, 12.0, 9.0, 30.0, 11.0], [10.0, 10.0, 10.0, 10.0, 10.0]
+    ratios = sorted(a / b for a, b in zip(stock, posenc, strict=True))  # a naive pairing
+    q1, q3 = hf_model.paired_quartiles(stock, posenc)
+    assert (q1, q3) == (ratios[1], ratios[3])  # inclusive quartiles of 5 values
+    assert q1 <= statistics.median(ratios) <= q3
+    assert hf_model.paired_quartiles([2.0], [1.0]) == (2.0, 2.0)
+
+
+def test_old_rows_without_the_noise_still_render() -> None:
+    row = hf_model.ModelRow("decode", 1, 8, "float32", 1, 2.0, 1.0, 0.2, 0.1).as_dict()
+    del row["speedup_q1"], row["speedup_q3"]
+    doc = hf_model.model_doc([], {}, "posenc bench model")
+    doc.rows = [row]
+    assert "| decode | 1 | 8 | float32 |" in hf_model.block(doc)

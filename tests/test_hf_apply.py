@@ -228,13 +228,24 @@ def test_other_models_of_the_same_class_are_untouched() -> None:
 
 
 def test_the_patched_layers_run_posenc(monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc.hf import patch as hf_patch
+
     calls = []
-    real = hf_rotary.rope_qk
+    real = hf_patch.apply_rotary_pos_emb  # what the patched forward's rotation calls
     model = patched(tiny("llama"))
-    monkeypatch.setattr(hf_rotary, "rope_qk", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        hf_patch, "apply_rotary_pos_emb", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     ids, mask, positions = left_padded()
     logits(model, ids, mask, positions, "llama")
     assert len(calls) == COMMON["num_hidden_layers"]
+
+
+class _Unplanned(dict):
+    """A plan cache that keeps nothing: every drop-in call runs its checked path."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
 
 
 def _swapped_pairs(real: Any) -> Any:
@@ -250,6 +261,8 @@ def test_a_wrong_rotation_inside_posenc_is_caught(
 ) -> None:
     stock = tiny(model_type)
     monkeypatch.setattr(hf_rotary, "rope_qk", _swapped_pairs(hf_rotary.rope_qk))
+    # No drop-in plans: a layout seen before would run its plan, not the planted rope_qk.
+    monkeypatch.setattr(hf_rotary, "_DROP_IN_PLANS", _Unplanned())
     with pytest.raises(RuntimeError, match="no longer rotates as posenc expects"):
         patched(stock)  # the check at patch time
     # Past that check, the logits comparison of these tests fails too.

@@ -448,6 +448,7 @@ def test_auto_falls_back_to_torch_without_the_cpu_kernel(monkeypatch: pytest.Mon
     monkeypatch.setattr(backends, "_cpu_ready", lambda: False)
     monkeypatch.setattr(backends, "cpu_kernel_status", lambda: "no C compiler found")
     monkeypatch.setattr(backends, "_AUTO_CHOICE", {})  # auto's memo of the constants patched above
+    monkeypatch.setattr(rope_op, "_PLANS", {})  # and the plans of layouts run by the kernel
     cos, sin = tables(4, 8)
     x = torch.randn(1, 1, 4, 8)
     assert select_backend("auto", x, (cos, sin)) == "torch"

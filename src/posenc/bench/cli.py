@@ -147,6 +147,14 @@ def _publish(console: Console, doc: BenchRows, results: Path | None, json_out: P
 _JSON_HELP = "Write the rows here (default with --results: rows/<block>.json beside it)."
 
 
+_DECODE_CALLS = typer.Option(
+    True,
+    "--decode-calls/--no-decode-calls",
+    help="With decode shapes on the CPU: also the per-call table of every public rotary call "
+    "against transformers' apply (thread CPU time; block rope-decode-cpu).",
+)
+
+
 @bench_app.command("rope")
 def bench_rope(
     shapes: str = typer.Option("quick", "--shapes", help=_SHAPES_HELP),
@@ -170,6 +178,7 @@ def bench_rope(
         "", "--tag", help="Name this run's block (e.g. 'thp' for a run under other settings)."
     ),
     json_out: Path | None = typer.Option(None, "--json", help=_JSON_HELP),
+    decode_calls: bool = _DECODE_CALLS,
 ) -> None:
     """RoPE on q and k: posenc's kernels vs transformers (eager, compiled),
     rotary-embedding-torch, flash-attn and Liger (GPU), and the copy-bandwidth reference."""
@@ -197,12 +206,50 @@ def bench_rope(
             _print_rope_case(console, cases[-1])
     _note_load(env)
     name = ("rope-backward" if backward else "rope") + f"-{dev.type}" + (f"-{tag}" if tag else "")
-    settings = {"device": dev.type, "tag": tag, "backward": backward,
-                "decode_calls": rope.DECODE_CALLS}  # fmt: skip
+    settings: dict[str, object] = {"device": dev.type, "tag": tag, "backward": backward}
+    settings["decode_calls"] = rope.DECODE_CALLS
     rows = [r for c in cases for r in c.as_rows()]
     doc = BenchRows("rope", name, env, _command_line(), settings, rows)
     _print_rope_summary(console, doc, cases)
     _publish(console, doc, results, json_out)
+    if decode_calls and dev.type == "cpu" and not backward:
+        _rope_decode_calls(console, shape_list, dtype_list, repeats, env, tag, results, json_out)
+
+
+def _rope_decode_calls(
+    console: Console,
+    shape_list: list[Shape],
+    dtype_list: list[torch.dtype],
+    repeats: int,
+    env: dict[str, str],
+    tag: str,
+    results: Path | None,
+    json_out: Path | None,
+) -> None:
+    """Time, print and publish the decode per-call table (:mod:`.decode_calls`) of the decode
+    shapes among ``shape_list`` (none: nothing)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from . import decode_calls
+    from .rows import BenchRows
+
+    shape_list = [s for s in shape_list if s.decode]
+    if not shape_list:
+        return
+
+    console.print("decode per-call table (thread CPU time) ...")
+    rows = decode_calls.decode_rows(shape_list, dtype_list, max(repeats, 5))
+    table = Table(*decode_calls.HEADER, title="rope: decode, per call")
+    for row in decode_calls.table_rows(rows):
+        table.add_row(*map(escape, row))
+    console.print(table)
+    console.print(escape(decode_calls.LEGEND))
+    name = "rope-decode-cpu" + (f"-{tag}" if tag else "")
+    settings = {"device": "cpu", "tag": tag, "calls_per_sample": decode_calls.CALLS_PER_SAMPLE}
+    doc = BenchRows("rope-decode", name, env, _command_line(), settings, rows)
+    out = None if json_out is None else json_out.with_name(json_out.stem + "-decode.json")
+    _publish(console, doc, results, out)
 
 
 # --- cos-sin --------------------------------------------------------------------------------
@@ -454,6 +501,7 @@ def bench_model(
         torch.set_num_threads(threads)
     console, env = _console(torch.device("cpu"), ("torch", "transformers", "posenc"))
     cases = [("prefill", 1, 512), ("decode", 1, 512), ("decode", 8, 512)]
+    env["clock"] = hf_model.step_clock().__name__  # thread_time with one torch thread
     rows = hf_model.run_cases(cases, dtype_list, layers, repeats)
     _note_load(env)
     doc = hf_model.model_doc(rows, env, _command_line())

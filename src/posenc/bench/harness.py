@@ -202,6 +202,7 @@ def time_round_robin(
     warmup: int = 2,
     budget_s: float = 20.0,
     calls: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Timing]:
     """Time each candidate ``repeats`` times, interleaved (module docstring).
 
@@ -209,7 +210,9 @@ def time_round_robin(
     samples): a reference 100x slower than the rest would otherwise dominate the run. A
     candidate that raises is reported with its error and dropped. ``calls``: back-to-back calls
     per sample (each sample is their mean): for calls of ~0.1 ms, where one call timed alone
-    between other candidates measures a cold cache more than the call.
+    between other candidates measures a cold cache more than the call. ``clock``: wall time by
+    default; ``time.thread_time`` (this thread's CPU time, blind to other processes' load)
+    where torch runs one thread.
     """
     timings = {name: Timing() for name in candidates}
     live = dict(candidates)
@@ -226,17 +229,20 @@ def time_round_robin(
         except Exception as e:  # a reference that cannot run this case is reported, not fatal
             timings[name].error = f"{type(e).__name__}: {e}"[:200]
             del live[name]
-    for _ in range(repeats):
-        for name, fn in live.items():
+    order = list(live.items())
+    for i in range(repeats):
+        # Every other round in reverse: no candidate always runs right after the same one (a
+        # fixed order left a 1 % bias between two identical 15 s steps).
+        for name, fn in order if i % 2 == 0 else order[::-1]:
             t = timings[name]
             if len(t.samples) >= 3 and sum(t.samples) > budget_s:
                 continue
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(calls):
                 fn()
             _sync(device)
-            t.samples.append((time.perf_counter() - t0) / calls)
+            t.samples.append((clock() - t0) / calls)
     return timings
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,10 @@ class ModelRow:
     posenc_ms: float
     rope_stock_ms: float  # the step's rotations alone (layers x one call), stock
     rope_posenc_ms: float  # the same with posenc's fused kernel
+    # The noise of the step speedup: quartiles of the per-round ratios stock / posenc (round
+    # i times both models back to back). NaN in rows written before they were recorded.
+    speedup_q1: float = float("nan")
+    speedup_q3: float = float("nan")
 
     @property
     def speedup(self) -> float:
@@ -56,8 +61,14 @@ class ModelRow:
         """The share of a stock step that RoPE takes."""
         return self.rope_stock_ms / self.stock_ms
 
+    @property
+    def rope_share_posenc(self) -> float:
+        """The share of a patched step that posenc's rotation takes."""
+        return self.rope_posenc_ms / self.posenc_ms
+
     def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "speedup": self.speedup, "rope_share": self.rope_share}
+        return {**dataclasses.asdict(self), "speedup": self.speedup, "rope_share": self.rope_share,
+                "rope_share_posenc": self.rope_share_posenc}  # fmt: skip
 
 
 def tiny_llama(
@@ -126,6 +137,14 @@ def _step_candidates(stock: Any, fused: Any, phase: str, batch: int, tokens: int
     return {"stock": decode(stock), "posenc": decode(fused)}
 
 
+def step_clock() -> Any:
+    """This thread's CPU time where torch runs one thread (other processes' load then does not
+    count), else wall time (CPU time of one thread would miss the other threads' work)."""
+    import time
+
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
 def run_cases(
     cases: list[tuple[str, int, int]],
     dtypes: list[torch.dtype],
@@ -147,26 +166,31 @@ def run_cases(
             }
             with torch.no_grad():
                 t = harness.time_round_robin(
-                    candidates, cpu, repeats, budget_s=budget_s, calls=1 if seq > 1 else 5
-                )
+                    candidates, cpu, repeats, budget_s=budget_s, calls=1 if seq > 1 else 5,
+                    clock=step_clock(),
+                )  # fmt: skip
             errors = [f"{n}: {x.error}" for n, x in t.items() if x.error]
             if errors:
                 raise RuntimeError("; ".join(errors))
             ms = {name: 1e3 * x.median for name, x in t.items()}
+            q1, q3 = paired_quartiles(t["stock"].samples, t["posenc"].samples)
             rows.append(
                 ModelRow(
-                    phase,
-                    batch,
-                    tokens,
-                    harness.dtype_name(dtype),
-                    layers,
-                    ms["stock"],
-                    ms["posenc"],
-                    ms["rope-stock"],
-                    ms["rope-posenc"],
+                    phase, batch, tokens, harness.dtype_name(dtype), layers, ms["stock"],
+                    ms["posenc"], ms["rope-stock"], ms["rope-posenc"], q1, q3,
                 )
-            )
+            )  # fmt: skip
     return rows
+
+
+def paired_quartiles(stock: list[float], posenc: list[float]) -> tuple[float, float]:
+    """Quartiles of the round-by-round ratios ``stock[i] / posenc[i]`` (the two were timed
+    back to back in round ``i``, so a burst of load hits both): the speedup's noise."""
+    ratios = sorted(a / b for a, b in zip(stock, posenc, strict=False) if b > 0)
+    if len(ratios) < 2:
+        return (ratios[0], ratios[0]) if ratios else (float("nan"), float("nan"))
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q1, q3
 
 
 def model_doc(rows: list[ModelRow], env: dict[str, str], command: str) -> BenchRows:
@@ -194,11 +218,14 @@ def block(doc: BenchRows) -> str:
         "transformers and `apply_posenc` on the same weights, timed round-robin in one run "
         "(medians). decode: one new token per sequence after `tokens` cached. rope: the step's "
         "rotations alone (one `apply_rotary_pos_emb` per layer at the step's shapes); share: "
-        "rope stock / step stock.",
+        "rope stock / step stock (posenc: rope posenc / step posenc). speedup q1-q3: quartiles "
+        "of the round-by-round ratios stock / posenc, the speedup's noise. Clock: "
+        f"{doc.env.get('clock', 'perf_counter')}.",
         "",
     ]
     header = ["phase", "batch", "tokens", "dtype", "stock ms", "posenc ms", "step speedup",
-              "rope stock ms", "rope posenc ms", "rope speedup", "rope share"]  # fmt: skip
+              "speedup q1-q3", "rope stock ms", "rope posenc ms", "rope speedup", "rope share",
+              "share posenc"]  # fmt: skip
     lines.append(harness.markdown_table(header, [_table_row(r) for r in rows]))
     return "\n".join(lines) + "\n"
 
@@ -212,10 +239,12 @@ def _table_row(r: ModelRow) -> list[str]:
         harness.fmt(r.stock_ms, 3),
         harness.fmt(r.posenc_ms, 3),
         harness.fmt(r.speedup, 3),
+        f"{harness.fmt(r.speedup_q1, 3)}-{harness.fmt(r.speedup_q3, 3)}",
         harness.fmt(r.rope_stock_ms, 3),
         harness.fmt(r.rope_posenc_ms, 3),
         harness.fmt(r.rope_stock_ms / r.rope_posenc_ms, 2),
         f"{100 * r.rope_share:.1f}%",
+        f"{100 * r.rope_share_posenc:.1f}%",
     ]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from . import cos_sin, hf_model, rope, targets
+from . import cos_sin, decode_calls, hf_model, rope, targets
 from .bias import report as bias_report
 from .harness import markdown_table, write_section
 from .rows import BenchRows, load_all, rows_path
@@ -74,6 +74,20 @@ def rope_block(doc: BenchRows) -> str:
     return "\n".join(parts)
 
 
+def rope_decode_block(doc: BenchRows) -> str:
+    """The ``rope-decode-<device>[-tag]`` block: the decode per-call table."""
+    parts = [
+        f"## rope decode, per call ({doc.device})",
+        "",
+        *_env_lines(doc),
+        "",
+        markdown_table(decode_calls.HEADER, decode_calls.table_rows(doc.rows)),
+        "",
+        decode_calls.LEGEND,
+    ]
+    return "\n".join(parts)
+
+
 def cos_sin_block(doc: BenchRows) -> str:
     """The ``cos-sin-<device>`` block."""
     cases = cos_sin.CosSinCase.from_rows(doc.rows)
@@ -84,6 +98,7 @@ def cos_sin_block(doc: BenchRows) -> str:
 
 RENDERERS: dict[str, Callable[[BenchRows], str]] = {
     "rope": rope_block,
+    "rope-decode": rope_decode_block,
     "cos-sin": cos_sin_block,
     "bias": bias_report.block,
     "hf-model": hf_model.block,

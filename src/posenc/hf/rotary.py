@@ -34,6 +34,7 @@ Shapes: ``b`` batch, ``h`` query heads, ``hk`` key heads, ``s`` sequence, ``d`` 
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,8 @@ from torch import nn
 from .._checks import check_choice, check_positions, host_readable
 from ..functional.rotary import mrope_cos_sin
 from ..kernels import rope_qk
+from ..kernels.canonical import call_key
+from ..kernels.rope_op import DirectPlan, lookup, plan_of, remember
 from ..rotary import MRoPE, RotaryEmbedding
 from ..rotary.embedding import max_position
 from .checks import check_scaling_argument
@@ -122,22 +125,75 @@ def apply_rotary_pos_emb(
     >>> q.shape, k.shape
     (torch.Size([1, 2, 3, 4]), torch.Size([1, 1, 3, 4]))
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        # A layout seen before passed every check below: run its plan (_DropInPlan).
+        options = (unsqueeze_dim, interleaved, table_layout, backend)
+        key, plan = lookup(
+            _DROP_IN_PLANS, call_key(q, k, cos, sin, None, None, None, None, *options)
+        )
+        if plan is not None:
+            return plan.run(q, k, cos, sin)
     if unsqueeze_dim not in (1, 2):
         raise ValueError(
             f"unsqueeze_dim must be 1 (q [b, h, s, d]) or 2 (q [b, s, h, d]), got {unsqueeze_dim!r}"
         )
     cos_h, sin_h = half_tables(cos, sin, table_layout)
     cos_h, sin_h = _as_rows(cos_h, "cos"), _as_rows(sin_h, "sin")  # [1 or b, s, n]
-    return rope_qk(
-        q,
-        k,
-        cos_h,
-        sin_h,
-        layout="interleaved" if interleaved else "half",
-        rotary_dim=2 * cos_h.shape[-1],
-        seq_layout="bhsd" if unsqueeze_dim == 1 else "bshd",
-        backend=backend,
+    r, seq_layout = 2 * cos_h.shape[-1], "bhsd" if unsqueeze_dim == 1 else "bshd"
+    layout = "interleaved" if interleaved else "half"
+    kernel_options = (r, seq_layout, layout, False, backend)
+    out = rope_qk(
+        q, k, cos_h, sin_h, layout=layout, rotary_dim=r, seq_layout=seq_layout, backend=backend
     )
+    if key is not None:
+        direct = plan_of(q, k, cos_h, sin_h, None, None, None, None, options=kernel_options)
+        if direct is not None:
+            # The kernel reads the first n columns of a float32 "cat" or "half" table as they
+            # are (its row stride is the table's); other tables are converted on each call.
+            views = cos_h.data_ptr() == cos.data_ptr() and sin_h.data_ptr() == sin.data_ptr()
+            remember(_DROP_IN_PLANS, key, _DropInPlan(direct, None if views else table_layout))
+    return out
+
+
+class _DropInPlan:
+    """:func:`apply_rotary_pos_emb` for a layout whose checks passed before: the kernel plan
+    of :func:`posenc.kernels.rope_qk` (:class:`~posenc.kernels.rope_op.DirectPlan`), and for
+    tables the kernel cannot read as they are (``table_layout``: bfloat16, ``"repeat"``) their
+    float32 half columns, made once per table pair: the layers of one forward rotate with the
+    same cos/sin objects. That memo is checked by identity and by the tensors' version counter
+    (an in-place write bumps it); inference tensors, which have none, are converted each call.
+    """
+
+    __slots__ = ("direct", "memo", "table_layout")
+
+    def __init__(self, direct: DirectPlan, table_layout: str | None) -> None:
+        self.direct, self.table_layout = direct, table_layout
+        self.memo: tuple | None = None
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.table_layout is not None:
+            cos, sin = self._half(cos, sin, self.table_layout)
+        return self.direct.run(q, k, cos, sin, None, None, None, None)
+
+    def _half(
+        self, cos: torch.Tensor, sin: torch.Tensor, table_layout: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        memo = self.memo
+        fresh = memo is not None and memo[0]() is cos and memo[1]() is sin
+        if fresh and memo[2] == (cos._version, sin._version):  # type: ignore[index]
+            return memo[3], memo[4]  # type: ignore[index]
+        cos_h, sin_h = half_tables(cos, sin, table_layout)  # float32 [.., n]
+        if not (cos.is_inference() or sin.is_inference()):
+            versions = (cos._version, sin._version)
+            self.memo = (weakref.ref(cos), weakref.ref(sin), versions, cos_h, sin_h)
+        return cos_h, sin_h
+
+
+#: call_key of a drop-in call -> its plan.
+_DROP_IN_PLANS: dict[tuple, _DropInPlan] = {}
 
 
 def apply_rotary_emb(

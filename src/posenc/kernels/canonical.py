@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_device, check_values
+from .._checks import check_device, check_values, host_readable
 from .constants import SEQ_LAYOUTS
 from .reference import RopeArgs
 
@@ -82,14 +82,98 @@ def _check_rows(name: str, p: torch.Tensor | None, seq: int, table: torch.Tensor
                 f"rows, got {n}; pass {name}= to index a longer table"
             )
         return
-    if p.numel():
-        check_values(
-            (p >= 0) & (p < n),
-            lambda: (
-                f"{name} must index the table's {n} rows, got values in "
-                f"[{int(p.min())}, {int(p.max())}]"
-            ),
-        )
+    check_rows(name, p, n)
+
+
+def check_rows(name: str, p: torch.Tensor, n: int) -> None:
+    """Every value of ``p`` (integer ``[s]`` or ``[b, s]``) is in ``[0, n)``. The one value
+    check a call repeats (a plan seen before skips every other check): read as a list where
+    that is free and ``p`` small (a decode step; cheaper than three reductions), else
+    :func:`check_values`' capture-safe branches."""
+    numel = p.numel()
+    if not numel:
+        return
+    if numel <= 64 and host_readable(p):
+        values = p.tolist()  # [s] or [b, s]
+        flat = values if p.dim() == 1 else [v for row in values for v in row]
+        low, high = min(flat), max(flat)
+        if low < 0 or high >= n:
+            raise ValueError(
+                f"{name} must index the table's {n} rows, got values in [{low}, {high}]"
+            )
+        return
+    check_values(
+        (p >= 0) & (p < n),
+        lambda: (
+            f"{name} must index the table's {n} rows, got values in "
+            f"[{int(p.min())}, {int(p.max())}]"
+        ),
+    )
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    """What the checks of a tensor read: its type, shape, strides, dtype, whether it is on the
+    CPU and whether it requires grad (the backend choice reads that). No value. (``is_cpu``,
+    not the device: plans are made for CPU calls alone, and there is one CPU device.)"""
+    return (type(t), t.shape, t.stride(), t.dtype, t.is_cpu, t.requires_grad)
+
+
+def call_key(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cos_k: torch.Tensor | None,
+    sin_k: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+    *options: object,
+) -> tuple | None:
+    """Everything :func:`canonicalize`'s shape checks and the backend choice read about a CPU
+    call, as a dict key (None when an argument is not a tensor: the checks will say so). Two
+    calls with one key pass or fail those checks alike; only the positions' values differ.
+
+    ``options``: the call's other arguments (rotary_dim, layouts, backend, ...). Grad mode and
+    the thread count are added (the backend choice and the CPU kernel's arguments read them).
+    Runs on every decode step: one flat tuple, q's to sin's fields written out.
+    """
+    try:
+        return (
+            type(q), q.shape, q.stride(), q.dtype, q.is_cpu, q.requires_grad,
+            type(k), k.shape, k.stride(), k.dtype, k.is_cpu, k.requires_grad,
+            type(cos), cos.shape, cos.stride(), cos.dtype, cos.is_cpu, cos.requires_grad,
+            type(sin), sin.shape, sin.stride(), sin.dtype, sin.is_cpu, sin.requires_grad,
+            None if cos_k is None else _meta(cos_k),
+            None if sin_k is None else _meta(sin_k),
+            None if positions is None else _meta(positions),
+            # The same object as positions: k shares q's rows (canonicalize reads the identity).
+            None if k_positions is None else True if k_positions is positions else _meta(k_positions),
+            options, torch.is_grad_enabled(), torch.get_num_threads(),
+        )  # fmt: skip
+    except (AttributeError, RuntimeError):  # not a tensor, or one without strides (sparse)
+        return None
+
+
+def qk_key(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    k_positions: torch.Tensor | None,
+    *options: object,
+) -> tuple | None:
+    """:func:`call_key` for a module's ``forward(q, k, positions, k_positions)``: what its
+    shape checks read (None when an argument is not a tensor)."""
+    try:
+        return (
+            type(q), q.shape, q.stride(), q.dtype, q.is_cpu, q.requires_grad,
+            type(k), k.shape, k.stride(), k.dtype, k.is_cpu, k.requires_grad,
+            type(positions), positions.shape, positions.stride(), positions.dtype,
+            positions.is_cpu,
+            None if k_positions is None else True if k_positions is positions else _meta(k_positions),
+            options, torch.is_grad_enabled(), torch.get_num_threads(),
+        )  # fmt: skip
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _varlen_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:

@@ -379,6 +379,67 @@ def _fields(a: RopeArgs, side: int, out: torch.Tensor, conj: bool) -> tuple[int,
 _PAIR = struct.Struct("=5Q19q5Q19q")
 
 
+# The five pointers that open one posenc_rope_args, and the 19 integers after them.
+_POINTERS = struct.Struct("=5Q")
+_FIXED = struct.Struct("=19q")
+
+
+class CpuCall:
+    """A prepared foreign call for one layout of canonical q, k, tables and positions: every
+    integer of both argument structs (shapes, strides, flags, threads) packed once, so a call
+    packs only the ten pointers. Valid for any tensors of the shapes and strides it was made
+    from (:func:`prepare_cpu_qk`); the caller keys it by them."""
+
+    __slots__ = ("_bf16", "_fixed_k", "_fixed_q", "_fn")
+
+    def __init__(self, fixed_q: bytes, fixed_k: bytes, bf16: bool, fn: object) -> None:
+        self._fixed_q, self._fixed_k, self._bf16, self._fn = fixed_q, fixed_k, int(bf16), fn
+
+    def __reduce__(self) -> tuple:
+        # The foreign function is not picklable: a copy (deepcopy, pickle) looks it up again.
+        return (_cpu_call, (self._fixed_q, self._fixed_k, bool(self._bf16)))
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        q_out: torch.Tensor,
+        cos_q: int,
+        sin_q: int,
+        pos_q: int,
+        k: torch.Tensor,
+        k_out: torch.Tensor,
+        cos_k: int,
+        sin_k: int,
+        pos_k: int,
+    ) -> None:
+        """Rotate ``q``, ``k`` into ``q_out``, ``k_out``; the tables and positions by their data
+        pointers (0: no positions). Views of the canonical tensors it was prepared for work
+        alike: a transposed ``[b, s, h, d]`` tensor or an unsqueezed table starts at the same
+        address."""
+        args = (
+            _POINTERS.pack(q.data_ptr(), q_out.data_ptr(), cos_q, sin_q, pos_q) + self._fixed_q
+            + _POINTERS.pack(k.data_ptr(), k_out.data_ptr(), cos_k, sin_k, pos_k) + self._fixed_k
+        )  # fmt: skip
+        if self._fn(args, self._bf16) != 0:  # type: ignore[operator]
+            raise MemoryError("the CPU rotary kernel could not allocate its table scratch")
+
+
+def _cpu_call(fixed_q: bytes, fixed_k: bytes, bf16: bool) -> CpuCall:
+    status = cpu_kernel_status()
+    if status:
+        raise RuntimeError(f"the CPU rotary kernel is unavailable: {status}")
+    assert _lib is not None
+    return CpuCall(fixed_q, fixed_k, bf16, _lib.posenc_rope_qk)
+
+
+def prepare_cpu_qk(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor) -> CpuCall:
+    """The :class:`CpuCall` of :func:`rope_cpu_qk` for inputs of ``a``'s shapes and strides
+    (int64 positions with a unit last stride, or None), forward rotation (``conj=False``)."""
+    fixed_q = _FIXED.pack(*_fields(a, 0, q_out, False)[5:])
+    fixed_k = _FIXED.pack(*_fields(a, 1, k_out, False)[5:])
+    return _cpu_call(fixed_q, fixed_k, a.q.dtype == torch.bfloat16)
+
+
 def rope_cpu_qk(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, conj: bool) -> None:
     """q and k in one foreign call, on inputs the dispatcher has already checked.
 

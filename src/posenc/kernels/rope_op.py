@@ -22,12 +22,15 @@ Shapes: ``b`` batch, ``h`` query heads, ``hk`` key heads, ``s`` query length, ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 import torch
 
 from .backends import available_backends, mixed_backend, select_backend, triton_status
-from .canonical import canonicalize, check_inplace, unit_last
+from .canonical import call_key, canonicalize, check_inplace, check_rows, unit_last
 from .constants import ROTARY_LAYOUTS
-from .cpu_rope import rope_cpu_qk
+from .cpu_rope import CpuCall, prepare_cpu_qk, rope_cpu_qk
 from .reference import RopeArgs, rope_qk_reference
 
 # The backend choice (.backends) and the input checks (.canonical) are importable from here too.
@@ -180,6 +183,10 @@ def rope_qk_canonical(
     if chosen == "torch":
         q_rot, k_rot = rope_qk_reference(a)
     elif not needs_grad and not torch.compiler.is_compiling():
+        if not inplace and (q.stride(-1) != 1 or k.stride(-1) != 1) and q.shape[-1] > 1:
+            # The kernels read d with a unit stride (in place checked that already).
+            q, k = unit_last(q), unit_last(k)
+            a = a._replace(q=q, k=k)
         q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
         _launch(chosen, a, q_out, k_out, False)
         return q_out, k_out
@@ -196,6 +203,164 @@ def rope_qk_canonical(
     q.copy_(q_rot)
     k.copy_(k_rot)
     return q, k
+
+
+# --- the decode fast path: one plan per call layout -------------------------------------------
+
+
+class DirectPlan:
+    """How to run, without checking again, a call whose layout passed the checks before: an
+    eager CPU-kernel call without gradients whose canonical tensors are views of the caller's
+    (so their data pointers are the caller's). Keyed by :func:`~.canonical.call_key`.
+
+    ``q_out``/``k_out``: ``(shape, strides)`` of the outputs in the caller's form (what the
+    checked path returns); ``rows_q``/``rows_k``: the table rows the positions / k_positions
+    must index (None: no value to check); ``k_rows``: where k's rows come from (0 none, 1 q's
+    positions, 2 k_positions)."""
+
+    __slots__ = (
+        "call", "device", "dtype", "inplace", "k_out", "k_rows", "like", "q_out", "rows_k", "rows_q"
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        call: CpuCall,
+        q_out: tuple[torch.Size, tuple[int, ...]],
+        k_out: tuple[torch.Size, tuple[int, ...]],
+        dtype: torch.dtype,
+        device: torch.device,
+        rows_q: int | None,
+        rows_k: int | None,
+        k_rows: int,
+        inplace: bool,
+    ) -> None:
+        self.call, self.q_out, self.k_out, self.dtype, self.device = (
+            call,
+            q_out,
+            k_out,
+            dtype,
+            device,
+        )
+        self.rows_q, self.rows_k, self.k_rows, self.inplace = rows_q, rows_k, k_rows, inplace
+        self.like = False  # set by _direct_plan where empty_like gives q_out's and k_out's layout
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cos_k: torch.Tensor | None,
+        sin_k: torch.Tensor | None,
+        positions: torch.Tensor | None,
+        k_positions: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The call: the value checks (positions index the tables; in place, q and k apart),
+        the outputs, one foreign call."""
+        if self.rows_q is not None:
+            check_rows("positions", positions, self.rows_q)  # type: ignore[arg-type]
+        if self.rows_k is not None:
+            check_rows("k_positions", k_positions, self.rows_k)  # type: ignore[arg-type]
+        if self.inplace:
+            if q.data_ptr() == k.data_ptr():
+                check_inplace(q, k)  # raises: q and k start at one address
+            q_out, k_out = q, k
+        elif self.like:  # what the checked path returns is empty_like's layout
+            q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        else:
+            q_out = torch.empty_strided(*self.q_out, dtype=self.dtype, device=self.device)
+            k_out = torch.empty_strided(*self.k_out, dtype=self.dtype, device=self.device)
+        pq = 0 if positions is None else positions.data_ptr()
+        pk = (0, pq, 0 if k_positions is None else k_positions.data_ptr())[self.k_rows]
+        cq, sq = cos.data_ptr(), sin.data_ptr()
+        ck = cq if cos_k is None else cos_k.data_ptr()
+        sk = sq if sin_k is None else sin_k.data_ptr()
+        self.call(q, q_out, cq, sq, pq, k, k_out, ck, sk, pk)
+        return q_out, k_out
+
+
+# call_key -> DirectPlan. Bounded: a prefill of every length adds one key per length.
+_PLANS: dict[tuple, DirectPlan] = {}
+_MAX_PLANS = 512
+
+
+def direct_plan(
+    a: RopeArgs,
+    given: tuple[torch.Tensor | None, ...],
+    outs: tuple[torch.Tensor, torch.Tensor],
+    values_checked: bool = False,
+) -> DirectPlan | None:
+    """The :class:`DirectPlan` of a call that ran the CPU kernel on ``a`` (checked, no
+    gradient, eager) into the canonical ``outs``, for a caller that keys its own plans
+    (``RotaryEmbedding``); ``given`` as :func:`_direct_plan`'s. None where no plan applies."""
+    return _direct_plan(a, given, outs, outs, False, values_checked)
+
+
+def plan_of(*given: torch.Tensor | None, options: tuple) -> DirectPlan | None:
+    """The plan a checked :func:`rope_qk` call with these tensors ``(q, k, cos, sin, cos_k,
+    sin_k, positions, k_positions)`` and ``options`` (its other arguments, in
+    :func:`rope_qk`'s order from ``rotary_dim``) made, if any: for callers that canonicalize
+    their own inputs on top of :func:`rope_qk` (:func:`posenc.hf.apply_rotary_pos_emb`)."""
+    if torch.compiler.is_compiling():
+        return None
+    return lookup(_PLANS, call_key(*given, *options))[1]  # type: ignore[arg-type]
+
+
+def _aliases(canonical: torch.Tensor | None, given: torch.Tensor | None) -> bool:
+    """``canonical`` is a view of ``given``'s memory at its start (no copy was made)."""
+    if canonical is None or given is None:
+        return canonical is None and given is None
+    return canonical.data_ptr() == given.data_ptr()
+
+
+def _direct_plan(
+    a: RopeArgs,
+    given: tuple[torch.Tensor | None, ...],
+    outs: tuple[torch.Tensor, torch.Tensor],
+    canonical_outs: tuple[torch.Tensor, torch.Tensor],
+    inplace: bool,
+    values_checked: bool = False,
+) -> DirectPlan | None:
+    """The plan of a checked call that ran the CPU kernel directly (None where the kernel read
+    a copy of an input: a copy must be made on every call, which the checked path does).
+
+    ``given``: the caller's ``(q, k, cos, sin, cos_k, sin_k, positions, k_positions)``;
+    ``values_checked``: the caller checks the positions' values itself (a module that reads
+    their range to pick its table), so the plan does not."""
+    q, k, cos, sin, cos_k, sin_k, positions, k_positions = given
+    pq, pk = a.positions_q, a.positions_k
+    k_rows = 0 if pk is None else 1 if pk is pq else 2
+    pairs = [(a.q, q), (a.k, k), (a.cos_q, cos), (a.sin_q, sin), (pq, positions)]
+    pairs += [
+        (a.cos_k, cos if cos_k is None else cos_k),
+        (a.sin_k, sin if sin_k is None else sin_k),
+    ]
+    if k_rows == 2:
+        pairs.append((pk, k_positions))
+    ok = all(_aliases(c, g) for c, g in pairs) and all(
+        p is None or (p.dtype == torch.int64 and p.is_contiguous()) for p in (pq, pk)
+    )
+    if (
+        not ok
+        or (a.q.stride(-1) != 1 and a.q.shape[-1] > 1)
+        or (a.k.stride(-1) != 1 and a.k.shape[-1] > 1)
+    ):
+        return None
+    rows_q = None if pq is None or values_checked else a.cos_q.shape[1]
+    own_rows = pk is not None and (pk is not pq or a.cos_k is not a.cos_q)
+    rows_k = a.cos_k.shape[1] if own_rows and not values_checked else None
+    if rows_k is not None and k_rows == 1:
+        return None  # k's own table read through q's rows: the checked path's rare form
+    plan = DirectPlan(
+        prepare_cpu_qk(a, *canonical_outs), (outs[0].shape, outs[0].stride()),
+        (outs[1].shape, outs[1].stride()), a.q.dtype, a.q.device, rows_q, rows_k, k_rows, inplace,
+    )  # fmt: skip
+    # empty_like's layout follows the input's strides alone, so one look decides for the key.
+    assert q is not None and k is not None
+    plan.like = all(
+        torch.empty_like(x).stride() == out.stride() for x, out in ((q, outs[0]), (k, outs[1]))
+    )
+    return plan
 
 
 def rope_qk(
@@ -243,16 +408,77 @@ def rope_qk(
     """
     if layout not in ROTARY_LAYOUTS:
         raise ValueError(f"layout must be one of {ROTARY_LAYOUTS}, got {layout!r}")
+    given = (q, k, cos, sin, cos_k, sin_k, positions, k_positions)
+    key = None
+    if cu_seqlens is None and not torch.compiler.is_compiling():
+        # A layout seen before passed every shape check: only the values are checked again.
+        options = (rotary_dim, seq_layout, layout, inplace, backend)
+        key, plan = lookup(_PLANS, call_key(*given, *options))
+        if plan is not None:
+            return plan.run(*given)
+    return _checked(given, key, cu_seqlens, rotary_dim, seq_layout, layout, inplace, backend)
+
+
+def _checked(
+    given: tuple,
+    key: tuple | None,
+    cu_seqlens: torch.Tensor | None,
+    rotary_dim: int | None,
+    seq_layout: str,
+    layout: str,
+    inplace: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope_qk` with every check, keeping its plan under ``key`` where one applies."""
+    q, k, cos, sin, cos_k, sin_k, positions, k_positions = given
     a = canonicalize(
         q, k, cos, sin, cos_k, sin_k, positions, k_positions, cu_seqlens, rotary_dim, seq_layout,
         layout == "interleaved",
     )  # fmt: skip
     if inplace:
-        check_inplace(q, k)
-    q_rot, k_rot = rope_qk_canonical(a, backend, inplace=inplace)
+        check_inplace(q, k)  # then the backend, which rope_qk_canonical would choose likewise
+    chosen = mixed_backend(backend, q, k) or select_backend(backend, a.q, a[2:6])
+    q_rot, k_rot = rope_qk_canonical(a, chosen, inplace=inplace, checked=True)
+    outs = _caller_form(q, k, q_rot, k_rot, cu_seqlens, seq_layout, inplace)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    if key is not None and chosen == "cpu" and not needs_grad:
+        remember(_PLANS, key, _direct_plan(a, given, outs, (q_rot, k_rot), inplace))
+    return outs
+
+
+_T = TypeVar("_T")
+
+
+def lookup(plans: Mapping[tuple, _T], key: tuple | None) -> tuple[tuple | None, _T | None]:
+    """``(key, plans[key] or None)``; ``(None, None)`` for a key that cannot be one (None, or
+    an unhashable option: the checks will say what is wrong with it)."""
+    try:
+        return key, plans.get(key) if key is not None else None
+    except TypeError:
+        return None, None
+
+
+def remember(plans: dict[tuple, _T], key: tuple, plan: _T | None, limit: int = _MAX_PLANS) -> None:
+    """Keep ``plan`` (if any) under ``key``; a full dict starts again (a prefill of every length
+    adds one key per length)."""
+    if plan is not None:
+        if len(plans) >= limit:
+            plans.clear()
+        plans[key] = plan
+
+
+def _caller_form(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_rot: torch.Tensor,
+    k_rot: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    seq_layout: str,
+    inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotated ``[b, h, s, d]`` q and k back in the caller's form (views, no copies)."""
     if inplace:
         return q, k
-    # Back to the caller's form (views, no copies).
     if cu_seqlens is not None:
         return q_rot.transpose(1, 2).squeeze(0), k_rot.transpose(1, 2).squeeze(0)  # [total, h, d]
     if seq_layout == "bshd":

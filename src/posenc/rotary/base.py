@@ -202,7 +202,11 @@ def position_range(positions: torch.Tensor, k_positions: torch.Tensor) -> int:
     for name, p in (("positions", positions), ("k_positions", k_positions)):
         if p.numel() and (name == "positions" or p is not positions):
             if p.numel() <= 64:  # a decode step: a list is cheaper than a reduction kernel
-                values = p.reshape(-1).tolist()
+                # [s] or [b, s] read as they are: a reshape is an op of its own
+                if p.dim() == 2:
+                    values = [v for row in p.tolist() for v in row]
+                else:
+                    values = p.reshape(-1).tolist()
                 low, high = min(values), max(values)
             else:
                 mn, mx = p.aminmax()

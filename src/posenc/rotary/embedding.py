@@ -23,9 +23,19 @@ from ..functional.rope_scaling import (
     scaled_inv_freq,
 )
 from ..functional.rotary import angles_cos_sin, rope_cos_sin
+from ..kernels.canonical import qk_key
 from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
 from ..kernels.reference import RopeArgs
-from ..kernels.rope_op import mixed_backend, rope_qk_canonical, select_backend, unit_last
+from ..kernels.rope_op import (
+    DirectPlan,
+    direct_plan,
+    lookup,
+    mixed_backend,
+    remember,
+    rope_qk_canonical,
+    select_backend,
+    unit_last,
+)
 from .base import (
     RotaryEncoding,
     check_qk,
@@ -155,6 +165,11 @@ class RotaryEmbedding(RotaryEncoding):
         self._tables: dict[tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self._on_device: dict[tuple[torch.device, str], torch.Tensor] = {}
         self._backends: dict[tuple[str, torch.dtype, torch.dtype], str] = {}
+        # Decode plans (forward): for this class's own steps only, not a subclass's.
+        own = ("check_inputs", "resolve_positions", "tables", "apply_tables")
+        cls = type(self)
+        same = all(getattr(cls, n) is getattr(RotaryEmbedding, n) for n in own)
+        self._plans: dict[tuple, DirectPlan] | None = {} if same else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -178,6 +193,8 @@ class RotaryEmbedding(RotaryEncoding):
         self._tables.clear()
         self._on_device.clear()
         self._backends.clear()
+        if self._plans is not None:
+            self._plans.clear()
 
     # --- frequencies ---------------------------------------------------------------------------
 
@@ -281,7 +298,78 @@ class RotaryEmbedding(RotaryEncoding):
         inv_freq, factor = self.frequencies(seq_len)
         return rope_cos_sin(positions, inv_freq, factor)
 
-    # --- forward (the stanza is RotaryEncoding's) ---------------------------------------------
+    # --- forward: RotaryEncoding's stanza, and a plan per layout for decode steps -----------
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate queries and keys by their positions (:meth:`RotaryEncoding.forward`).
+
+        Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]``; ``positions [s]`` or ``[b, s]``,
+        ``k_positions [t]`` or ``[b, t]``, integer (defaults: ``arange``, queries at the last
+        ``s`` key positions). Returns new ``(q', k')``. A call with given positions whose
+        layout (shapes, strides, dtypes, device) passed the checks before skips them: only
+        the positions' range is read (it picks the table and checks them non-negative).
+        """
+        key = None
+        if self._plans is not None and positions is not None and not torch.compiler.is_compiling():
+            options = (self.span, self.interleaved, self.backend)
+            key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
+            if plan is not None:
+                out = self._run_plan(plan, q, k, positions, k_positions)
+                if out is not None:
+                    return out
+        self.check_inputs(q, k)
+        pos, k_pos = self.resolve_positions(q, k, positions, k_positions)
+        tables = self.tables(q, k, pos, k_pos)
+        out = self.apply_tables(q, k, tables)
+        if key is not None and positions is not None and tables.pq is not None:
+            self._remember(key, q, k, tables, positions, k_positions, out)
+        return out
+
+    def _run_plan(
+        self,
+        plan: DirectPlan,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        k_positions: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A planned step, or None where its positions need the checked path (dynamic NTK past
+        the original length, positions past the cached table)."""
+        top = position_range(positions, positions if k_positions is None else k_positions)
+        key = self._freq_key(top + 1)
+        if key == "grown" or top >= self.cache_len:
+            return None
+        cos, sin = self._table(q.device, key)  # [1, cache_len, n]
+        return plan.run(q, k, cos, sin, None, None, positions, k_positions)
+
+    def _remember(
+        self,
+        key: tuple,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        tables: RopeTables,
+        positions: torch.Tensor,
+        k_positions: torch.Tensor | None,
+        out: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
+        """Keep the plan of a checked call served from the cached table by the CPU kernel
+        directly (no gradient), for the next call of its layout."""
+        assert self._plans is not None
+        chosen = self._backends.get((q.device.type, q.dtype, k.dtype))
+        if chosen != "cpu" or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+            return
+        cos, sin, _, _, pq, pk = tables
+        a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved)
+        given = (q, k, cos, sin, None, None, positions, k_positions)
+        remember(self._plans, key, direct_plan(a, given, out, values_checked=True), limit=64)
+
+    # --- the two steps of the stanza -----------------------------------------------------------
 
     def checks_position_values(self, q: torch.Tensor) -> bool:
         # Eager on the CPU the positions' range is read (free there) to pick the table, which

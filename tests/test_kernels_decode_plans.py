@@ -1,0 +1,190 @@
+"""The decode fast path: a call layout checked once runs from its plan, and stays exact and
+checked where a check reads values.
+
+References: transformers' own ``apply_rotary_pos_emb`` and posenc's pure-PyTorch reference
+(``backend="torch"``, which never makes a plan).
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+
+from posenc.hf import apply_rotary_pos_emb
+from posenc.hf import rotary as hf_rotary
+from posenc.kernels import canonical, rope_op, rope_qk
+from posenc.kernels.backends import available_backends
+from posenc.rotary import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(
+    "cpu" not in available_backends("cpu"), reason="the CPU kernel is not available here"
+)
+
+
+def _qk(b: int = 2, dtype: torch.dtype = torch.float32, s: int = 1, d: int = 16):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, 4, s, d, generator=g).to(dtype)  # [b, h, s, d]
+    k = torch.randn(b, 2, s, d, generator=g).to(dtype)  # [b, hk, s, d]
+    return q, k
+
+
+def _table(n: int = 64, d: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = torch.arange(n, dtype=torch.float64)[:, None] * inv  # [n, d/2]
+    return angle.cos().float(), angle.sin().float()
+
+
+def _count(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[int]:
+    calls = [0]
+    real = getattr(module, name)
+
+    def counted(*args: object, **kw: object) -> object:
+        calls[0] += 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_a_layout_seen_before_skips_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count(monkeypatch, rope_op, "canonicalize")
+    cos, sin = _table()
+    q, k = _qk()
+    for p in (3, 40, 63):  # a decode loop: new positions, one layout
+        pos = torch.full((2, 1), p)
+        got = rope_qk(q, k, cos, sin, positions=pos)
+        want = rope_qk(q, k, cos, sin, positions=pos, backend="torch")
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # One checked call for the kernel's layout; the reference calls are checked every time.
+    assert calls[0] == 1 + 3
+
+
+@pytest.mark.parametrize("bad", [64, -1])
+def test_a_planned_layout_still_checks_the_positions(bad: int) -> None:
+    cos, sin = _table()
+    q, k = _qk()
+    rope_qk(q, k, cos, sin, positions=torch.full((2, 1), 5))  # makes the plan
+    with pytest.raises(ValueError, match=r"positions must index the table's 64 rows, got values"):
+        rope_qk(q, k, cos, sin, positions=torch.full((2, 1), bad))
+
+
+def test_a_planned_in_place_layout_still_refuses_shared_memory() -> None:
+    cos, sin = _table(1)
+    q, k = _qk(b=1)
+    kk = torch.randn(1, 4, 1, 16)  # k of q's shape: one buffer can then be passed as both
+    rope_qk(q, kk, cos, sin, inplace=True)
+    with pytest.raises(ValueError, match="separate memory"):
+        rope_qk(q, q, cos, sin, inplace=True)
+    del k
+
+
+def test_a_head_dim_with_a_non_unit_stride_is_rotated_right() -> None:
+    # The eager CPU path launched the kernel on such a view directly (it reads d with stride 1).
+    cos, sin = _table(3)
+    q = torch.randn(1, 4, 3, 32)[..., ::2]  # [1, 4, 3, 16], strides (.., 2)
+    k = torch.randn(1, 2, 3, 16)
+    got = rope_qk(q, k, cos, sin)
+    want = rope_qk(q, k, cos, sin, backend="torch")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_every_layout_form_runs_its_plan_exactly() -> None:
+    cos, sin = _table()
+    for seq_layout in ("bhsd", "bshd"):
+        for s in (1, 5):
+            q, k = _qk(s=s)
+            if seq_layout == "bshd":
+                q, k = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+            pos = torch.arange(10, 10 + s)
+            want = rope_qk(q, k, cos, sin, positions=pos, seq_layout=seq_layout, backend="torch")
+            checked = rope_qk(q, k, cos, sin, positions=pos, seq_layout=seq_layout)
+            planned = rope_qk(q, k, cos, sin, positions=pos, seq_layout=seq_layout)
+            for got in (checked, planned):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+            # The plan returns the checked path's layout.
+            assert [t.stride() for t in planned] == [t.stride() for t in checked]
+
+
+def test_no_plan_under_grad_or_for_a_copied_input() -> None:
+    cos, sin = _table()
+    q, k = _qk()
+    before = len(rope_op._PLANS)
+    rope_qk(q.requires_grad_(), k, cos, sin, positions=torch.full((2, 1), 1))
+    rope_qk(q.detach(), k, cos, sin, positions=torch.full((2, 1), 1, dtype=torch.int32))
+    assert len(rope_op._PLANS) == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_drop_in_reads_transformers_tables_as_they_are(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    calls = _count(monkeypatch, hf_rotary, "half_tables")
+    cos, sin = _table()
+    q, k = _qk(dtype=dtype, d=16)
+    for p in (7, 8, 9):
+        c, s = cos[[p]], sin[[p]]  # [1, n]
+        cos_hf = torch.cat((c, c), -1)[None].to(dtype)  # [1, 1, d]: transformers' form
+        sin_hf = torch.cat((s, s), -1)[None].to(dtype)
+        for _layer in range(3):  # the layers of one step share the tables
+            got = apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
+            want = hf_apply(q.float(), k.float(), cos_hf.float(), sin_hf.float())
+            torch.testing.assert_close(got[0].float(), want[0].to(dtype).float())
+    # float32: the checked first call alone; bfloat16: that call, then once per step's table
+    # pair (the memo serves the other layers).
+    assert calls[0] == (1 if dtype == torch.float32 else 1 + 3)
+
+
+def test_the_drop_in_memo_sees_an_in_place_write() -> None:
+    q, k = _qk(dtype=torch.bfloat16)
+    cos_hf = torch.ones(1, 1, 16, dtype=torch.bfloat16)
+    sin_hf = torch.zeros(1, 1, 16, dtype=torch.bfloat16)
+    apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
+    torch.testing.assert_close(apply_rotary_pos_emb(q, k, cos_hf, sin_hf)[0], q)
+    cos_hf.neg_()  # a rotation by pi: the same objects, new values
+    torch.testing.assert_close(apply_rotary_pos_emb(q, k, cos_hf, sin_hf)[0], -q)
+
+
+def test_the_module_plan_is_exact_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    rope = RotaryEmbedding(16, cache_len=64)
+    ref = RotaryEmbedding(16, cache_len=64, backend="torch")
+    calls = _count(monkeypatch, RotaryEmbedding, "tables")
+    q, k = _qk()
+    for p in (5, 6, 100):  # 100: past the cached table, the checked path
+        pos = torch.full((2, 1), p)
+        torch.testing.assert_close(rope(q, k, pos), ref(q, k, pos), rtol=0, atol=0)
+    assert calls[0] == 1 + 3 + 1  # rope: 5 checked, 6 planned, 100 checked; ref: every call
+    with pytest.raises(ValueError, match="positions must be non-negative, got minimum -1"):
+        rope(q, k, torch.full((2, 1), -1))
+
+
+def test_a_planned_module_copies() -> None:
+    rope = RotaryEmbedding(16)
+    q, k = _qk()
+    pos = torch.full((2, 1), 3)
+    rope(q, k, pos)
+    assert rope._plans
+    other = copy.deepcopy(rope)  # the plan's foreign function is looked up again
+    assert other._plans
+    torch.testing.assert_close(other(q, k, pos), rope(q, k, pos), rtol=0, atol=0)
+    plan = next(iter(rope._plans.values()))
+    assert pickle.loads(pickle.dumps(plan.call))._fixed_q == plan.call._fixed_q
+
+
+def test_the_plan_key_changes_with_every_checked_property() -> None:
+    q, k = _qk()
+    cos, sin = _table()
+    base = canonical.call_key(q, k, cos, sin, None, None, None, None, "auto")
+    changed = [
+        canonical.call_key(q.double(), k, cos, sin, None, None, None, None, "auto"),
+        canonical.call_key(q.transpose(1, 2), k, cos, sin, None, None, None, None, "auto"),
+        canonical.call_key(q[:1], k, cos, sin, None, None, None, None, "auto"),
+        canonical.call_key(q, k, cos.requires_grad_(), sin, None, None, None, None, "auto"),
+        canonical.call_key(q, k, cos, sin, None, None, None, None, "torch"),
+        canonical.call_key(q, k, cos, sin, None, None, torch.zeros(1, dtype=torch.long), None),
+    ]
+    assert all(c != base for c in changed)
+    assert canonical.call_key([1], k, cos, sin, None, None, None, None) is None
