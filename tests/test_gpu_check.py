@@ -73,7 +73,8 @@ def test_dry_run_passes_and_writes_every_output(tmp_path: Path) -> None:
     # Each bench block of the run is its rows' rendering; the lab and check blocks are there.
     text = (out / "RESULTS.md").read_text()
     docs = load_all(out / "rows")
-    assert set(docs) == {"rope-cpu-dry-run", "rope-backward-cpu-dry-run", "bias-cpu"}
+    assert set(docs) == {"rope-cpu-dry-run", "rope-decode-cpu-dry-run", "rope-backward-cpu-dry-run",
+                         "bias-cpu"}  # fmt: skip
     for name, doc in docs.items():
         assert _block(text, name).rstrip() == render.render(doc).rstrip()
     check = _block(text, "gpu-check-cpu")

@@ -6,10 +6,9 @@ and the caption says which."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
-
-import pytest
 
 from posenc.lab import presets as P
 from posenc.lab import report as R
@@ -57,9 +56,15 @@ def test_a_slowed_cell_keeps_its_ratio(tmp_path, monkeypatch, write_corpus) -> N
     plain, slow = load_rows(tmp_path / "plain"), load_rows(tmp_path / "slowed")
     assert R.speed_basis(R.table_rows(plain)) == R.speed_basis(R.table_rows(slow)) == "cpu"
     # the slowdown is real on the wall clock: the old column fell by more than half
-    assert ratio(slow, "wall") < 0.5 * ratio(plain, "wall")
-    # and the column did not follow it (the margin covers CPU-time noise on a loaded machine)
-    assert ratio(slow, "cpu") == pytest.approx(ratio(plain, "cpu"), rel=0.3)
+    wall_shift = math.log(ratio(plain, "wall") / ratio(slow, "wall"))
+    assert wall_shift > math.log(2)
+    # and the column did not follow it. CPU time is not free of the wait either: a step after a
+    # sleep finds its caches cold (another process ran meanwhile), and tiny steps on a loaded
+    # machine vary; measured shifts up to 0.47 (a ratio of 0.76 read as 0.48 beside another
+    # test process) against a wall-clock shift of 2-2.5. So the bound is relative to the wall
+    # clock's shift: a column that followed the wall clock moves by all of it.
+    cpu_shift = abs(math.log(ratio(plain, "cpu") / ratio(slow, "cpu")))
+    assert cpu_shift < 0.5 * wall_shift, (cpu_shift, wall_shift)
     header, body = R.table_cells(slow)
     col = header.index("×NoPE")
     (rope,) = [cells for cells in body if cells[0] == "rope"]
