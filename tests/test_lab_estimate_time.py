@@ -1,0 +1,60 @@
+"""The dry run's wall-time model: cells handed out in grid order to the first free worker (as
+:mod:`posenc.lab.jobs` does), slowed when workers share the CPU, plus the workers' start-up.
+Checked against an event simulation written independently (a heap of worker finish times) and
+against the bounds any schedule obeys."""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+import pytest
+
+from posenc.lab import estimate as E
+
+
+def simulate(seconds: list[float], workers: int) -> float:
+    """An event simulation: each worker's finish time on a heap; the next cell goes to the one
+    that frees first (ties: the lower index, as in the order workers start)."""
+    heap = [(0.0, i) for i in range(workers)]
+    end = 0.0
+    for t in seconds:
+        free, i = heapq.heappop(heap)
+        heapq.heappush(heap, (free + t, i))
+        end = max(end, free + t)
+    return end
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_makespan_follows_the_grid_order_on_free_workers(seed: int) -> None:
+    rng = random.Random(seed)
+    cells = [rng.uniform(1, 100) for _ in range(rng.randint(1, 30))]
+    for workers in (1, 2, 3, 8):
+        got = E.makespan(cells, workers)
+        assert got == pytest.approx(simulate(cells, workers))
+        assert got >= max(cells) and got >= sum(cells) / workers - 1e-9
+    assert E.makespan(cells, 1) == pytest.approx(sum(cells))
+
+
+def test_a_long_last_cell_sets_the_end() -> None:
+    # The default grid ends with DeBERTa, twice the others: a perfect split would hide it.
+    assert E.makespan([40.0] * 12 + [100.0], 2) == pytest.approx(240.0 + 100.0)
+    assert sum([40.0] * 12 + [100.0]) / 2 < 340.0
+
+
+def _estimate(jobs: int, times: list[float], device: str = "cpu") -> E.Estimate:
+    costs = tuple(
+        E.LabelCost(f"e{i}", "rotary", 1, 1, 1, 1, 64, train_s=t, eval_s=0.0)
+        for i, t in enumerate(times)
+    )
+    return E.Estimate(costs, seeds=1, jobs=jobs, threads=1, device=device, available=None,
+                      batch_size=1, train_len=64)  # fmt: skip
+
+
+def test_estimate_slows_shared_workers_and_counts_their_start() -> None:
+    times = [30.0, 50.0, 40.0, 20.0]
+    assert _estimate(1, times).seconds == pytest.approx(sum(times))
+    slowed = [t * E.PAIR_SLOWDOWN for t in times]
+    assert _estimate(2, times).seconds == pytest.approx(simulate(slowed, 2) + E.WORKER_START_S)
+    # on CUDA the workers do not share a CPU's caches: no slowdown, no worker start-up
+    assert _estimate(2, times, "cuda").seconds == pytest.approx(simulate(times, 2))
