@@ -180,3 +180,27 @@ def test_the_torch_floor_has_flex_attention_with_gqa() -> None:
     """posenc.attention.paths passes ``enable_gqa`` to FlexAttention, new in torch 2.5."""
     assert _requirement("torch") == "torch>=2.5"
     assert "enable_gqa=" in (ROOT / "src" / "posenc" / "attention" / "paths.py").read_text()
+
+
+def test_a_downstream_strict_mypy_sees_real_types(tmp_path: Path) -> None:
+    """A user's file type-checked with ``mypy --strict`` against the installed posenc: the
+    marker makes mypy read posenc's own annotations (no "missing library stubs"), so a call's
+    result has its real type and a misuse is an error."""
+    pytest.importorskip("mypy")
+    user = tmp_path / "use_posenc.py"
+    user.write_text(
+        "from posenc.hf import rope_from_hf\n"
+        "rope = rope_from_hf({'model_type': 'llama', 'hidden_size': 64,\n"
+        "                     'num_attention_heads': 4, 'rope_theta': 10000.0})\n"
+        "reveal_type(rope)\n"
+        "n: int = rope_from_hf  # a function is no int\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(user)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    out = res.stdout
+    assert "missing library stubs" not in out and "import-untyped" not in out, out
+    assert 'Revealed type is "posenc.rotary.embedding.RotaryEmbedding"' in out, out
+    assert "use_posenc.py:5: error: Incompatible types in assignment" in out, out
+    assert "Found 1 error in 1 file" in out, out
