@@ -69,6 +69,7 @@ def test_make_targets_the_readme_names_exist() -> None:
         assert {"lab", "test", "test-floors", "sdist-check"} <= named, lang
         assert named <= targets, (lang, named - targets)
     assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")  # CI runs the README's
+    assert "bash .ci/sdist_check.sh" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("lang", READMES)
