@@ -58,7 +58,9 @@ typecheck: setup
 	$(BIN)/mypy
 
 unit: setup
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 -q
+	# worksteal: a worker that runs out takes tests queued on the other (the suite ends with a few
+	# 20-40 s tests; measured 548 s against 588 s with the default load distribution).
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 --dist worksteal -q
 
 test: lint typecheck unit
 

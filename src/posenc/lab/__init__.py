@@ -26,10 +26,11 @@ import importlib
 from typing import Any
 
 #: How long the default grid (bare ``posenc lab``: preset cpu-small, 13 encodings, one thread)
-#: takes, measured: 5 min 54 s from a fresh clone after set-up on the 2-core x86-64 VM of the
-#: README's table (each result row records its own ``cell_seconds``). Every place that states
+#: takes, measured: 6 min 43 s with two workers on the 2-core AMD EPYC VM on 2026-12-02
+#: (6 min 18 s on the Intel VM of the README's table; each result row records its own
+#: ``cell_seconds``). Every place that states
 #: the run time (README, ``posenc lab --help``, the docs, ``posenc report``) says this.
-DEFAULT_RUN_TIME = "about 6 minutes on two CPU cores"
+DEFAULT_RUN_TIME = "about 7 minutes on two CPU cores"
 
 _EXPORTS = {
     "LabConfig": "presets",
