@@ -85,6 +85,18 @@ def _check_rows(name: str, p: torch.Tensor | None, seq: int, table: torch.Tensor
     check_rows(name, p, n)
 
 
+def small_range(p: torch.Tensor) -> tuple[int, int]:
+    """``(min, max)`` of a small non-empty integer ``p`` (a decode step's ``[s]``, ``[b, s]`` or
+    more) read as a list: cheaper than reduction kernels at this size. Only where reading
+    values is free (:func:`posenc._checks.host_readable`)."""
+    if p.dim() > 2:
+        flat = p.reshape(-1).tolist()
+    else:  # [s] or [b, s] read as they are: a reshape is an op of its own
+        values = p.tolist()
+        flat = values if p.dim() == 1 else [v for row in values for v in row]
+    return min(flat), max(flat)
+
+
 def check_rows(name: str, p: torch.Tensor, n: int) -> None:
     """Every value of ``p`` (integer ``[s]`` or ``[b, s]``) is in ``[0, n)``. The one value
     check a call repeats (a plan seen before skips every other check): read as a list where
@@ -94,9 +106,7 @@ def check_rows(name: str, p: torch.Tensor, n: int) -> None:
     if not numel:
         return
     if numel <= 64 and host_readable(p):
-        values = p.tolist()  # [s] or [b, s]
-        flat = values if p.dim() == 1 else [v for row in values for v in row]
-        low, high = min(flat), max(flat)
+        low, high = small_range(p)
         if low < 0 or high >= n:
             raise ValueError(
                 f"{name} must index the table's {n} rows, got values in [{low}, {high}]"

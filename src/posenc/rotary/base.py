@@ -21,6 +21,7 @@ from torch import nn
 
 from .._checks import check_positions, default_positions
 from .._context import PositionContext
+from ..kernels.canonical import small_range
 
 #: Positions as ``forward`` takes them (None: the defaults).
 Positions: TypeAlias = torch.Tensor | None
@@ -202,12 +203,7 @@ def position_range(positions: torch.Tensor, k_positions: torch.Tensor) -> int:
     for name, p in (("positions", positions), ("k_positions", k_positions)):
         if p.numel() and (name == "positions" or p is not positions):
             if p.numel() <= 64:  # a decode step: a list is cheaper than a reduction kernel
-                # [s] or [b, s] read as they are: a reshape is an op of its own
-                if p.dim() == 2:
-                    values = [v for row in p.tolist() for v in row]
-                else:
-                    values = p.reshape(-1).tolist()
-                low, high = min(values), max(values)
+                low, high = small_range(p)
             else:
                 mn, mx = p.aminmax()
                 low, high = int(mn), int(mx)
