@@ -188,3 +188,75 @@ def test_the_plan_key_changes_with_every_checked_property() -> None:
     ]
     assert all(c != base for c in changed)
     assert canonical.call_key([1], k, cos, sin, None, None, None, None) is None
+
+
+def test_k_own_table_through_q_positions_is_planned_and_checked() -> None:
+    # xPos's form: k has its own table but reads q's positions (one object for both).
+    cos, sin = _table()
+    cos_k, sin_k = cos[:32] * 0.5, sin[:32] * 0.5  # k's table: fewer rows, other values
+    q, k = _qk()
+    before = len(rope_op._PLANS)
+    for p in (3, 20, 31):
+        pos = torch.full((2, 1), p)
+        kw = {"cos_k": cos_k, "sin_k": sin_k, "positions": pos, "k_positions": pos}
+        got = rope_qk(q, k, cos, sin, **kw)
+        torch.testing.assert_close(
+            got, rope_qk(q, k, cos, sin, **kw, backend="torch"), rtol=0, atol=0
+        )
+    assert len(rope_op._PLANS) == before + 1
+    pos = torch.full((2, 1), 40)  # inside q's 64 rows, past k's 32: the planned call says so
+    with pytest.raises(ValueError, match=r"k_positions must index the table's 32 rows"):
+        rope_qk(q, k, cos, sin, cos_k=cos_k, sin_k=sin_k, positions=pos, k_positions=pos)
+
+
+@pytest.mark.parametrize("allocation", [False, True, "hw_alternating"])
+def test_mrope_text_positions_run_a_plan_exactly(
+    monkeypatch: pytest.MonkeyPatch, allocation: bool | str
+) -> None:
+    from posenc.rotary import MRoPE
+
+    sections = {False: [2, 3, 3], True: [4, 2, 2], "hw_alternating": [3, 3, 2]}[allocation]
+    mrope = MRoPE(16, sections, interleaved=allocation)
+    calls = _count(monkeypatch, MRoPE, "tables")
+    q, k = _qk()
+    for p in (5, 6, 7, 5000):  # 5000: past the 4096-row table, the checked path
+        pos = torch.full((2, 1), p)
+        got = mrope(q, k, pos)
+        # The reference: M-RoPE's own [3, b, s] path, every axis at the text position.
+        want = mrope(q, k, pos[None].expand(3, 2, 1))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # 5 checked (and its plan made); 6, 7 planned; 5000 checked; the [3, b, s] calls: 4.
+    assert calls[0] == 1 + 1 + 4
+    with pytest.raises(ValueError, match="positions must be non-negative, got minimum -1"):
+        mrope(q, k, torch.full((2, 1), -1))
+
+
+def test_xpos_decode_steps_run_a_plan_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc.functional import apply_rotary_qk
+    from posenc.rotary import XPos
+
+    xpos = XPos(16)
+    calls = _count(monkeypatch, XPos, "tables")
+    q, k = _qk()
+    for p in (5, 6, 7, 4096):  # 4096: past the cached tables, the checked path
+        pos = torch.full((2, 1), p)
+        got = xpos(q, k, pos)
+        # The reference: the scaled cos/sin of these positions, rotated by the torch backend.
+        (cq, sq), (ck, sk) = xpos.cos_sin(pos), xpos.cos_sin(pos, downscale=True)
+        want = apply_rotary_qk(q, k, cq, sq, ck, sk, "interleaved", backend="torch")
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert calls[0] == 1 + 1  # 5 checked, 6 and 7 planned, 4096 checked
+    with pytest.raises(ValueError, match="positions must be non-negative, got minimum -1"):
+        xpos(q, k, torch.full((2, 1), -1))
+
+
+def test_xpos_tables_stop_at_the_dtype_limit() -> None:
+    from posenc.rotary import XPos
+
+    xpos = XPos(16)
+    limit = xpos.max_offset(torch.float16)  # 2832: the cached rows stop there for float16
+    q, k = _qk(dtype=torch.float16)
+    xpos(q, k, torch.full((2, 1), limit))  # the last row; the plan is made
+    xpos(q, k, torch.full((2, 1), limit))
+    with pytest.raises(ValueError, match=f"positions must lie within {limit} of center=0"):
+        xpos(q, k, torch.full((2, 1), limit + 1))

@@ -214,9 +214,9 @@ class DirectPlan:
     (so their data pointers are the caller's). Keyed by :func:`~.canonical.call_key`.
 
     ``q_out``/``k_out``: ``(shape, strides)`` of the outputs in the caller's form (what the
-    checked path returns); ``rows_q``/``rows_k``: the table rows the positions / k_positions
-    must index (None: no value to check); ``k_rows``: where k's rows come from (0 none, 1 q's
-    positions, 2 k_positions)."""
+    checked path returns); ``rows_q``/``rows_k``: the rows of q's / k's table that the
+    positions / k's rows must index (None: no value to check); ``k_rows``: where k's rows come
+    from (0 none, 1 q's positions, 2 k_positions)."""
 
     __slots__ = (
         "call", "device", "dtype", "inplace", "k_out", "k_rows", "like", "q_out", "rows_k", "rows_q"
@@ -259,8 +259,9 @@ class DirectPlan:
         the outputs, one foreign call."""
         if self.rows_q is not None:
             check_rows("positions", positions, self.rows_q)  # type: ignore[arg-type]
-        if self.rows_k is not None:
-            check_rows("k_positions", k_positions, self.rows_k)  # type: ignore[arg-type]
+        if self.rows_k is not None:  # k's own table, through k_positions or q's positions
+            rows = positions if self.k_rows == 1 else k_positions
+            check_rows("k_positions", rows, self.rows_k)  # type: ignore[arg-type]
         if self.inplace:
             if q.data_ptr() == k.data_ptr():
                 check_inplace(q, k)  # raises: q and k start at one address
@@ -349,8 +350,8 @@ def _direct_plan(
     rows_q = None if pq is None or values_checked else a.cos_q.shape[1]
     own_rows = pk is not None and (pk is not pq or a.cos_k is not a.cos_q)
     rows_k = a.cos_k.shape[1] if own_rows and not values_checked else None
-    if rows_k is not None and k_rows == 1:
-        return None  # k's own table read through q's rows: the checked path's rare form
+    if rows_k is not None and k_rows == 1 and rows_k == rows_q:
+        rows_k = None  # k's own table read through q's rows (xPos): q's check covers it
     plan = DirectPlan(
         prepare_cpu_qk(a, *canonical_outs), (outs[0].shape, outs[0].stride()),
         (outs[1].shape, outs[1].stride()), a.q.dtype, a.q.device, rows_q, rows_k, k_rows, inplace,

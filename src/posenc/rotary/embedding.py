@@ -159,6 +159,9 @@ class RotaryEmbedding(RotaryEncoding):
         )  # fmt: skip
         self.backend = backend
         self.interleaved = layout == "interleaved"
+        # The pair layout the kernels read (a subclass may give ``interleaved`` another meaning:
+        # MRoPE's is Qwen's sections flag).
+        self._interleaved_pairs = self.interleaved
         # Channels the rotation touches: proportional spreads its r/2 frequencies over the head.
         self.span = head_dim if self.rope_type == "proportional" else rotary_dim
         self._sets: dict[str, tuple[torch.Tensor, float]] = {}
@@ -317,12 +320,9 @@ class RotaryEmbedding(RotaryEncoding):
         """
         key = None
         if self._plans is not None and positions is not None and not torch.compiler.is_compiling():
-            options = (self.span, self.interleaved, self.backend)
-            key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
-            if plan is not None:
-                out = self._run_plan(plan, q, k, positions, k_positions)
-                if out is not None:
-                    return out
+            key, out = self._planned(q, k, positions, k_positions)
+            if out is not None:
+                return out
         self.check_inputs(q, k)
         pos, k_pos = self.resolve_positions(q, k, positions, k_positions)
         tables = self.tables(q, k, pos, k_pos)
@@ -330,6 +330,20 @@ class RotaryEmbedding(RotaryEncoding):
         if key is not None and positions is not None and tables.pq is not None:
             self._remember(key, q, k, tables, positions, k_positions, out)
         return out
+
+    def _planned(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        k_positions: torch.Tensor | None,
+    ) -> tuple[tuple | None, tuple[torch.Tensor, torch.Tensor] | None]:
+        """``(key, out)``: the call's plan key and, where a plan for it ran, its result (None
+        where the checked path must run; it keeps the plan under ``key``)."""
+        assert self._plans is not None
+        options = (self.span, self._interleaved_pairs, self.backend)
+        key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
+        return key, None if plan is None else self._run_plan(plan, q, k, positions, k_positions)
 
     def _run_plan(
         self,
@@ -365,7 +379,7 @@ class RotaryEmbedding(RotaryEncoding):
         if chosen != "cpu" or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
             return
         cos, sin, _, _, pq, pk = tables
-        a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self.interleaved)
+        a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self._interleaved_pairs)
         given = (q, k, cos, sin, None, None, positions, k_positions)
         remember(self._plans, key, direct_plan(a, given, out, values_checked=True), limit=64)
 
@@ -412,7 +426,9 @@ class RotaryEmbedding(RotaryEncoding):
         gathered by the kernel itself, or per-token cos/sin."""
         q, k = unit_last(q), unit_last(k)
         cos_q, sin_q, cos_k, sin_k, pq, pk = tables
-        args = RopeArgs(q, k, cos_q, sin_q, cos_k, sin_k, pq, pk, self.span, self.interleaved)
+        args = RopeArgs(
+            q, k, cos_q, sin_q, cos_k, sin_k, pq, pk, self.span, self._interleaved_pairs
+        )
         if pq is not None:
             return rope_qk_canonical(args, self._backend_for(q, k, cos_q), checked=True)
         return rope_qk_canonical(args, self.backend)

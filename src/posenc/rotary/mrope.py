@@ -83,6 +83,9 @@ class MRoPE(RotaryEmbedding):
         # Qwen's flag (sections interleaved), kept for readers of Qwen configs; the pair layout
         # is ``layout``
         self.interleaved = self.allocation == "interleaved"
+        # Text positions ([s] or [b, s]) are the same on every axis, where M-RoPE is RoPE: a
+        # decode step of a layout seen before runs RotaryEmbedding's plan on its cached table.
+        self._plans = {}
         axis = mrope_axis_index(self.mrope_section, self.allocation)  # validates the sections
         if axis.shape[0] != self.span // 2:
             raise ValueError(
@@ -109,6 +112,47 @@ class MRoPE(RotaryEmbedding):
         return p
 
     # --- forward (the stanza is RotaryEncoding's; positions may be [3, b, s]) ------------------
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: Positions = None,
+        k_positions: Positions = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q [b, h, s, d]`` and ``k [b, hk, t, d]`` by positions ``[3, b, s]``, or text
+        positions ``[s]``/``[b, s]`` (:meth:`resolve_positions`). Text positions of a layout
+        that passed the checks before take RotaryEmbedding's decode plan (the same angles)."""
+        if (
+            not isinstance(positions, torch.Tensor)
+            or positions.dim() > 2
+            or _rank(k_positions) > 2
+            or torch.compiler.is_compiling()
+        ):
+            return RotaryEncoding.forward(self, q, k, positions, k_positions)
+        key, out = self._planned(q, k, positions, k_positions)
+        if out is None:
+            out = RotaryEncoding.forward(self, q, k, positions, k_positions)
+            if key is not None:
+                self._remember_text(key, q, k, positions, k_positions, out)
+        return out
+
+    def _remember_text(
+        self,
+        key: tuple,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        k_positions: torch.Tensor | None,
+        out: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
+        """After a checked call with text positions: the plan RotaryEmbedding's table path
+        makes for it, where that path applies (eager CPU, positions inside the table)."""
+        pos, k_pos = resolve_qk_positions(q, k, positions, k_positions)
+        tables = RotaryEmbedding.tables(self, q, k, pos, k_pos)
+        if tables.pq is not None:
+            self._backend_for(q, k, tables.cos_q)
+            self._remember(key, q, k, tables, positions, k_positions, out)
 
     # Attention's hook runs forward per layer (the context's positions are checked there).
     prepare = RotaryEncoding.prepare_by_forward

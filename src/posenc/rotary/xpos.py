@@ -21,15 +21,52 @@ middle of the positions in use (the registry takes half the model's ``max_len``)
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
-from .._checks import check_choice, check_even, check_number, check_positions, check_values
+from .._checks import (
+    check_choice,
+    check_even,
+    check_number,
+    check_positions,
+    check_values,
+    host_readable,
+)
 from .._constants import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
-from ..kernels.rope_op import mixed_backend
-from .base import RotaryEncoding, check_qk
+from ..kernels.canonical import qk_key
+from ..kernels.reference import RopeArgs
+from ..kernels.rope_op import (
+    DirectPlan,
+    direct_plan,
+    lookup,
+    mixed_backend,
+    remember,
+    select_backend,
+)
+from .base import RotaryEncoding, check_qk, position_range
 from .embedding import resolve_angle_dtype
+
+#: Rows of the cached scaled tables (positions 0 .. TABLE_ROWS - 1) that eager CPU calls read.
+TABLE_ROWS = 4096
+
+
+# Cached scaled tables (cos_q, sin_q, cos_k, sin_k), [1, n, d/2] each.
+_Table = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class XPosTables(NamedTuple):
+    """Scaled cos/sin (float32) of one call: per token ``[(b,) s, d/2]`` / ``[(b,) t, d/2]``
+    with ``pq = pk = None``, or cached tables ``[1, n, d/2]`` and the int64 rows ``pq [1 or b,
+    s]``, ``pk [1 or b, t]`` that index them."""
+
+    cos_q: torch.Tensor
+    sin_q: torch.Tensor
+    cos_k: torch.Tensor
+    sin_k: torch.Tensor
+    pq: torch.Tensor | None
+    pk: torch.Tensor | None
 
 
 def xpos_zeta(
@@ -82,6 +119,9 @@ class XPos(RotaryEncoding):
         # Buffers that move with the module and are never cast (module.to(bfloat16) would round
         # them); not in state_dict.
         self.constants = DeviceConstants(**self._constants())
+        # Decode plans (forward), each with the cached tables it reads.
+        self._plans: dict[tuple, tuple[DirectPlan, _Table]] = {}
+        self._tables: dict[tuple[torch.device, int], _Table] = {}
 
     def _constants(self) -> dict[str, torch.Tensor]:
         inv_freq, _ = rope_inv_freq(self.head_dim, self.base, dtype=self.angle_dtype)  # [d/2]
@@ -90,6 +130,8 @@ class XPos(RotaryEncoding):
     def reset_parameters(self) -> None:
         """Recompute the frequencies and decay bases (after ``to_empty()``; no learned weights)."""
         self.constants.reset_(**self._constants())
+        self._tables.clear()
+        self._plans.clear()
 
     def max_offset(self, dtype: torch.dtype = torch.float32) -> int:
         """The largest ``|p - center|`` whose scales a tensor of ``dtype`` holds (the tables are
@@ -141,28 +183,104 @@ class XPos(RotaryEncoding):
             f"{far} away. Set center near the positions in use"
         )
 
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate and scale ``q [b, h, s, d]``, ``k [b, hk, t, d]`` by their positions
+        (:meth:`RotaryEncoding.forward`). A call with given positions whose layout passed the
+        checks before runs its plan on the cached tables: only the positions' range is read."""
+        key = None
+        if positions is not None and not torch.compiler.is_compiling():
+            key, planned = lookup(
+                self._plans, qk_key(q, k, positions, k_positions, self.layout, self.backend)
+            )
+            if planned is not None:
+                plan, table = planned
+                top = position_range(positions, positions if k_positions is None else k_positions)
+                if top < table[0].shape[1]:
+                    return plan.run(q, k, *table, positions, k_positions)
+        self.check_inputs(q, k)
+        pos, k_pos = self.resolve_positions(q, k, positions, k_positions)
+        tables = self.tables(q, k, pos, k_pos)
+        out = self.apply_tables(q, k, tables)
+        if key is not None and tables.pq is not None:
+            self._remember(key, q, k, tables, positions, k_positions, out)
+        return out
+
+    def _remember(
+        self,
+        key: tuple,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        tables: XPosTables,
+        positions: torch.Tensor | None,
+        k_positions: torch.Tensor | None,
+        out: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
+        """Keep the plan of a checked call that the CPU kernel ran on the cached tables (no
+        gradient), with those tables, for the next call of its layout."""
+        cq, sq, ck, sk, pq, pk = tables
+        chosen = mixed_backend(self.backend, q, k) or select_backend(self.backend, q, (cq,))
+        if chosen != "cpu" or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+            return
+        a = RopeArgs(q, k, cq, sq, ck, sk, pq, pk, self.head_dim, self.layout == "interleaved")
+        given = (q, k, cq, sq, ck, sk, positions, k_positions)
+        plan = direct_plan(a, given, out, values_checked=True)
+        remember(self._plans, key, None if plan is None else (plan, (cq, sq, ck, sk)), limit=64)
+
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         check_qk(q, k, self.head_dim)
         mixed_backend(self.backend, q, k)  # a kernel named for mixed dtypes: ValueError
 
     def tables(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor
-    ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """Scaled cos/sin ``[(b,) s, d/2]`` of the queries (up) and ``[(b,) t, d/2]`` of the keys
-        (down)."""
-        return self._cos_sin(positions, False, q.dtype), self._cos_sin(k_positions, True, k.dtype)
+    ) -> XPosTables:
+        """Scaled cos/sin of the queries (up) and keys (down): per token ``[(b,) s, d/2]`` and
+        ``[(b,) t, d/2]``; or, eager on the CPU with every position inside :meth:`_table`'s
+        rows, those cached tables ``[1, n, d/2]`` and the positions ``[1 or b, s|t]`` that index
+        them (a decode step then costs no exp, cos or sin)."""
+        if host_readable(q) and positions.device.type == "cpu" and k_positions.device.type == "cpu":
+            table = self._table(q.device, q.dtype, k.dtype)
+            if table is not None and position_range(positions, k_positions) < table[0].shape[1]:
+                pq = positions if positions.dim() == 2 else positions[None]  # [1 or b, s]
+                pk = pq if k_positions is positions else k_positions
+                return XPosTables(*table, pq, pk if pk.dim() == 2 else pk[None])
+        cos_q, sin_q = self._cos_sin(positions, False, q.dtype)
+        cos_k, sin_k = self._cos_sin(k_positions, True, k.dtype)
+        return XPosTables(cos_q, sin_q, cos_k, sin_k, None, None)
+
+    def _table(
+        self, device: torch.device, q_dtype: torch.dtype, k_dtype: torch.dtype
+    ) -> _Table | None:
+        """Scaled cos/sin of positions ``0 .. n-1`` for queries and keys, ``[1, n, d/2]`` each,
+        with ``n = min(TABLE_ROWS, center + limit + 1)`` (``limit``: the smaller
+        :meth:`max_offset` of the two dtypes); None where position 0 is already out of range
+        (``center > limit``). Built at first use per device and limit."""
+        limit = min(self.max_offset(q_dtype), self.max_offset(k_dtype))
+        if self.center > limit:
+            return None
+        key = (device, limit)
+        table = self._tables.get(key)
+        if table is None:
+            rows = torch.arange(min(TABLE_ROWS, self.center + limit + 1), device=device)
+            cq, sq = self._cos_sin(rows, False, q_dtype)  # [n, d/2] each
+            ck, sk = self._cos_sin(rows, True, k_dtype)
+            table = self._tables[key] = (cq[None], sq[None], ck[None], sk[None])
+        return table
 
     def apply_tables(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        tables: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        self, q: torch.Tensor, k: torch.Tensor, tables: XPosTables
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]`` -> ``(q', k')``."""
-        (cos_q, sin_q), (cos_k, sin_k) = tables
+        cos_q, sin_q, cos_k, sin_k, pq, pk = tables
         return apply_rotary_qk(
-            q, k, cos_q, sin_q, cos_k, sin_k, self.layout, self.head_dim, backend=self.backend
-        )
+            q, k, cos_q, sin_q, cos_k, sin_k, self.layout, self.head_dim, positions=pq,
+            k_positions=pk, backend=self.backend,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
