@@ -4,6 +4,7 @@ what is allowed (never a traceback, a hang or another library's message), or mad
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ transformers.logging.set_verbosity_error()
 
 from typer.testing import CliRunner  # noqa: E402
 
+from _hf_corpus_paths import config_path  # noqa: E402
 from posenc.cli import app  # noqa: E402
 from posenc.hf import apply_posenc, position_plan  # noqa: E402
 from posenc.hf.checks import LAYER_TYPES, MAX_LAYERS  # noqa: E402
@@ -185,40 +187,45 @@ def test_the_plan_refuses_a_bad_max_position_embeddings(max_pos: float) -> None:
 
 # --- item: a model_type nobody knows, with the pairing named ----------------------------------
 
-# MiniCPM-2B's config.json (openbmb/MiniCPM-2B-sft-bf16, remote code: model_type "minicpm", which
-# transformers does not register), its RoPE keys as published; auto_map and the token ids left out.
-MINICPM_2B = {
-    "architectures": ["MiniCPMForCausalLM"], "model_type": "minicpm", "hidden_act": "silu",
-    "hidden_size": 2304, "intermediate_size": 5760, "max_position_embeddings": 4096,
-    "num_attention_heads": 36, "num_hidden_layers": 40, "num_key_value_heads": 36,
-    "rms_norm_eps": 1e-05, "rope_scaling": None, "torch_dtype": "bfloat16", "vocab_size": 122753,
-    "scale_emb": 12, "dim_model_base": 256, "scale_depth": 1.4,
-}  # fmt: skip
+# MiniCPM4-8B's published config.json (openbmb/MiniCPM4-8B, remote code: model_type "minicpm",
+# which transformers does not register), verbatim from sophgo/LLM-TPU
+# models/MiniCPM4/config/config.json @ 3dad39a4dc5d5a622e323ffb0efe12597b49c182 (its entry in
+# tests/data/hf_configs/SOURCES.jsonl).
+MINICPM4_8B = "refused/minicpm4-8b"
 
 
 def test_an_unknown_model_type_with_a_named_layout_reads() -> None:
-    """MiniCPM's remote modeling code: Llama's rotate_half over cat(freqs, freqs), theta 10000,
-    head_dim = hidden_size / heads; checked against that formula in float64 and a naive loop."""
+    """MiniCPM's remote modeling code (MiniCPMLongRoPE): Llama's rotate_half over
+    cat(freqs, freqs), theta 10000, head_dim = hidden_size / heads, each frequency divided by
+    its short_factor (the sequence is within original_max_position_embeddings) and cos/sin
+    scaled by sqrt(1 + log(max_pos / original) / log(original)), 1 here; checked against that
+    formula in float64 and a naive loop."""
     from transformers import CONFIG_MAPPING
 
     from posenc.hf import rope_from_hf
 
-    assert "minicpm" not in CONFIG_MAPPING
+    raw = json.loads(config_path(MINICPM4_8B).read_text())
+    assert "minicpm" not in CONFIG_MAPPING and raw["model_type"] == "minicpm"
     with pytest.raises(ValueError, match=r"unknown model_type 'minicpm'.*layout="):
-        rope_from_hf(MINICPM_2B)  # without a layout: the pairing is unknown
+        rope_from_hf(raw)  # without a layout: the pairing is unknown
     for use_transformers in (True, False):
-        rope = rope_from_hf(MINICPM_2B, layout="half", use_transformers=use_transformers)
-        assert (rope.head_dim, rope.rotary_dim, rope.layout) == (64, 64, "half")
-    d, pos = 64, torch.tensor([0, 1, 17, 4095])
-    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
+        rope = rope_from_hf(raw, layout="half", use_transformers=use_transformers)
+        assert (rope.head_dim, rope.rotary_dim, rope.layout) == (128, 128, "half")
+    d, pos = 128, torch.tensor([0, 1, 17, 4095, 32767])
+    scaling = raw["rope_scaling"]
+    original = scaling["original_max_position_embeddings"]
+    scale = math.sqrt(1 + math.log(raw["max_position_embeddings"] / original) / math.log(original))
+    short = torch.tensor(scaling["short_factor"], dtype=torch.float64)
+    inv = 1.0 / (short * raw["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     ang = pos[:, None].double() * inv  # [s, d/2]
-    q = torch.randn(1, 2, 4, d, dtype=torch.float64)
+    cos, sin = ang.cos() * scale, ang.sin() * scale
+    q = torch.randn(1, 2, 5, d, dtype=torch.float64)
     want = q.clone()
     for i in range(d // 2):  # pairs (x[i], x[i + d/2])
         a, b = q[..., i], q[..., i + d // 2]
-        want[..., i] = a * ang[:, i].cos() - b * ang[:, i].sin()
-        want[..., i + d // 2] = b * ang[:, i].cos() + a * ang[:, i].sin()
-    exact = rope_from_hf(MINICPM_2B, layout="half", angle_dtype=torch.float64)
+        want[..., i] = a * cos[:, i] - b * sin[:, i]
+        want[..., i + d // 2] = b * cos[:, i] + a * sin[:, i]
+    exact = rope_from_hf(raw, layout="half", angle_dtype=torch.float64)
     got, _ = exact(q.float(), q.float(), pos)  # float32 rotation of float64 angles
     assert (got.double() - want).abs().max().item() < 1e-5
 
