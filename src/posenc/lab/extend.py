@@ -29,10 +29,11 @@ context); the grid's batch with ``L / T`` of its steps leaves the model undertra
 
 Every evaluation is one row in the grid's results store (``kind`` ``"extend"`` or
 ``"extend-reference"``, keyed by a hash of what it measures and its table, :func:`extend_group`),
-written as soon as it is measured;
-fine-tunes checkpoint at every curve step, before the row, so a run killed at any moment loses
-at most the steps since the last checkpoint and, with ``--resume``, writes every missing row
-once (rows already stored are never written again). Checkpoints live under ``<out>/extend/``.
+written as soon as it is measured; fine-tunes checkpoint at every curve step, before the row, so a
+run killed at any moment loses at most the steps since the last checkpoint and, with ``--resume``,
+writes every missing row once (rows already stored are never written again). Checkpoints live
+under ``<out>/extend/``, each run's ``metrics.jsonl`` beside them (:mod:`posenc.lab.metrics`;
+with ``RunOptions(report_to="tensorboard")`` a TensorBoard event file too).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from .data import LabData, corpus_note, load_data
 from .dist import init_distributed
 from .evaluate import evaluate_model
 from .identity import jsonable, model_identity, stable_hash
+from .metrics import MetricsLog, check_report_to, logged_steps
 from .progress import step_task
 from .results import load_rows
 from .rows import EXTEND, REFERENCE, ExtendRow, ExtendRuntime, GridRow, runtime_dict
@@ -478,13 +480,14 @@ class _Extend:
         on_step, finish = step_task(
             self.ctx.progress, f"{job.label} s{job.base.seed}", job.train.steps
         )
+        metrics = MetricsLog(ckpt_dir, logged_steps(job.train.steps), self.ctx.opts.report_to)
         result = train_model(
             job.model,
             job.train,
             self.data,
             seed=job.base.seed,
             identity=job.identity,
-            # A rerun for new curve points leaves the finished run's checkpoint alone.
+            # A rerun for new curve points leaves the finished run's folder alone (and its metrics).
             ckpt_dir=None if done else ckpt_dir,
             ckpt_every=job.train.steps if job.init else 100,
             resume=self.ctx.opts.resume,
@@ -495,6 +498,7 @@ class _Extend:
             init=init,
             hook=hook if job.init else None,
             hook_steps=curve,
+            metrics=None if done else metrics,
         )
         finish()
         self.measure(job, job.train.steps, result.model, lengths, t0)
@@ -559,6 +563,7 @@ def run_extend(
     ``ResumeRequired`` / ``CheckpointError`` / ``FolderLocked`` as ``posenc lab`` does.
     """
     t_start = time.perf_counter()
+    check_report_to(opts.report_to)
     if opts.threads is not None:
         torch.set_num_threads(opts.threads)
     dist = init_distributed(opts.device)
