@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -26,6 +26,7 @@ from .flags import (
     OUT,
     PLOTS,
     QUIET,
+    REPORT_TO,
     RESTART,
     RESUME,
     Flag,
@@ -36,6 +37,9 @@ from .flags import (
 )
 from .flags import Overrides as Overrides
 from .flags import build_config as build_config
+
+if TYPE_CHECKING:
+    from .extend import ExtendConfig
 
 lab_app = typer.Typer(
     help=(
@@ -71,12 +75,15 @@ def _lab(ctx: typer.Context, **options: Any) -> None:
         _run_lab(**options)
 
 
-def with_grid_file(ctx: typer.Context, path: Path, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with the values of the grid file at ``path`` (:mod:`posenc.lab.grid_file`)
-    in place of the defaults: an option given on the command line keeps its value."""
+def with_grid_file(
+    ctx: typer.Context, path: Path, options: dict[str, Any], flags: tuple[Flag, ...] = LAB_FLAGS
+) -> dict[str, Any]:
+    """``options`` with the values of the TOML file at ``path`` (:mod:`posenc.lab.grid_file`,
+    keyed by ``flags``, the command's table) in place of the defaults: an option given on the
+    command line keeps its value."""
     from .grid_file import read_grid_file
 
-    given = read_grid_file(path, LAB_FLAGS)
+    given = read_grid_file(path, flags)
     out = dict(options)
     for name, value in given.items():
         # by the enum's name: typer >= 0.2x carries its own copy of click's ParameterSource
@@ -356,6 +363,10 @@ def _report_extend(out: Path, group: str | None, plots: bool, readme: Path | Non
 #: ``posenc lab extend``: flag -> field (its :class:`~posenc.lab.extend.ExtendConfig`'s where a
 #: ``path`` is given), in ``--help`` order.
 EXTEND_FLAGS: tuple[Flag, ...] = (
+    Flag("config", ("--config",), Path | None,
+         "A TOML file whose keys are these options' long names (target = 2.0, methods = "
+         "['none', 'yarn']); an option given here too overrides the file.", grid=False,
+         metavar="FILE"),
     OUT,
     Flag("group", ("--group", "-g"), str | None, "The grid (hash prefix).",
          show_default="the newest"),
@@ -367,24 +378,26 @@ EXTEND_FLAGS: tuple[Flag, ...] = (
          show_default="the grid's final"),
     Flag("methods", ("--methods",), str | None,
          "RoPE methods: none (unscaled), linear (PI), ntk, yarn, longrope, dynamic.",
-         path="methods", convert=lambda v: _extend_methods(v), show_default="all six"),
+         path="methods", convert=lambda v: _extend_methods(v), show_default="all six",
+         several=True),
     Flag("encodings", ("--encodings", "-e"), str | None,
          "Grid encodings to extend (rotary ones with every method, the others unchanged).",
          path="encodings", convert=lambda v: tuple(option_list("--encodings", v, _EXTENDABLE)),
-         show_default="rope and the registered biases"),
+         show_default="rope and the registered biases", several=True),
     Flag("reference", ("--reference",), str | None,
          "Encodings trained from scratch at the target length (the bar); 'none' for none.",
-         path="reference", show_default="rope",
+         path="reference", show_default="rope", several=True,
          convert=lambda v: () if v.strip().lower() == "none"
          else tuple(option_list("--reference", v, _EXTENDABLE + ", or none"))),
     Flag("curve", ("--curve",), str | None,
          "Fine-tune steps evaluated at the target length (e.g. 1,2,5).", path="curve",
          convert=lambda v: tuple(_int_list("--curve", v)),
-         show_default="1,2,5,10,... below --steps"),
+         show_default="1,2,5,10,... below --steps", several=True),
     RESUME,
     RESTART,
     Flag("threads", ("--threads",), int | None, "torch CPU threads.", min=1, grid=False,
          show_default="the grid's"),
+    REPORT_TO,
     IMPORT,
     DEVICE,
     QUIET,
@@ -392,14 +405,27 @@ EXTEND_FLAGS: tuple[Flag, ...] = (
 )  # fmt: skip
 
 
-def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, threads: int | None,
-            imports: list[str] | None, device: str, quiet: bool, plots: bool,
-            **given: Any) -> None:  # fmt: skip
+def _extend(ctx: typer.Context, **options: Any) -> None:
     """Fine-tune the grid's finished cells at a longer length with each RoPE method (and the
     bias encodings unchanged): zero-shot vs fine-tuned, and the steps to come within 0.02 bits
     of a model trained at that length from scratch. Resumable; rows go to the grid's store."""
-    from .extend import ExtendConfig, run_extend
+    config = options.pop("config")
+    if config is not None:
+        try:
+            options = with_grid_file(ctx, config, options, EXTEND_FLAGS)
+        except ValueError as e:
+            _fail(str(e))
+    _run_extend(**options)
+
+
+def _run_extend(*, out: Path, group: str | None, resume: bool, restart: bool,
+                threads: int | None, imports: list[str] | None, device: str, quiet: bool,
+                plots: bool, report_to: str, **given: Any) -> None:  # fmt: skip
+    """``posenc lab extend`` with its options resolved (``--config`` read): run the extend,
+    then print and write its table."""
+    from .extend import run_extend
     from .extend_report import extend_rows, print_extend_table, write_extend_report
+    from .metrics import check_report_to
     from .run import RunOptions
 
     if resume and restart:
@@ -412,20 +438,10 @@ def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, thread
         import_modules(imports or ())
         check_device(device)
         check_caps({"steps": given.get("steps"), "threads": threads})
-        target = given.get("target")
-        if target is not None and not math.isfinite(target):
-            raise ValueError(
-                f"--target must be a finite multiple of the train length, got {target}"
-            )
-        fields: dict[str, Any] = {}
-        for flag in EXTEND_FLAGS:
-            value = given.get(flag.field)
-            if flag.path is not None and value is not None:
-                fields[flag.path] = flag.convert(value) if flag.convert else value
-        cfg = ExtendConfig(**fields)
-        opts = RunOptions(
-            out=out, resume=resume, restart=restart, threads=threads, device=device, quiet=quiet
-        )
+        check_report_to(report_to)
+        cfg = extend_config(given)
+        opts = RunOptions(out=out, resume=resume, restart=restart, threads=threads,
+                          device=device, quiet=quiet, report_to=report_to)  # fmt: skip
         summary = run_extend(cfg, opts, group=group)
         rows = extend_rows(out, summary.group)
         if not quiet:
@@ -435,7 +451,23 @@ def _extend(*, out: Path, group: str | None, resume: bool, restart: bool, thread
             print("wrote " + ", ".join(str(p) for p in written.values()))
 
 
-extend = lab_app.command("extend")(with_flags(_extend, EXTEND_FLAGS, context=False))
+def extend_config(given: dict[str, Any]) -> ExtendConfig:
+    """The :class:`~posenc.lab.extend.ExtendConfig` of ``posenc lab extend``'s options ``given``
+    (by field, as the command line or a ``--config`` file gives them; None: the default)."""
+    from .extend import ExtendConfig
+
+    target = given.get("target")
+    if target is not None and not math.isfinite(target):
+        raise ValueError(f"--target must be a finite multiple of the train length, got {target}")
+    fields: dict[str, Any] = {}
+    for flag in EXTEND_FLAGS:
+        value = given.get(flag.field)
+        if flag.path is not None and value is not None:
+            fields[flag.path] = flag.convert(value) if flag.convert else value
+    return ExtendConfig(**fields)
+
+
+extend = lab_app.command("extend")(with_flags(_extend, EXTEND_FLAGS, context=True))
 
 
 @contextmanager

@@ -9,7 +9,8 @@ type (an integer, a number, a string, true/false); the flags that take several v
 flags on the command line give (a list is joined with commas, as the flag spells it), so
 ``posenc lab --config FILE`` runs the grid those flags run, bit for bit; a flag given beside
 ``--config`` overrides the file's key. Paths are read from the current folder, as on the
-command line.
+command line. ``posenc lab extend --config FILE`` reads its own flags' table
+(:data:`posenc.lab.cli.EXTEND_FLAGS`: ``target``, ``methods``, ``curve``, ...) the same way.
 """
 
 from __future__ import annotations
