@@ -26,8 +26,13 @@ collect() {  # collect-only test ids of the project in $1, importing posenc from
     -p no:cacheprovider -p no:xdist 2>&1) > "$2" || { tail -40 "$2"; echo "collection failed in $1"; exit 1; }
   grep '::' "$2" | sort > "$2.ids"
 }
-collect "$root" "$tmp/checkout.txt"
-collect "$unpacked" "$tmp/sdist.txt"
+# The two collections side by side (each is mostly one process importing torch and the tests).
+collect "$root" "$tmp/checkout.txt" &
+checkout=$!
+collect "$unpacked" "$tmp/sdist.txt" &
+sdist_pid=$!
+wait "$checkout"
+wait "$sdist_pid"
 # The sdist's collection imports the sdist's posenc (PYTHONPATH ahead of an editable install).
 (cd "$unpacked" && PYTHONPATH="$unpacked/src" "$py" -c \
   "import posenc, sys; sys.exit(not posenc.__file__.startswith(sys.argv[1]))" "$unpacked/src") \

@@ -152,38 +152,62 @@ def test_none_within_training_equals_stock_transformers(folder: Path) -> None:
         assert abs(perplexity_at(nll, length, 32) - window) <= 1e-5 * window
 
 
-def _stock_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
-    """Logits of the exported folder in a fresh Python that never imports posenc."""
+EXPORTED = ("yarn", "ntk", "linear", "dynamic", "llama3", "longrope")
+
+
+def _stock_logits(paths: dict[str, Path], ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Logits of each exported folder, in one fresh Python that never imports posenc (one start
+    of torch and transformers for every folder)."""
+    folders = {name: str(path) for name, path in paths.items()}
     code = (
         "import sys, json, torch, transformers\n"
-        f"m = transformers.AutoModelForCausalLM.from_pretrained({str(path)!r}).eval()\n"
         f"ids = torch.tensor({ids.tolist()})\n"
-        "with torch.no_grad(): print(json.dumps(m(ids).logits.flatten().tolist()))\n"
+        "out = {}\n"
+        f"for name, path in {folders!r}.items():\n"
+        "    m = transformers.AutoModelForCausalLM.from_pretrained(path).eval()\n"
+        "    with torch.no_grad(): out[name] = m(ids).logits.flatten().tolist()\n"
+        "print(json.dumps(out))\n"
         "assert not any(k.split('.')[0] == 'posenc' for k in sys.modules)\n"
     )
     env = {**os.environ, "PYTHONPATH": ""}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    return torch.tensor(json.loads(done.stdout.strip().splitlines()[-1]))
+    logits = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: torch.tensor(values) for name, values in logits.items()}
 
 
-@pytest.mark.parametrize("method", ["yarn", "ntk", "linear", "dynamic", "llama3", "longrope"])
+_IDS = torch.randint(1, 300, (1, 256), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def exported(study: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every exportable method of ``study`` exported by the CLI, and each folder's logits on
+    ``_IDS`` from stock transformers: the exit codes, configs and logits by method."""
+    out = tmp_path_factory.mktemp("exported")
+    results = {
+        m: _cli("extend", "export", str(study), "--method", m, "--out", str(out / m))
+        for m in EXPORTED
+    }
+    ok = {m: out / m for m, r in results.items() if r.exit_code == 0}
+    return {"results": results, "logits": _stock_logits(ok, _IDS), "out": out}
+
+
+@pytest.mark.parametrize("method", EXPORTED)
 def test_export_loads_in_stock_transformers_with_the_patched_logits(
-    folder: Path, study: Path, tmp_path: Path, method: str
+    folder: Path, exported: dict[str, Any], method: str
 ) -> None:
-    result = _cli("extend", "export", str(study), "--method", method, "--out", str(tmp_path / "x"))
+    result = exported["results"][method]
     assert result.exit_code == 0, result.output
-    config = json.loads((tmp_path / "x" / "config.json").read_text())
+    config = json.loads((exported["out"] / method / "config.json").read_text())
     assert "quantization_config" not in config
-    ids = torch.randint(1, 300, (1, 256), generator=torch.Generator().manual_seed(1))
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     undo = with_method(model, resolve(parse_method(method), TRAINED, 256, 8))
     with torch.no_grad():
-        want = model(ids).logits.flatten()
+        want = model(_IDS).logits.flatten()
     undo()
     with torch.no_grad():
-        plain = model(ids).logits.flatten()
-    got = _stock_logits(tmp_path / "x", ids)
+        plain = model(_IDS).logits.flatten()
+    got = exported["logits"][method]
     assert (got - want).abs().max() <= 1e-5
     assert (got - plain).abs().max() > 1e-3  # the method did change the model
 
@@ -240,7 +264,8 @@ def test_real_smollm2_patched_equals_stock() -> None:
 
     model, tok = load_model(resolve_source(str(smollm2_gguf())))
     assert model.config.model_type == "llama" and model.config.max_position_embeddings == 8192
-    ids = document_ids(tok, default_documents(1)[0], 512)
+    # 256 tokens: loading (three parses of the GGUF in transformers) is ~27 s of the test
+    ids = document_ids(tok, default_documents(1)[0], 256)
     with torch.no_grad():
         want = model(ids).logits
         got = apply_posenc(model)(ids).logits
