@@ -212,8 +212,11 @@ def _open(path: Path, isa: str) -> tuple[ctypes.CDLL | None, str]:
         fn.restype = ctypes.c_int
     if _PAIR.size != 2 * ctypes.sizeof(_Args):
         return None, f"packed argument size {_PAIR.size} != 2 x {ctypes.sizeof(_Args)}"
-    lib.posenc_rope_qk.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.posenc_rope_qk.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.posenc_rope_qk.restype = ctypes.c_int
+    # No argtypes: the decode path's call (CpuCall) passes bytes (char *) and a Python int (C
+    # int) as they are, which ctypes converts faster than through declared types.
+    lib.posenc_rope_qk_parts.restype = ctypes.c_int
     return lib, ""
 
 
@@ -379,9 +382,10 @@ def _fields(a: RopeArgs, side: int, out: torch.Tensor, conj: bool) -> tuple[int,
 _PAIR = struct.Struct("=5Q19q5Q19q")
 
 
-# The five pointers that open one posenc_rope_args, and the 19 integers after them.
-_POINTERS = struct.Struct("=5Q")
+# The 19 integers after the five pointers that open one posenc_rope_args; the ten pointers of
+# q's and k's structs, as posenc_rope_qk_parts reads them.
 _FIXED = struct.Struct("=19q")
+_POINTERS_QK = struct.Struct("=10Q")
 
 
 class CpuCall:
@@ -390,10 +394,11 @@ class CpuCall:
     packs only the ten pointers. Valid for any tensors of the shapes and strides it was made
     from (:func:`prepare_cpu_qk`); the caller keys it by them."""
 
-    __slots__ = ("_bf16", "_fixed_k", "_fixed_q", "_fn")
+    __slots__ = ("_bf16", "_fixed", "_fixed_k", "_fixed_q", "_fn")
 
     def __init__(self, fixed_q: bytes, fixed_k: bytes, bf16: bool, fn: object) -> None:
         self._fixed_q, self._fixed_k, self._bf16, self._fn = fixed_q, fixed_k, int(bf16), fn
+        self._fixed = fixed_q + fixed_k  # posenc_rope_qk_parts' integer fields, q's then k's
 
     def __reduce__(self) -> tuple:
         # The foreign function is not picklable: a copy (deepcopy, pickle) looks it up again.
@@ -416,11 +421,11 @@ class CpuCall:
         pointers (0: no positions). Views of the canonical tensors it was prepared for work
         alike: a transposed ``[b, s, h, d]`` tensor or an unsqueezed table starts at the same
         address."""
-        args = (
-            _POINTERS.pack(q.data_ptr(), q_out.data_ptr(), cos_q, sin_q, pos_q) + self._fixed_q
-            + _POINTERS.pack(k.data_ptr(), k_out.data_ptr(), cos_k, sin_k, pos_k) + self._fixed_k
+        pointers = _POINTERS_QK.pack(
+            q.data_ptr(), q_out.data_ptr(), cos_q, sin_q, pos_q,
+            k.data_ptr(), k_out.data_ptr(), cos_k, sin_k, pos_k,
         )  # fmt: skip
-        if self._fn(args, self._bf16) != 0:  # type: ignore[operator]
+        if self._fn(pointers, self._fixed, self._bf16) != 0:  # type: ignore[operator]
             raise MemoryError("the CPU rotary kernel could not allocate its table scratch")
 
 
@@ -429,7 +434,7 @@ def _cpu_call(fixed_q: bytes, fixed_k: bytes, bf16: bool) -> CpuCall:
     if status:
         raise RuntimeError(f"the CPU rotary kernel is unavailable: {status}")
     assert _lib is not None
-    return CpuCall(fixed_q, fixed_k, bf16, _lib.posenc_rope_qk)
+    return CpuCall(fixed_q, fixed_k, bf16, _lib.posenc_rope_qk_parts)
 
 
 def prepare_cpu_qk(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor) -> CpuCall:

@@ -197,20 +197,27 @@ def _check_pos(
 
 def position_range(positions: torch.Tensor, k_positions: torch.Tensor) -> int:
     """The largest of the query and key positions (-1 when both are empty), after checking that
-    none is negative: one read of each tensor's range. Call it only where reading values is
-    free (:func:`posenc._checks.host_readable`)."""
-    lo, hi = 0, -1
-    for name, p in (("positions", positions), ("k_positions", k_positions)):
-        if p.numel() and (name == "positions" or p is not positions):
-            if p.numel() <= 64:  # a decode step: a list is cheaper than a reduction kernel
-                low, high = small_range(p)
-            else:
-                mn, mx = p.aminmax()
-                low, high = int(mn), int(mx)
-            lo, hi = min(lo, low), max(hi, high)
-            if lo < 0:
-                raise ValueError(f"{name} must be non-negative, got minimum {lo}")
-    return hi
+    none is negative: one read of each tensor's range (one in all when ``k_positions`` is
+    ``positions``, as at a decode step). Call it only where reading values is free
+    (:func:`posenc._checks.host_readable`)."""
+    high = _checked_range("positions", positions)
+    if k_positions is not positions:
+        high = max(high, _checked_range("k_positions", k_positions))
+    return high
+
+
+def _checked_range(name: str, p: torch.Tensor) -> int:
+    """The largest value of ``p`` (-1 when empty); ValueError when one is negative."""
+    if not p.numel():
+        return -1
+    if p.numel() <= 64:  # a decode step: a list is cheaper than a reduction kernel
+        low, high = small_range(p)
+    else:
+        mn, mx = p.aminmax()
+        low, high = int(mn), int(mx)
+    if low < 0:
+        raise ValueError(f"{name} must be non-negative, got minimum {low}")
+    return high
 
 
 def max_position(*positions: torch.Tensor) -> int:

@@ -433,6 +433,33 @@ DEFINE_TILE(tile_inter_bf16_nt, bf16_t, row_inter_bf16_nt)
 typedef void (*tile_fn)(const posenc_rope_args *, int64_t, int64_t, int64_t, const float *,
                         const float *);
 
+/* One thread, every tile in order: small calls (a decode step) and one-thread runs. Without a
+ * parallel region, and with the scratch on the stack when the rows fit (at a decode step the
+ * region's set-up and a malloc cost more than the rotation). */
+static int run_serial(const posenc_rope_args *a, tile_fn tile, int blocked, int64_t tile_s,
+                      int64_t tiles) {
+    const int64_t r = 2 * a->half, rows = tile_s < a->S ? tile_s : a->S;
+    float small[2 * 512];
+    const int64_t need = 2 * rows * (r > 0 ? r : 1);
+    float *ct = need <= (int64_t)(sizeof small / sizeof *small) ? small
+                                                                  : (float *)malloc(sizeof(float) * need);
+    if (!ct) return -1;
+    float *st = ct + rows * r;
+    for (int64_t b = 0; b < a->B; ++b) {
+        for (int64_t t = 0; t < tiles; ++t) {
+            const int64_t s0 = t * tile_s;
+            const int64_t s1 = s0 + tile_s < a->S ? s0 + tile_s : a->S;
+            fill_tables(a, b, s0, s1, ct, st, blocked);
+            tile(a, b, s0, s1, ct, st);
+        }
+    }
+    if (ct != small) free(ct);
+#if HAVE_STREAM
+    _mm_sfence(); /* order the streaming stores before the caller reads out */
+#endif
+    return 0;
+}
+
 /* Tiles of tile_s positions of one batch row are shared among the threads. */
 static int run(const posenc_rope_args *a, tile_fn tile, int64_t elem_size) {
     const int blocked = BLOCK_ORDER && elem_size == sizeof(bf16_t);
@@ -444,9 +471,9 @@ static int run(const posenc_rope_args *a, tile_fn tile, int64_t elem_size) {
     const int64_t bytes = a->B * a->H * a->S * row_bytes;
     const int nthreads = a->nthreads > 0 ? (int)a->nthreads : 1;
     int failed = 0;
-    (void)nthreads, (void)bytes;
     /* Below ~64 KiB a parallel region costs more than it saves. */
-#pragma omp parallel num_threads(nthreads) if (bytes > 65536) reduction(| : failed)
+    if (nthreads == 1 || bytes <= 65536) return run_serial(a, tile, blocked, tile_s, tiles);
+#pragma omp parallel num_threads(nthreads) reduction(| : failed)
     {
         float *ct = (float *)malloc(sizeof(float) * 2 * tile_s * (r > 0 ? r : 1));
         float *st = ct + tile_s * r;
@@ -512,7 +539,22 @@ int64_t posenc_rope_args_size(void) { return (int64_t)sizeof(posenc_rope_args); 
 
 /* q and k in one call, their argument structs back to back (packed by the caller in one
  * step): at decode shapes the caller's cost per foreign call is larger than the rotation. */
-int posenc_rope_qk(const posenc_rope_args *qk, int64_t bf16) {
+int posenc_rope_qk(const posenc_rope_args *qk, int bf16) {
     int (*fn)(const posenc_rope_args *) = bf16 ? rope_bf16 : rope_f32;
     return fn(&qk[0]) | fn(&qk[1]);
+}
+
+/* The same call from its parts: the 10 pointers of q's and k's structs (x, out, cos, sin, pos
+ * each), then the integer fields of both, as a caller keeps them (packed once per layout). One
+ * pack of the pointers per call and no concatenation on the caller's side. */
+#define N_POINTERS 5
+#define N_FIXED ((int)(sizeof(posenc_rope_args) / sizeof(int64_t)) - N_POINTERS)
+int posenc_rope_qk_parts(const uint64_t *pointers, const int64_t *fixed, int bf16) {
+    posenc_rope_args qk[2];
+    for (int side = 0; side < 2; ++side) {
+        uint64_t *dst = (uint64_t *)&qk[side];
+        memcpy(dst, pointers + side * N_POINTERS, N_POINTERS * sizeof(uint64_t));
+        memcpy(dst + N_POINTERS, fixed + side * N_FIXED, N_FIXED * sizeof(int64_t));
+    }
+    return posenc_rope_qk(qk, bf16);
 }
