@@ -260,3 +260,17 @@ def test_xpos_tables_stop_at_the_dtype_limit() -> None:
     xpos(q, k, torch.full((2, 1), limit))
     with pytest.raises(ValueError, match=f"positions must lie within {limit} of center=0"):
         xpos(q, k, torch.full((2, 1), limit + 1))
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "dynamic"])
+def test_a_planned_module_follows_its_frequency_set(rope_type: str) -> None:
+    # yarn: one set, its table kept with the plan; dynamic NTK: past the original length the
+    # frequencies grow with it (the checked path), and within it the base set serves.
+    scaling = {"rope_type": rope_type, "factor": 2.0, "original_max_position_embeddings": 32}
+    rope = RotaryEmbedding(16, scaling=scaling, cache_len=64)
+    ref = RotaryEmbedding(16, scaling=scaling, cache_len=64, backend="torch")
+    q, k = _qk()
+    for p in (5, 6, 40, 41, 7, 63):
+        pos = torch.full((2, 1), p)
+        torch.testing.assert_close(rope(q, k, pos), ref(q, k, pos), rtol=0, atol=0)
+    assert len(rope._plans) == 1

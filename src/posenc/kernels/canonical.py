@@ -89,6 +89,9 @@ def small_range(p: torch.Tensor) -> tuple[int, int]:
     """``(min, max)`` of a small non-empty integer ``p`` (a decode step's ``[s]``, ``[b, s]`` or
     more) read as a list: cheaper than reduction kernels at this size. Only where reading
     values is free (:func:`posenc._checks.host_readable`)."""
+    if p.numel() == 1:  # one sequence's decode step: one value
+        value = int(p.item())
+        return value, value
     if p.dim() > 2:
         flat = p.reshape(-1).tolist()
     else:  # [s] or [b, s] read as they are: a reshape is an op of its own

@@ -219,7 +219,8 @@ class DirectPlan:
     from (0 none, 1 q's positions, 2 k_positions)."""
 
     __slots__ = (
-        "call", "device", "dtype", "inplace", "k_out", "k_rows", "like", "q_out", "rows_k", "rows_q"
+        "call", "device", "dtype", "inplace", "k_out", "k_rows", "like", "q_out", "rows_k", "rows_q",
+        "tables",
     )  # fmt: skip
 
     def __init__(
@@ -243,6 +244,8 @@ class DirectPlan:
         )
         self.rows_q, self.rows_k, self.k_rows, self.inplace = rows_q, rows_k, k_rows, inplace
         self.like = False  # set by _direct_plan where empty_like gives q_out's and k_out's layout
+        # For a module keying its own plans: the (cos, sin) table every call of the key reads
+        self.tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def run(
         self,

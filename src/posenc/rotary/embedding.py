@@ -356,11 +356,15 @@ class RotaryEmbedding(RotaryEncoding):
         """A planned step, or None where its positions need the checked path (dynamic NTK past
         the original length, positions past the cached table)."""
         top = position_range(positions, positions if k_positions is None else k_positions)
-        key = self._freq_key(top + 1)
-        if key == "grown" or top >= self.cache_len:
+        if top >= self.cache_len:
             return None
-        cos, sin = self._table(q.device, key)  # [1, cache_len, n]
-        return plan.run(q, k, cos, sin, None, None, positions, k_positions)
+        tables = plan.tables  # the table of a fixed frequency set, kept with the plan
+        if tables is None:  # dynamic NTK and LongRoPE: the set follows the length
+            key = self._freq_key(top + 1)
+            if key == "grown":
+                return None
+            tables = self._table(q.device, key)  # [1, cache_len, n]
+        return plan.run(q, k, *tables, None, None, positions, k_positions)
 
     def _remember(
         self,
@@ -381,7 +385,10 @@ class RotaryEmbedding(RotaryEncoding):
         cos, sin, _, _, pq, pk = tables
         a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self._interleaved_pairs)
         given = (q, k, cos, sin, None, None, positions, k_positions)
-        remember(self._plans, key, direct_plan(a, given, out, values_checked=True), limit=64)
+        plan = direct_plan(a, given, out, values_checked=True)
+        if plan is not None and self.rope_type not in ("dynamic", "longrope"):
+            plan.tables = (cos, sin)  # every length reads the one "base" set
+        remember(self._plans, key, plan, limit=64)
 
     # --- the two steps of the stanza -----------------------------------------------------------
 
