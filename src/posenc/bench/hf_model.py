@@ -47,13 +47,20 @@ class ModelRow:
     posenc_ms: float
     rope_stock_ms: float  # the step's rotations alone (layers x one call), stock
     rope_posenc_ms: float  # the same with posenc's fused kernel
-    # The noise of the step speedup: quartiles of the per-round ratios stock / posenc (round
-    # i times both models back to back). NaN in rows written before they were recorded.
+    # The step speedup's noise: quartiles of the per-round ratios stock / posenc (round i times
+    # both models back to back). NaN in rows written before they were recorded.
     speedup_q1: float = float("nan")
     speedup_q3: float = float("nan")
+    # The median of those ratios: the speedup (a paired figure: a burst of load in one round
+    # hits both models, where the ratio of two medians can pair a loaded sample with a quiet one)
+    speedup_median: float = float("nan")
 
     @property
     def speedup(self) -> float:
+        """The median of the per-round ratios stock / posenc; in rows written before it was
+        recorded, the ratio of the medians."""
+        if self.speedup_median == self.speedup_median:  # not NaN
+            return self.speedup_median
         return self.stock_ms / self.posenc_ms
 
     @property
@@ -173,24 +180,25 @@ def run_cases(
             if errors:
                 raise RuntimeError("; ".join(errors))
             ms = {name: 1e3 * x.median for name, x in t.items()}
-            q1, q3 = paired_quartiles(t["stock"].samples, t["posenc"].samples)
+            q1, q2, q3 = paired_quartiles(t["stock"].samples, t["posenc"].samples)
             rows.append(
                 ModelRow(
                     phase, batch, tokens, harness.dtype_name(dtype), layers, ms["stock"],
-                    ms["posenc"], ms["rope-stock"], ms["rope-posenc"], q1, q3,
+                    ms["posenc"], ms["rope-stock"], ms["rope-posenc"], q1, q3, q2,
                 )
             )  # fmt: skip
     return rows
 
 
-def paired_quartiles(stock: list[float], posenc: list[float]) -> tuple[float, float]:
-    """Quartiles of the round-by-round ratios ``stock[i] / posenc[i]`` (the two were timed
-    back to back in round ``i``, so a burst of load hits both): the speedup's noise."""
+def paired_quartiles(stock: list[float], posenc: list[float]) -> tuple[float, float, float]:
+    """``(q1, median, q3)`` of the round-by-round ratios ``stock[i] / posenc[i]`` (the two were
+    timed back to back in round ``i``, so a burst of load hits both): the speedup and its
+    noise."""
     ratios = sorted(a / b for a, b in zip(stock, posenc, strict=False) if b > 0)
     if len(ratios) < 2:
-        return (ratios[0], ratios[0]) if ratios else (float("nan"), float("nan"))
-    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    return q1, q3
+        return (ratios[0],) * 3 if ratios else (float("nan"),) * 3
+    q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q1, q2, q3
 
 
 def model_doc(rows: list[ModelRow], env: dict[str, str], command: str) -> BenchRows:
@@ -218,8 +226,10 @@ def block(doc: BenchRows) -> str:
         "transformers and `apply_posenc` on the same weights, timed round-robin in one run "
         "(medians). decode: one new token per sequence after `tokens` cached. rope: the step's "
         "rotations alone (one `apply_rotary_pos_emb` per layer at the step's shapes); share: "
-        "rope stock / step stock (posenc: rope posenc / step posenc). speedup q1-q3: quartiles "
-        "of the round-by-round ratios stock / posenc, the speedup's noise. Clock: "
+        "rope stock / step stock (posenc: rope posenc / step posenc). step speedup: the median "
+        "of the round-by-round ratios stock / posenc (each round times both back to back; rows "
+        "recorded before that: the ratio of the medians), q1-q3 their quartiles, its noise. "
+        "Clock: "
         f"{doc.env.get('clock', 'perf_counter')}.",
         "",
     ]
