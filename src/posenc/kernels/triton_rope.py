@@ -15,8 +15,9 @@ bits, so ``x*cos - y*sin`` in bf16 would round three times; here the only roundi
 store.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: the interpreter (TRITON_INTERPRET=1) of triton
+# 3.1, torch 2.5.1's, finds a kernel's constexpr parameters only by the annotation object
+# tl.constexpr, not the string "tl.constexpr" (it passed BLOCK_S to tl.arange as an array).
 from typing import NamedTuple
 
 import torch
