@@ -106,6 +106,9 @@ gpu-wheels:
 FLOORS_VENV ?= .venv-floors
 FLOORS_TORCH ?= torch==2.5.1
 FLOORS_TRANSFORMERS ?= transformers==4.56.2
+# numpy 1: the interpreter of torch 2.5.1's triton (3.1), which runs the Triton kernels on the
+# CPU here, works only with numpy 1; under numpy 2 (2.2, 2.4 tried) its stores write nothing.
+FLOORS_NUMPY ?= numpy<2
 FLOORS_TESTS ?= tests/test_hf_plan.py tests/test_hf_load.py tests/test_hf_apply.py \
 	tests/test_flex.py tests/test_kernels_rope.py \
 	tests/test_release_packaging.py::test_the_torch_floor_has_flex_attention_with_gqa
@@ -118,11 +121,13 @@ $(FLOORS_STAMP): pyproject.toml
 	$(FLOORS_BIN)/python -m pip install -q --upgrade pip
 	$(call install_torch,$(FLOORS_BIN),$(FLOORS_TORCH))
 	$(FLOORS_BIN)/python -m pip install -q "setuptools>=77"
-	$(FLOORS_BIN)/python -m pip install -q -e ".[test]" "$(FLOORS_TRANSFORMERS)" "$(FLOORS_TORCH)"
+	$(FLOORS_BIN)/python -m pip install -q -e ".[test]" "$(FLOORS_TRANSFORMERS)" "$(FLOORS_TORCH)" \
+		"$(FLOORS_NUMPY)"
 	touch $(FLOORS_STAMP)
 
 test-floors: $(FLOORS_STAMP)
-	$(FLOORS_BIN)/python -c "import torch, transformers; print('floors: torch', torch.__version__, '/ transformers', transformers.__version__)"
+	$(FLOORS_BIN)/python -c "import numpy, torch, transformers; print('floors: torch', \
+		torch.__version__, '/ transformers', transformers.__version__, '/ numpy', numpy.__version__)"
 	TRITON_INTERPRET=1 $(FLOORS_BIN)/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
 
 # The sdist runs its own tests: .ci/sdist_check.sh builds it, unpacks it and requires its
