@@ -6,6 +6,7 @@ Causality is by index: query ``i`` of ``s`` sees key ``j`` of ``t`` when ``j <= 
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -55,8 +56,11 @@ def causal_block_mask(s: int, t: int, device: torch.device, block: int = 128) ->
 
     kv_num, kv_idx = indices(partial)
     full_num, full_idx = indices(full)
+    # torch 2.5's from_kv_blocks takes no seq_lengths (its flex_attention reads them off q, k).
+    takes_lengths = "seq_lengths" in inspect.signature(BlockMask.from_kv_blocks).parameters
+    lengths: dict[str, Any] = {"seq_lengths": (s, t)} if takes_lengths else {}
     return BlockMask.from_kv_blocks(
-        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=causal, seq_lengths=(s, t)
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=causal, **lengths
     )
 
 
@@ -164,7 +168,21 @@ def flex_block_mask(
                 return dense[b, h, qi, ki]
 
             mask_mod = dense_head_mod
-    return create_block_mask(mask_mod, batch, heads, s, t, device=device)
+    return create_block_mask(_clamped(mask_mod, s, t), batch, heads, s, t, device=device)
+
+
+def _clamped(mask_mod: Callable[..., Any], s: int, t: int) -> Callable[..., Any]:
+    """``mask_mod`` with query and key indices clamped to ``s - 1`` and ``t - 1``.
+
+    torch 2.5's ``create_block_mask`` calls it on lengths rounded up to its block size (128), so
+    an index past the mask tensors would raise; the padding's values only sort blocks into full,
+    partial or empty, and a padded key or query repeats the last real one's value.
+    """
+
+    def mod(b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
+        return mask_mod(b, h, qi.clamp(max=s - 1), ki.clamp(max=t - 1))
+
+    return mod
 
 
 def _padding_mask_mod(pad: torch.Tensor, s: int, t: int, causal: bool) -> Callable[..., Any]:
