@@ -79,7 +79,8 @@ def test_flex_never_materializes_the_bias() -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not flex_available("cpu"), reason="compiled FlexAttention needs a C++ compiler on CPU"
+    not flex_available("cpu"),
+    reason="compiled FlexAttention on CPU needs torch>=2.6 and a C++ compiler",
 )
 # KERPLE's score_mod is pointwise arithmetic like ALiBi's; its compile is left out to save time.
 @pytest.mark.parametrize("name", ["alibi", "t5", "fire", "sandwich"])

@@ -25,8 +25,9 @@ FLEX_MIN_SCORES = 1024 * 1024
 def flex_available(device_type: str) -> bool:
     """Whether compiled FlexAttention can run on this device type in this PyTorch.
 
-    CUDA: when ``torch.nn.attention.flex_attention`` exists. CPU: also needs a C++ compiler
-    (inductor builds the kernel). Cached: neither changes within a process.
+    CUDA: when ``torch.nn.attention.flex_attention`` exists. CPU: from torch 2.6 (2.5's inductor
+    lowers FlexAttention for CUDA only), with a C++ compiler (inductor builds the kernel).
+    Cached: neither changes within a process.
     """
     try:
         import torch.nn.attention.flex_attention
@@ -35,6 +36,8 @@ def flex_available(device_type: str) -> bool:
     if device_type == "cuda":
         return torch.cuda.is_available()
     if device_type == "cpu":
+        if torch.torch_version.TorchVersion(torch.__version__) < "2.6":
+            return False
         return any(
             shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if c
         )
