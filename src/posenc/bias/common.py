@@ -260,8 +260,14 @@ class PositionBias(nn.Module):
 
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in float32, or float64 if it already is (gradcheck runs learnable tables in float64)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    """``x`` in float32, or float64 if it already is (gradcheck runs learnable tables in float64).
+
+    Detached where no gradient is recorded: a float32 parameter would come back as itself,
+    still requiring grad, and torch 2.5's FlexAttention refuses a ``score_mod`` that captures
+    such a tensor even under ``torch.no_grad()``.
+    """
+    y = x.to(torch.promote_types(x.dtype, torch.float32))
+    return y if torch.is_grad_enabled() else y.detach()
 
 
 def per_head(x: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:

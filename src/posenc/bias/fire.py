@@ -74,7 +74,9 @@ class FIRE(PositionBias):
         assert isinstance(lin1, nn.Linear) and isinstance(lin2, nn.Linear)
         f = at_least_float32
         w1, b1 = f(lin1.weight[:, 0]), f(lin1.bias)  # [w], [w]
-        w2, b2 = f(lin2.weight), f(lin2.bias)  # [h, w], [h]
+        # w2 by hidden unit, [w, h]: w2_by_unit[u][head] indexes by a tensor alone (torch 2.5's
+        # FlexAttention cannot trace w2[head, u], a tensor and an int).
+        w2_by_unit, b2 = f(lin2.weight).t(), f(lin2.bias)  # [w, h], [h]
         c, threshold, eps = f(self.c), f(self.threshold()), self.eps
         width = self.mlp_width
 
@@ -85,7 +87,7 @@ class FIRE(PositionBias):
             # time, and a fused kernel can only load scalars (no [w]-vector intermediates).
             acc = b2[head]
             for u in range(width):
-                acc = acc + w2[head, u] * torch.relu(w1[u] * x + b1[u])
+                acc = acc + w2_by_unit[u][head] * torch.relu(w1[u] * x + b1[u])
             return acc
 
         return fire
