@@ -148,6 +148,11 @@ def _transformers_config(raw: Mapping[str, Any]) -> Any | None:
     try:
         return CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(dict(raw)))
     except Exception as err:  # strict-dataclass validation errors are not ValueErrors
+        text_type = _get(raw.get("text_config"), "model_type")
+        if isinstance(text_type, str) and text_type not in CONFIG_MAPPING:
+            # An older transformers, without the text model (4.56's mistral3 has no
+            # ministral3): as without the model, the reader without transformers reads it.
+            return None
         raise ValueError(
             f"transformers could not build a {model_type!r} config from this dict: {err}"
         ) from err
