@@ -24,6 +24,7 @@ import functools
 import importlib
 from typing import Any
 
+import pytest
 import torch
 import transformers
 from transformers import CONFIG_MAPPING, AutoModel
@@ -39,8 +40,13 @@ _SMALL = {
     "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_kv_shared_layers": 0,
     "intermediate_size_mlp": 16, "first_k_dense_replace": 1, "top_k_experts": 1,
 }  # fmt: skip
-# Text configs AutoModel does not map to a model (their model type is that of a sub-config).
+# Text configs AutoModel does not map to a model (their model type is that of a sub-config),
+# and their modeling module (transformers 4.x maps mllama_text_model to no module of its own).
 _TEXT_MODELS = {"mllama_text_model": "MllamaTextModel"}
+_TEXT_MODEL_MODULES = {"mllama_text_model": "mllama"}
+# The rotary functions the probe records: apply_rotary*, and transformers 4.x's Qwen2-VL and
+# Qwen2.5-VL apply_multimodal_rotary_pos_emb (5.x renamed it apply_rotary_pos_emb).
+_ROTARY_PREFIXES = ("apply_rotary", "apply_multimodal_rotary")
 _TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id")
 
 
@@ -129,8 +135,13 @@ def probe(cfg: Any) -> dict[int, dict[str, Any]]:
         model = getattr(transformers, _TEXT_MODELS[cfg.model_type])(cfg).eval()
     else:
         model = AutoModel.from_config(cfg).eval()
-    name = model_type_to_module_name(cfg.model_type)
+    name = _TEXT_MODEL_MODULES.get(cfg.model_type) or model_type_to_module_name(cfg.model_type)
     module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    if not hasattr(module, "eager_attention_forward"):
+        pytest.skip(
+            f"transformers {transformers.__version__}'s modeling_{name} has no "
+            "eager_attention_forward for the probe to record (its attention is inline)"
+        )
     events: list[tuple[str, Any]] = []
     patched: dict[str, Any] = {}
 
@@ -141,6 +152,11 @@ def probe(cfg: Any) -> dict[int, dict[str, Any]]:
         def recorder(*args: Any, **kwargs: Any) -> Any:
             if kind == "attn":
                 mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
+                key = args[2] if len(args) > 2 else kwargs.get("key")
+                if mask is not None and key is not None:
+                    # the columns of the keys, as the attention reads them (transformers 4.x's
+                    # Mllama passes a mask one column wider than its keys)
+                    mask = mask[..., : key.shape[-2]]
                 events.append(("attn", (args[0], kwargs.get("sliding_window"), mask)))
             elif kind == "temp":
                 events.append(("temp", args[1:3]))
@@ -152,7 +168,7 @@ def probe(cfg: Any) -> dict[int, dict[str, Any]]:
         setattr(module, fn_name, recorder)
 
     for fn_name in list(vars(module)):
-        if fn_name.startswith("apply_rotary") and callable(getattr(module, fn_name)):
+        if fn_name.startswith(_ROTARY_PREFIXES) and callable(getattr(module, fn_name)):
             wrap(fn_name, "rope")
     wrap("eager_attention_forward", "attn")
     if hasattr(module, "get_llama_4_attn_scale"):
@@ -180,6 +196,9 @@ def probe(cfg: Any) -> dict[int, dict[str, Any]]:
             layer_type = getattr(cfg, "layer_types", None)
             layer_type = layer_type[index] if layer_type else None
             freq = getattr(rotary, f"{layer_type}_inv_freq", None) if layer_type else None
+            if freq is None and layer_type == "sliding_attention":
+                # transformers 4.x's Gemma-3 and Gemma-3n: a second module for the sliding layers
+                freq = getattr(getattr(model, "rotary_emb_local", None), "inv_freq", None)
             if freq is None:
                 freq = getattr(rotary, "inv_freq", None)
             out[index] = {

@@ -49,7 +49,30 @@ def load(name: str) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if not k.startswith("_")}
 
 
+def missing_model_types(raw: dict[str, Any]) -> list[str]:
+    """The model type of ``raw``, or of the text model its config class asks for, that the
+    installed transformers lacks (a model newer than it: 4.56 has no qwen3_5, olmo3, ...)."""
+    model_type = raw.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        return [str(model_type)]
+    try:
+        CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(raw))
+    except KeyError as err:  # 4.56's mistral3 asks for its text model, ministral3, by name
+        if err.args and isinstance(err.args[0], str) and err.args[0] not in CONFIG_MAPPING:
+            return [err.args[0]]
+        raise
+    return []
+
+
+def require_model_types(*model_types: str) -> None:
+    """Skip unless the installed transformers has every one of ``model_types``."""
+    missing = [t for t in model_types if t not in CONFIG_MAPPING]
+    if missing:
+        pytest.skip(f"transformers {transformers.__version__} has no {', '.join(missing)}")
+
+
 def defaults(model_type: str, **changes: Any) -> dict[str, Any]:
+    require_model_types(model_type)
     raw = CONFIG_MAPPING[model_type]().to_dict()
     raw.update(changes)
     return raw
@@ -128,7 +151,9 @@ def check_against_model(
 def test_plan_matches_the_model_built_from_the_config(case: str) -> None:
     if case in PROBE_SKIPS:
         pytest.skip(PROBE_SKIPS[case])
-    cfg = tiny_text_config(CASES[case](), window=5, chunk=6)
+    raw = CASES[case]()
+    require_model_types(*missing_model_types(raw))
+    cfg = tiny_text_config(raw, window=5, chunk=6)
     plan = position_plan(cfg)
     check_against_model(plan, probe(cfg), span=True, skip=cross_attention_layers(cfg))
 
@@ -136,7 +161,9 @@ def test_plan_matches_the_model_built_from_the_config(case: str) -> None:
 def test_the_cases_cover_every_kind_of_layer() -> None:
     kinds: set[Any] = set()
     for case in ("smollm3", "cohere2", "llama4", "gemma3n", "qwen3.6-35b-a3b", "gemma-2-9b"):
-        for layer in position_plan(text_config(CASES[case]())).layers:
+        raw = CASES[case]()
+        require_model_types(*missing_model_types(raw))
+        for layer in position_plan(text_config(raw)).layers:
             span = layer.span if isinstance(layer.span, str) else layer.span[0]
             kinds.add((span, layer.uses_rope, layer.temperature is not None))
     assert kinds >= {
@@ -159,6 +186,9 @@ def test_named_architectures() -> None:
     llama4 = position_plan(defaults("llama4_text"))
     assert [x.span for x in llama4.layers[:4]] == [("chunk", 8192)] * 3 + ["full"]
     assert [x.temperature is not None for x in llama4.layers[:4]] == [False] * 3 + [True]
+    qwen = position_plan(defaults("qwen2", use_sliding_window=False, sliding_window=4096))
+    assert all(x.span == "full" for x in qwen.layers)
+    # last: the architectures transformers 4.x lacks (defaults skips there)
     olmo = position_plan(_olmo3_yarn_4x())
     types = {x.layer_type: x.scaling for x in olmo.layers}
     assert types["sliding_attention"] is None and types["full_attention"]["rope_type"] == "yarn"
@@ -166,13 +196,12 @@ def test_named_architectures() -> None:
     gemma4 = position_plan(defaults("gemma4_text"))
     dims = {x.layer_type: (x.head_dim, x.rotary_dim) for x in gemma4.layers}
     assert dims["full_attention"] != dims["sliding_attention"]
-    qwen = position_plan(defaults("qwen2", use_sliding_window=False, sliding_window=4096))
-    assert all(x.span == "full" for x in qwen.layers)
 
 
 def test_rope_and_temperature_readers_agree_with_the_plan() -> None:
+    # olmo3-yarn-4x last: its defaults need transformers 5 (a skip at 4.x after the others)
     for case in ("gemma-3-1b-it", "llama-4-maverick-17b-128e", "ministral-3-3b-reasoning-2512",
-                 "olmo3-yarn-4x", "qwen3.6-35b-a3b", "gpt-oss-20b"):  # fmt: skip
+                 "qwen3.6-35b-a3b", "gpt-oss-20b", "olmo3-yarn-4x"):  # fmt: skip
         raw = CASES[case]()
         plan = position_plan(raw)
         temperature = attention_temperature_from_hf(raw)
@@ -199,9 +228,13 @@ def test_plan_is_frozen_and_groups_equal_layers() -> None:
 def test_fallback_reader_plans_the_corpus_as_transformers_does() -> None:
     for name in NAMES:
         raw = load(name)
-        want = [x.settings() for x in position_plan(raw).layers]
+        if missing_model_types(raw):  # transformers 4.x lacks the model: nothing to compare with
+            continue
+        # The layers as values (the rope module aside): transformers 4.x's DeepSeek-V3 config
+        # makes the yarn numbers floats (32.0 for the file's 32), equal to the file's ints.
+        want = position_plan(raw).layers
         try:
-            got = [x.settings() for x in position_plan(raw, use_transformers=False).layers]
+            got = position_plan(raw, use_transformers=False).layers
         except ValueError as err:
             assert "posenc[hf]" in str(err), name
             continue
