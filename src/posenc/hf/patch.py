@@ -350,7 +350,7 @@ def apply_posenc(
     model_type = _model_type(model)
     modeling, rotations = _modeling(model_type)
     for name, rotation in rotations.items():  # each call: the installed transformers is checked
-        check_rotation(getattr(modeling, name), rotation, f"{modeling.__name__}.{name}")
+        check_rotation(_stock(modeling, name, model_type), rotation, f"{modeling.__name__}.{name}")
     if extension is not None:
         return _apply_extension(model, model_type, modeling, rotations, scaling, extension, backend)
     patch = PosencPatch(model_type, backend, None if scaling is None else dict(scaling))
@@ -403,6 +403,18 @@ def _apply_extension(
     for layer in layers:
         layer.posenc_extension = state  # type: ignore[assignment]
     return model
+
+
+def _stock(modeling: types.ModuleType, name: str, model_type: str) -> Callable[..., Any]:
+    """``modeling.name``, the rotation posenc replaces; refused where this transformers has none
+    (4.x's Qwen2-VL, Qwen2.5-VL and GLM-4V call apply_multimodal_rotary_pos_emb instead)."""
+    stock = getattr(modeling, name, None)
+    if not callable(stock):
+        raise RuntimeError(
+            f"{modeling.__name__} has no {name}: this transformers version is not supported by "
+            f"apply_posenc for model_type {model_type!r}"
+        )
+    return stock
 
 
 def _check_forwards(layers: list[nn.Module]) -> None:
@@ -526,6 +538,10 @@ def _rescale(
             setattr(module, "scaling", scale)  # noqa: B010 - a plain float attribute
 
 
+# transformers 4.x's Gemma-3: a rotary module per layer type, each called without one
+_LEGACY_ROTARY_TYPES = {"rotary_emb": "full_attention", "rotary_emb_local": "sliding_attention"}
+
+
 def _rotary_swaps(
     model: nn.Module,
     modeling: Any,
@@ -545,9 +561,11 @@ def _rotary_swaps(
                 and "Vision" not in cls.__name__
             ):
                 config = getattr(child, "config", None) or model.config
-                swaps.append(
-                    (parent, attr, HFRotaryEmbedding(config, scaling, table_layout=table_layout))
-                )
+                legacy = getattr(config, "rope_parameters", None) is None  # transformers 4.x
+                layer_type = _LEGACY_ROTARY_TYPES.get(attr) if legacy else None
+                new = HFRotaryEmbedding(config, scaling, table_layout=table_layout,
+                                        layer_type=layer_type)  # fmt: skip
+                swaps.append((parent, attr, new))
     if not swaps:
         raise RuntimeError(f"found no rotary module of {modeling.__name__} to rescale")
     return swaps

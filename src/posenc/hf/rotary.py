@@ -49,7 +49,7 @@ from ..kernels.rope_op import DirectPlan, lookup, plan_of, remember
 from ..rotary import MRoPE, RotaryEmbedding
 from ..rotary.embedding import max_position
 from .checks import check_scaling_argument
-from .config import _MODULE_KEYS, HF_ROPE_TYPES, rope_from_hf
+from .config import _MODULE_KEYS, HF_ROPE_TYPES, _get, _standardize, rope_from_hf
 
 TABLE_LAYOUTS = ("cat", "repeat", "half")
 
@@ -290,12 +290,17 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any]) -> Any:
     ``scaling`` is a flat dict (``{"rope_type": "yarn", "factor": 4.0, ...}``), applied to every
     layer type that has RoPE, or a dict keyed by layer type (``{"full_attention": {...}}``),
     applied to the types it names. Each layer type keeps its own ``rope_theta``,
-    ``partial_rotary_factor`` and M-RoPE keys; its old scaling keys are replaced.
+    ``partial_rotary_factor`` and M-RoPE keys; its old scaling keys are replaced. A transformers
+    4.x config (``rope_theta``/``rope_scaling``, no ``rope_parameters``) comes back as posenc
+    reads it, a dict in 5.x's shape (:func:`~posenc.hf.rope_from_hf` reads it as it is).
     """
     check_scaling_argument(scaling, HF_ROPE_TYPES)
     cfg = copy.deepcopy(text_config)
-    params = copy.deepcopy(dict(cfg.rope_parameters or {}))
-    labels = set(getattr(cfg, "layer_types", None) or ())
+    legacy = getattr(cfg, "rope_parameters", None) is None and hasattr(cfg, "to_dict")
+    if legacy:
+        cfg = _standardize(cfg.to_dict())
+    params = copy.deepcopy(dict(_get(cfg, "rope_parameters") or {}))
+    labels = set(_get(cfg, "layer_types") or ())
     nested = [k for k, v in params.items() if k in labels or isinstance(v, Mapping)]
     keyed = bool(scaling) and all(isinstance(v, Mapping) for v in scaling.values())
 
@@ -324,6 +329,8 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any]) -> Any:
         for key in nested:
             if params[key] is not None:
                 params[key] = rescaled(params[key], scaling)
+    if legacy:  # filled in as the 5.x class would (Phi-3's config-level original length wins)
+        return _standardize({**cfg, "rope_parameters": params, "rope_scaling": None})
     # Rebuilt by the config class, so its own standardization runs as it would for a model built
     # with these parameters (Phi-3's config-level original length wins, defaults are filled).
     if hasattr(cfg, "to_dict") and hasattr(type(cfg), "from_dict"):
@@ -359,6 +366,8 @@ class HFRotaryEmbedding(nn.Module):
         dtype: the dtype of the returned tables; None (default) returns ``x.dtype`` as
             transformers does, and float32 for the model types whose own class keeps its
             tables in float32 (:data:`FLOAT32_TABLE_TYPES`: OLMo-3, Beam, LFM3).
+        layer_type: with per-layer-type parameters, the type of a call that names none
+            (transformers 4.x's Gemma-3 has a rotary module per type, called without one).
 
     Shapes: ``x`` any tensor (its dtype and device are read); ``position_ids [b, s]`` (M-RoPE:
     ``[3, b, s]`` too) -> ``cos, sin [b, s, r]`` (``[b, s, n]`` for ``"half"``). With per-layer-type parameters (Gemma-3,
@@ -373,16 +382,20 @@ class HFRotaryEmbedding(nn.Module):
         *,
         table_layout: str = "cat",
         dtype: torch.dtype | None = None,
+        layer_type: str | None = None,
     ) -> None:
         super().__init__()
         check_choice("table_layout", table_layout, TABLE_LAYOUTS)
         text = (
             config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         )
+        read: dict[str, Any] = {}
         if scaling is not None:
             text = with_rope_parameters(text, scaling)
-        params = getattr(text, "rope_parameters", None) or {}
-        labels = set(getattr(text, "layer_types", None) or ())
+            if isinstance(text, Mapping):  # a 4.x config as posenc reads it: read as it is
+                read["use_transformers"] = False
+        params = _get(text, "rope_parameters") or {}
+        labels = set(_get(text, "layer_types") or ())
         self.layer_types = tuple(
             k
             for k, v in params.items()
@@ -391,19 +404,21 @@ class HFRotaryEmbedding(nn.Module):
         # Plain attributes, not submodules: the posenc modules keep their frequencies on the CPU
         # (module.to(bfloat16) must not round them) and have no state to save.
         if self.layer_types:
-            self.ropes = {t: rope_from_hf(text, t) for t in self.layer_types}
+            self.ropes = {t: rope_from_hf(text, t, **read) for t in self.layer_types}
         else:
-            self.ropes = {None: rope_from_hf(text)}
-        if dtype is None and getattr(text, "model_type", None) in FLOAT32_TABLE_TYPES:
+            self.ropes = {None: rope_from_hf(text, **read)}
+        self.layer_type = layer_type if layer_type in self.ropes else None
+        if dtype is None and _get(text, "model_type") in FLOAT32_TABLE_TYPES:
             dtype = torch.float32
         self.table_layout, self.dtype = table_layout, dtype
-        self.fractional = getattr(text, "model_type", None) in FRACTIONAL_POSITION_MODEL_TYPES
+        self.fractional = _get(text, "model_type") in FRACTIONAL_POSITION_MODEL_TYPES
         # Dynamic NTK as transformers keeps it: the longest length seen since the last call
         # within the original length (its ``max_seq_len_cached``), per layer type.
         self.dynamic_len: dict[str | None, int] = {}
 
     def rope(self, layer_type: str | None = None) -> RotaryEmbedding:
         """The posenc rotary module of ``layer_type`` (None where the config has one)."""
+        layer_type = self.layer_type if layer_type is None else layer_type
         if layer_type is None and len(self.ropes) == 1:
             return next(iter(self.ropes.values()))
         if layer_type not in self.ropes:
