@@ -11,6 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
+from packaging.version import Version  # noqa: E402
 from transformers import (  # noqa: E402
     DeepseekV3Config,
     GlmConfig,
@@ -19,7 +20,7 @@ from transformers import (  # noqa: E402
     Phi3Config,
     Qwen2VLConfig,
 )
-from transformers.models.gptj.modeling_gptj import GPTJRotaryEmbedding  # noqa: E402
+from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding  # noqa: E402
 from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig  # noqa: E402
 
@@ -27,12 +28,24 @@ from posenc.hf import hf_rope_kwargs, rope_from_hf  # noqa: E402
 from posenc.rotary import MRoPE  # noqa: E402
 
 TOL = 1e-6
+# transformers 5 configs take rope_parameters; 4.x ones rope_theta and rope_scaling.
+TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
+
+
+def gptj_sin_cos(config: GPTJConfig, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """GPT-J's own sin, cos ``[b, s, r/2]``: transformers 5's GPTJRotaryEmbedding, or the table
+    4.x's attention reads (``create_sinusoidal_positions``, sin then cos)."""
+    rotary = getattr(modeling_gptj, "GPTJRotaryEmbedding", None)
+    if rotary is not None:
+        return tuple(rotary(config)(torch.zeros(1), positions))
+    table = modeling_gptj.create_sinusoidal_positions(config.n_positions, config.rotary_dim)
+    return tuple(table[positions].chunk(2, dim=-1))
 
 
 def test_gptj_interleaved_partial() -> None:
     config = GPTJConfig(n_embd=64, n_head=4, rotary_dim=8, n_positions=512)
     positions = torch.tensor([[0, 1, 100, 511]])
-    ref_sin, ref_cos = GPTJRotaryEmbedding(config)(torch.zeros(1), positions)  # [b, s, r/2]
+    ref_sin, ref_cos = gptj_sin_cos(config, positions)  # [b, s, r/2]
     for cfg in (config, {"n_embd": 64, "n_head": 4, "rotary_dim": 8, "model_type": "gptj"}):
         rope = rope_from_hf(cfg)
         assert (rope.head_dim, rope.rotary_dim, rope.layout, rope.base) == (
@@ -196,7 +209,9 @@ def test_clear_errors() -> None:
     with pytest.raises(ValueError, match="layer_type 'chunked_attention' has no RoPE parameters"):
         rope_from_hf(nested, "chunked_attention")
     assert rope_from_hf(nested, "full_attention").scaling == {"rope_type": "linear", "factor": 2.0}
-    with pytest.raises(ValueError, match="rope_type 'axial'"):
+    # transformers 5's vision config names its rope 'axial'; 4.x's has no rope keys, no heads
+    axial = "rope_type 'axial'" if TRANSFORMERS_5 else "no head_dim"
+    with pytest.raises(ValueError, match=axial):
         rope_from_hf(Qwen2VLVisionConfig(embed_dim=64, num_heads=4))
     with pytest.raises(ValueError, match="rotary_dim must be even for RoPE, got 9"):
         rope_from_hf({"hidden_size": 72, "num_attention_heads": 4, "partial_rotary_factor": 0.5})
@@ -216,14 +231,6 @@ from transformers.models.auto.configuration_auto import model_type_to_module_nam
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 from transformers.models.deepseek_v2.configuration_deepseek_v2 import (  # noqa: E402
     DeepseekV2Config,
-)
-from transformers.models.ministral3 import modeling_ministral3  # noqa: E402
-from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig  # noqa: E402
-from transformers.models.qwen3_5.modeling_qwen3_5 import (  # noqa: E402
-    Qwen3_5TextRotaryEmbedding,
-)
-from transformers.models.qwen3_5.modeling_qwen3_5 import (  # noqa: E402
-    apply_rotary_pos_emb as qwen3_5_apply,
 )
 
 from posenc.hf import (  # noqa: E402
@@ -287,6 +294,11 @@ def test_rope_interleave_defaults_are_the_config_classes() -> None:
 
 def test_fallback_table_is_the_config_classes_defaults() -> None:
     """The defaults posenc uses without transformers are those of transformers' classes."""
+    if not TRANSFORMERS_5:
+        pytest.skip(
+            "the table holds transformers 5's class defaults; 4.x's differ (Cohere's rope_theta "
+            "10000, Llama-4's layer interval and Gemma-3's local base outside rope_parameters)"
+        )
     for model_type, defaults in FALLBACK_DEFAULTS.items():
         if model_type not in CONFIG_MAPPING:
             continue
@@ -325,6 +337,9 @@ def test_unsupported_architectures_raise() -> None:
 
 def test_qwen3_5_partial_mrope_matches_transformers() -> None:
     """Qwen3.5: M-RoPE over the first quarter of the head (class default 0.25), interleaved."""
+    qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    Qwen3_5TextConfig, qwen3_5_apply = qwen3_5.Qwen3_5TextConfig, qwen3_5.apply_rotary_pos_emb
+    Qwen3_5TextRotaryEmbedding = qwen3_5.Qwen3_5TextRotaryEmbedding
     kw = {"hidden_size": 128, "num_attention_heads": 2, "head_dim": 64, "num_hidden_layers": 4}
     params = {"rope_type": "default", "rope_theta": 1e7, "mrope_section": [3, 3, 2]}
     config = Qwen3_5TextConfig(**kw, rope_parameters=dict(params))
@@ -398,6 +413,7 @@ def test_bad_scaling_raises_naming_the_key(scaling: dict, message: str) -> None:
 
 def test_llama4_scaling_matches_transformers_function() -> None:
     """Ministral-3's ``get_llama_4_attn_scale``, bit for bit, across many multiples of L."""
+    modeling_ministral3 = pytest.importorskip("transformers.models.ministral3.modeling_ministral3")
     positions = torch.randint(0, 40 * 16384, (3, 257))
     positions[0, :5] = torch.tensor([0, 16383, 16384, 16385, 2 * 16384])
     ref = modeling_ministral3.get_llama_4_attn_scale(positions, 0.1, 16384)  # [b, 1, s, 1]
@@ -481,7 +497,9 @@ def _cos_sin_error(rope, hf_rotary, positions: torch.Tensor, *extra: str) -> flo
 def test_olmo3_scaling_applies_to_full_attention_only() -> None:
     """OLMo-3's 4.x rope_scaling (YaRN) goes to its full-attention layers; the sliding-window
     layers keep plain RoPE with the same base."""
-    from transformers.models.olmo3.modeling_olmo3 import Olmo3RotaryEmbedding
+    Olmo3RotaryEmbedding = pytest.importorskip(
+        "transformers.models.olmo3.modeling_olmo3"
+    ).Olmo3RotaryEmbedding
 
     raw = {"model_type": "olmo3", "hidden_size": 128, "num_attention_heads": 2,
            "num_hidden_layers": 4, "max_position_embeddings": 65536, "rope_theta": 500000,
@@ -533,6 +551,8 @@ def test_unknown_model_type_raises_naming_close_matches(use_transformers: bool) 
 
 @pytest.mark.parametrize("use_transformers", [True, False])
 def test_yarn_without_factor_raises(use_transformers: bool) -> None:
+    if not TRANSFORMERS_5:
+        pytest.skip("transformers 4.x's LlamaConfig takes no rope_parameters to refuse")
     raw = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
            "max_position_embeddings": 8192,
            "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4,
@@ -570,8 +590,11 @@ def test_yarn_factor_that_disagrees_with_the_lengths_warns(use_transformers: boo
 @pytest.mark.parametrize("numerator", [139, 141, 51])  # 512 * factor odd: 69, 70, 25 pairs
 def test_gemma4_odd_rotary_dim_rounds_as_transformers(numerator: int) -> None:
     """Gemma-4's proportional RoPE rotates 2 * int(factor * head_dim // 2) channels."""
-    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
-    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+    gemma4 = pytest.importorskip("transformers.models.gemma4.modeling_gemma4")
+    Gemma4TextConfig, Gemma4TextRotaryEmbedding = (
+        gemma4.Gemma4TextConfig,
+        gemma4.Gemma4TextRotaryEmbedding,
+    )
 
     config = Gemma4TextConfig()
     config.rope_parameters["full_attention"]["partial_rotary_factor"] = numerator / 512
@@ -592,11 +615,15 @@ def test_longrope_switch_at_original_length_matches_transformers(traced: bool) -
     """Lengths L and L + 1 (L = original_max_position_embeddings): short factors at L, long
     ones at L + 1, on the host path and on the traced (device-side) path alike."""
     n = 16  # pairs of head_dim 32
+    factors = {"short_factor": [1.0 + i / 10 for i in range(n)],
+               "long_factor": [2.0 + i for i in range(n)]}  # fmt: skip
+    rope = (  # transformers 4.x: rope_theta and a rope_scaling of exactly these three keys
+        {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, **factors}}
+        if TRANSFORMERS_5
+        else {"rope_theta": 1e4, "rope_scaling": {"type": "longrope", **factors}}
+    )
     config = Phi3Config(hidden_size=64, num_attention_heads=2, max_position_embeddings=4096,
-                        original_max_position_embeddings=1024,
-                        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
-                                         "short_factor": [1.0 + i / 10 for i in range(n)],
-                                         "long_factor": [2.0 + i for i in range(n)]})  # fmt: skip
+                        original_max_position_embeddings=1024, **rope)  # fmt: skip
     rope = rope_from_hf(config)
     for length in (1024, 1025):
         positions = torch.arange(length)[None]
