@@ -133,7 +133,10 @@ def require_model_type(model_type: str) -> None:
     if model_type not in CONFIG_MAPPING:
         pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
     if model_type in NEEDS_TRANSFORMERS_5 and not TRANSFORMERS_5:
-        pytest.skip(f"apply_posenc patches {model_type} from transformers 5 (4.x: no rotation)")
+        pytest.skip(
+            f"apply_posenc refuses {model_type} on transformers 4.x: its attention calls "
+            "apply_multimodal_rotary_pos_emb, not apply_rotary_pos_emb"
+        )
 
 
 def tiny(model_type: str, rope_parameters: dict | None = None, **kw: Any) -> torch.nn.Module:
