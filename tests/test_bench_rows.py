@@ -71,9 +71,9 @@ def test_committed_rows_render_their_blocks_byte_for_byte() -> None:
     for name, doc in docs.items():
         assert render.render(doc).rstrip() == _block(text, name).rstrip(), name
     rows = docs["hf-model-cpu"].rows
-    assert len(rows) == 6 and math.isclose(
-        rows[0]["stock_ms"] / rows[0]["posenc_ms"], rows[0]["speedup"]
-    )
+    assert len(rows) == 6
+    for row in rows:  # the speedup is the paired median, inside its quartiles
+        assert row["speedup_q1"] <= row["speedup"] == row["speedup_median"] <= row["speedup_q3"]
 
 
 def test_a_bench_run_writes_rows_and_the_block_rendered_from_them(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def test_overrides_and_commands_come_from_the_flag_table() -> None:
 
     assert [f.name for f in fields(Overrides)] == [f.field for f in LAB_FLAGS if f.grid]
     assert list(inspect.signature(lab).parameters) == ["ctx", *(f.field for f in LAB_FLAGS)]
-    assert list(inspect.signature(extend).parameters) == [f.field for f in EXTEND_FLAGS]
+    assert list(inspect.signature(extend).parameters) == ["ctx", *(f.field for f in EXTEND_FLAGS)]
     every = [d for f in LAB_FLAGS for d in f.decls]
     assert len(every) == len(set(every))  # one spelling per option
 
