@@ -274,3 +274,51 @@ def test_a_planned_module_follows_its_frequency_set(rope_type: str) -> None:
         pos = torch.full((2, 1), p)
         torch.testing.assert_close(rope(q, k, pos), ref(q, k, pos), rtol=0, atol=0)
     assert len(rope._plans) == 1
+
+
+def test_a_subclass_of_mrope_with_its_own_step_gets_no_plan() -> None:
+    from posenc.rotary import MRoPE
+
+    class Doubled(MRoPE):
+        def apply_tables(self, q, k, tables):  # type: ignore[no-untyped-def]
+            q2, k2 = super().apply_tables(q, k, tables)
+            return 2 * q2, 2 * k2
+
+    mrope, doubled = MRoPE(16, [2, 3, 3]), Doubled(16, [2, 3, 3])
+    q, k = _qk()
+    pos = torch.full((2, 1), 5)
+    for _ in range(3):  # the later calls would run a plan that skips apply_tables
+        torch.testing.assert_close(doubled(q, k, pos)[0], 2 * mrope(q, k, pos)[0])
+    assert doubled._plans is None
+
+
+def test_mrope_makes_no_plan_where_none_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc.rotary import MRoPE
+
+    mrope = MRoPE(16, [2, 3, 3])  # its table: 4096 rows
+    calls = _count(monkeypatch, RotaryEmbedding, "tables")
+    q, k = _qk()
+    mrope(q.requires_grad_(), k, torch.full((2, 1), 5))  # gradients: no plan, no table
+    mrope(q.detach(), k, torch.full((2, 1), 5000))  # past the table
+    assert calls[0] == 0 and not mrope._plans
+
+
+def test_xpos_follows_a_changed_center_and_scale_base() -> None:
+    from posenc.rotary import XPos
+
+    xpos = XPos(16)
+    q, k = _qk()
+    pos = torch.full((2, 1), 7)
+    xpos(q, k, pos), xpos(q, k, pos)  # planned
+    xpos.center, xpos.scale_base = 3, 64.0
+    torch.testing.assert_close(xpos(q, k, pos), XPos(16, scale_base=64.0, center=3)(q, k, pos))
+
+
+def test_a_changed_cache_len_is_a_new_table() -> None:
+    rope = RotaryEmbedding(16, cache_len=64)
+    ref = RotaryEmbedding(16, cache_len=256, backend="torch")
+    q, k = _qk()
+    rope(q, k, torch.full((2, 1), 5)), rope(q, k, torch.full((2, 1), 5))  # planned, 64 rows
+    rope.cache_len = 256
+    pos = torch.full((2, 1), 200)  # past the old table: read from a new one, never past its end
+    torch.testing.assert_close(rope(q, k, pos), ref(q, k, pos), rtol=0, atol=0)

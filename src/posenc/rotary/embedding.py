@@ -262,7 +262,7 @@ class RotaryEmbedding(RotaryEncoding):
         """The cached ``[1, cache_len, n]`` float32 cos/sin table of a frequency set on a device
         (the kernels' canonical table form)."""
         entry = self._tables.get((device, key))
-        if entry is None:
+        if entry is None or entry[0].shape[1] != self.cache_len:  # cache_len may have been set
             inv_freq, factor = self._sets[key]
             positions = torch.arange(self.cache_len, device=device)
             cos, sin = rope_cos_sin(positions, inv_freq.to(device), factor)  # [cache_len, n]
@@ -356,9 +356,9 @@ class RotaryEmbedding(RotaryEncoding):
         """A planned step, or None where its positions need the checked path (dynamic NTK past
         the original length, positions past the cached table)."""
         top = position_range(positions, positions if k_positions is None else k_positions)
-        if top >= self.cache_len:
-            return None
         tables = plan.tables  # the table of a fixed frequency set, kept with the plan
+        if top >= self.cache_len or (tables is not None and top >= tables[0].shape[1]):
+            return None  # past the table (or one kept from before cache_len was changed)
         if tables is None:  # dynamic NTK and LongRoPE: the set follows the length
             key = self._freq_key(top + 1)
             if key == "grown":
@@ -386,7 +386,7 @@ class RotaryEmbedding(RotaryEncoding):
         a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self._interleaved_pairs)
         given = (q, k, cos, sin, None, None, positions, k_positions)
         plan = direct_plan(a, given, out, values_checked=True)
-        if plan is not None and self.rope_type not in ("dynamic", "longrope"):
+        if plan is not None and not self.spec.length_dependent:
             plan.tables = (cos, sin)  # every length reads the one "base" set
         remember(self._plans, key, plan, limit=64)
 

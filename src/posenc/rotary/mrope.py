@@ -34,7 +34,7 @@ from ..functional.rotary import (
     mrope_cos_sin,
 )
 from .base import Positions, RotaryEncoding
-from .embedding import RotaryEmbedding, max_position, resolve_qk_positions
+from .embedding import RotaryEmbedding, max_position, position_range, resolve_qk_positions
 
 Segment = tuple[str, Any] | tuple[str, Any, float]
 
@@ -85,7 +85,10 @@ class MRoPE(RotaryEmbedding):
         self.interleaved = self.allocation == "interleaved"
         # Text positions ([s] or [b, s]) are the same on every axis, where M-RoPE is RoPE: a
         # decode step of a layout seen before runs RotaryEmbedding's plan on its cached table.
-        self._plans = {}
+        # For MRoPE's own steps only, not a subclass's that replaces one.
+        own = ("check_inputs", "resolve_positions", "tables", "apply_tables")
+        same = all(getattr(type(self), n) is getattr(MRoPE, n) for n in own)
+        self._plans = {} if same else None
         axis = mrope_axis_index(self.mrope_section, self.allocation)  # validates the sections
         if axis.shape[0] != self.span // 2:
             raise ValueError(
@@ -124,7 +127,8 @@ class MRoPE(RotaryEmbedding):
         positions ``[s]``/``[b, s]`` (:meth:`resolve_positions`). Text positions of a layout
         that passed the checks before take RotaryEmbedding's decode plan (the same angles)."""
         if (
-            not isinstance(positions, torch.Tensor)
+            self._plans is None
+            or not isinstance(positions, torch.Tensor)
             or positions.dim() > 2
             or _rank(k_positions) > 2
             or torch.compiler.is_compiling()
@@ -147,7 +151,15 @@ class MRoPE(RotaryEmbedding):
         out: tuple[torch.Tensor, torch.Tensor],
     ) -> None:
         """After a checked call with text positions: the plan RotaryEmbedding's table path
-        makes for it, where that path applies (eager CPU, positions inside the table)."""
+        makes for it, where that path applies (eager CPU without gradients, positions inside
+        the table); nothing is computed for a call that cannot have a plan."""
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+        kp = positions if k_positions is None else k_positions
+        if needs_grad or not (host_readable(q) and positions.is_cpu and kp.is_cpu):
+            return
+        top = position_range(positions, kp)
+        if top >= self.cache_len or self._freq_key(top + 1) == "grown":
+            return
         pos, k_pos = resolve_qk_positions(q, k, positions, k_positions)
         tables = RotaryEmbedding.tables(self, q, k, pos, k_pos)
         if tables.pq is not None:

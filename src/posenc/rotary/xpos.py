@@ -121,11 +121,17 @@ class XPos(RotaryEncoding):
         self.constants = DeviceConstants(**self._constants())
         # Decode plans (forward), each with the cached tables it reads.
         self._plans: dict[tuple, tuple[DirectPlan, _Table]] = {}
-        self._tables: dict[tuple[torch.device, int], _Table] = {}
+        self._tables: dict[tuple[torch.device, int, int, float], _Table] = {}
 
     def _constants(self) -> dict[str, torch.Tensor]:
         inv_freq, _ = rope_inv_freq(self.head_dim, self.base, dtype=self.angle_dtype)  # [d/2]
         return {"inv_freq": inv_freq, "log_zeta": xpos_zeta(self.head_dim, self.gamma).log()}
+
+    def __setstate__(self, state: dict) -> None:
+        # A module pickled before the decode caches existed has neither.
+        super().__setstate__(state)
+        self.__dict__.setdefault("_plans", {})
+        self.__dict__.setdefault("_tables", {})
 
     def reset_parameters(self) -> None:
         """Recompute the frequencies and decay bases (after ``to_empty()``; no learned weights)."""
@@ -195,9 +201,8 @@ class XPos(RotaryEncoding):
         checks before runs its plan on the cached tables: only the positions' range is read."""
         key = None
         if positions is not None and not torch.compiler.is_compiling():
-            key, planned = lookup(
-                self._plans, qk_key(q, k, positions, k_positions, self.layout, self.backend)
-            )
+            options = (self.layout, self.backend, self.center, self.scale_base)
+            key, planned = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
             if planned is not None:
                 plan, table = planned
                 top = position_range(positions, positions if k_positions is None else k_positions)
@@ -263,7 +268,7 @@ class XPos(RotaryEncoding):
         limit = min(self.max_offset(q_dtype), self.max_offset(k_dtype))
         if self.center > limit:
             return None
-        key = (device, limit)
+        key = (device, limit, self.center, self.scale_base)  # both public, read per call
         table = self._tables.get(key)
         if table is None:
             rows = torch.arange(min(TABLE_ROWS, self.center + limit + 1), device=device)
