@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+from posenc.lab.grid_file import tomllib  # tomllib, or on Python 3.10 its backport tomli
+
 ROOT = Path(__file__).resolve().parent.parent
 READMES = {"en": ROOT / "README.md", "zh": ROOT / "README.zh-CN.md"}
 FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
