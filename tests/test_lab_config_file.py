@@ -5,6 +5,7 @@ the grid its flags run, bit for bit."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from posenc.cli import app
 from posenc.lab import cli as lab_cli
+from posenc.lab import grid_file
 from posenc.lab.flags import LAB_FLAGS, Overrides, build_config
 from posenc.lab.grid_file import file_keys, read_grid_file
 from posenc.lab.store import RESULTS_FILE, ResultStore
@@ -24,6 +26,14 @@ EXAMPLE = ROOT / "examples" / "grid.toml"
 def _lab_command():
     """The click command `posenc lab` is (its group's callback takes the options)."""
     return typer.main.get_command(lab_cli.lab_app)
+
+
+def test_the_file_is_read_by_tomllib_or_on_python_3_10_by_tomli():
+    """Python 3.11+ reads the file with the standard library's tomllib; 3.10 (which
+    requires-python admits) with its backport tomli, a dependency there only: so on 3.10 every
+    test here reads through tomli, its refusal of a file that is not TOML included."""
+    want = "tomllib" if sys.version_info >= (3, 11) else "tomli"
+    assert grid_file.tomllib.__name__ == want
 
 
 def test_every_option_of_the_command_is_a_key_and_nothing_else():
