@@ -319,7 +319,7 @@ class RotaryEmbedding(RotaryEncoding):
         the positions' range is read (it picks the table and checks them non-negative).
         """
         key = None
-        if self._plans is not None and positions is not None and not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling() and self._plans is not None and positions is not None:
             key, out = self._planned(q, k, positions, k_positions)
             if out is not None:
                 return out

@@ -127,11 +127,11 @@ class MRoPE(RotaryEmbedding):
         positions ``[s]``/``[b, s]`` (:meth:`resolve_positions`). Text positions of a layout
         that passed the checks before take RotaryEmbedding's decode plan (the same angles)."""
         if (
-            self._plans is None
+            torch.compiler.is_compiling()  # first: a traced call reads no plan (no guard on them)
+            or self._plans is None
             or not isinstance(positions, torch.Tensor)
             or positions.dim() > 2
             or _rank(k_positions) > 2
-            or torch.compiler.is_compiling()
         ):
             return RotaryEncoding.forward(self, q, k, positions, k_positions)
         key, out = self._planned(q, k, positions, k_positions)
