@@ -55,16 +55,17 @@ class _Captured(Exception):
     pass
 
 
-def _resolved(monkeypatch, args):
-    """What `posenc lab ARGS` hands the run (``_run_lab``'s keyword arguments), not run."""
+def resolved(monkeypatch, args, command=("lab",), run="_run_lab"):
+    """What `posenc COMMAND ARGS` hands the run (the keyword arguments of ``posenc.lab.cli``'s
+    ``run`` function: ``_run_lab``, or ``_run_extend`` for ``lab extend``), not run."""
     seen = {}
 
     def capture(**kw):
         seen.update(kw)
         raise _Captured
 
-    monkeypatch.setattr(lab_cli, "_run_lab", capture)
-    res = CliRunner().invoke(app, ["lab", *args])
+    monkeypatch.setattr(lab_cli, run, capture)
+    res = CliRunner().invoke(app, [*command, *args])
     assert isinstance(res.exception, _Captured), res.output
     return seen
 
@@ -113,15 +114,15 @@ dry-run = true
 def test_a_file_resolves_to_what_the_same_flags_give(monkeypatch, tmp_path):
     path = tmp_path / "grid.toml"
     path.write_text(TOML)
-    by_flags = _resolved(monkeypatch, FLAGS)
-    by_file = _resolved(monkeypatch, ["--config", str(path)])
+    by_flags = resolved(monkeypatch, FLAGS)
+    by_file = resolved(monkeypatch, ["--config", str(path)])
     assert by_file == by_flags
     grid = {k: v for k, v in by_file.items() if k in Overrides.__dataclass_fields__}
     assert build_config("cpu", Overrides(**grid)) == build_config(
         "cpu", Overrides(**{k: by_flags[k] for k in grid})
     )
     # a flag beside --config wins over the file's key; the file fills the rest
-    over = _resolved(monkeypatch, ["--config", str(path), "--steps", "9", "--plots"])
+    over = resolved(monkeypatch, ["--config", str(path), "--steps", "9", "--plots"])
     assert over == {**by_flags, "steps": 9, "plots": True}
 
 

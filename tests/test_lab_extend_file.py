@@ -22,7 +22,7 @@ from posenc.lab.extend import EXTEND, EXTEND_DIR, REFERENCE, ExtendConfig, run_e
 from posenc.lab.grid_file import file_keys, read_grid_file, tomllib
 from posenc.lab.metrics import KEYS, METRICS_FILE
 from posenc.lab.store import RESULTS_FILE, ResultStore
-from test_lab_config_file import untimed
+from test_lab_config_file import resolved, untimed
 from test_lab_grid import tiny_config
 from test_lab_metrics import strict_lines
 
@@ -47,22 +47,9 @@ def test_every_option_of_extend_is_a_key_and_nothing_else():
     assert {"target", "methods", "curve", "report-to", "import"} <= longs
 
 
-class _Captured(Exception):
-    pass
-
-
 def _resolved(monkeypatch, args):
     """What `posenc lab extend ARGS` hands the run (``_run_extend``'s keyword arguments)."""
-    seen = {}
-
-    def capture(**kw):
-        seen.update(kw)
-        raise _Captured
-
-    monkeypatch.setattr(lab_cli, "_run_extend", capture)
-    res = CliRunner().invoke(app, ["lab", "extend", *args])
-    assert isinstance(res.exception, _Captured), res.output
-    return seen
+    return resolved(monkeypatch, args, ("lab", "extend"), "_run_extend")
 
 
 FLAGS = ["-o", "o/x", "-g", "abc123", "--target", "2", "--steps", "7", "--lr", "0.001",
