@@ -62,11 +62,7 @@ unit: setup
 	# 20-40 s tests; measured 548 s against 588 s with the default load distribution).
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 --dist worksteal -q
 
-# mypy runs beside pytest: it is one process (its -n workers do not split torch's and
-# transformers' import cycles), ~48 s from a fresh cache, most of it reading transformers' model
-# zoo through its __init__; run first, one of the two cores sat idle for that long.
-test: lint
-	$(MAKE) --no-print-directory -j2 typecheck unit
+test: lint typecheck unit
 
 docs: setup
 	$(BIN)/mkdocs build --strict
