@@ -65,7 +65,7 @@ def _hf_candidates(
     if "hf-eager" not in names and "hf-compile" not in names:
         return {}
     try:
-        from transformers import LlamaConfig
+        from transformers.models.llama.configuration_llama import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     except ImportError as e:
         notes["hf-eager"] = f"transformers not installed ({e})"

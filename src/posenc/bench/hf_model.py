@@ -83,14 +83,16 @@ def tiny_llama(
 ) -> tuple[Any, Any]:
     """``(stock, patched)``: two Llama models with the same random weights."""
     import transformers
+    from transformers.models.llama.configuration_llama import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaForCausalLM
 
     from ..hf import apply_posenc
 
     transformers.logging.set_verbosity_error()
-    config = transformers.LlamaConfig(num_hidden_layers=layers, **shapes)
+    config = LlamaConfig(num_hidden_layers=layers, **shapes)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    stock = transformers.LlamaForCausalLM(config).to(dtype).eval()  # type: ignore[arg-type]
+    stock = LlamaForCausalLM(config).to(dtype).eval()  # type: ignore[arg-type]
     return stock, apply_posenc(copy.deepcopy(stock))
 
 

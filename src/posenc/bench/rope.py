@@ -173,7 +173,7 @@ def _reference_fns(
 
 def _hf_module(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """transformers' whole per-step RoPE: ``LlamaRotaryEmbedding`` then ``apply_rotary_pos_emb``."""
-    from transformers import LlamaConfig
+    from transformers.models.llama.configuration_llama import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     modules: dict[int, LlamaRotaryEmbedding] = {}

@@ -90,7 +90,8 @@ def load_model(
     refuses (a GGUF of an architecture it cannot read, no tokenizer)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
+    from transformers.models.auto.tokenization_auto import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     if not sys.stderr.isatty():  # a log or a pipe: transformers' bars would be noise in it

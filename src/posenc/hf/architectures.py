@@ -175,7 +175,7 @@ def _posenc_model_types() -> frozenset[str]:
 
 def _transformers_model_types() -> frozenset[str]:
     try:  # a name lookup only: transformers is optional
-        from transformers import CONFIG_MAPPING
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     except ImportError:
         return frozenset()
     return frozenset(CONFIG_MAPPING.keys())

@@ -140,7 +140,7 @@ def _transformers_config(raw: Mapping[str, Any]) -> Any | None:
     """The model's transformers config built from a ``config.json`` dict, or None without one."""
     model_type = raw.get("model_type")
     try:  # transformers is optional: a test dependency of posenc, not a requirement
-        from transformers import CONFIG_MAPPING
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     except ImportError:
         return None
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:

@@ -97,7 +97,7 @@ def _unknown_rope_keys(params: Mapping[str, Any]) -> list[str]:
 def _class_default_theta(model_type: Any, use_transformers: bool) -> tuple[Any, str]:
     if use_transformers:
         try:
-            from transformers import CONFIG_MAPPING
+            from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
             cls = CONFIG_MAPPING[model_type]
         except (ImportError, KeyError):
@@ -228,7 +228,7 @@ def _ignored_keys(raw: Mapping[str, Any], plan: PositionPlan) -> list[str]:
     """Position keys whose value transformers' model never reads: another value leaves the model
     as it is (needs transformers)."""
     try:
-        from transformers import CONFIG_MAPPING
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     except ImportError:
         return []
     text = _text(raw)
