@@ -293,12 +293,21 @@ def test_real_smollm2_patched_equals_stock() -> None:
         made.append(args)
         init(self, *args, **kwargs)
 
+    maps, map_init = [], gguf.TensorNameMap.__init__
+
+    def counted_map(self: Any, *args: Any, **kwargs: Any) -> None:
+        maps.append(args)
+        map_init(self, *args, **kwargs)
+
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gguf.GGUFReader, "__init__", counted)
+        mp.setattr(gguf.TensorNameMap, "__init__", counted_map)
         model, tok = load_model(resolve_source(str(smollm2_gguf())))
-    # transformers reads the file for the config, the tokenizer and the weights: one parse
-    assert len(made) == 1 and gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
+    # transformers reads the file for the tokenizer's config, the config and the weights, and
+    # maps tensor names once per submodule: one parse, one map
+    assert len(made) == 1 and len(maps) == 1
+    assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
     assert model.config.model_type == "llama" and model.config.max_position_embeddings == 8192
     # 256 tokens: loading is ~9 s of the test
     ids = document_ids(tok, default_documents(1)[0], 256)
