@@ -324,6 +324,18 @@ class ScalingSpec:
     original_is_max_position: bool = False
     in_transformers: bool = True
 
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        # A registered type pickles by its name (its functions include closures, which pickle
+        # cannot write): torch.save of a whole model whose rotary module holds its spec.
+        if ROPE_SCALING.get(self.rope_type) is self:
+            return (scaling_spec, (self.rope_type,))
+        return super().__reduce__()
+
+
+def scaling_spec(rope_type: str) -> ScalingSpec:
+    """The registered :class:`ScalingSpec` of ``rope_type`` (what a pickled one loads as)."""
+    return ROPE_SCALING[rope_type]
+
 
 def _with_factor(rope_type: str, orig: bool = False) -> Extension:
     def build(factor: float, train_len: int, n: int) -> dict[str, Any]:
