@@ -1,4 +1,4 @@
-"""The dry run's wall-time model: cells handed out in grid order to the first free worker (as
+"""The dry run's wall-time model: cells handed out heaviest first to the first free worker (as
 :mod:`posenc.lab.jobs` does), slowed when workers share the CPU, plus the workers' start-up.
 Checked against an event simulation written independently (a heap of worker finish times) and
 against the bounds any schedule obeys."""
@@ -42,12 +42,19 @@ def test_a_long_last_cell_sets_the_end() -> None:
     assert sum([40.0] * 12 + [100.0]) / 2 < 340.0
 
 
-def _estimate(jobs: int, times: list[float], device: str = "cpu") -> E.Estimate:
+def _estimate(
+    jobs: int,
+    times: list[float],
+    device: str = "cpu",
+    weights: list[int] | None = None,
+    seeds: int = 1,
+) -> E.Estimate:
+    weights = weights or [0] * len(times)
     costs = tuple(
-        E.LabelCost(f"e{i}", "rotary", 1, 1, 1, 1, 64, train_s=t, eval_s=0.0)
-        for i, t in enumerate(times)
+        E.LabelCost(f"e{i}", "rotary", 1, 1, 1, 1, 64, train_s=t, eval_s=0.0, weight=(w, 0))
+        for i, (t, w) in enumerate(zip(times, weights, strict=True))
     )
-    return E.Estimate(costs, seeds=1, jobs=jobs, threads=1, device=device, available=None,
+    return E.Estimate(costs, seeds=seeds, jobs=jobs, threads=1, device=device, available=None,
                       batch_size=1, train_len=64)  # fmt: skip
 
 
@@ -58,3 +65,16 @@ def test_estimate_slows_shared_workers_and_counts_their_start() -> None:
     assert _estimate(2, times).seconds == pytest.approx(simulate(slowed, 2) + E.WORKER_START_S)
     # on CUDA the workers do not share a CPU's caches: no slowdown, no worker start-up
     assert _estimate(2, times, "cuda").seconds == pytest.approx(simulate(times, 2))
+
+
+def test_estimate_hands_out_heaviest_first_as_the_run_does() -> None:
+    # The heavy label last in the grid: the run starts it first (two seeds: both of its cells),
+    # so the estimate simulates that order, not the grid's.
+    times, weights = [30.0, 40.0, 20.0, 100.0], [1, 1, 1, 5]
+    slowed = [t * E.PAIR_SLOWDOWN for t in [100.0, 100.0, 30.0, 40.0, 20.0, 30.0, 40.0, 20.0]]
+    got = _estimate(2, times, weights=weights, seeds=2).seconds
+    assert got == pytest.approx(simulate(slowed, 2) + E.WORKER_START_S)
+    grid_order = [t * E.PAIR_SLOWDOWN for t in times * 2]
+    assert got < simulate(grid_order, 2) + E.WORKER_START_S
+    # one worker: the sum, whatever the order
+    assert _estimate(1, times, weights=weights, seeds=2).seconds == pytest.approx(2 * sum(times))

@@ -1,6 +1,7 @@
-"""``posenc lab --jobs``: the workers are handed the cells in grid order, the first cell first
-(the rows are stored in that order whatever the workers do, so only the start order shows a
-pool that hands them out last-first). Recorded in the parent, from what the workers report."""
+"""``posenc lab --jobs``: the pool hands out tasks in the order given, and a grid gives its cells
+heaviest first (:func:`posenc.lab.estimate.handout_order`; the rows are stored in grid order
+whatever the workers do, so only the start order shows the order handed out). Recorded in the
+parent, from what the workers report."""
 
 from __future__ import annotations
 
@@ -46,10 +47,13 @@ def corpus_dir(tmp_path, monkeypatch, write_corpus):
     return write_corpus(tmp_path, limit=4)
 
 
-def test_a_grid_hands_its_first_cells_first(corpus_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    """Three cells on two workers: the first two cells start first (in either order, they run
-    at once), the third once a worker is free; each cell's first report from a worker (its
-    progress bar) marks its start."""
+def test_a_grid_hands_its_heaviest_cells_first(
+    corpus_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Three cells on two workers: ALiBi (its bias scores make its training step the heaviest)
+    and NoPE (grid order among the equal NoPE and RoPE: one eval length, no rescaling) start
+    first, in either order as they run at once, RoPE once a worker is free; each cell's first
+    report from a worker (its progress bar) marks its start. The rows stay in grid order."""
     cfg = replace(
         P.LabConfig(), preset="test", encodings=("none", "rope", "alibi"), train_len=16,
         model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
@@ -68,4 +72,29 @@ def test_a_grid_hands_its_first_cells_first(corpus_dir: Path, tmp_path: Path, mo
     monkeypatch.setattr(E._Outcomes, "on_event", record)
     summary = E.run_grid(cfg, E.RunOptions(out=tmp_path / "out", jobs=2, threads=1, quiet=True))
     assert summary.trained == ["none (seed 0)", "rope (seed 0)", "alibi (seed 0)"]
-    assert sorted(started[:2]) == [0, 1] and started[2] == 2, started
+    assert sorted(started[:2]) == [0, 2] and started[2] == 1, started
+
+
+def test_heaviest_first_with_grid_order_among_equals() -> None:
+    from posenc.lab.estimate import handout_order
+
+    weights = [(1, 5), (3, 0), (1, 9), (3, 0), (2, 0), (1, 5)]
+    assert handout_order(weights) == [1, 3, 4, 2, 0, 5]
+    assert handout_order([]) == []
+
+
+def test_the_default_grid_starts_deberta_and_ends_on_light_cells() -> None:
+    # Measured on the default grid (cpu-small, 500 steps, 2 workers): DeBERTa's cell took 128 s
+    # and the others 46-72 s; handed out last it ran alone for a minute.
+    from posenc.lab.estimate import handout_order, handout_weight
+    from posenc.lab.preflight import cell_models
+
+    cfg = P.PRESETS["cpu-small"]
+    models = cell_models(cfg)
+    labels = list(models)
+    order = [labels[i] for i in handout_order([handout_weight(cfg, m) for m in models.values()])]
+    assert order[0] == "deberta"
+    assert set(order[:3]) == {"deberta", "shaw", "transformer-xl"}
+    # among the cheapest steps, RoPE (four rescalings at three lengths) first
+    assert order.index("rope") < min(order.index(e) for e in ("none", "sinusoidal", "xpos"))
+    assert sorted(order) == sorted(labels)

@@ -105,6 +105,7 @@ class LabelCost:
     eval_len: int
     train_s: float | None = None
     eval_s: float | None = None
+    weight: tuple[int, int] = (0, 0)  # handout_weight: where the cell's workers take it
 
     @property
     def peak(self) -> int:
@@ -222,7 +223,27 @@ def label_cost(
         train=train_bytes(model, cfg.train.batch_size, cfg.train_len),
         eval=max(eval_bytes(model, m, cfg.eval.batch_tokens, device) for m in lengths),
         eval_len=max(lengths),
+        weight=handout_weight(cfg, model),
     )
+
+
+def handout_weight(cfg: LabConfig, model: ModelConfig) -> tuple[int, int]:
+    """What :func:`handout_order` ranks a cell of grid ``cfg`` by, from shapes alone (nothing
+    is timed before a run): one training step's activations, which grow with what an encoding
+    adds to attention (DeBERTa's two extra score terms the most), then the evaluation's work,
+    every variant at every length (RoPE's rescalings past L)."""
+    family = registry.entry(model.encoding).family
+    forwards = sum(_variants(cfg, model, family, n) * n for n in cfg.eval_lengths())
+    return train_bytes(model, cfg.train.batch_size, cfg.train_len), forwards
+
+
+def handout_order(weights: list[tuple[int, int]]) -> list[int]:
+    """The order in which the workers of ``--jobs`` take a grid's cells (indices into
+    ``weights``, the cells' :func:`handout_weight` in grid order): the heaviest first, grid
+    order among equals. Longest first keeps the longest cell from running alone at the end
+    while the other workers idle (the default grid handed out in grid order ended on DeBERTa,
+    twice any other cell's time, with one core idle)."""
+    return sorted(range(len(weights)), key=lambda i: (-weights[i][0], -weights[i][1], i))
 
 
 def with_time(cost: LabelCost, cfg: LabConfig, model: ModelConfig, timing: Throughput) -> LabelCost:
@@ -385,18 +406,21 @@ class Estimate:
 
     @property
     def seconds(self) -> float | None:
-        """The run's wall time (None when a label was not timed): the cells handed out in grid
-        order (seeds outer) to whichever of the ``jobs`` workers is free first, as
-        :mod:`posenc.lab.jobs` does, each cell slowed by :func:`concurrency_slowdown` when
-        workers share the CPU, plus each worker's start-up (:data:`WORKER_START_S`)."""
+        """The run's wall time (None when a label was not timed): the cells handed out in
+        :func:`handout_order` (one worker: grid order, seeds outer) to whichever of the
+        ``jobs`` workers is free first, as :mod:`posenc.lab.jobs` does, each cell slowed by
+        :func:`concurrency_slowdown` when workers share the CPU, plus each worker's start-up
+        (:data:`WORKER_START_S`)."""
         times = [c.seconds for c in self.costs]
         if any(t is None for t in times):
             return None
-        cells = [t for t in times if t is not None] * self.seeds
+        cells = [c for _ in range(self.seeds) for c in self.costs]
         workers = min(self.jobs, len(cells))
+        if workers > 1:
+            cells = [cells[i] for i in handout_order([c.weight for c in cells])]
         slow = concurrency_slowdown(workers, self.device)
         start = WORKER_START_S if workers > 1 and self.device == "cpu" else 0.0
-        return makespan([t * slow for t in cells], workers) + start
+        return makespan([c.seconds * slow for c in cells if c.seconds is not None], workers) + start
 
     def largest(self) -> LabelCost:
         return max(self.costs, key=lambda c: c.peak)

@@ -41,6 +41,7 @@ from .checkpoint import FINAL, LAST, CheckpointError, config_diff, load_checkpoi
 from .config import LabConfig
 from .data import LabData, corpus_note, load_data
 from .dist import Dist, init_distributed, resolve_device
+from .estimate import handout_order, handout_weight
 from .evaluate import evaluate_model
 from .identity import eval_identity, group_identity, jsonable, stable_hash
 from .jobs import Event, encoding_modules, import_encodings, run_pool
@@ -360,10 +361,12 @@ def _run_parallel(
     outcomes = _Outcomes(grid, cells, summary, plan.forced, advance, ProgressRelay(ctx.progress))
     data = plan.data  # None: each worker loads (and finds cached) the grid's data itself
     ctx.log(f"{len(cells)} cell(s) on {plan.jobs} worker processes of {plan.threads} thread(s)")
+    # The heaviest cells first; the rows are still stored in the cells' order.
+    order = handout_order([handout_weight(grid.cfg, c.model) for c in cells])
     run_pool(
         _cell_runner,
         (grid.cfg, data, grid.lengths, ctx.opts, grid.modules),
-        [(i, (c.encoding, c.seed)) for i, c in enumerate(cells)],
+        [(i, (cells[i].encoding, cells[i].seed)) for i in order],
         jobs=plan.jobs,
         threads=plan.threads,
         stop=ctx.stop,
