@@ -16,7 +16,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_
 
 from posenc.hf import apply_rotary_pos_emb
 from posenc.hf import rotary as hf_rotary
-from posenc.kernels import canonical, rope_op, rope_qk
+from posenc.kernels import canonical, cpu_rope, rope_op, rope_qk
 from posenc.kernels.backends import available_backends
 from posenc.rotary import RotaryEmbedding
 
@@ -167,11 +167,15 @@ def test_a_planned_module_copies() -> None:
     pos = torch.full((2, 1), 3)
     rope(q, k, pos)
     assert rope._plans
-    other = copy.deepcopy(rope)  # the plan's foreign function is looked up again
-    assert other._plans
+    other = copy.deepcopy(rope)  # a copy starts with no plan and makes its own
+    assert not other._plans and type(other._plans) is rope_op.Plans
     torch.testing.assert_close(other(q, k, pos), rope(q, k, pos), rtol=0, atol=0)
+    assert other._plans
+    torch.testing.assert_close(other(q, k, pos), rope(q, k, pos), rtol=0, atol=0)  # planned
     plan = next(iter(rope._plans.values()))
     assert pickle.loads(pickle.dumps(plan.call))._fixed_q == plan.call._fixed_q
+    with pytest.raises(ValueError, match="prepared by another version"):
+        cpu_rope._cpu_call(plan.call._fixed_q[:-8], plan.call._fixed_k, False)
 
 
 def test_the_plan_key_changes_with_every_checked_property() -> None:
@@ -322,3 +326,64 @@ def test_a_changed_cache_len_is_a_new_table() -> None:
     rope.cache_len = 256
     pos = torch.full((2, 1), 200)  # past the old table: read from a new one, never past its end
     torch.testing.assert_close(rope(q, k, pos), ref(q, k, pos), rtol=0, atol=0)
+
+
+def test_the_last_hit_memo_answers_as_the_dict_does() -> None:
+    plans = rope_op.Plans()
+    a, b = ("a", torch.Size([1, 2])), ("b", torch.Size([1, 2]))
+    rope_op.remember(plans, a, "plan a")
+    rope_op.remember(plans, b, "plan b")
+    assert rope_op.lookup(plans, a) == (a, "plan a") and plans.last == (a, "plan a")
+    # an equal key built again (new Size objects) hits the memo; another key does not
+    assert rope_op.lookup(plans, ("a", torch.Size([1, 2])))[1] == "plan a"
+    assert rope_op.lookup(plans, b)[1] == "plan b" and plans.last == (b, "plan b")
+    rope_op.remember(plans, b, "plan b2")  # a new plan for the memo's key replaces it there too
+    assert rope_op.lookup(plans, b)[1] == "plan b2"
+    assert rope_op.lookup(plans, ("c",)) == (("c",), None)
+    assert rope_op.lookup(plans, (["unhashable"],)) == (None, None)
+    assert rope_op.lookup(plans, None) == (None, None)
+    plans.clear()
+    assert plans.last is None and rope_op.lookup(plans, b) == (b, None)
+    # a plain dict (a module pickled before the memo existed) is looked up without one
+    assert rope_op.lookup({a: "plan a"}, a) == (a, "plan a")
+
+
+def test_a_module_with_a_memo_pickles_and_copies() -> None:
+    rope = RotaryEmbedding(16)
+    q, k = _qk()
+    positions = torch.tensor([[3], [5]])
+    want = rope(q, k, positions)
+    rope(q, k, positions)
+    assert rope._plans.last is not None
+    for other in (copy.deepcopy(rope), pickle.loads(pickle.dumps(rope))):
+        assert other._plans.last is None
+        for _ in range(2):  # checked, then planned
+            got = other(q, k, positions)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_a_planned_call_checks_every_batch_row_before_it_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The kernel checks a planned call's positions: each batch row's, and k's before q is
+    # written (in place, a bad k must leave q as it was).
+    cos, sin = _table()
+    q, k = _qk(b=3, s=2)
+    good = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    rope_qk(q.clone(), k.clone(), cos, sin, positions=good, k_positions=good.clone(), inplace=True)
+    calls = _count(monkeypatch, rope_op, "canonicalize")
+    for bad_row in range(3):
+        bad = good.clone()
+        bad[bad_row, 1] = 64
+        qq, kk = q.clone(), k.clone()
+        with pytest.raises(ValueError, match=r"k_positions must index the table's 64 rows"):
+            rope_qk(qq, kk, cos, sin, positions=good, k_positions=bad, inplace=True)
+        assert torch.equal(qq, q) and torch.equal(kk, k)
+        with pytest.raises(ValueError, match=r"^positions must index the table's 64 rows"):
+            rope_qk(qq, kk, cos, sin, positions=bad, k_positions=good, inplace=True)
+        assert torch.equal(qq, q) and torch.equal(kk, k)
+    assert calls[0] == 0  # every call above ran the plan
+    got = rope_qk(q.clone(), k.clone(), cos, sin, positions=good, k_positions=good.clone(),
+                  inplace=True)  # fmt: skip
+    want = rope_qk(q, k, cos, sin, positions=good, k_positions=good, backend="torch")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

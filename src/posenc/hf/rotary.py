@@ -45,7 +45,7 @@ from .._checks import check_choice, check_positions, host_readable
 from ..functional.rotary import mrope_cos_sin
 from ..kernels import rope_qk
 from ..kernels.canonical import call_key
-from ..kernels.rope_op import DirectPlan, lookup, plan_of, remember
+from ..kernels.rope_op import DirectPlan, Plans, lookup, plan_of, remember
 from ..rotary import MRoPE, RotaryEmbedding
 from ..rotary.embedding import max_position
 from .checks import check_scaling_argument
@@ -193,7 +193,7 @@ class _DropInPlan:
 
 
 #: call_key of a drop-in call -> its plan.
-_DROP_IN_PLANS: dict[tuple, _DropInPlan] = {}
+_DROP_IN_PLANS: dict[tuple, _DropInPlan] = Plans()
 
 
 def apply_rotary_emb(

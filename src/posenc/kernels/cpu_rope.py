@@ -87,7 +87,7 @@ class _Args(ctypes.Structure):
             for name in (
                 "B", "H", "S", "xsb", "xsh", "xss", "osb", "osh", "oss",
                 "csb", "css", "ssb", "sss", "psb", "half", "tail", "interleaved", "conj",
-                "nthreads",
+                "nthreads", "rows",
             )
         ],
     ]  # fmt: skip
@@ -356,9 +356,12 @@ def rope_cpu(
         raise MemoryError("the CPU rotary kernel could not allocate its table scratch")
 
 
-def _fields(a: RopeArgs, side: int, out: torch.Tensor, conj: bool) -> tuple[int, ...]:
+def _fields(
+    a: RopeArgs, side: int, out: torch.Tensor, conj: bool, rows: int = 0
+) -> tuple[int, ...]:
     """The values of ``posenc_rope_args`` for q (``side`` 0) or k (1), in its field order. A
-    shared (batch-1) table or position row is read with batch stride 0."""
+    shared (batch-1) table or position row is read with batch stride 0. ``rows`` > 0: the
+    kernel checks the positions index that many table rows (0: the caller checked them)."""
     if side:
         x, cos, sin, positions = a.k, a.cos_k, a.sin_k, a.positions_k
     else:
@@ -374,17 +377,20 @@ def _fields(a: RopeArgs, side: int, out: torch.Tensor, conj: bool) -> tuple[int,
         b, h, s, xs[0], xs[1], xs[2], os_[0], os_[1], os_[2],
         cs[0] if cos.shape[0] > 1 else 0, cs[1], ss[0] if sin.shape[0] > 1 else 0, ss[1], psb,
         rotary_dim // 2, d - rotary_dim, int(interleaved), int(conj), torch.get_num_threads(),
+        rows,
     )  # fmt: skip
 
 
-# Two posenc_rope_args back to back (5 pointers, 19 int64 each, no padding), packed in one
+# Two posenc_rope_args back to back (5 pointers, 20 int64 each, no padding), packed in one
 # call: at decode shapes building ctypes structures field by field costs more than the kernel.
-_PAIR = struct.Struct("=5Q19q5Q19q")
+_PAIR = struct.Struct("=5Q20q5Q20q")
 
 
-# The 19 integers after the five pointers that open one posenc_rope_args; the ten pointers of
+# The 20 integers after the five pointers that open one posenc_rope_args; the ten pointers of
 # q's and k's structs, as posenc_rope_qk_parts reads them.
-_FIXED = struct.Struct("=19q")
+_FIXED = struct.Struct("=20q")
+#: What the kernel returns for a position outside its table (``POSENC_OUTSIDE_TABLE``).
+OUTSIDE_TABLE = 2
 _POINTERS_QK = struct.Struct("=10Q")
 
 
@@ -416,20 +422,30 @@ class CpuCall:
         cos_k: int,
         sin_k: int,
         pos_k: int,
-    ) -> None:
+    ) -> bool:
         """Rotate ``q``, ``k`` into ``q_out``, ``k_out``; the tables and positions by their data
         pointers (0: no positions). Views of the canonical tensors it was prepared for work
         alike: a transposed ``[b, s, h, d]`` tensor or an unsqueezed table starts at the same
-        address."""
+        address. False where a position lies outside the rows it was prepared to check
+        (nothing was written)."""
         pointers = _POINTERS_QK.pack(
             q.data_ptr(), q_out.data_ptr(), cos_q, sin_q, pos_q,
             k.data_ptr(), k_out.data_ptr(), cos_k, sin_k, pos_k,
         )  # fmt: skip
-        if self._fn(pointers, self._fixed, self._bf16) != 0:  # type: ignore[operator]
-            raise MemoryError("the CPU rotary kernel could not allocate its table scratch")
+        status = self._fn(pointers, self._fixed, self._bf16)  # type: ignore[operator]
+        if status == 0:
+            return True
+        if status == OUTSIDE_TABLE:
+            return False
+        raise MemoryError("the CPU rotary kernel could not allocate its table scratch")
 
 
 def _cpu_call(fixed_q: bytes, fixed_k: bytes, bf16: bool) -> CpuCall:
+    if len(fixed_q) != _FIXED.size or len(fixed_k) != _FIXED.size:
+        raise ValueError(
+            f"a CPU kernel call of {len(fixed_q)}-byte fields, prepared by another version of "
+            f"posenc: this one's are {_FIXED.size} bytes"
+        )
     status = cpu_kernel_status()
     if status:
         raise RuntimeError(f"the CPU rotary kernel is unavailable: {status}")
@@ -437,11 +453,15 @@ def _cpu_call(fixed_q: bytes, fixed_k: bytes, bf16: bool) -> CpuCall:
     return CpuCall(fixed_q, fixed_k, bf16, _lib.posenc_rope_qk_parts)
 
 
-def prepare_cpu_qk(a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor) -> CpuCall:
+def prepare_cpu_qk(
+    a: RopeArgs, q_out: torch.Tensor, k_out: torch.Tensor, rows: tuple[int, int] = (0, 0)
+) -> CpuCall:
     """The :class:`CpuCall` of :func:`rope_cpu_qk` for inputs of ``a``'s shapes and strides
-    (int64 positions with a unit last stride, or None), forward rotation (``conj=False``)."""
-    fixed_q = _FIXED.pack(*_fields(a, 0, q_out, False)[5:])
-    fixed_k = _FIXED.pack(*_fields(a, 1, k_out, False)[5:])
+    (int64 positions with a unit last stride, or None), forward rotation (``conj=False``).
+    ``rows``: q's and k's table rows their positions must index, checked by the kernel before
+    it writes (0: not checked)."""
+    fixed_q = _FIXED.pack(*_fields(a, 0, q_out, False, rows[0])[5:])
+    fixed_k = _FIXED.pack(*_fields(a, 1, k_out, False, rows[1])[5:])
     return _cpu_call(fixed_q, fixed_k, a.q.dtype == torch.bfloat16)
 
 

@@ -208,19 +208,27 @@ def rope_qk_canonical(
 # --- the decode fast path: one plan per call layout -------------------------------------------
 
 
+class OutsideTable(Exception):
+    """A planned call's position lies outside its table (nothing was written): raised by the
+    plans of callers that run their own checked path then (:func:`direct_plan`'s
+    ``fallback``)."""
+
+
 class DirectPlan:
     """How to run, without checking again, a call whose layout passed the checks before: an
     eager CPU-kernel call without gradients whose canonical tensors are views of the caller's
     (so their data pointers are the caller's). Keyed by :func:`~.canonical.call_key`.
 
     ``q_out``/``k_out``: ``(shape, strides)`` of the outputs in the caller's form (what the
-    checked path returns); ``rows_q``/``rows_k``: the rows of q's / k's table that the
-    positions / k's rows must index (None: no value to check); ``k_rows``: where k's rows come
-    from (0 none, 1 q's positions, 2 k_positions)."""
+    checked path returns); ``rows``: the rows of q's and k's tables that their positions must
+    index (0: no positions), which the kernel checks before it writes; ``k_rows``: where k's
+    rows come from (0 none, 1 q's positions, 2 k_positions); ``fallback``: a position outside
+    the table raises :class:`OutsideTable` (the caller's checked path handles it) instead of
+    the checked path's ValueError."""
 
     __slots__ = (
-        "call", "device", "dtype", "inplace", "k_out", "k_rows", "like", "q_out", "rows_k", "rows_q",
-        "tables",
+        "call", "device", "dtype", "fallback", "inplace", "k_out", "k_rows", "like", "q_out",
+        "rows", "tables",
     )  # fmt: skip
 
     def __init__(
@@ -230,10 +238,10 @@ class DirectPlan:
         k_out: tuple[torch.Size, tuple[int, ...]],
         dtype: torch.dtype,
         device: torch.device,
-        rows_q: int | None,
-        rows_k: int | None,
+        rows: tuple[int, int],
         k_rows: int,
         inplace: bool,
+        fallback: bool = False,
     ) -> None:
         self.call, self.q_out, self.k_out, self.dtype, self.device = (
             call,
@@ -242,7 +250,7 @@ class DirectPlan:
             dtype,
             device,
         )
-        self.rows_q, self.rows_k, self.k_rows, self.inplace = rows_q, rows_k, k_rows, inplace
+        self.rows, self.k_rows, self.inplace, self.fallback = rows, k_rows, inplace, fallback
         self.like = False  # set by _direct_plan where empty_like gives q_out's and k_out's layout
         # For a module keying its own plans: the (cos, sin) table every call of the key reads
         self.tables: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -258,13 +266,8 @@ class DirectPlan:
         positions: torch.Tensor | None,
         k_positions: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The call: the value checks (positions index the tables; in place, q and k apart),
-        the outputs, one foreign call."""
-        if self.rows_q is not None:
-            check_rows("positions", positions, self.rows_q)  # type: ignore[arg-type]
-        if self.rows_k is not None:  # k's own table, through k_positions or q's positions
-            rows = positions if self.k_rows == 1 else k_positions
-            check_rows("k_positions", rows, self.rows_k)  # type: ignore[arg-type]
+        """The call: the outputs (in place: q and k apart) and one foreign call, which checks
+        that the positions index the tables before it writes (there reading them is free)."""
         if self.inplace:
             if q.data_ptr() == k.data_ptr():
                 check_inplace(q, k)  # raises: q and k start at one address
@@ -279,12 +282,25 @@ class DirectPlan:
         cq, sq = cos.data_ptr(), sin.data_ptr()
         ck = cq if cos_k is None else cos_k.data_ptr()
         sk = sq if sin_k is None else sin_k.data_ptr()
-        self.call(q, q_out, cq, sq, pq, k, k_out, ck, sk, pk)
+        if not self.call(q, q_out, cq, sq, pq, k, k_out, ck, sk, pk):
+            self._outside(positions, k_positions)
         return q_out, k_out
+
+    def _outside(self, positions: torch.Tensor | None, k_positions: torch.Tensor | None) -> None:
+        """A position outside its table: the checked path's error (or :class:`OutsideTable`)."""
+        if self.fallback:
+            raise OutsideTable
+        rows_q, rows_k = self.rows
+        if rows_q:
+            check_rows("positions", positions, rows_q)  # type: ignore[arg-type]
+        if rows_k:  # k's table, through k_positions or q's positions
+            check_rows("k_positions", positions if self.k_rows == 1 else k_positions, rows_k)  # type: ignore[arg-type]
+        raise AssertionError(
+            "the CPU kernel found a position outside its table; the checks did not"
+        )
 
 
 # call_key -> DirectPlan. Bounded: a prefill of every length adds one key per length.
-_PLANS: dict[tuple, DirectPlan] = {}
 _MAX_PLANS = 512
 
 
@@ -292,12 +308,12 @@ def direct_plan(
     a: RopeArgs,
     given: tuple[torch.Tensor | None, ...],
     outs: tuple[torch.Tensor, torch.Tensor],
-    values_checked: bool = False,
+    fallback: bool = False,
 ) -> DirectPlan | None:
     """The :class:`DirectPlan` of a call that ran the CPU kernel on ``a`` (checked, no
     gradient, eager) into the canonical ``outs``, for a caller that keys its own plans
     (``RotaryEmbedding``); ``given`` as :func:`_direct_plan`'s. None where no plan applies."""
-    return _direct_plan(a, given, outs, outs, False, values_checked)
+    return _direct_plan(a, given, outs, outs, False, fallback)
 
 
 def plan_of(*given: torch.Tensor | None, options: tuple) -> DirectPlan | None:
@@ -323,14 +339,14 @@ def _direct_plan(
     outs: tuple[torch.Tensor, torch.Tensor],
     canonical_outs: tuple[torch.Tensor, torch.Tensor],
     inplace: bool,
-    values_checked: bool = False,
+    fallback: bool = False,
 ) -> DirectPlan | None:
     """The plan of a checked call that ran the CPU kernel directly (None where the kernel read
     a copy of an input: a copy must be made on every call, which the checked path does).
 
     ``given``: the caller's ``(q, k, cos, sin, cos_k, sin_k, positions, k_positions)``;
-    ``values_checked``: the caller checks the positions' values itself (a module that reads
-    their range to pick its table), so the plan does not."""
+    ``fallback``: a position outside the table raises :class:`OutsideTable` (a module that
+    then serves it from its checked path: positions past its cached table)."""
     q, k, cos, sin, cos_k, sin_k, positions, k_positions = given
     pq, pk = a.positions_q, a.positions_k
     k_rows = 0 if pk is None else 1 if pk is pq else 2
@@ -350,14 +366,11 @@ def _direct_plan(
         or (a.k.stride(-1) != 1 and a.k.shape[-1] > 1)
     ):
         return None
-    rows_q = None if pq is None or values_checked else a.cos_q.shape[1]
-    own_rows = pk is not None and (pk is not pq or a.cos_k is not a.cos_q)
-    rows_k = a.cos_k.shape[1] if own_rows and not values_checked else None
-    if rows_k is not None and k_rows == 1 and rows_k == rows_q:
-        rows_k = None  # k's own table read through q's rows (xPos): q's check covers it
+    # The rows each side's positions must index: the kernel checks them before it writes.
+    rows = (0 if pq is None else a.cos_q.shape[1], 0 if pk is None else a.cos_k.shape[1])
     plan = DirectPlan(
-        prepare_cpu_qk(a, *canonical_outs), (outs[0].shape, outs[0].stride()),
-        (outs[1].shape, outs[1].stride()), a.q.dtype, a.q.device, rows_q, rows_k, k_rows, inplace,
+        prepare_cpu_qk(a, *canonical_outs, rows=rows), (outs[0].shape, outs[0].stride()),
+        (outs[1].shape, outs[1].stride()), a.q.dtype, a.q.device, rows, k_rows, inplace, fallback,
     )  # fmt: skip
     # empty_like's layout follows the input's strides alone, so one look decides for the key.
     assert q is not None and k is not None
@@ -415,7 +428,7 @@ def rope_qk(
     given = (q, k, cos, sin, cos_k, sin_k, positions, k_positions)
     key = None
     if cu_seqlens is None and not torch.compiler.is_compiling():
-        # A layout seen before passed every shape check: only the values are checked again.
+        # A layout seen before passed every shape check: the kernel checks the values.
         options = (rotary_dim, seq_layout, layout, inplace, backend)
         key, plan = lookup(_PLANS, call_key(*given, *options))
         if plan is not None:
@@ -453,13 +466,45 @@ def _checked(
 _T = TypeVar("_T")
 
 
+class Plans(dict):
+    """``call_key -> plan``, remembering its last hit (:func:`lookup`): the layers of a decode
+    step call with one layout, and comparing a key with the last one's (equal fields are mostly
+    the same objects) costs less than hashing its ~30 fields for the dict."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: tuple | None = None  # (key, plan) of the last hit
+
+    def clear(self) -> None:
+        self.last = None
+        super().clear()
+
+    def __reduce__(self) -> tuple:
+        # A cache: a copy (deepcopy, pickle of a module) starts empty and plans its own calls
+        # (a plan holds a foreign function and the kernel's argument layout of this version).
+        return (Plans, ())
+
+
+_PLANS: dict[tuple, DirectPlan] = Plans()
+
+
 def lookup(plans: Mapping[tuple, _T], key: tuple | None) -> tuple[tuple | None, _T | None]:
     """``(key, plans[key] or None)``; ``(None, None)`` for a key that cannot be one (None, or
     an unhashable option: the checks will say what is wrong with it)."""
-    try:
-        return key, plans.get(key) if key is not None else None
-    except TypeError:
+    if key is None:
         return None, None
+    last = getattr(plans, "last", None)
+    try:
+        if last is not None and key == last[0]:
+            return key, last[1]
+        plan = plans.get(key)
+    except (TypeError, RuntimeError):  # unhashable; an option whose == is not a bool (a tensor)
+        return None, None
+    if plan is not None and isinstance(plans, Plans):
+        plans.last = (key, plan)
+    return key, plan
 
 
 def remember(plans: dict[tuple, _T], key: tuple, plan: _T | None, limit: int = _MAX_PLANS) -> None:
@@ -468,6 +513,8 @@ def remember(plans: dict[tuple, _T], key: tuple, plan: _T | None, limit: int = _
     if plan is not None:
         if len(plans) >= limit:
             plans.clear()
+        if isinstance(plans, Plans):
+            plans.last = None  # it may hold this key's plan before this one
         plans[key] = plan
 
 

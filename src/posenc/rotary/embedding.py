@@ -28,6 +28,8 @@ from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
 from ..kernels.reference import RopeArgs
 from ..kernels.rope_op import (
     DirectPlan,
+    OutsideTable,
+    Plans,
     direct_plan,
     lookup,
     mixed_backend,
@@ -172,7 +174,7 @@ class RotaryEmbedding(RotaryEncoding):
         own = ("check_inputs", "resolve_positions", "tables", "apply_tables")
         cls = type(self)
         same = all(getattr(cls, n) is getattr(RotaryEmbedding, n) for n in own)
-        self._plans: dict[tuple, DirectPlan] | None = {} if same else None
+        self._plans: dict[tuple, DirectPlan] | None = Plans() if same else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -315,8 +317,9 @@ class RotaryEmbedding(RotaryEncoding):
         Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]``; ``positions [s]`` or ``[b, s]``,
         ``k_positions [t]`` or ``[b, t]``, integer (defaults: ``arange``, queries at the last
         ``s`` key positions). Returns new ``(q', k')``. A call with given positions whose
-        layout (shapes, strides, dtypes, device) passed the checks before skips them: only
-        the positions' range is read (it picks the table and checks them non-negative).
+        layout (shapes, strides, dtypes, device) passed the checks before skips them: the
+        kernel checks the positions index the cached table (those past it take the checked
+        path); the length-dependent types read their range to pick the frequencies.
         """
         key = None
         if not torch.compiler.is_compiling() and self._plans is not None and positions is not None:
@@ -354,17 +357,20 @@ class RotaryEmbedding(RotaryEncoding):
         k_positions: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A planned step, or None where its positions need the checked path (dynamic NTK past
-        the original length, positions past the cached table)."""
-        top = position_range(positions, positions if k_positions is None else k_positions)
+        the original length, positions past the cached table, which the kernel finds)."""
         tables = plan.tables  # the table of a fixed frequency set, kept with the plan
-        if top >= self.cache_len or (tables is not None and top >= tables[0].shape[1]):
-            return None  # past the table (or one kept from before cache_len was changed)
         if tables is None:  # dynamic NTK and LongRoPE: the set follows the length
+            top = position_range(positions, positions if k_positions is None else k_positions)
+            if top >= self.cache_len:
+                return None
             key = self._freq_key(top + 1)
             if key == "grown":
                 return None
             tables = self._table(q.device, key)  # [1, cache_len, n]
-        return plan.run(q, k, *tables, None, None, positions, k_positions)
+        try:
+            return plan.run(q, k, *tables, None, None, positions, k_positions)
+        except OutsideTable:  # past the table (or one kept from before cache_len was changed)
+            return None
 
     def _remember(
         self,
@@ -385,7 +391,7 @@ class RotaryEmbedding(RotaryEncoding):
         cos, sin, _, _, pq, pk = tables
         a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self._interleaved_pairs)
         given = (q, k, cos, sin, None, None, positions, k_positions)
-        plan = direct_plan(a, given, out, values_checked=True)
+        plan = direct_plan(a, given, out, fallback=True)
         if plan is not None and not self.spec.length_dependent:
             plan.tables = (cos, sin)  # every length reads the one "base" set
         remember(self._plans, key, plan, limit=64)

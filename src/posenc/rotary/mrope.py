@@ -33,6 +33,7 @@ from ..functional.rotary import (
     mrope_axis_index,
     mrope_cos_sin,
 )
+from ..kernels.rope_op import Plans
 from .base import Positions, RotaryEncoding
 from .embedding import RotaryEmbedding, max_position, position_range, resolve_qk_positions
 
@@ -88,7 +89,7 @@ class MRoPE(RotaryEmbedding):
         # For MRoPE's own steps only, not a subclass's that replaces one.
         own = ("check_inputs", "resolve_positions", "tables", "apply_tables")
         same = all(getattr(type(self), n) is getattr(MRoPE, n) for n in own)
-        self._plans = {} if same else None
+        self._plans = Plans() if same else None
         axis = mrope_axis_index(self.mrope_section, self.allocation)  # validates the sections
         if axis.shape[0] != self.span // 2:
             raise ValueError(

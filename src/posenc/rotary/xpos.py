@@ -39,6 +39,8 @@ from ..kernels.canonical import qk_key
 from ..kernels.reference import RopeArgs
 from ..kernels.rope_op import (
     DirectPlan,
+    OutsideTable,
+    Plans,
     direct_plan,
     lookup,
     mixed_backend,
@@ -120,7 +122,7 @@ class XPos(RotaryEncoding):
         # them); not in state_dict.
         self.constants = DeviceConstants(**self._constants())
         # Decode plans (forward), each with the cached tables it reads.
-        self._plans: dict[tuple, tuple[DirectPlan, _Table]] = {}
+        self._plans: dict[tuple, tuple[DirectPlan, _Table]] = Plans()
         self._tables: dict[tuple[torch.device, int, int, float], _Table] = {}
 
     def _constants(self) -> dict[str, torch.Tensor]:
@@ -130,7 +132,7 @@ class XPos(RotaryEncoding):
     def __setstate__(self, state: dict) -> None:
         # A module pickled before the decode caches existed has neither.
         super().__setstate__(state)
-        self.__dict__.setdefault("_plans", {})
+        self.__dict__.setdefault("_plans", Plans())
         self.__dict__.setdefault("_tables", {})
 
     def reset_parameters(self) -> None:
@@ -198,16 +200,18 @@ class XPos(RotaryEncoding):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate and scale ``q [b, h, s, d]``, ``k [b, hk, t, d]`` by their positions
         (:meth:`RotaryEncoding.forward`). A call with given positions whose layout passed the
-        checks before runs its plan on the cached tables: only the positions' range is read."""
+        checks before runs its plan on the cached tables (the kernel checks that the positions
+        index them)."""
         key = None
         if positions is not None and not torch.compiler.is_compiling():
             options = (self.layout, self.backend, self.center, self.scale_base)
             key, planned = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
             if planned is not None:
                 plan, table = planned
-                top = position_range(positions, positions if k_positions is None else k_positions)
-                if top < table[0].shape[1]:
+                try:
                     return plan.run(q, k, *table, positions, k_positions)
+                except OutsideTable:  # past the cached tables: the checked path serves them
+                    pass
         self.check_inputs(q, k)
         pos, k_pos = self.resolve_positions(q, k, positions, k_positions)
         tables = self.tables(q, k, pos, k_pos)
@@ -234,7 +238,7 @@ class XPos(RotaryEncoding):
             return
         a = RopeArgs(q, k, cq, sq, ck, sk, pq, pk, self.head_dim, self.layout == "interleaved")
         given = (q, k, cq, sq, ck, sk, positions, k_positions)
-        plan = direct_plan(a, given, out, values_checked=True)
+        plan = direct_plan(a, given, out, fallback=True)
         remember(self._plans, key, None if plan is None else (plan, (cq, sq, ck, sk)), limit=64)
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:

@@ -60,7 +60,11 @@ typedef struct {
     int64_t interleaved;   /* 0: half layout, 1: interleaved */
     int64_t conj;          /* 1: rotate by -angle (the backward) */
     int64_t nthreads;
+    int64_t rows; /* > 0: every pos value must lie in [0, rows) (checked before any write) */
 } posenc_rope_args;
+
+/* What posenc_rope_qk returns for a position outside its table (nothing was written). */
+#define POSENC_OUTSIDE_TABLE 2
 
 static inline float bf16_to_f32(bf16_t v) {
     uint32_t u = (uint32_t)v << 16; /* bf16 is the top half of a float32 */
@@ -539,8 +543,23 @@ int64_t posenc_rope_args_size(void) { return (int64_t)sizeof(posenc_rope_args); 
 
 /* q and k in one call, their argument structs back to back (packed by the caller in one
  * step): at decode shapes the caller's cost per foreign call is larger than the rotation. */
+/* Whether a's positions index its table's rows (a->rows > 0; else nothing to check). A planned
+ * decode step checks here, where reading the values is free, instead of in Python. */
+static int outside_table(const posenc_rope_args *a) {
+    if (!a->pos || a->rows <= 0) return 0;
+    const int64_t batches = a->psb ? a->B : 1;
+    for (int64_t b = 0; b < batches; ++b) {
+        const int64_t *p = a->pos + b * a->psb;
+        for (int64_t s = 0; s < a->S; ++s)
+            if (p[s] < 0 || p[s] >= a->rows) return 1;
+    }
+    return 0;
+}
+
 int posenc_rope_qk(const posenc_rope_args *qk, int bf16) {
     int (*fn)(const posenc_rope_args *) = bf16 ? rope_bf16 : rope_f32;
+    /* Both sides before either is written: in place, a bad k must leave q as it was. */
+    if (outside_table(&qk[0]) || outside_table(&qk[1])) return POSENC_OUTSIDE_TABLE;
     return fn(&qk[0]) | fn(&qk[1]);
 }
 
