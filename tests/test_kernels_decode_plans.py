@@ -387,3 +387,19 @@ def test_a_planned_call_checks_every_batch_row_before_it_writes(
                   inplace=True)  # fmt: skip
     want = rope_qk(q, k, cos, sin, positions=good, k_positions=good, backend="torch")
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_lowered_cache_len_is_no_longer_read_from_the_old_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Positions past a lowered cache_len are computed for the call, as the docs say, not read
+    # from the larger table a plan kept (which would also keep it alive).
+    rope = RotaryEmbedding(16, cache_len=4096)
+    ref = RotaryEmbedding(16, cache_len=64, backend="torch")
+    q, k = _qk()
+    rope(q, k, torch.full((2, 1), 5)), rope(q, k, torch.full((2, 1), 5))  # planned, 4096 rows
+    rope.cache_len = 64
+    calls = _count(monkeypatch, RotaryEmbedding, "tables")
+    pos = torch.full((2, 1), 1000)
+    torch.testing.assert_close(rope(q, k, pos), ref(q, k, pos), rtol=0, atol=0)
+    assert calls[0] == 2  # rope's checked path (not its old plan), and ref's

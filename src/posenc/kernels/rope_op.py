@@ -228,7 +228,7 @@ class DirectPlan:
 
     __slots__ = (
         "call", "device", "dtype", "fallback", "inplace", "k_out", "k_rows", "like", "q_out",
-        "rows", "tables",
+        "rows", "table_len", "tables",
     )  # fmt: skip
 
     def __init__(
@@ -252,8 +252,10 @@ class DirectPlan:
         )
         self.rows, self.k_rows, self.inplace, self.fallback = rows, k_rows, inplace, fallback
         self.like = False  # set by _direct_plan where empty_like gives q_out's and k_out's layout
-        # For a module keying its own plans: the (cos, sin) table every call of the key reads
+        # For a module keying its own plans: the (cos, sin) table every call of the key reads,
+        # and the module's table length it was made for
         self.tables: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.table_len = 0
 
     def run(
         self,

@@ -363,16 +363,18 @@ def _run_parallel(
     ctx.log(f"{len(cells)} cell(s) on {plan.jobs} worker processes of {plan.threads} thread(s)")
     # The heaviest cells first; the rows are still stored in the cells' order.
     order = handout_order([handout_weight(grid.cfg, c.model) for c in cells])
-    run_pool(
-        _cell_runner,
-        (grid.cfg, data, grid.lengths, ctx.opts, grid.modules),
-        [(i, (cells[i].encoding, cells[i].seed)) for i in order],
-        jobs=plan.jobs,
-        threads=plan.threads,
-        stop=ctx.stop,
-        on_event=outcomes.on_event,
-    )
-    outcomes.flush(in_order=False)
+    try:
+        run_pool(
+            _cell_runner,
+            (grid.cfg, data, grid.lengths, ctx.opts, grid.modules),
+            [(i, (cells[i].encoding, cells[i].seed)) for i in order],
+            jobs=plan.jobs,
+            threads=plan.threads,
+            stop=ctx.stop,
+            on_event=outcomes.on_event,
+        )
+    finally:  # rows that finished after a cell still running: kept whatever stopped the pool
+        outcomes.flush(in_order=False)
     if outcomes.fatal is not None:
         raise _fatal(outcomes.fatal)
     signum = ctx.stop.signum or outcomes.signum

@@ -367,9 +367,11 @@ class RotaryEmbedding(RotaryEncoding):
             if key == "grown":
                 return None
             tables = self._table(q.device, key)  # [1, cache_len, n]
+        elif plan.table_len != self.cache_len:  # set since: the checked path plans again
+            return None
         try:
             return plan.run(q, k, *tables, None, None, positions, k_positions)
-        except OutsideTable:  # past the table (or one kept from before cache_len was changed)
+        except OutsideTable:  # past the cached table: computed for the call
             return None
 
     def _remember(
@@ -394,6 +396,7 @@ class RotaryEmbedding(RotaryEncoding):
         plan = direct_plan(a, given, out, fallback=True)
         if plan is not None and not self.spec.length_dependent:
             plan.tables = (cos, sin)  # every length reads the one "base" set
+            plan.table_len = self.cache_len
         remember(self._plans, key, plan, limit=64)
 
     # --- the two steps of the stanza -----------------------------------------------------------
