@@ -98,3 +98,32 @@ def test_the_default_grid_starts_deberta_and_ends_on_light_cells() -> None:
     # among the cheapest steps, RoPE (four rescalings at three lengths) first
     assert order.index("rope") < min(order.index(e) for e in ("none", "sinusoidal", "xpos"))
     assert sorted(order) == sorted(labels)
+
+
+def test_rows_behind_a_running_cell_are_kept_when_the_pool_fails(
+    corpus_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """ALiBi (handed out first) finishes while NoPE, first in grid order, has not: its row waits
+    for NoPE's. A pool that then fails still leaves ALiBi's row in the store."""
+    from posenc.lab.store import RESULTS_FILE, ResultStore
+
+    cfg = replace(
+        P.LabConfig(), preset="test", encodings=("none", "rope", "alibi"), train_len=16,
+        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
+        train=P.TrainConfig(steps=4, batch_size=2, warmup_steps=1),
+        data=P.DataConfig(source="text", path=str(corpus_dir)),
+        eval=P.EvalConfig(lengths=("1x",), tokens=64, batch_tokens=64, rope_scalings=()),
+    )  # fmt: skip
+
+    def failing_pool(setup: Any, setup_args: Any, tasks: Any, *, stop: Any, on_event: Any,
+                     **kw: Any) -> None:  # fmt: skip
+        run = setup(*setup_args, stop=stop, emit=lambda kind, value: None)  # in this process
+        index, task = tasks[0]
+        on_event(Event("done", index, run(index, task)))
+        raise RuntimeError("the pool broke")
+
+    monkeypatch.setattr(E, "run_pool", failing_pool)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="the pool broke"):
+        E.run_grid(cfg, E.RunOptions(out=out, jobs=2, threads=1, quiet=True))
+    assert [r["encoding"] for r in ResultStore(out / RESULTS_FILE).rows()] == ["alibi"]
