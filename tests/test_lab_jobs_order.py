@@ -47,6 +47,17 @@ def corpus_dir(tmp_path, monkeypatch, write_corpus):
     return write_corpus(tmp_path, limit=4)
 
 
+def _three_cells(corpus_dir: Path) -> P.LabConfig:
+    """NoPE, RoPE and ALiBi, tiny: one eval length, no rescaling."""
+    return replace(
+        P.LabConfig(), preset="test", encodings=("none", "rope", "alibi"), train_len=16,
+        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
+        train=P.TrainConfig(steps=4, batch_size=2, warmup_steps=1),
+        data=P.DataConfig(source="text", path=str(corpus_dir)),
+        eval=P.EvalConfig(lengths=("1x",), tokens=64, batch_tokens=64, rope_scalings=()),
+    )  # fmt: skip
+
+
 def test_a_grid_hands_its_heaviest_cells_first(
     corpus_dir: Path, tmp_path: Path, monkeypatch
 ) -> None:
@@ -54,13 +65,7 @@ def test_a_grid_hands_its_heaviest_cells_first(
     and NoPE (grid order among the equal NoPE and RoPE: one eval length, no rescaling) start
     first, in either order as they run at once, RoPE once a worker is free; each cell's first
     report from a worker (its progress bar) marks its start. The rows stay in grid order."""
-    cfg = replace(
-        P.LabConfig(), preset="test", encodings=("none", "rope", "alibi"), train_len=16,
-        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
-        train=P.TrainConfig(steps=4, batch_size=2, warmup_steps=1),
-        data=P.DataConfig(source="text", path=str(corpus_dir)),
-        eval=P.EvalConfig(lengths=("1x",), tokens=64, batch_tokens=64, rope_scalings=()),
-    )  # fmt: skip
+    cfg = _three_cells(corpus_dir)
     started: list[int] = []
     on_event = E._Outcomes.on_event
 
@@ -107,13 +112,7 @@ def test_rows_behind_a_running_cell_are_kept_when_the_pool_fails(
     for NoPE's. A pool that then fails still leaves ALiBi's row in the store."""
     from posenc.lab.store import RESULTS_FILE, ResultStore
 
-    cfg = replace(
-        P.LabConfig(), preset="test", encodings=("none", "rope", "alibi"), train_len=16,
-        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
-        train=P.TrainConfig(steps=4, batch_size=2, warmup_steps=1),
-        data=P.DataConfig(source="text", path=str(corpus_dir)),
-        eval=P.EvalConfig(lengths=("1x",), tokens=64, batch_tokens=64, rope_scalings=()),
-    )  # fmt: skip
+    cfg = _three_cells(corpus_dir)
 
     def failing_pool(setup: Any, setup_args: Any, tasks: Any, *, stop: Any, on_event: Any,
                      **kw: Any) -> None:  # fmt: skip
