@@ -101,10 +101,10 @@ def small_range(p: torch.Tensor) -> tuple[int, int]:
 
 
 def check_rows(name: str, p: torch.Tensor, n: int) -> None:
-    """Every value of ``p`` (integer ``[s]`` or ``[b, s]``) is in ``[0, n)``. The one value
-    check a call repeats (a plan seen before skips every other check): read as a list where
-    that is free and ``p`` small (a decode step; cheaper than three reductions), else
-    :func:`check_values`' capture-safe branches."""
+    """Every value of ``p`` (integer ``[s]`` or ``[b, s]``) is in ``[0, n)``: read as a list
+    where that is free and ``p`` small (a decode step; cheaper than three reductions), else
+    :func:`check_values`' capture-safe branches. (A planned call has the kernel check its
+    positions, and comes here only for the message of one that failed.)"""
     numel = p.numel()
     if not numel:
         return
