@@ -23,7 +23,7 @@ Shapes: ``b`` batch, ``h`` query heads, ``hk`` key heads, ``s`` query length, ``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -469,15 +469,28 @@ _T = TypeVar("_T")
 
 
 class Plans(dict):
-    """``call_key -> plan``, remembering its last hit (:func:`lookup`): the layers of a decode
-    step call with one layout, and comparing a key with the last one's (equal fields are mostly
-    the same objects) costs less than hashing its ~30 fields for the dict."""
+    """``call_key -> plan``, remembering its last hit: the layers of a decode step call with one
+    layout, and comparing a key with the last one's (equal fields are mostly the same objects)
+    costs less than hashing its ~30 fields for the dict."""
 
     __slots__ = ("last",)
 
     def __init__(self) -> None:
         super().__init__()
         self.last: tuple | None = None  # (key, plan) of the last hit
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        last = self.last
+        if last is not None and key == last[0]:
+            return last[1]
+        plan = dict.get(self, key, default)
+        if plan is not None:
+            self.last = (key, plan)
+        return plan
+
+    def __setitem__(self, key: Any, plan: Any) -> None:
+        self.last = None  # it may hold this key's plan before this one
+        dict.__setitem__(self, key, plan)
 
     def clear(self) -> None:
         self.last = None
@@ -495,18 +508,10 @@ _PLANS: dict[tuple, DirectPlan] = Plans()
 def lookup(plans: Mapping[tuple, _T], key: tuple | None) -> tuple[tuple | None, _T | None]:
     """``(key, plans[key] or None)``; ``(None, None)`` for a key that cannot be one (None, or
     an unhashable option: the checks will say what is wrong with it)."""
-    if key is None:
-        return None, None
-    last = getattr(plans, "last", None)
     try:
-        if last is not None and key == last[0]:
-            return key, last[1]
-        plan = plans.get(key)
+        return key, plans.get(key) if key is not None else None
     except (TypeError, RuntimeError):  # unhashable; an option whose == is not a bool (a tensor)
         return None, None
-    if plan is not None and isinstance(plans, Plans):
-        plans.last = (key, plan)
-    return key, plan
 
 
 def remember(plans: dict[tuple, _T], key: tuple, plan: _T | None, limit: int = _MAX_PLANS) -> None:
@@ -515,8 +520,6 @@ def remember(plans: dict[tuple, _T], key: tuple, plan: _T | None, limit: int = _
     if plan is not None:
         if len(plans) >= limit:
             plans.clear()
-        if isinstance(plans, Plans):
-            plans.last = None  # it may hold this key's plan before this one
         plans[key] = plan
 
 
