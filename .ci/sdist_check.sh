@@ -21,9 +21,12 @@ mkdir "$tmp/src"
 tar -xzf "$sdist" -C "$tmp/src"
 unpacked=$(ls -d "$tmp"/src/posenc-*)
 
+# --assert=plain: collecting runs no assert, and rewriting the test modules' asserts is a third of
+# a collection where PYTHONDONTWRITEBYTECODE keeps pytest from caching the rewrite (this check on
+# 2 cores: 25 s -> 19 s wall, 47 -> 36 s of CPU).
 collect() {  # collect-only test ids of the project in $1, importing posenc from $1/src
   (cd "$1" && PYTHONPATH="$1/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest --collect-only -q \
-    -p no:cacheprovider -p no:xdist 2>&1) > "$2" || { tail -40 "$2"; echo "collection failed in $1"; exit 1; }
+    --assert=plain -p no:cacheprovider -p no:xdist 2>&1) > "$2" || { tail -40 "$2"; echo "collection failed in $1"; exit 1; }
   grep '::' "$2" | sort > "$2.ids"
 }
 # The two collections side by side (each is mostly one process importing torch and the tests).
