@@ -122,16 +122,19 @@ def _finish(proc: subprocess.Popen[bytes]) -> str:
 
 
 def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc)."""
-    kids = []
+    """The processes below ``pid`` (from /proc): its children and theirs (the workers, and on
+    Linux the forkserver they are forked from)."""
+    parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
+    below, frontier = [], {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier}
+        below += sorted(frontier)
+    return below
 
 
 def _alive(pid: int) -> bool:

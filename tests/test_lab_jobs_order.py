@@ -5,6 +5,9 @@ parent, from what the workers report."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +22,8 @@ from posenc.lab.train import StopFlag
 
 
 def started_recorder(*, stop: Any, emit: Any) -> Any:
-    """A worker's task runner (spawned: importable by name) that reports each task's start."""
+    """A worker's task runner (importable by name, as a worker needs) that reports each task's
+    start."""
 
     def run(index: int, task: Any) -> Any:
         emit("start", task)
@@ -39,6 +43,53 @@ def test_one_worker_runs_the_tasks_in_the_order_given() -> None:
     tasks = [(i, i) for i in range(5)]
     run_pool(started_recorder, (), tasks, jobs=1, threads=1, stop=StopFlag(), on_event=on_event)
     assert started == [0, 1, 2, 3, 4]
+
+
+def process_reporter(*, stop: Any, emit: Any) -> Any:
+    """A worker's task runner that answers where it runs: its parent as multiprocessing and
+    as the kernel see it, its start method and an environment variable."""
+
+    def run(index: int, task: Any) -> Any:
+        parent = mp.parent_process()
+        return {
+            "parent": parent.pid if parent else None,
+            "ppid": os.getppid(),
+            "method": mp.get_start_method(),
+            "env": os.environ.get("POSENC_TEST_POOL_ENV"),
+        }
+
+    return run
+
+
+def _where(jobs: int) -> list[dict[str, Any]]:
+    done: list[dict[str, Any]] = []
+
+    def on_event(event: Event) -> None:
+        if event.kind == "done":
+            done.append(event.value)
+
+    tasks = [(i, i) for i in range(2)]
+    run_pool(process_reporter, (), tasks, jobs=jobs, threads=1, stop=StopFlag(), on_event=on_event)
+    return done
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver on Linux only")
+def test_workers_fork_from_one_server_and_take_the_environment_of_each_pool(monkeypatch) -> None:
+    """On Linux the workers come from multiprocessing's forkserver (forked from a process that
+    imported torch once, not each a fresh interpreter), which outlives a pool: a second pool's
+    workers come from the same server, yet see the environment as it is when their pool starts,
+    not as it was when the server started. Their parent, for multiprocessing (whose sentinel
+    they watch to end with it), is this process."""
+    monkeypatch.setenv("POSENC_TEST_POOL_ENV", "first")
+    first = _where(jobs=2)
+    monkeypatch.setenv("POSENC_TEST_POOL_ENV", "second")
+    second = _where(jobs=1)
+    assert [w["env"] for w in first] == ["first", "first"]
+    assert [w["env"] for w in second] == ["second", "second"]
+    servers = {w["ppid"] for w in first + second}
+    assert len(servers) == 1 and os.getpid() not in servers, servers  # one forkserver, reused
+    assert {w["parent"] for w in first + second} == {os.getpid()}
+    assert {w["method"] for w in first + second} == {"forkserver"}
 
 
 @pytest.fixture

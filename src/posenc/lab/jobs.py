@@ -1,15 +1,21 @@
 """Worker processes for a grid's cells (``posenc lab --jobs N``).
 
-:func:`run_pool` starts ``jobs`` processes (the ``spawn`` start method: a fresh interpreter, no
-inherited threads or locks), hands each one task at a time and passes what they report to the
-caller, in the parent, which alone writes the results store. A worker:
+:func:`run_pool` starts ``jobs`` processes, hands each one task at a time and passes what they
+report to the caller, in the parent, which alone writes the results store. The processes come from
+multiprocessing's ``forkserver`` on Linux (:func:`_context`): a server process, started once for
+the life of this one, that imports torch and the task's module and forks each worker from that
+state, with no thread or lock of this process; elsewhere ``spawn``, a fresh interpreter each. A
+worker:
 
 * sets torch's thread count to its share before any torch op;
 * runs in its own process group, so a terminal's Ctrl-C reaches the parent only, which forwards
   the signal once to every worker: each then stops at its next step boundary, writing a
   checkpoint as a single-process run does;
-* ends with the parent: ``PR_SET_PDEATHSIG`` on Linux (SIGTERM, so it checkpoints first) and a
-  watch of its parent's pid elsewhere, so a ``kill -9`` of the parent leaves no worker running.
+* takes the parent's environment as it is when the pool starts (a forkserver's children would
+  otherwise inherit the server's, as it was when it started);
+* ends with the parent: a watch of multiprocessing's parent sentinel (a pipe from the parent,
+  for either start method) and ``PR_SET_PDEATHSIG`` on Linux (SIGTERM, so it checkpoints first),
+  so a ``kill -9`` of the parent leaves no worker running.
 
 What a task does is the caller's: ``setup(*setup_args, stop=, emit=)`` runs once in each worker
 and returns ``run(index, task) -> outcome``; ``emit(kind, value)`` sends an :class:`Event` to
@@ -31,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Any
 
 from .. import registry
@@ -43,6 +50,11 @@ Setup = Callable[..., Callable[[int, Any], Any]]
 
 #: How long the parent waits for its workers to exit after the last task (then it kills them).
 JOIN_SECONDS = 30.0
+
+#: What the forkserver imports before it forks a worker, with the task's own module. torch is
+#: most of a worker's start (1.8 s of CPU on the 2-core VM); torch._dynamo is another 1.6 s,
+#: imported by torch.optim on an optimizer's first parameter group (``torch._disable_dynamo``).
+PRELOAD = ("torch", "torch._dynamo")
 
 
 @dataclass
@@ -127,12 +139,13 @@ def run_pool(
     After a signal (``stop`` set) nothing more is handed out and the signal is forwarded to the
     workers; this returns once every running task has reported. An exception raised here (by
     ``on_event``, or a second signal) ends the workers before it propagates."""
-    ctx = mp.get_context("spawn")
+    ctx = _context(setup)
     outbox = ctx.Queue()
+    env = dict(os.environ)
 
     def start() -> _Worker:
         inbox = ctx.Queue()
-        args = (setup, setup_args, threads, os.getpid(), inbox, outbox)
+        args = (setup, setup_args, threads, env, inbox, outbox)
         proc = ctx.Process(target=_worker_main, args=args, daemon=True, name="posenc-lab-job")
         with _main_left_out():
             proc.start()
@@ -167,13 +180,32 @@ def run_pool(
         _shutdown(pool.workers, outbox)
 
 
+def _context(setup: Setup) -> Any:
+    """The workers' multiprocessing context: ``forkserver`` on Linux, preloaded with
+    :data:`PRELOAD` and ``setup``'s module, else ``spawn``.
+
+    A spawned worker imports torch again (3.4 s of CPU per worker, most of a small cell's time);
+    the forkserver imports it once and forks every later worker of this process from it, in
+    milliseconds. Forking from the server is safe where forking this process is not: it runs no
+    torch op and holds no lock of this one. macOS and Windows keep ``spawn`` (fork is unsafe with
+    macOS's system libraries; Windows has no fork). The preload takes effect where this process
+    starts its forkserver; one already running (started by other code) is used as it is."""
+    if not sys.platform.startswith("linux"):
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    module = getattr(setup, "__module__", None)
+    ctx.set_forkserver_preload([*PRELOAD, *([module] if module not in (None, "__main__") else [])])
+    return ctx
+
+
 @contextlib.contextmanager
 def _main_left_out() -> Any:
-    """Start a worker without running this program's ``__main__`` in it (spawn runs it again,
-    as ``__mp_main__``, unless it is a package's ``__main__``): a worker needs nothing from it
-    (an encoding registered there runs in this process instead, :func:`encoding_modules`), and
-    a script calling :func:`~posenc.lab.experiment.run_grid` without an
-    ``if __name__ == "__main__":`` guard would start its grid again in every worker."""
+    """Start a worker without running this program's ``__main__`` in it (spawn and forkserver
+    run it again, as ``__mp_main__``, unless it is a package's ``__main__``): a worker needs
+    nothing from it (an encoding registered there runs in this process instead,
+    :func:`encoding_modules`), and a script calling :func:`~posenc.lab.experiment.run_grid`
+    without an ``if __name__ == "__main__":`` guard would start its grid again in every
+    worker."""
     main = sys.modules.get("__main__")
     if main is None:
         yield
@@ -250,11 +282,19 @@ def import_encodings(modules: list[str]) -> None:
 
 
 def _worker_main(
-    setup: Setup, setup_args: tuple[Any, ...], threads: int, parent: int, inbox: Any, outbox: Any
+    setup: Setup,
+    setup_args: tuple[Any, ...],
+    threads: int,
+    env: dict[str, str],
+    inbox: Any,
+    outbox: Any,
 ) -> None:
-    """A worker's life: detach from the terminal's signals, die with the parent, set torch's
-    threads, build the task runner, then run tasks until told to stop (None), or until the
-    parent is gone (after the running task has stopped at a checkpoint)."""
+    """A worker's life: take the parent's environment, detach from the terminal's signals, die
+    with the parent, set torch's threads, build the task runner, then run tasks until told to
+    stop (None), or until the parent is gone (after the running task has stopped at a
+    checkpoint)."""
+    os.environ.clear()
+    os.environ.update(env)
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # Ctrl-C goes to the parent, which forwards it once
     import torch
@@ -262,6 +302,8 @@ def _worker_main(
     torch.set_num_threads(threads)
     stop = StopFlag()
     stop.install()
+    parent = mp.parent_process()
+    assert parent is not None, "a worker is started by run_pool"
     _die_with_parent(parent, stop)
     me, current = os.getpid(), [-1]
 
@@ -287,7 +329,7 @@ def _worker_main(
                 break
             continue
         outbox.put((me, "done", index, outcome))
-    _exit(outbox, orphaned=os.getppid() != parent)
+    _exit(outbox, orphaned=not parent.is_alive())
 
 
 def _exit(outbox: Any, orphaned: bool) -> None:
@@ -305,9 +347,9 @@ def _exit(outbox: Any, orphaned: bool) -> None:
     os._exit(0)
 
 
-def _next_task(inbox: Any, parent: int) -> Any:
+def _next_task(inbox: Any, parent: Any) -> Any:
     """The next task, or None when told to stop or when the parent is gone."""
-    while os.getppid() == parent:
+    while parent.is_alive():
         try:
             return inbox.get(timeout=1.0)
         except queue.Empty:
@@ -315,10 +357,12 @@ def _next_task(inbox: Any, parent: int) -> Any:
     return None
 
 
-def _die_with_parent(parent: int, stop: StopFlag) -> None:
-    """Stop this process's task (SIGTERM: it checkpoints) when ``parent`` ends: the kernel's
-    parent-death signal on Linux, and a watch of the parent pid (everywhere, and for a parent
-    that died before the prctl) that signals only a worker not already stopping."""
+def _die_with_parent(parent: Any, stop: StopFlag) -> None:
+    """Stop this process's task (SIGTERM: it checkpoints) when ``parent`` (multiprocessing's
+    parent process) ends: a watch of its sentinel, a pipe whose other end only the parent holds
+    (everywhere, whatever the start method, and for a parent that died before the prctl), that
+    signals only a worker not already stopping; and the kernel's parent-death signal on Linux
+    (the forkserver's death, which follows the parent's, for a forked worker)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             import ctypes
@@ -327,8 +371,7 @@ def _die_with_parent(parent: int, stop: StopFlag) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
+        wait([parent.sentinel])
         if stop.signum is None:
             os.kill(os.getpid(), signal.SIGTERM)
 
