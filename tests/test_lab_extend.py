@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from _cli_here import posenc_here
 from posenc.lab import presets as P
 from posenc.lab.experiment import RunOptions, run_grid
 from posenc.lab.extend import (
@@ -224,11 +225,10 @@ def test_killed_extend_resumes_without_lost_or_duplicated_rows(grid, extended):
     partial = store.rows()
     assert n_grid < len(partial)
 
-    again = _extend_cli(ext, wait=False)  # no --resume: refused, never a silent restart
-    output, _ = again.communicate(timeout=120)
-    assert again.returncode == 2 and b"--resume" in output, output.decode()
-
-    _extend_cli(ext, "--resume")
+    # No --resume: refused, never a silent restart. This and the resume read the folder the
+    # killed process left, in this process.
+    assert "--resume" in posenc_here("lab", "extend", *EXT_ARGS, "--out", str(ext), code=2)
+    posenc_here("lab", "extend", *EXT_ARGS, "--out", str(ext), "--resume")
     lines = [json.loads(x) for x in (ext / RESULTS_FILE).read_text().splitlines() if x.strip()]
     keys = [(r["encoding"], r["seed"], r["config_hash"]) for r in lines]
     assert len(keys) == len(set(keys))  # nothing written twice

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from _cli_here import posenc_here
 from posenc.cli import app
 from posenc.lab import presets as P
 from posenc.lab import report as R
@@ -270,6 +271,12 @@ KILL_ARGS = ["-e", "none,sinusoidal", "-L", "16", "--dim", "32", "--layers", "1"
 # cell; killing and resuming a grid on worker processes is tests/test_lab_jobs.py's.
 
 
+def _lab_here(corpus_dir, out, *extra, code=0):
+    """The command of :func:`_lab`, in this process (it only reads and writes the folder)."""
+    return posenc_here("lab", *KILL_ARGS, "--text", str(corpus_dir), "--out", str(out), *extra,
+                       code=code)  # fmt: skip
+
+
 def _lab(corpus_dir, out, *extra, wait=True):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "posenc", "lab", *KILL_ARGS, "--text", str(corpus_dir),
@@ -300,7 +307,7 @@ def reference_run(tmp_path_factory, write_corpus):
     mp = pytest.MonkeyPatch()
     mp.setenv("POSENC_CACHE", str(tmp / "cache"))
     d = write_corpus(tmp)
-    _lab(d, tmp / "out")
+    _lab_here(d, tmp / "out")
     yield d, ResultStore(tmp / "out" / RESULTS_FILE).rows()
     mp.undo()
 
@@ -334,11 +341,9 @@ def test_killed_grid_resumes_to_the_uninterrupted_result(reference_run, tmp_path
                                         weights_only=True)["step"])  # fmt: skip
     assert 0 < step < 300
 
-    res = _lab(corpus_dir, out, wait=False)
-    output, _ = res.communicate(timeout=60)
-    assert res.returncode == 2 and b"--resume" in output  # never a silent restart
+    assert "--resume" in _lab_here(corpus_dir, out, code=2)  # never a silent restart
 
-    _lab(corpus_dir, out, "--resume")
+    _lab_here(corpus_dir, out, "--resume")
     rows = store.rows()
     assert [r["encoding"] for r in rows] == ["none", "sinusoidal"]
     assert len(store.path.read_text().splitlines()) == 2  # nothing duplicated
@@ -474,17 +479,13 @@ def test_a_second_process_on_a_live_run_is_refused_and_a_killed_run_is_taken_ove
             time.sleep(0.02)
         assert first.poll() is None, first.communicate()[0].decode()
         t0 = time.perf_counter()
-        second = subprocess.run(
-            [*base, "-q", "--resume"], cwd=ROOT, env=env, capture_output=True, timeout=120
-        )
+        said = posenc_here(*base[3:], "-q", "--resume", code=2)  # a second process: this one
         refused_after = time.perf_counter() - t0
         alive = first.poll() is None
     finally:
         first.kill()
         first.wait()
-    said = (second.stdout + second.stderr).decode()
     assert alive, "the first run finished before the second was refused: the test raced"
-    assert second.returncode == 2, said
     assert "in use by another posenc lab run" in said and f"pid {first.pid}" in said, said
     assert "interrupted" not in said
     assert not (out / RESULTS_FILE).exists()
@@ -492,9 +493,7 @@ def test_a_second_process_on_a_live_run_is_refused_and_a_killed_run_is_taken_ove
         __import__("torch").load(next(out.glob("ckpt/none-*/last.pt")), weights_only=True)["step"]
     )
     assert 0 < step < 2000
-    third = subprocess.run([*base, "--resume"], cwd=ROOT, env=env, capture_output=True, timeout=240)
-    said = (third.stdout + third.stderr).decode()
-    assert third.returncode == 0, said
+    said = posenc_here(*base[3:], "--resume")
     assert "took over the lock of a run that is no longer running" in said
     assert f"pid {first.pid}" in said
     rows = ResultStore(out / RESULTS_FILE).rows()
@@ -529,9 +528,7 @@ def test_torchrun_two_processes_gloo(corpus_dir, tmp_path):
            "-m", "posenc", "lab", *common, "--out", str(out2)]  # fmt: skip
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=240)
     assert res.returncode == 0, (res.stdout + res.stderr).decode()[-3000:]
-    single = [sys.executable, "-m", "posenc", "lab", *common, "--threads", "1", "--out", str(out1)]
-    res1 = subprocess.run(single, cwd=ROOT, env=env, capture_output=True, timeout=240)
-    assert res1.returncode == 0, (res1.stdout + res1.stderr).decode()[-3000:]
+    posenc_here("lab", *common, "--threads", "1", "--out", str(out1))
 
     ddp = ResultStore(out2 / RESULTS_FILE).rows()
     one = ResultStore(out1 / RESULTS_FILE).rows()

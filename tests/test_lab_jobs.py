@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from _cli_here import posenc_here
 from posenc.lab import presets as P
 from posenc.lab.experiment import RunOptions, run_grid
 from posenc.lab.run import resolve_jobs, usable_cores
@@ -172,13 +173,7 @@ def _gone(pids: list[int], within: float = 20.0) -> bool:
 
 def _run_here(corpus: Path, out: Path, *extra: str) -> None:
     """The same command in this process (no interpreter to start)."""
-    from typer.testing import CliRunner
-
-    from posenc.cli import app
-
-    args = ["lab", *ARGS, "--text", str(corpus), "--out", str(out), *extra]
-    res = CliRunner().invoke(app, args)
-    assert res.exit_code == 0, res.output
+    posenc_here("lab", *ARGS, "--text", str(corpus), "--out", str(out), *extra)
 
 
 def _steps(out: Path) -> list[int]:
