@@ -1,7 +1,8 @@
 """``posenc lab --jobs``: the pool hands out tasks in the order given, and a grid gives its cells
 heaviest first (:func:`posenc.lab.estimate.handout_order`; the rows are stored in grid order
-whatever the workers do, so only the start order shows the order handed out). Recorded in the
-parent, from what the workers report."""
+whatever the workers do). Recorded in the parent: the starts the workers report, and the order a
+grid gives the pool. On Linux the workers come from a forkserver; elsewhere, or where it cannot
+start, they are spawned."""
 
 from __future__ import annotations
 
@@ -92,6 +93,21 @@ def test_workers_fork_from_one_server_and_take_the_environment_of_each_pool(monk
     assert {w["method"] for w in first + second} == {"forkserver"}
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver on Linux only")
+def test_a_forkserver_that_cannot_start_leaves_the_workers_spawned(monkeypatch) -> None:
+    """Where the server cannot start (its Unix socket refused, as in some sandboxes), the
+    workers are spawned: the grid runs, only slower to start."""
+    from multiprocessing import forkserver
+
+    def refused() -> None:
+        raise PermissionError(1, "Operation not permitted (socket)")
+
+    monkeypatch.setattr(forkserver, "ensure_running", refused)
+    where = _where(jobs=1)
+    assert [w["method"] for w in where] == ["spawn", "spawn"]
+    assert {w["ppid"] for w in where} == {os.getpid()}
+
+
 @pytest.fixture
 def corpus_dir(tmp_path, monkeypatch, write_corpus):
     monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
@@ -112,23 +128,23 @@ def _three_cells(corpus_dir: Path) -> P.LabConfig:
 def test_a_grid_hands_its_heaviest_cells_first(
     corpus_dir: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    """Three cells on two workers: ALiBi (its bias scores make its training step the heaviest)
-    and NoPE (grid order among the equal NoPE and RoPE: one eval length, no rescaling) start
-    first, in either order as they run at once, RoPE once a worker is free; each cell's first
-    report from a worker (its progress bar) marks its start. The rows stay in grid order."""
+    """Three cells on two workers: the pool is given ALiBi first (its bias scores make its
+    training step the heaviest), then NoPE and RoPE in grid order (equal: one eval length, no
+    rescaling), and hands them out in that order (the first test). Which cell reports first is
+    the workers' race (a 4-step cell ends in a fraction of a second, and a forked worker starts
+    in milliseconds), so the order is read where it is decided. The rows stay in grid order."""
     cfg = _three_cells(corpus_dir)
-    started: list[int] = []
-    on_event = E._Outcomes.on_event
+    given: list[list[int]] = []
+    real = E.run_pool
 
-    def record(self: Any, event: Event) -> bool:
-        if event.index not in started:
-            started.append(event.index)
-        return on_event(self, event)
+    def recording(setup: Any, setup_args: Any, tasks: list[tuple[int, Any]], **kw: Any) -> None:
+        given.append([index for index, _ in tasks])
+        real(setup, setup_args, tasks, **kw)
 
-    monkeypatch.setattr(E._Outcomes, "on_event", record)
+    monkeypatch.setattr(E, "run_pool", recording)
     summary = E.run_grid(cfg, E.RunOptions(out=tmp_path / "out", jobs=2, threads=1, quiet=True))
     assert summary.trained == ["none (seed 0)", "rope (seed 0)", "alibi (seed 0)"]
-    assert sorted(started[:2]) == [0, 2] and started[2] == 1, started
+    assert given == [[2, 0, 1]]
 
 
 def test_heaviest_first_with_grid_order_among_equals() -> None:

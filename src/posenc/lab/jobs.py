@@ -37,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing import forkserver
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -188,13 +189,19 @@ def _context(setup: Setup) -> Any:
     the forkserver imports it once and forks every later worker of this process from it, in
     milliseconds. Forking from the server is safe where forking this process is not: it runs no
     torch op and holds no lock of this one. macOS and Windows keep ``spawn`` (fork is unsafe with
-    macOS's system libraries; Windows has no fork). The preload takes effect where this process
-    starts its forkserver; one already running (started by other code) is used as it is."""
+    macOS's system libraries; Windows has no fork), and so does a host where the server cannot
+    start (it listens on a Unix socket, which a sandbox may forbid). The preload takes effect
+    where this process starts its forkserver; one already running (started by other code) is
+    used as it is."""
     if not sys.platform.startswith("linux"):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     module = getattr(setup, "__module__", None)
     ctx.set_forkserver_preload([*PRELOAD, *([module] if module not in (None, "__main__") else [])])
+    try:
+        forkserver.ensure_running()  # here, not at the first worker: its failure is ours to handle
+    except OSError:
+        return mp.get_context("spawn")
     return ctx
 
 
