@@ -53,6 +53,7 @@ from _hf_corpus_paths import CORPUS, PREFIX, REBUILT, config_path  # noqa: E402
 from posenc.hf import ROPE_INTERLEAVE_MODEL_TYPES, hf_rope_kwargs, rope_from_hf  # noqa: E402
 from posenc.hf.labels import LABELLED_ROPES, rope_labels  # noqa: E402
 from posenc.hf.rotary import apply_rotary_trailing  # noqa: E402
+from posenc.hf.shadow import plain_function  # noqa: E402
 from posenc.rotary import rotate_trailing  # noqa: E402
 
 METADATA = ("_source", "_via", "_notes")
@@ -183,7 +184,7 @@ def reference_rotation(
 
         return one(q), one(k)
     cos, sin = out
-    apply = (
+    apply = plain_function(
         module.apply_rotary_pos_emb_interleave
         if is_flagged_interleave(text)
         else module.apply_rotary_pos_emb

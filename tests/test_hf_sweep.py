@@ -37,6 +37,7 @@ from posenc.hf import (  # noqa: E402
     hf_rope_kwargs,
     rope_from_hf,
 )
+from posenc.hf.shadow import plain_function  # noqa: E402
 from posenc.rotary import MRoPE  # noqa: E402
 from test_hf_corpus import reference_cos_sin, reference_rotation, rope_keys  # noqa: E402
 
@@ -94,7 +95,7 @@ def _apply_function(module: Any, rotary: type) -> Any | None:
     # MLA models call the interleaved variant when rope_interleave is set, the plain one otherwise
     if len(names) > 1:
         return None
-    return getattr(module, names[0]) if names else None
+    return plain_function(getattr(module, names[0])) if names else None
 
 
 def _reference(module: Any, apply: Any, text: Any, out: Any, q: torch.Tensor, k: torch.Tensor,

@@ -25,6 +25,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
 from transformers.models.llama.modeling_llama import eager_attention_forward  # noqa: E402
 
 from posenc.hf import rope_from_hf  # noqa: E402
+from posenc.hf.shadow import plain_function  # noqa: E402
 
 TOL = 1e-5
 
@@ -368,7 +369,7 @@ def _posenc_functions(module: Any) -> dict[str, Callable[..., Any]]:
 
     out: dict[str, Callable[..., Any]] = {}
     for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb"):
-        original = getattr(module, name, None)
+        original = plain_function(getattr(module, name, None))
         if original is None:
             continue
         params = list(inspect.signature(original).parameters)

@@ -38,7 +38,7 @@ from .checks import check_scaling_argument
 from .config import HF_ROPE_TYPES
 from .extension import EXTENSION_OVERRIDES, extension_state, normalize_extension
 from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb, apply_rotary_trailing
-from .shadow import PatchedForward, code_names, shadow_module
+from .shadow import PatchedForward, code_names, plain_function, shadow_module
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,7 @@ def fused_rotation(
     """posenc's stand-in for the transformers function ``stock`` that rotates as ``rotation``
     says: the same signature (``q, k, cos, sin`` then ``stock``'s own optional arguments), the
     same result, computed by :func:`posenc.hf.apply_rotary_pos_emb`."""
+    stock = plain_function(stock)  # transformers >= 5.25 with kernels: a module wrapping it
     if rotation.trailing:
         return _trailing_rotation(rotation, stock, backend)  # type: ignore[return-value]
     extra = list(inspect.signature(stock).parameters)[4:]  # e.g. ["unsqueeze_dim"]
@@ -408,7 +409,7 @@ def _apply_extension(
 def _stock(modeling: types.ModuleType, name: str, model_type: str) -> Callable[..., Any]:
     """``modeling.name``, the rotation posenc replaces; refused where this transformers has none
     (4.x's Qwen2-VL, Qwen2.5-VL and GLM-4V call apply_multimodal_rotary_pos_emb instead)."""
-    stock = getattr(modeling, name, None)
+    stock = plain_function(getattr(modeling, name, None))
     if not callable(stock):
         raise RuntimeError(
             f"{modeling.__name__} has no {name}: this transformers version is not supported by "
@@ -471,7 +472,7 @@ def shadow_for(model_type: str, backend: str) -> types.ModuleType:
     """The shadow of ``model_type``'s modeling module whose rotation functions are posenc's."""
     modeling, rotations = _modeling(model_type)
     overrides = {
-        name: fused_rotation(rotation, getattr(modeling, name), backend)
+        name: fused_rotation(rotation, _stock(modeling, name, model_type), backend)
         for name, rotation in rotations.items()
     }
     return shadow_module(modeling, backend, overrides)

@@ -134,6 +134,28 @@ def _cell(cell: Any) -> Any:
         return None
 
 
+def plain_function(obj: Any) -> Any:
+    """The Python function behind a modeling module's rotation function.
+
+    With the ``kernels`` package (a dependency of transformers from 5.25), transformers'
+    ``@use_kernel_forward_from_hub`` turns a decorated function into an *instance* of a
+    ``Func`` module whose ``forward`` calls it (so the hub can swap in a kernel): it has no
+    ``__name__`` and its signature is ``(*args, **kwargs)``. Anything else is returned as is.
+    """
+    if not (isinstance(obj, nn.Module) and hasattr(type(obj), "kernel_layer_name")):
+        return obj
+    forward = type(obj).forward
+    cells = dict(zip(forward.__code__.co_freevars, forward.__closure__ or (), strict=True))
+    func = _cell(cells["func"]) if "func" in cells else None
+    if not callable(func):
+        raise RuntimeError(
+            f"cannot find the function inside {type(obj).__module__}.{type(obj).__qualname__} "
+            "(kernels' wrapper of a transformers function): this kernels version is not "
+            "supported by posenc.hf"
+        )
+    return func
+
+
 def code_names(fn: Any) -> set[str]:
     """The global names the innermost function of a decorator chain reads."""
     return set(_inner(fn).__code__.co_names)
