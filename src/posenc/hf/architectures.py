@@ -39,6 +39,10 @@ INTERLEAVED_MODEL_TYPES = frozenset(
         "blt_global_transformer", "blt_local_decoder", "blt_local_encoder", "blt_patcher",
         "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm_ocr", "glm_ocr_text", "glm4v",
         "glm4v_text", "hy_v4_vl", "hy_v4_vl_text",
+        # interleaved pairs written back de-interleaved, as DeepSeek-V3's
+        # apply_rotary_pos_emb_interleave, always (transformers >= 5.25; 5.24 rotated HY-V4's text
+        # model by half-split pairs and its VL model by interleaved ones)
+        "hy_v4",
         "pe_audio", "pe_audio_encoder", "pe_audio_video", "pe_audio_video_encoder",
         "pe_video", "pe_video_encoder",
     }
@@ -96,6 +100,11 @@ LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
 # Architectures whose rotation posenc cannot express.
 UNSUPPORTED_MODEL_TYPES = {
     "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
+    "ergo": (
+        "its rotary class multiplies float32 frequencies by float64 positions (float64 angles "
+        "of float32 frequencies); posenc computes frequencies and angles in one angle_dtype, "
+        "whose cos/sin differ from its own by up to 0.05 at 4x its context (transformers 5.25)"
+    ),
     **dict.fromkeys(
         ("interns1_pro", "interns1_pro_text"),
         "its FoPE mixes learned coefficients into cos/sin: build posenc.rotary.FoPE with "
@@ -140,10 +149,10 @@ HALF_MODEL_TYPES = frozenset(
         "granite_docling", "granite_docling_text", "granite_swa", "granitemoe",
         "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "gte", "higgs_audio_v2",
         "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl", "hunyuan_vl_text",
-        "hy_v3", "hy_v4", "hyperclovax", "idefics", "jais2", "jetmoe", "jina_embeddings_v3",
-        "kolibri1", "kyutai_speech_to_text", "laguna", "lara_mini", "lasr_encoder", "lfm2",
+        "hy_v3", "hyperclovax", "idefics", "jais2", "jetmoe", "jina_embeddings_v3",
+        "kolibri1", "kolibri1_1", "kyutai_speech_to_text", "laguna", "lara_mini", "lasr_encoder", "lfm2",
         "lfm2_moe", "lfm3", "llama", "mellum", "mimi", "mimi_decoder", "mimi_encoder",
-        "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl",
+        "mimo_v2_flash", "minicpm3", "minicpm5_moe", "minimax", "minimax_m2", "minimax_m3_vl",
         "minimax_m3_vl_text", "ministral", "mistral", "mixtral", "mllama", "mllama_text_model",
         "modernbert", "modernbert-decoder", "molmo2", "molmo2_text", "moshi", "muse_glimmer",
         "muse_glimmer_assistant", "muse_glimmer_text", "muse_spark", "muse_spark_text",
