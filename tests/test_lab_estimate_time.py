@@ -58,6 +58,21 @@ def _estimate(
                       batch_size=1, train_len=64)  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _system_malloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers leave glibc as it is, so that the estimate slows shared ones by
+    PAIR_SLOWDOWN (the one that keeps freed memory is tested apart)."""
+    monkeypatch.setenv("POSENC_MALLOC", "system")
+
+
+def test_workers_that_keep_freed_memory_are_not_slowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(E, "retains", lambda: True)
+    assert E.concurrency_slowdown(2, "cpu") == E.RETAINED_PAIR_SLOWDOWN == 1.0
+    monkeypatch.setattr(E, "retains", lambda: False)
+    assert E.concurrency_slowdown(2, "cpu") == E.PAIR_SLOWDOWN > 1.0
+    assert E.concurrency_slowdown(1, "cpu") == E.concurrency_slowdown(2, "cuda") == 1.0
+
+
 def test_estimate_slows_shared_workers_and_counts_their_start() -> None:
     times = [30.0, 50.0, 40.0, 20.0]
     assert _estimate(1, times).seconds == pytest.approx(sum(times))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
+from .._malloc import retain_freed_memory
 from . import DEFAULT_RUN_TIME
 from .flags import (
     DEVICE,
@@ -125,6 +126,7 @@ def _run_lab(
         _fail("pass --resume or --restart, not both")
     cli_logging(quiet=quiet)
     with _refusals(out):
+        retain_freed_memory()  # before the dry run times a step: as the cells will run
         import_modules(imports or ())
         cfg = build_config(preset, Overrides(**options))
         check_caps({"threads": threads, "jobs": jobs})
@@ -435,6 +437,7 @@ def _run_extend(*, out: Path, group: str | None, resume: bool, restart: bool,
 
     cli_logging(quiet=quiet)
     with _refusals(out):
+        retain_freed_memory()
         import_modules(imports or ())
         check_device(device)
         check_caps({"steps": given.get("steps"), "threads": threads})

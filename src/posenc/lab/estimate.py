@@ -40,6 +40,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import registry
+from .._malloc import retains
 from .._sizes import check_fits, gb
 from ..model import ModelConfig, nope_layers
 from .config import LabConfig
@@ -65,9 +66,14 @@ ALLOCATOR_SLACK = 1.25
 CELL_FIXED_BYTES = 32 * 2**20
 #: A worker process of ``--jobs``: the interpreter, torch and the data (measured: 390 MB).
 WORKER_BYTES = 400 * 2**20
-#: Each of two one-thread workers on a 2-core host runs a cell this much slower than one alone
-#: (the default grid: 662 s of cell time with ``--jobs 2`` against 494 s serially).
+#: Each of two one-thread workers on a 2-core host runs a cell this much slower than one alone,
+#: when glibc maps and unmaps every large tensor (``POSENC_MALLOC=system``; the default grid:
+#: 662 s of cell time with ``--jobs 2`` against 494 s serially, Intel VM, 2026-12-01).
 PAIR_SLOWDOWN = 1.34
+#: The same when the workers keep the memory they free (:mod:`posenc._malloc`, the default):
+#: the two cores no longer fault in pages for each other (the default grid: 389.5 s of cell
+#: time with two workers against 396.4 s serially, AMD EPYC Zen 4 VM, 2026-12-04).
+RETAINED_PAIR_SLOWDOWN = 1.0
 #: A ``--jobs`` worker's start before its first cell (the interpreter, torch, the data, the
 #: compiler stack AdamW imports), seconds of wall time on that host.
 WORKER_START_S = 8.0
@@ -489,10 +495,15 @@ class Estimate:
 
 def concurrency_slowdown(workers: int, device: str) -> float:
     """How much longer a cell takes when ``workers`` one-thread workers share the CPU than
-    alone: they share the memory bandwidth and the last-level cache. Measured on the 2-core
-    host the presets are sized for (:data:`PAIR_SLOWDOWN`); taken the same for more workers
-    (each pair of cores shares as these two did), 1 on CUDA and for one worker."""
-    return PAIR_SLOWDOWN if workers > 1 and device == "cpu" else 1.0
+    alone: they share the memory bandwidth and the last-level cache, and the kernel's zeroing
+    of the pages of every large tensor glibc maps anew, which the lab's workers avoid unless
+    ``POSENC_MALLOC=system`` (:func:`posenc._malloc.retains`). Measured on the 2-core hosts
+    the presets are sized for (:data:`RETAINED_PAIR_SLOWDOWN`, :data:`PAIR_SLOWDOWN`); taken
+    the same for more workers (each pair of cores shares as these two did), 1 on CUDA and for
+    one worker."""
+    if workers <= 1 or device != "cpu":
+        return 1.0
+    return RETAINED_PAIR_SLOWDOWN if retains() else PAIR_SLOWDOWN
 
 
 def makespan(seconds: list[float], workers: int) -> float:

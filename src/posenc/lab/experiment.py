@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from .. import registry
+from .._malloc import malloc_state, retain_freed_memory
 from .cell import Cell, check_label, resolve_cell, resolve_encodings, resolve_labels
 from .checkpoint import FINAL, LAST, CheckpointError, config_diff, load_checkpoint_identity
 from .config import LabConfig
@@ -461,6 +462,7 @@ def _cell_runner(
     """In a worker process: the grid's context, and ``run(index, (label, seed))`` training and
     evaluating one cell, returning ``(kind, value)``: ``row``, ``failed`` (why), ``interrupted``
     (signal, step) or ``fatal`` (the exception's type and arguments)."""
+    retain_freed_memory()  # the parent checked POSENC_MALLOC
     import_encodings(modules)
     if data is None:
         data = load_data(cfg.data)
@@ -548,6 +550,7 @@ def _run_cell(grid: _Grid, cell: Cell) -> dict[str, Any]:
         reused_weights=result.reused,
         eval_seconds=time.perf_counter() - t_eval,
         cell_seconds=time.perf_counter() - t0,
+        malloc=malloc_state(),
     )
     return _row(grid, cell, stats, evaluation, runtime)
 

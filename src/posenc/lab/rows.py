@@ -114,6 +114,9 @@ class GridRuntime:
     reused_weights: bool
     eval_seconds: float
     cell_seconds: float
+    # glibc's allocator in the cell's process: "retain" (the lab's own processes keep freed
+    # memory, posenc._malloc) or "system: <why>"; rows written before it lack the key
+    malloc: str
 
 
 @dataclass(frozen=True)
