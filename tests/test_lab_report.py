@@ -158,14 +158,14 @@ def test_lab_report_writes_the_readme_block(lab_out, tmp_path):
 
 def test_every_run_time_claim_is_the_one_measured_figure():
     """README, docs, ``posenc lab --help`` and the report's note state the default run's time
-    from :data:`posenc.lab.DEFAULT_RUN_TIME` (6 min 18 s measured; "about 6 minutes")."""
+    from :data:`posenc.lab.DEFAULT_RUN_TIME` (3 min 30 s measured; "about 4 minutes")."""
     from posenc.lab import DEFAULT_RUN_TIME
 
     minutes = re.fullmatch(r"about (\d+) minutes on two CPU cores", DEFAULT_RUN_TIME)
     assert minutes
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"`posenc lab`, about {minutes[1]} min on 2 cores" in readme
-    assert "6 min 18 s" in readme  # the measurement the figure rounds
+    assert "3 min 30 s" in readme  # the measurement the figure rounds
     assert DEFAULT_RUN_TIME in (ROOT / "docs" / "lab.md").read_text(encoding="utf-8")
     res = CliRunner().invoke(app, ["lab", "--help"], terminal_width=300)
     assert " ".join(DEFAULT_RUN_TIME.split()) in " ".join(res.output.split())
