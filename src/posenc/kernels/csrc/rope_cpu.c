@@ -316,11 +316,14 @@ DEFINE_ROW_INTERLEAVED(row_inter_bf16_nt, bf16_t, bf16_load, bf16_stream, bf16_l
 
 /* --- the tensor ----------------------------------------------------------------------------- */
 
-/* Bytes of one head's rows per tile (at most 256 positions): 8 KiB is 32 bf16 rows of d = 128.
- * The tile's cos + sin rows (8 bytes per pair) are then at most 32 KiB and stay in L1 while
- * every head of the tile is rotated with them. */
+/* Bytes of one head's rows per tile (at most 256 positions): 2 KiB is 8 bf16 rows of d = 128.
+ * The tile's cos + sin rows (8 bytes per pair) are then at most 8 KiB and stay in L1 while
+ * every head of the tile is rotated with them. In place, 2 KiB runs rotated 1.1-1.4x faster
+ * than 8 KiB runs at the prefill shapes of `posenc bench rope` (bf16 in place 0.81-1.18 of a
+ * copy against 0.64-0.83; float32 0.91-1.17 against 0.83-0.95; out of place alike), on a
+ * 2-core AMD EPYC Zen 4 VM, 2026-12-04 (benchmarks/RESULTS.md). */
 #ifndef TILE_BYTES
-#define TILE_BYTES 8192
+#define TILE_BYTES 2048
 #endif
 
 /* Put each full block of 2 * LANES = 16 table entries in AVX2's bf16 block order
