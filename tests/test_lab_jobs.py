@@ -70,7 +70,8 @@ def test_resolve_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_jobs(RunOptions(jobs=2), 1, "cpu")
 
 
-def test_two_jobs_give_the_serial_run_bit_for_bit(corpus_dir, tmp_path):
+def test_two_jobs_give_the_serial_run_bit_for_bit(corpus_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("POSENC_MALLOC", raising=False)  # the workers' default: keep freed memory
     cfg = replace(
         P.LabConfig(),
         preset="test",

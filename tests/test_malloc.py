@@ -15,9 +15,13 @@ import pytest
 
 from posenc import _malloc
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
-    reason="mallopt and mallinfo2 are glibc's",
+_LIBC, _VERSION = platform.libc_ver()
+# mallopt is glibc's; mallinfo2, which the probe reads, came in glibc 2.33.
+glibc_233 = pytest.mark.skipif(
+    not sys.platform.startswith("linux")
+    or _LIBC != "glibc"
+    or tuple(int(p) for p in _VERSION.split(".")[:2]) < (2, 33),
+    reason="needs glibc 2.33 or later (mallopt, mallinfo2)",
 )
 
 # In a fresh interpreter (no torch): retain or not, then malloc and free 64 MiB, reading glibc's
@@ -52,6 +56,7 @@ def _probe(call: str, **env: str) -> dict:
     return json.loads(out.stdout)
 
 
+@glibc_233
 def test_retained_blocks_come_from_the_heap_and_stay_there() -> None:
     got = _probe("retain")
     assert got["state"] == "retain" and got["again"] == "retain"
@@ -59,6 +64,7 @@ def test_retained_blocks_come_from_the_heap_and_stay_there() -> None:
     assert got["heap_after_free"] >= 64 << 20  # freed, and kept for the next allocation
 
 
+@glibc_233
 def test_without_the_call_glibc_maps_and_returns_large_blocks() -> None:
     got = _probe("none")
     assert got["state"] == "system: not asked"
@@ -66,10 +72,20 @@ def test_without_the_call_glibc_maps_and_returns_large_blocks() -> None:
     assert got["heap_after_free"] < 64 << 20
 
 
+@glibc_233
 def test_posenc_malloc_system_leaves_glibc_as_it_is() -> None:
     got = _probe("retain", POSENC_MALLOC="system")
     assert got["state"] == "system: POSENC_MALLOC=system"
     assert got["mapped"] >= 64 << 20
+
+
+def test_a_preloaded_allocator_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_malloc, "_applied", None)  # as in a fresh process
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    monkeypatch.delenv(_malloc.MALLOC_ENV, raising=False)
+    assert not _malloc.retains()
+    expected = "system: LD_PRELOAD allocator" if _LIBC == "glibc" else "system: not glibc"
+    assert _malloc.retain_freed_memory() == _malloc.malloc_state() == expected
 
 
 def test_a_bad_posenc_malloc_is_refused_naming_the_choices(
@@ -99,4 +115,20 @@ def test_the_lab_commands_refuse_a_bad_posenc_malloc_in_one_line(
     assert res.output.strip() == (
         "error: POSENC_MALLOC must be one of retain, system, got 'tcmalloc'"
     ), res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_grid_and_run_extend_refuse_a_bad_posenc_malloc_before_anything(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Called from code, the workers would each fail every cell on it: one error here instead.
+    from posenc.lab.experiment import RunOptions, run_grid
+    from posenc.lab.extend import ExtendConfig, run_extend
+    from posenc.lab.presets import LabConfig
+
+    monkeypatch.setenv(_malloc.MALLOC_ENV, "tcmalloc")
+    opts = RunOptions(out=tmp_path / "out", quiet=True)
+    for run in (lambda: run_grid(LabConfig(), opts), lambda: run_extend(ExtendConfig(), opts)):
+        with pytest.raises(ValueError, match=r"^POSENC_MALLOC must be one of retain, system"):
+            run()
     assert not (tmp_path / "out").exists()

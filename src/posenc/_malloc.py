@@ -7,8 +7,8 @@ large tensors again and again (at eval length 512, ``[16, 4, 512, 512]`` float32
 of 64 MiB, past any threshold), so each of them is faulted in and zeroed by the kernel page by
 page every time: ``a + b`` on two such tensors took 37 ms against 5 ms for ``a.add_(b)``, on one
 core of the 2-core AMD EPYC VM. :func:`retain_freed_memory` sets ``M_MMAP_MAX`` to 0 (every
-block from the heap) and ``M_TRIM_THRESHOLD`` to -1 (nothing handed back), so a freed
-block is reused as it is. The numbers computed do not change (the same operations on the same
+block from an arena's heap: for the thread that runs a cell, the main one) and
+``M_TRIM_THRESHOLD`` to -1 (nothing handed back), so a freed block is reused as it is. The numbers computed do not change (the same operations on the same
 values); a process then holds its peak of memory until it exits.
 
 Only the processes the lab owns call it (``posenc lab`` and ``posenc lab extend``, and the
@@ -39,10 +39,16 @@ def _glibc() -> bool:
     return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
 
+def _preloaded() -> bool:
+    """Another allocator preloaded (its mallopt, or glibc's, would not govern the tensors)."""
+    preload = os.environ.get("LD_PRELOAD", "")
+    return any(name in preload for name in ("jemalloc", "tcmalloc", "mimalloc"))
+
+
 def retains() -> bool:
     """Whether :func:`retain_freed_memory` keeps freed memory here (glibc, and
     ``POSENC_MALLOC`` not ``system``), without calling it: what the lab's workers will do."""
-    return _glibc() and malloc_choice() == "retain"
+    return _glibc() and not _preloaded() and malloc_choice() == "retain"
 
 
 def malloc_choice() -> str:
@@ -60,7 +66,8 @@ def retain_freed_memory() -> str:
     """Make this process's glibc keep what it frees (module docstring); once per process.
 
     Returns what holds now: ``"retain"``, or ``"system: <why>"`` (asked by ``POSENC_MALLOC``,
-    not Linux with glibc, or mallopt refused). ValueError for a bad ``POSENC_MALLOC``.
+    not Linux with glibc, jemalloc, tcmalloc or mimalloc in ``LD_PRELOAD``, or mallopt
+    refused). ValueError for a bad ``POSENC_MALLOC``.
     """
     global _applied
     choice = malloc_choice()  # a bad value is refused whatever an earlier call did
@@ -70,6 +77,8 @@ def retain_freed_memory() -> str:
         why = f"system: {MALLOC_ENV}=system"
     elif not _glibc():
         why = "system: not glibc"
+    elif _preloaded():
+        why = "system: LD_PRELOAD allocator"
     else:
         libc = ctypes.CDLL(None)  # this process's C library, already loaded
         ok = libc.mallopt(_M_MMAP_MAX, 0) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, _NEVER) == 1

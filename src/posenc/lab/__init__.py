@@ -27,11 +27,11 @@ from typing import Any
 
 #: How long the default grid (bare ``posenc lab``: preset cpu-small, 13 encodings, one thread)
 #: takes, measured: ``make lab`` 3 min 30 s after set-up from a fresh clone, two workers, on the
-#: 2-core AMD EPYC (Zen 4) VM on 2026-12-04 (6 min 18 s to 6 min 59 s on the slower AVX2 VMs
-#: before the lab's processes kept their freed memory; each result row records its own
+#: 2-core AMD EPYC (Zen 4) VM on 2026-12-04 (6 min 18 s to 6 min 59 s on the slower AVX2 VMs,
+#: measured before the lab's processes kept their freed memory; each result row records its own
 #: ``cell_seconds``). Every place that states the run time (README, ``posenc lab --help``, the
 #: docs, ``posenc report``) says this.
-DEFAULT_RUN_TIME = "about 4 minutes on two CPU cores"
+DEFAULT_RUN_TIME = "about 4 minutes on two CPU cores (up to 7 on older AVX2 ones)"
 
 _EXPORTS = {
     "LabConfig": "presets",

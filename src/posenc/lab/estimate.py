@@ -68,7 +68,8 @@ CELL_FIXED_BYTES = 32 * 2**20
 WORKER_BYTES = 400 * 2**20
 #: Each of two one-thread workers on a 2-core host runs a cell this much slower than one alone,
 #: when glibc maps and unmaps every large tensor (``POSENC_MALLOC=system``; the default grid:
-#: 662 s of cell time with ``--jobs 2`` against 494 s serially, Intel VM, 2026-12-01).
+#: 662 s of cell time with ``--jobs 2`` against 494 s serially, Intel VM, 2026-12-01; 471.6 s
+#: against 416.9 s, 1.13x, on the AMD EPYC Zen 4 VM, 2026-12-04).
 PAIR_SLOWDOWN = 1.34
 #: The same when the workers keep the memory they free (:mod:`posenc._malloc`, the default):
 #: the two cores no longer fault in pages for each other (the default grid: 389.5 s of cell

@@ -48,12 +48,13 @@ from .identity import eval_identity, group_identity, jsonable, stable_hash
 from .jobs import Event, encoding_modules, import_encodings, run_pool
 from .labels import Label, parse_label
 from .lock import describe
-from .metrics import MetricsLog, check_report_to, logged_steps
+from .metrics import MetricsLog, logged_steps
 from .options import resolve_options
 from .presets import GPU_PRESETS
 from .progress import ProgressRelay, RemoteProgress, step_task
 from .rows import GridRow, GridRuntime, runtime_dict
-from .run import RunContext, RunOptions, cell_dir, make_log, open_run, resolve_jobs, versions
+from .run import RunContext, RunOptions, cell_dir, check_run, make_log, open_run, resolve_jobs
+from .run import versions as versions
 from .train import Interrupted, ResumeRequired, StopFlag, TrainResult, compiles, train_model
 
 __all__ = [
@@ -153,7 +154,7 @@ def run_grid(
         torch.set_num_threads(threads)
     log = make_log(dist, opts.quiet, print_fn)
     lengths = check_config(cfg)
-    check_report_to(opts.report_to)
+    check_run(opts)
     labels = resolve_labels(cfg.encodings)
     for label in labels:  # lab options against this grid (ranges, tables, layers)
         resolve_options(cfg, label)

@@ -57,11 +57,11 @@ from .data import LabData, corpus_note, load_data
 from .dist import init_distributed
 from .evaluate import evaluate_model
 from .identity import jsonable, model_identity, stable_hash
-from .metrics import MetricsLog, check_report_to, logged_steps
+from .metrics import MetricsLog, logged_steps
 from .progress import step_task
 from .results import load_rows
 from .rows import EXTEND, REFERENCE, ExtendRow, ExtendRuntime, GridRow, runtime_dict
-from .run import RunContext, RunOptions, cell_dir, make_log, open_run, versions
+from .run import RunContext, RunOptions, cell_dir, check_run, make_log, open_run, versions
 from .store import RESULTS_FILE
 from .train import Interrupted, train_model
 
@@ -563,7 +563,7 @@ def run_extend(
     ``ResumeRequired`` / ``CheckpointError`` / ``FolderLocked`` as ``posenc lab`` does.
     """
     t_start = time.perf_counter()
-    check_report_to(opts.report_to)
+    check_run(opts)
     if opts.threads is not None:
         torch.set_num_threads(opts.threads)
     dist = init_distributed(opts.device)

@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
+from .._malloc import malloc_choice
 from .dist import Dist
 from .lock import FolderLocked
 from .lock import acquire as acquire_lock
 from .lock import release as release_lock
+from .metrics import check_report_to
 from .progress import progress_bars
 from .store import RESULTS_FILE, ResultStore
 from .train import StopFlag
@@ -96,6 +98,13 @@ class RunContext:
     @property
     def store(self) -> ResultStore:
         return ResultStore(self.opts.out / RESULTS_FILE)
+
+
+def check_run(opts: RunOptions) -> None:
+    """What a run refuses before it starts besides its grid: ``opts.report_to`` and a bad
+    ``POSENC_MALLOC`` (the worker processes read it; one line here, not one per cell)."""
+    check_report_to(opts.report_to)
+    malloc_choice()
 
 
 def make_log(

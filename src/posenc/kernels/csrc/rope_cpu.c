@@ -318,10 +318,11 @@ DEFINE_ROW_INTERLEAVED(row_inter_bf16_nt, bf16_t, bf16_load, bf16_stream, bf16_l
 
 /* Bytes of one head's rows per tile (at most 256 positions): 2 KiB is 8 bf16 rows of d = 128.
  * The tile's cos + sin rows (8 bytes per pair) are then at most 8 KiB and stay in L1 while
- * every head of the tile is rotated with them. In place, 2 KiB runs rotated 1.1-1.4x faster
- * than 8 KiB runs at the prefill shapes of `posenc bench rope` (bf16 in place 0.81-1.18 of a
- * copy against 0.64-0.83; float32 0.91-1.17 against 0.83-0.95; out of place alike), on a
- * 2-core AMD EPYC Zen 4 VM, 2026-12-04 (benchmarks/RESULTS.md). */
+ * every head of the tile is rotated with them. In place, 2 KiB tiles ran 1.0-1.5x faster than
+ * 8 KiB ones at the prefill shapes of `posenc bench rope` (bf16 in place 0.81-1.18 of a copy
+ * against 0.64-0.83; float32 0.91-1.17 against 0.83-0.95; out of place unchanged beyond the
+ * noise) on a 2-core AMD EPYC Zen 4 VM, 2026-12-04 (benchmarks/RESULTS.md); not measured on
+ * an AVX2-only CPU, which takes the same size. */
 #ifndef TILE_BYTES
 #define TILE_BYTES 2048
 #endif
