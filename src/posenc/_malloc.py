@@ -8,8 +8,9 @@ of 64 MiB, past any threshold), so each of them is faulted in and zeroed by the 
 page every time: ``a + b`` on two such tensors took 37 ms against 5 ms for ``a.add_(b)``, on one
 core of the 2-core AMD EPYC VM. :func:`retain_freed_memory` sets ``M_MMAP_MAX`` to 0 (every
 block from an arena's heap: for the thread that runs a cell, the main one) and
-``M_TRIM_THRESHOLD`` to -1 (nothing handed back), so a freed block is reused as it is. The numbers computed do not change (the same operations on the same
-values); a process then holds its peak of memory until it exits.
+``M_TRIM_THRESHOLD`` to -1 (nothing handed back), so a freed block is reused as it is. The
+numbers computed do not change (the same operations on the same values); a process then holds
+its peak of memory until it exits.
 
 Only the processes the lab owns call it (``posenc lab`` and ``posenc lab extend``, and the
 grid's worker processes); the library never changes the allocator of a program that imports it.
@@ -46,8 +47,9 @@ def _preloaded() -> bool:
 
 
 def retains() -> bool:
-    """Whether :func:`retain_freed_memory` keeps freed memory here (glibc, and
-    ``POSENC_MALLOC`` not ``system``), without calling it: what the lab's workers will do."""
+    """Whether :func:`retain_freed_memory` keeps freed memory here (glibc, no other allocator
+    preloaded, ``POSENC_MALLOC`` not ``system``), without calling it: what the lab's workers
+    will do."""
     return _glibc() and not _preloaded() and malloc_choice() == "retain"
 
 
