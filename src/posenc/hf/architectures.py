@@ -30,8 +30,9 @@ MROPE_REFUSALS = {"hunyuan_vl": _XDROPE_REFUSAL, "hunyuan_vl_text": _XDROPE_REFU
 INTERLEAVED_MODEL_TYPES = frozenset(
     {
         "axk2", "bailing_hybrid", "blt", "codegen", "cohere", "cohere2", "cohere2_moe",
-        "deepseek_v2", "deepseek_v32", "deepseek_v4", "dots3_note", "dots3_note_text", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
-        "glm_moe_dsa", "gptj", "helium", "llama4", "llama4_text", "longcat_flash",
+        "deepseek_v2", "deepseek_v32", "deepseek_v4", "dots3_note", "dots3_note_text",
+        "ernie4_5", "ernie4_5_moe", "glm", "glm4", "glm_moe_dsa", "gptj", "helium", "llama4",
+        "llama4_text", "longcat_flash",
         "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
         "openai_privacy_filter",
         # rotate_half over (x[2i], x[2i+1]) (rotate_half_text / rotate_half_llm / BLT's own), or
@@ -150,8 +151,8 @@ HALF_MODEL_TYPES = frozenset(
         "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "gte", "higgs_audio_v2",
         "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl", "hunyuan_vl_text",
         "hy_v3", "hyperclovax", "idefics", "jais2", "jetmoe", "jina_embeddings_v3",
-        "kolibri1", "kolibri1_1", "kyutai_speech_to_text", "laguna", "lara_mini", "lasr_encoder", "lfm2",
-        "lfm2_moe", "lfm3", "llama", "mellum", "mimi", "mimi_decoder", "mimi_encoder",
+        "kolibri1", "kolibri1_1", "kyutai_speech_to_text", "laguna", "lara_mini", "lasr_encoder",
+        "lfm2", "lfm2_moe", "lfm3", "llama", "mellum", "mimi", "mimi_decoder", "mimi_encoder",
         "mimo_v2_flash", "minicpm3", "minicpm5_moe", "minimax", "minimax_m2", "minimax_m3_vl",
         "minimax_m3_vl_text", "ministral", "mistral", "mixtral", "mllama", "mllama_text_model",
         "modernbert", "modernbert-decoder", "molmo2", "molmo2_text", "moshi", "muse_glimmer",
