@@ -2,7 +2,8 @@
 
 A row is appended with one ``write`` on a file opened ``O_APPEND`` and then fsynced, so a
 process killed at any moment leaves whole rows behind (at worst a torn last line, which the
-reader skips with a warning and the next append starts on a fresh line). Rows are keyed by
+reader skips with a warning and the next append starts on a fresh line); a write that fails or
+is short (a full disk) is truncated away again and raised, so a row is whole or absent. Rows are keyed by
 ``(encoding, seed, config_hash)``; a key already present is never written again, so a rerun skips
 finished cells and no result is duplicated, except by a rerun asked for (``posenc lab --force``):
 its row is appended with ``replace=True`` and, read back, takes the earlier row's place. A line
@@ -13,6 +14,7 @@ the file and the line, and the rows around it are read.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import warnings
@@ -60,6 +62,28 @@ def warn_line(path: Path, line: int, problem: str) -> None:
     Issued from here, whichever read finds the line, so Python's default filter shows it once
     per process however often the store is read (a run's skip test, then its report)."""
     warnings.warn(f"{path}:{line}: {problem}", stacklevel=1)
+
+
+def _write_whole(fd: int, path: Path, data: bytes) -> None:
+    """Append ``data`` to ``fd`` (opened ``O_APPEND``) whole, or not at all: a short write (a
+    full disk takes part of a row) or a failed one is rolled back to the file's previous size
+    and raised as OSError (``ENOSPC`` for a short write), so a torn row is never counted as a
+    finished cell."""
+    size = os.fstat(fd).st_size
+    try:
+        written = os.write(fd, data)
+    except OSError as e:
+        os.ftruncate(fd, size)
+        raise OSError(
+            e.errno, f"{path}: writing a result row failed ({e.strerror}); it was rolled back"
+        ) from e
+    if written != len(data):
+        os.ftruncate(fd, size)
+        raise OSError(
+            errno.ENOSPC,
+            f"{path}: only {written} of {len(data)} bytes of a result row were written (is the "
+            "disk full?); it was rolled back",
+        )
 
 
 class ResultStore:
@@ -110,7 +134,7 @@ class ResultStore:
         try:
             # A torn last line (a writer killed mid-row) must not swallow this row.
             prefix = "\n" if self._ends_mid_line() else ""
-            os.write(fd, (prefix + line + "\n").encode())
+            _write_whole(fd, self.path, (prefix + line + "\n").encode())
             os.fsync(fd)
         finally:
             os.close(fd)
