@@ -299,11 +299,11 @@ def test_a_subclass_of_mrope_with_its_own_step_gets_no_plan() -> None:
 def test_mrope_makes_no_plan_where_none_applies(monkeypatch: pytest.MonkeyPatch) -> None:
     from posenc.rotary import MRoPE
 
-    mrope = MRoPE(16, [2, 3, 3])  # its table: 4096 rows
+    mrope = MRoPE(16, [2, 3, 3])  # its table: 4096 rows, grown up to 2 ** 20
     calls = _count(monkeypatch, RotaryEmbedding, "tables")
     q, k = _qk()
     mrope(q.requires_grad_(), k, torch.full((2, 1), 5))  # gradients: no plan, no table
-    mrope(q.detach(), k, torch.full((2, 1), 5000))  # past the table
+    mrope(q.detach(), k, torch.full((2, 1), 1 << 20))  # past the largest table
     assert calls[0] == 0 and not mrope._plans
 
 
@@ -392,8 +392,8 @@ def test_a_planned_call_checks_every_batch_row_before_it_writes(
 def test_a_lowered_cache_len_is_no_longer_read_from_the_old_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Positions past a lowered cache_len are computed for the call, as the docs say, not read
-    # from the larger table a plan kept (which would also keep it alive).
+    # A lowered cache_len starts the table again (grown from the new cache_len to cover the
+    # position), never read from the larger table a plan kept (which would also keep it alive).
     rope = RotaryEmbedding(16, cache_len=4096)
     ref = RotaryEmbedding(16, cache_len=64, backend="torch")
     q, k = _qk()

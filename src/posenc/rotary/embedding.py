@@ -74,13 +74,26 @@ def resolve_angle_dtype(angle_dtype: torch.dtype | str) -> torch.dtype:
 
 #: The largest ``head_dim`` (real models use up to 512): a table of ``head_dim / 2`` frequencies.
 MAX_HEAD_DIM = 1 << 14
-#: The largest ``cache_len``: the cached cos/sin table has ``cache_len`` rows of ``r / 2`` pairs.
+#: The largest cos/sin table (``cache_len``, ``max_cache_len``): ``2 ** 20`` rows of ``r / 2``
+#: pairs, 512 MiB of float32 cos and sin at ``r = 128``; positions past it are computed per call.
 MAX_CACHE_LEN = 1 << 20
+#: Rows computed at once when a table grows (bounds the float64 angles held while building).
+_BUILD_ROWS = 1 << 16
+
+
+class _Tables(dict):
+    """``(device, frequency set) -> (cos, sin, cache_len)``: a cache, so a copy (deepcopy, pickle)
+    starts empty and builds its own (a grown table is up to 512 MiB)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple:
+        return (_Tables, ())
 
 
 class RopeTables(NamedTuple):
     """cos/sin of one call (float32): ``[1 or b, s, n]`` per query and ``[1 or b, t, n]`` per
-    key, or the cached ``[1, cache_len, n]`` table with the positions ``pq [1|b, s]``,
+    key, or the cached ``[1, N, n]`` table (``N > max position``) with the positions ``pq [1|b, s]``,
     ``pk [1|b, t]`` whose rows the kernels gather."""
 
     cos_q: torch.Tensor
@@ -108,15 +121,24 @@ class RotaryEmbedding(RotaryEncoding):
         angle_dtype: dtype of frequencies and angles. float64 (default) keeps angles exact at any
             position (float32 angles drift by ``position * 6e-8`` rad: 0.06 at 1e6); float32
             reproduces transformers bit for bit (:func:`posenc.hf.rope_from_hf` selects it).
-        cache_len: positions ``0 .. cache_len - 1`` are served from a cos/sin table (below).
+        cache_len: rows of the cos/sin table built first (below); it doubles on demand.
+        max_cache_len: the rows a table may grow to (at most ``MAX_CACHE_LEN``, ``2 ** 20``:
+            1,048,576 positions); positions past ``max(cache_len, max_cache_len)`` are computed
+            per call.
         backend: ``"auto"`` (fused kernel where it applies), ``"torch"`` (reference), ``"triton"`` or
             ``"cpu"`` (that kernel, or an error saying why not); see :func:`apply_rotary_qk`.
 
     Cache: on the CPU in eager mode, where reading the positions is free, calls are served from
-    cos/sin tables (float32, ``[1, cache_len, n]``) built lazily, one per device and frequency set
+    cos/sin tables (float32, ``[1, N, n]``) built lazily, one per device and frequency set
     (plain; LongRoPE short/long; dynamic NTK within the original length); they depend only on
-    those keys, so they are never stale, and the fused kernel gathers their rows itself. Dynamic
-    NTK beyond the original length and positions past ``cache_len`` are computed for the call.
+    those keys and on ``cache_len``, so they are never stale, and the fused kernel gathers their
+    rows itself. A table starts with ``N = cache_len`` rows; a call whose largest position
+    ``p >= N`` (read on the host, free there) doubles ``N`` until it covers ``p``, keeping the
+    rows it had and computing the new ones from the same frequencies, so decoding at any
+    position up to ``max_cache_len`` runs at the table's speed (a table of ``2 ** 20`` rows at
+    ``r = 128`` is 512 MiB; ``max_cache_len=cache_len`` keeps it at ``cache_len``). Dynamic NTK
+    beyond the original length (its frequencies change with every length) and positions past
+    ``max_cache_len`` are computed for the call.
     Elsewhere (a GPU, torch.compile, CUDA-graph capture) no position is read back to the host:
     cos/sin are computed on the device for the call's positions, from frequencies copied to the
     device once, and the length-dependent types choose theirs with a ``where`` on the device.
@@ -138,6 +160,7 @@ class RotaryEmbedding(RotaryEncoding):
         *,
         angle_dtype: torch.dtype | str = torch.float64,
         cache_len: int = 4096,
+        max_cache_len: int = MAX_CACHE_LEN,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -159,6 +182,10 @@ class RotaryEmbedding(RotaryEncoding):
             "cache_len", cache_len, MAX_CACHE_LEN,
             "rows of the cached cos/sin table; later positions are computed per call",
         )  # fmt: skip
+        self.max_cache_len = check_int_at_most(
+            "max_cache_len", max_cache_len, MAX_CACHE_LEN,
+            "rows a cached cos/sin table may grow to; later positions are computed per call",
+        )  # fmt: skip
         self.backend = backend
         self.interleaved = layout == "interleaved"
         # The pair layout the kernels read (a subclass may give ``interleaved`` another meaning:
@@ -167,7 +194,9 @@ class RotaryEmbedding(RotaryEncoding):
         # Channels the rotation touches: proportional spreads its r/2 frequencies over the head.
         self.span = head_dim if self.rope_type == "proportional" else rotary_dim
         self._sets: dict[str, tuple[torch.Tensor, float]] = {}
-        self._tables: dict[tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tables: dict[tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor, int]] = (
+            _Tables()
+        )
         self._on_device: dict[tuple[torch.device, str], torch.Tensor] = {}
         self._backends: dict[tuple[str, torch.dtype, torch.dtype], str] = {}
         # Decode plans (forward): for this class's own steps only, not a subclass's.
@@ -260,16 +289,59 @@ class RotaryEmbedding(RotaryEncoding):
 
     # --- cos/sin -------------------------------------------------------------------------------
 
-    def _table(self, device: torch.device, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cached ``[1, cache_len, n]`` float32 cos/sin table of a frequency set on a device
-        (the kernels' canonical table form)."""
+    def covers(self, top: int) -> bool:
+        """Whether a table serves position ``top`` (``< max(cache_len, max_cache_len)``)."""
+        return top < max(self.cache_len, self.max_cache_len)
+
+    def _table(
+        self, device: torch.device, key: str, top: int = -1
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The cached ``[1, N, n]`` float32 cos/sin table of a frequency set on a device (the
+        kernels' canonical table form) with a row for position ``top``; None where ``top`` lies
+        past the largest table (:meth:`covers`).
+
+        ``N`` starts at ``cache_len`` and doubles until it covers ``top``. ``top`` is a host
+        integer: callers read it where that is free (eager, CPU positions), so the table never
+        grows inside a traced or captured region (those compute cos/sin per call)."""
+        if not self.covers(top):
+            return None
         entry = self._tables.get((device, key))
-        if entry is None or entry[0].shape[1] != self.cache_len:  # cache_len may have been set
-            inv_freq, factor = self._sets[key]
-            positions = torch.arange(self.cache_len, device=device)
-            cos, sin = rope_cos_sin(positions, inv_freq.to(device), factor)  # [cache_len, n]
-            entry = self._tables[(device, key)] = (cos[None], sin[None])
-        return entry
+        if entry is not None and entry[2] != self.cache_len:  # cache_len was set: start again
+            entry = None
+        if entry is None or entry[0].shape[1] <= top:
+            rows = self.cache_len
+            while rows <= top:
+                rows *= 2
+            rows = min(rows, max(self.cache_len, self.max_cache_len))
+            old = self._tables.get((device, key))
+            entry = self._tables[(device, key)] = self._grow(device, key, entry, rows)
+            if old is not None and self._plans is not None:
+                self._plans.clear()  # they hold the old table: keep them from keeping it alive
+        return entry[0], entry[1]
+
+    def _grow(
+        self,
+        device: torch.device,
+        key: str,
+        entry: tuple[torch.Tensor, torch.Tensor, int] | None,
+        rows: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """A ``rows``-row table: ``entry``'s rows as they are (a plan or a caller may have read
+        them; the same values either way), the new ones computed from the same frequencies in
+        blocks of ``_BUILD_ROWS`` positions (float64 angles of a block at a time)."""
+        inv_freq, factor = self._sets[key]
+        inv_freq = inv_freq.to(device)
+        cos = torch.empty(1, rows, inv_freq.shape[0], device=device)  # [1, N, n] float32
+        sin = torch.empty_like(cos)
+        start = 0
+        if entry is not None:
+            start = entry[0].shape[1]
+            cos[:, :start], sin[:, :start] = entry[0], entry[1]
+        for lo in range(start, rows, _BUILD_ROWS):
+            hi = min(lo + _BUILD_ROWS, rows)
+            positions = torch.arange(lo, hi, device=device)
+            cos[0, lo:hi], sin[0, lo:hi] = rope_cos_sin(positions, inv_freq, factor)  # [hi-lo, n]
+        return cos, sin, self.cache_len
 
     def _backend_for(self, q: torch.Tensor, k: torch.Tensor, table: torch.Tensor) -> str:
         """The backend this module's calls on q's and k's device and dtypes run, chosen (and
@@ -297,8 +369,9 @@ class RotaryEmbedding(RotaryEncoding):
         top = max_position(positions)
         seq_len = top + 1 if seq_len is None else seq_len
         key = self._freq_key(seq_len)
-        if key != "grown" and top < self.cache_len:
-            cos, sin = self._table(positions.device, key)  # [1, cache_len, n]
+        table = None if key == "grown" else self._table(positions.device, key, top)
+        if table is not None:
+            cos, sin = table  # [1, N, n], N > top
             return cos[0][positions], sin[0][positions]  # [*, n]
         inv_freq, factor = self.frequencies(seq_len)
         return rope_cos_sin(positions, inv_freq, factor)
@@ -361,17 +434,17 @@ class RotaryEmbedding(RotaryEncoding):
         tables = plan.tables  # the table of a fixed frequency set, kept with the plan
         if tables is None:  # dynamic NTK and LongRoPE: the set follows the length
             top = position_range(positions, positions if k_positions is None else k_positions)
-            if top >= self.cache_len:
-                return None
             key = self._freq_key(top + 1)
             if key == "grown":
                 return None
-            tables = self._table(q.device, key)  # [1, cache_len, n]
+            tables = self._table(q.device, key, top)  # [1, N, n], N > top
+            if tables is None:
+                return None
         elif plan.table_len != self.cache_len:  # set since: the checked path plans again
             return None
         try:
             return plan.run(q, k, *tables, None, None, positions, k_positions)
-        except OutsideTable:  # past the cached table: computed for the call
+        except OutsideTable:  # past the plan's table: the checked path grows it (or computes)
             return None
 
     def _remember(
@@ -416,8 +489,9 @@ class RotaryEmbedding(RotaryEncoding):
         if host_readable(q) and positions.device.type == "cpu" and k_positions.device.type == "cpu":
             top = position_range(positions, k_positions)
             key = self._freq_key(top + 1)
-            if key != "grown" and top < self.cache_len:
-                cos, sin = self._table(q.device, key)  # [1, cache_len, n]
+            table = None if key == "grown" else self._table(q.device, key, top)
+            if table is not None:
+                cos, sin = table  # [1, N, n], N > top
                 pq = positions if positions.dim() == 2 else positions[None]  # [1 or b, s]
                 pk = pq if k_positions is positions else k_positions
                 pk = pk if pk.dim() == 2 else pk[None]  # [1 or b, t]
@@ -463,6 +537,7 @@ class RotaryEmbedding(RotaryEncoding):
             self.rotary_dim,
             angle_dtype=self.angle_dtype,
             cache_len=self.cache_len,
+            max_cache_len=self.max_cache_len,
             backend=self.backend,
         )
 

@@ -159,7 +159,7 @@ class MRoPE(RotaryEmbedding):
         if needs_grad or not (host_readable(q) and positions.is_cpu and kp.is_cpu):
             return
         top = position_range(positions, kp)
-        if top >= self.cache_len or self._freq_key(top + 1) == "grown":
+        if not self.covers(top) or self._freq_key(top + 1) == "grown":
             return
         pos, k_pos = resolve_qk_positions(q, k, positions, k_positions)
         tables = RotaryEmbedding.tables(self, q, k, pos, k_pos)

@@ -88,5 +88,6 @@ class TrailingRotaryEmbedding(RotaryEmbedding):
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> TrailingRotaryEmbedding:
         return TrailingRotaryEmbedding(
             self.head_dim, self.base, scaling, self.layout, self.rotary_dim,
-            angle_dtype=self.angle_dtype, cache_len=self.cache_len, backend=self.backend,
+            angle_dtype=self.angle_dtype, cache_len=self.cache_len,
+            max_cache_len=self.max_cache_len, backend=self.backend,
         )  # fmt: skip
