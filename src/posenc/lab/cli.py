@@ -237,9 +237,10 @@ def report(
     readme: Path | None = typer.Option(
         None,
         "--readme",
-        help="Also write the table into this Markdown file (e.g. README.md), between the lines "
-        "of its question's block: <!-- lab:table --> and <!-- /lab:table --> (lab:length, "
-        "lab:passkey, lab:extend for the others).",
+        help="Also write the table into this Markdown file (e.g. docs/lab-results.md), between "
+        "the lines of its question's block: <!-- lab:table --> and <!-- /lab:table --> "
+        "(lab:length, lab:passkey, lab:extend for the others; lab:headline, the means alone, "
+        "as README.md holds).",
     ),
     reference: str | None = typer.Option(
         None,

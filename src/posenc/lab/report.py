@@ -33,14 +33,14 @@ from .stats import CI_LEVEL, intervals_overlap, mean_ci
 from .store import RESULTS_FILE
 
 __all__ = [
-    "CI_LEVEL", "QUESTIONS", "README_BLOCKS", "README_END", "README_START", "REPORT_DIR",
-    "SPEED_LEGEND", "TIE_MARK", "TableRow", "check_readme", "check_reference", "ci_legend", "describe",
-    "fmt_bits", "grid_store_rows", "groups", "length_names", "lengths_of", "line_speed",
-    "load_rows",
-    "markdown_bold", "newest_group", "noise_marks", "nope_throughput", "paired_markdown",
-    "print_table", "question_of", "question_of_rows", "question_rows", "readme_problem",
-    "readme_table", "results_markdown", "speed_basis", "table_cells", "table_rows", "write_csv",
-    "write_readme_table", "write_report",
+    "CI_LEVEL", "HEADLINE_BLOCK", "QUESTIONS", "README_BLOCKS", "README_END", "README_START",
+    "REPORT_DIR", "SPEED_LEGEND", "TIE_MARK", "TableRow", "check_readme", "check_reference",
+    "ci_legend", "describe", "fmt_bits", "grid_store_rows", "groups", "headline_table",
+    "length_names", "lengths_of", "line_speed", "load_rows", "markdown_bold", "newest_group",
+    "noise_marks", "nope_throughput", "paired_markdown", "print_table", "question_of",
+    "question_of_rows", "question_rows", "readme_problem", "readme_table", "results_markdown",
+    "speed_basis", "table_cells", "table_rows", "write_csv", "write_readme_table",
+    "write_report",
 ]  # fmt: skip
 
 REPORT_DIR = "report"
@@ -379,8 +379,10 @@ def results_markdown(rows: list[dict[str, Any]], reference: str | None = None) -
     return text + ("\n" + paired if paired else "")
 
 
-#: The lines around the README's lab table (``posenc lab report --readme README.md``).
+#: The lines around the full lab table (``posenc lab report --readme docs/lab-results.md``).
 README_START, README_END = "<!-- lab:table -->", "<!-- /lab:table -->"
+#: The README's headline: the same grid's means alone, the paired differences on the page.
+HEADLINE_BLOCK = ("<!-- lab:headline -->", "<!-- /lab:headline -->")
 
 #: The README block each question's table goes into (``extend``'s: posenc.lab.extend_report).
 README_BLOCKS = {
@@ -395,8 +397,6 @@ def readme_problem(path: str | Path, question: str | None = None) -> str | None:
     it can. The file must exist, be writable, and hold one well-formed block: ``question``'s
     (:data:`README_BLOCKS`, or ``"extend"``'s), or, with no question, every block whose markers
     it holds well-formed and at least one of them (:func:`posenc._markdown.block_problem`)."""
-    from .extend_report import README_MARKERS
-
     path = Path(path)
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
@@ -407,11 +407,10 @@ def readme_problem(path: str | Path, question: str | None = None) -> str | None:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         return f"{path} cannot be read as UTF-8 text ({e})"
-    blocks = {**README_BLOCKS, "extend": README_MARKERS}
-    if question is not None:
-        if question not in blocks:
-            return f"unknown question {question!r}; choose one of {', '.join(blocks)}"
-        blocks = {question: blocks[question]}
+    try:
+        blocks = _blocks(text, question)
+    except ValueError as e:
+        return str(e)
     present = {q: m for q, m in blocks.items() if question or any(x in text for x in m)}
     for start, end in present.values():
         problem = block_problem(text, start, end)
@@ -423,6 +422,23 @@ def readme_problem(path: str | Path, question: str | None = None) -> str | None:
     return None
 
 
+def _blocks(text: str, question: str | None) -> dict[str, tuple[str, str]]:
+    """The blocks ``--readme`` checks in ``text``: all of them with no question; the question's
+    (for extrapolation, the full table and the headline, those it holds, else the full one)."""
+    from .extend_report import README_MARKERS
+
+    known = {**README_BLOCKS, "extend": README_MARKERS}
+    if question is None:
+        return {**known, "headline": HEADLINE_BLOCK}
+    if question not in known:
+        raise ValueError(f"unknown question {question!r}; choose one of {', '.join(known)}")
+    if question != "extrapolation":
+        return {question: known[question]}
+    held = {q: m for q, m in ((question, known[question]), ("headline", HEADLINE_BLOCK))
+            if any(x in text for x in m)}  # fmt: skip
+    return held or {question: known[question]}
+
+
 def check_readme(path: str | Path | None, question: str | None = None) -> None:
     """ValueError with :func:`readme_problem`'s line unless ``path`` (``--readme``; None: no
     file asked for) can take the table: called before the rows are read."""
@@ -432,13 +448,17 @@ def check_readme(path: str | Path | None, question: str | None = None) -> None:
 
 
 def readme_table(rows: list[dict[str, Any]], reference: str | None = None) -> str:
-    """The README's lab table: every column of :func:`table_cells` but ``params`` and
-    ``seeds`` (the README's text above the table gives the model and the seed), then, after a
-    blank line, the paired differences from ``reference`` (:func:`paired_markdown`)."""
-    header, body = table_cells(rows)
+    """The full lab table: :func:`headline_table`, then, after a blank line, the paired
+    differences from ``reference`` (:func:`paired_markdown`)."""
     paired = paired_markdown(rows, reference)
-    main = markdown_table(header[:-2], [cells[:-2] for cells in body]) + "\n"
-    return main + ("\n" + paired if paired else "")
+    return headline_table(rows) + ("\n" + paired if paired else "")
+
+
+def headline_table(rows: list[dict[str, Any]]) -> str:
+    """The means: every column of :func:`table_cells` but ``params`` and ``seeds`` (the text
+    above the table gives the model and the seeds); the README's :data:`HEADLINE_BLOCK`."""
+    header, body = table_cells(rows)
+    return markdown_table(header[:-2], [cells[:-2] for cells in body]) + "\n"
 
 
 def write_readme_table(
@@ -448,16 +468,16 @@ def write_readme_table(
     reference: str | None = None,
 ) -> Path:
     """Write the rows' table between the lines of their question's block in ``path``
-    (:data:`README_BLOCKS`; the extrapolation table between :data:`README_START` and
-    :data:`README_END`), leaving the rest of the file as it was; returns the path.
+    (:data:`README_BLOCKS`; for extrapolation also, or instead, :func:`headline_table` in the
+    :data:`HEADLINE_BLOCK` it holds), leaving the rest of the file as it was; returns the path.
 
     ``question``: the table to write (default: the one the rows answer as a whole,
     :func:`question_of_rows`), from the rows that answer it (:func:`question_rows`).
     Extrapolation and length: :func:`readme_table`; passkey: accuracy by length and where
     each encoding loses the key (:func:`posenc.plots.passkey.passkey_table`); ``reference``: the
     line the extrapolation and length tables' paired differences are from (default RoPE,
-    :func:`paired_markdown`). Raises ValueError
-    (:func:`readme_problem`), the file left as it was, unless it holds that one block."""
+    :func:`paired_markdown`). Raises ValueError (:func:`readme_problem`), the file left as it
+    was, unless it holds that block."""
     path = Path(path)
     question = question or question_of_rows(rows)
     problem = readme_problem(path, question)
@@ -471,9 +491,11 @@ def write_readme_table(
 
         header, body, note = passkey_table(rows)
         text = note + "\n\n" + markdown_table(header, body) + "\n"
-    else:
-        text = readme_table(rows, reference)
-    replace_block(path, *README_BLOCKS[question], text)
+        replace_block(path, *README_BLOCKS[question], text)
+        return path
+    for name, markers in _blocks(path.read_text(encoding="utf-8"), question).items():
+        table = headline_table(rows) if name == "headline" else readme_table(rows, reference)
+        replace_block(path, *markers, table)
     return path
 
 
