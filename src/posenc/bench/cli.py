@@ -1,7 +1,8 @@
 """``posenc bench``: benchmarks of posenc's fast paths against the references installed here.
 
-Subcommands: ``rope`` (RoPE on q and k), ``cos-sin`` (the cos/sin tables), ``bias`` (bias
-attention: materialized vs FlexAttention vs plain causal SDPA). A new subcommand
+Subcommands: ``rope`` (RoPE on q and k), ``cos-sin`` (the cos/sin tables), ``decode-positions``
+(a decode step's rotary calls at positions up to 10^6), ``bias`` (bias attention: materialized
+vs FlexAttention vs plain causal SDPA). A new subcommand
 goes in its own module of this package (timing and report helpers in :mod:`.harness`) and is
 registered below with ``@bench_app.command("NAME")``. A run's figures are rows
 (:class:`.rows.BenchRows`, saved as JSON); its block of ``benchmarks/RESULTS.md`` is rendered
@@ -317,6 +318,59 @@ def bench_cos_sin(
     doc = BenchRows(
         "cos-sin", f"cos-sin-{dev.type}", env, _command_line(), {"device": dev.type}, rows
     )
+    _publish(console, doc, results, json_out)
+
+
+# --- decode-positions -----------------------------------------------------------------------
+
+
+@bench_app.command("decode-positions")
+def bench_decode_positions(
+    shapes: str = typer.Option("1x32/8x1x128", "--shapes", help=_SHAPES_HELP),
+    dtypes: str = typer.Option("float32,bfloat16", "--dtypes", help="Comma-separated dtypes."),
+    positions: str = typer.Option(
+        "100,4096,100000,1000000", "--positions", help="Comma-separated decode positions."
+    ),
+    repeats: int = typer.Option(21, "--repeats", min=1, help="Samples per call and position."),
+    threads: int | None = typer.Option(1, "--threads", min=1, help="torch CPU threads."),
+    results: Path | None = typer.Option(
+        None, "--results", help="Write the figures into this markdown file (its block)."
+    ),
+    tag: str = typer.Option("", "--tag", help="Name this run's block."),
+    json_out: Path | None = typer.Option(None, "--json", help=_JSON_HELP),
+) -> None:
+    """A decode step's rotary calls at positions deep into a long context (CPU, per call):
+    RotaryEmbedding, rope_qk, the drop-in and the patched model's step against transformers."""
+    import torch
+    from rich.markup import escape
+    from rich.table import Table
+
+    from . import decode_positions as dp
+    from .rows import BenchRows
+
+    shape_list, dtype_list, _ = _parse_cases(shapes, dtypes, "", ())
+    try:
+        at = tuple(sorted({int(p) for p in positions.split(",") if p.strip()}))
+    except ValueError as e:
+        raise _bad(f"positions must be comma-separated integers, got {positions!r}") from e
+    if not at or at[0] < 0:
+        raise _bad(f"positions must be non-negative integers, got {positions!r}")
+    if any(not s.decode for s in shape_list):
+        raise _bad("decode-positions times one-token steps: shapes need S = 1 (BxH/HKx1xD)")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    dev = torch.device("cpu")
+    console, env = _console(dev, _PACKAGES)
+    rows = dp.position_rows(shape_list, dtype_list, repeats, at)
+    _note_load(env)
+    table = Table(*dp.HEADER, title="rope decode by position, per call")
+    for row in dp.table_rows(rows):
+        table.add_row(*map(escape, row))
+    console.print(table)
+    console.print(escape(dp.LEGEND))
+    name = "decode-positions-cpu" + (f"-{tag}" if tag else "")
+    settings = {"device": "cpu", "tag": tag, "calls_per_sample": dp.CALLS_PER_SAMPLE}
+    doc = BenchRows("decode-positions", name, env, _command_line(), settings, rows)
     _publish(console, doc, results, json_out)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from . import cos_sin, decode_calls, hf_model, rope, targets
+from . import cos_sin, decode_calls, decode_positions, hf_model, rope, targets
 from .bias import report as bias_report
 from .harness import markdown_table, write_section
 from .rows import BenchRows, load_all, rows_path
@@ -99,6 +99,7 @@ def cos_sin_block(doc: BenchRows) -> str:
 RENDERERS: dict[str, Callable[[BenchRows], str]] = {
     "rope": rope_block,
     "rope-decode": rope_decode_block,
+    "decode-positions": decode_positions.block,
     "cos-sin": cos_sin_block,
     "bias": bias_report.block,
     "hf-model": hf_model.block,
