@@ -1,4 +1,4 @@
-"""The SmolLM2-135M long-context study (README's real-model block): the same cells as
+"""The SmolLM2-135M long-context study (the block of docs/real-model.md): the same cells as
 
     posenc extend SmolLM2 --methods none,yarn,self_extend,dual_chunk,linear,ntk,dynamic,llama3,longrope \
         --lengths 2k,4k,6k,8k,10k,12k --documents 1 --passkey-lengths 12k --passkey-depths 0.1 \

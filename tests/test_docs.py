@@ -201,8 +201,16 @@ def test_docs_build_strict(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert 'id="posenc.relative.cope.CoPE"' in (site / "api/relative.html").read_text()
     # README.zh-CN.md as a page (docs/hooks.py), linked from the home page and the nav.
     zh = (site / "zh.html").read_text(encoding="utf-8")
-    assert "各部分在哪里" in zh and '<a href="index.html">English</a>' in zh
-    assert 'href="zh.html"' in (site / "index.html").read_text(encoding="utf-8")
+    assert "在你自己的模型中使用位置编码" in zh and '<a href="index.html">English</a>' in zh
+    home = (site / "index.html").read_text(encoding="utf-8")
+    assert 'href="zh.html"' in home
+    # What the READMEs link for the rest: the install page and the results pages the generated
+    # tables are written into, in the navigation of every page.
+    for page in ("install.html", "lab-results.html", "real-model.html"):
+        assert (site / page).exists() and f'href="{page}"' in home, page
+    results = (site / "lab-results.html").read_text(encoding="utf-8")
+    assert "<!-- lab:table -->" in results and 'src="results/length.png"' in results
+    assert 'src="results/real_smollm2.png"' in (site / "real-model.html").read_text("utf-8")
     assert (site / "img" / "wavelengths.png").stat().st_size > 5_000
     api = (site / "api" / "functional.html").read_text(encoding="utf-8")
     assert "rope_inv_freq" in api and "sinusoidal_table" in api  # generated from docstrings

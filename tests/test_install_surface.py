@@ -1,6 +1,8 @@
-"""What a new user meets first: the README's first screen (`pip install` with its extras, then
-the two `make` commands), the extras it lists being pyproject's, the tour and `posenc explore`
-named, and Triton pulled only by the `kernels` extra (and `dev`), only on Linux."""
+"""What a new user meets first: the README's first screen (that posenc is on no package index
+yet, the two `make` commands, then the install from a clone), no install command anywhere that
+fails on a fresh machine, the extras the install page lists being pyproject's, the tour and
+`posenc explore` named, and Triton pulled only by the `kernels` extra (and `dev`), only on
+Linux."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from posenc.lab.grid_file import tomllib  # tomllib, or on Python 3.10 its backp
 
 ROOT = Path(__file__).resolve().parent.parent
 READMES = {"en": ROOT / "README.md", "zh": ROOT / "README.zh-CN.md"}
+INSTALL = ROOT / "docs" / "install.md"
 FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
@@ -40,22 +43,45 @@ def _requirements(extra: str, seen: frozenset[str] = frozenset()) -> list[str]:
 
 
 @pytest.mark.parametrize("lang", READMES)
-def test_first_screen_is_pip_install_then_the_two_make_commands(lang: str) -> None:
-    blocks = [(m[1], m[2]) for m in FENCE.finditer(_first_screen(lang))]
-    assert len(blocks) >= 2 and all(language == "bash" for language, _ in blocks[:2]), blocks
-    pip, make = blocks[0][1], blocks[1][1]
-    extras = _project()["optional-dependencies"]
-    named = re.findall(r'pip install (?:-e )?"(?:posenc|\.)\[([\w,]+)\]"', pip)
-    assert len(named) == 2, pip  # from the index, and from source in a clone
-    assert all(e in extras for group in named for e in group.split(",")), named
+def test_first_screen_is_the_two_make_commands_then_the_install_from_a_clone(lang: str) -> None:
+    screen = _first_screen(lang)
+    no_index = {
+        "en": "posenc is not on a package index yet",
+        "zh": "posenc 目前还没有发布到任何包索引上",
+    }
+    assert no_index[lang] in " ".join(screen.split()), "the first screen says where posenc is not"
+    blocks = [(m[1], m[2]) for m in FENCE.finditer(screen)]
+    assert len(blocks) == 2 and all(language == "bash" for language, _ in blocks), blocks
+    make, pip = blocks[0][1], blocks[1][1]
     assert [line.split()[:2] for line in make.splitlines()] == [["make", "lab"], ["make", "test"]]
-    assert _first_screen(lang).index("pip install") < _first_screen(lang).index("make lab")
+    named = re.findall(r'pip install -e "\.\[([\w,]+)\]"', pip)
+    assert len(named) == 1, pip  # from source, in the clone
+    assert all(e in _project()["optional-dependencies"] for e in named[0].split(",")), named
 
 
-def test_readme_names_every_extra_and_the_core_dependencies() -> None:
-    screen = " ".join(_first_screen("en").split())
+def _bash_lines() -> list[tuple[str, str]]:
+    """``(file, line)`` of every line of a ```bash block of the READMEs and the docs pages."""
+    pages = [*READMES.values(), *sorted((ROOT / "docs").rglob("*.md"))]
+    return [(path.relative_to(ROOT).as_posix(), line) for path in pages
+            for m in FENCE.finditer(path.read_text(encoding="utf-8")) if m[1] == "bash"
+            for line in m[2].splitlines()]  # fmt: skip
+
+
+def test_no_install_command_asks_an_index_for_posenc() -> None:
+    """posenc is on no package index yet: every `pip install` the READMEs and the docs show
+    installs it from a clone (`-e .` with extras), or installs something else (torch, a model
+    file); none asks an index for posenc, which fails on a fresh machine."""
+    pips = [(f, line) for f, line in _bash_lines() if "pip install" in line]
+    assert len(pips) >= 4, pips  # README, docs/install.md, docs/index.md, docs/extend.md, ...
+    for file, line in pips:
+        args = line.split("#", 1)[0].split()
+        assert not [a for a in args if re.match(r"""['"]?posenc\b""", a)], (file, line)
+
+
+def test_install_page_names_every_extra_and_the_core_dependencies() -> None:
+    screen = " ".join(INSTALL.read_text(encoding="utf-8").split())
     listed = re.search(r"Extras: (.*?)\. The core needs only (.*?)\.", screen)
-    assert listed, "the first screen lists the extras and the core dependencies"
+    assert listed, "docs/install.md lists the extras and the core dependencies"
     extras = set(re.findall(r"`([\w-]+)`", re.sub(r"\([^)]*\)", "", listed[1])))
     assert extras == set(_project()["optional-dependencies"])
     core = {re.split(r"[<>=!~; \[]", r, maxsplit=1)[0] for r in _project()["dependencies"]}
@@ -65,10 +91,17 @@ def test_readme_names_every_extra_and_the_core_dependencies() -> None:
 def test_make_targets_the_readme_names_exist() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     targets = set(re.findall(r"^([\w-]+):", makefile, re.M))
-    for lang, path in READMES.items():
-        named = set(re.findall(r"`make ([\w-]+)", path.read_text(encoding="utf-8")))
-        assert {"lab", "test", "test-floors", "sdist-check"} <= named, lang
-        assert named <= targets, (lang, named - targets)
+    for path, wanted in (
+        (READMES["en"], {"lab", "test", "docs"}),
+        (READMES["zh"], {"lab", "test", "docs"}),
+        (INSTALL, {"lab", "test", "demo", "docs", "bench", "test-floors", "sdist-check"}),
+    ):
+        text = path.read_text(encoding="utf-8")
+        named = set(re.findall(r"`make ([\w-]+)", text)) | set(
+            re.findall(r"^make ([\w-]+)", text, re.M)
+        )
+        assert wanted <= named, (path.name, wanted - named)
+        assert named <= targets, (path.name, named - targets)
     assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")  # CI runs the README's
     assert "bash .ci/sdist_check.sh" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 

@@ -1,5 +1,5 @@
-"""posenc.lab.report: the table's format (the README's lab table is written by it), units, seed
-counts, and ``posenc lab report --readme``."""
+"""posenc.lab.report: the table's format (the lab's results page and the README's headline are
+written by it), units, seed counts, and ``posenc lab report --readme``."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from posenc.lab import report as R
 from posenc.lab.stats import t_critical
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where `posenc lab report --readme FILE` writes the full lab table (the README: its headline).
+LAB_RESULTS = ROOT / "docs" / "lab-results.md"
 
 
-def readme_block(text: str) -> str:
-    """The lines between the README's lab-table markers."""
-    return text.split(R.README_START + "\n", 1)[1].split(R.README_END, 1)[0]
+def readme_block(text: str, markers: tuple[str, str] = (R.README_START, R.README_END)) -> str:
+    """The lines between a page's lab-table markers (or ``markers``)."""
+    return text.split(markers[0] + "\n", 1)[1].split(markers[1], 1)[0]
 
 
 def _seed_values(cell: str) -> list[float | None]:
@@ -71,15 +73,15 @@ def rows_from_table(block: str) -> list[dict]:
 
 
 def test_the_readme_table_is_in_the_generated_format():
-    """The README's table, read back into result rows, is written again byte for byte: the
+    """The results page's table, read back into result rows, is written again byte for byte: the
     numbers come from a results store, the format (header, n/a, empty cells, thousands
     separators, decimals) from :func:`readme_table`. The block's first table only: the paired
     differences under it (tests/test_lab_paired.py) cannot be read back from the means."""
-    block = readme_block((ROOT / "README.md").read_text(encoding="utf-8"))
+    block = readme_block(LAB_RESULTS.read_text(encoding="utf-8"))
     main = block.split("\n\n", 1)[0].rstrip("\n") + "\n"
     rows = rows_from_table(main)
     assert list(dict.fromkeys(r["encoding"] for r in rows))[:3] == ["none", "sinusoidal", "learned"]
-    assert R.readme_table(rows).split("\n\n", 1)[0] + "\n" == main
+    assert R.readme_table(rows).split("\n\n", 1)[0] + "\n" == main == R.headline_table(rows)
 
 
 def test_markdown_table_writes_empty_cells_as_one_space():
@@ -131,9 +133,23 @@ def test_table_counts_seeds_and_names_its_units(lab_out):
     assert md.startswith("| encoding (bits/token) |") and "tokens per second" in md
 
 
-def test_lab_report_writes_the_readme_block(lab_out, tmp_path):
+def test_lab_report_writes_the_readme_headline(lab_out, tmp_path):
+    """The same command on the README writes its headline, the means alone, and nothing else."""
     readme = tmp_path / "README.md"
     text = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme.write_text(text, encoding="utf-8")
+    args = ["lab", "report", "--out", str(lab_out), "--no-plots", "--readme", str(readme)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    new = readme.read_text(encoding="utf-8")
+    block = readme_block(new, R.HEADLINE_BLOCK)
+    assert block == R.headline_table(R.load_rows(lab_out)) and "\n\n" not in block
+    assert new.replace(block, "") == text.replace(readme_block(text, R.HEADLINE_BLOCK), "")
+
+
+def test_lab_report_writes_the_readme_block(lab_out, tmp_path):
+    readme = tmp_path / "lab-results.md"
+    text = LAB_RESULTS.read_text(encoding="utf-8")
     readme.write_text(text, encoding="utf-8")
     runner = CliRunner()
     res = runner.invoke(
@@ -166,7 +182,7 @@ def test_every_run_time_claim_is_the_one_measured_figure():
     assert minutes
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"`posenc lab`, about {minutes[1]} min on 2 cores" in readme
-    assert "3 min 30 s" in readme  # the measurement the figure rounds
+    assert "3 min 30 s" in LAB_RESULTS.read_text(encoding="utf-8")  # what the figure rounds
     lab_doc = (ROOT / "docs" / "lab.md").read_text(encoding="utf-8")
     assert " ".join(DEFAULT_RUN_TIME.split()) in " ".join(lab_doc.split())
     res = CliRunner().invoke(app, ["lab", "--help"], terminal_width=300)

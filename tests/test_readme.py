@@ -1,6 +1,8 @@
 """The READMEs' snippets run on their own: each ```python block of README.md and README.zh-CN.md
-in a fresh namespace (imports included), as a reader pastes one; and the Chinese README's code
-blocks are README.md's, character for character."""
+in a fresh namespace (imports included), as a reader pastes one; the Chinese README's code
+blocks are README.md's, character for character; and the generated results blocks are where
+their commands write them: the headline table in both READMEs, the full tables on the docs'
+results pages (docs/lab-results.md, docs/real-model.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 READMES = (ROOT / "README.md", ROOT / "README.zh-CN.md")
+LAB_RESULTS, REAL_MODEL = ROOT / "docs" / "lab-results.md", ROOT / "docs" / "real-model.md"
 FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
@@ -55,29 +58,41 @@ def test_chinese_readme_code_is_the_english_readmes() -> None:
 
 
 def test_readme_images_exist() -> None:
-    """Every image the READMEs show is a committed PNG (the lab's figures under docs/results,
-    written by `posenc plot extend` / `posenc plot passkey` from the runs the tables come from)."""
-    import re
-
-    for path in READMES:
+    """Every image the READMEs and the results pages show is a committed PNG (the figures under
+    docs/results, written by `posenc plot ...` / `posenc extend report --figure` from the runs the
+    tables come from)."""
+    for path in (*READMES, LAB_RESULTS, REAL_MODEL):
         for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", path.read_text(encoding="utf-8")):
             image = path.parent / target
             assert image.is_file(), f"{path.name} shows {target}, which does not exist"
             assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", target
 
 
-GENERATED_BLOCK = re.compile(r"^<!-- (lab:[\w-]+) -->\n(.*?)^<!-- /\1 -->$", re.M | re.S)
+GENERATED_BLOCK = re.compile(r"^<!-- ((?:lab|extend):[\w-]+) -->\n(.*?)^<!-- /\1 -->$", re.M | re.S)
 
 
 def generated_blocks(path: Path) -> dict[str, str]:
-    """The blocks ``posenc lab report --readme FILE`` writes: ``{"lab:table": text, ...}``."""
+    """The blocks ``posenc lab report --readme FILE`` (and ``posenc extend report RUN --readme
+    FILE``) write: ``{"lab:table": text, ...}``."""
     return {m[1]: m[2] for m in GENERATED_BLOCK.finditer(path.read_text(encoding="utf-8"))}
 
 
 def test_generated_blocks_found() -> None:
-    blocks = generated_blocks(READMES[0])
-    assert set(blocks) == {"lab:table", "lab:length", "lab:extend", "lab:passkey"}
-    assert all(text.count("\n|") > 5 for text in blocks.values())  # each holds a table
+    """The README holds the headline alone; the four lab tables are on the lab's results page
+    and the real-model study on its own page, where their commands write them."""
+    pages = {READMES[0]: {"lab:headline"}, REAL_MODEL: {"extend:real"},
+             LAB_RESULTS: {"lab:table", "lab:length", "lab:extend", "lab:passkey"}}  # fmt: skip
+    for path, names in pages.items():
+        blocks = generated_blocks(path)
+        assert set(blocks) == names, path.name
+        assert all(text.count("\n|") > 5 for text in blocks.values())  # each holds a table
+
+
+def test_readme_headline_is_the_results_pages_table() -> None:
+    """The headline is the full block's first table (both written from one grid's rows by
+    posenc.lab.report.headline_table): a README regenerated from other rows than the page fails."""
+    full = generated_blocks(LAB_RESULTS)["lab:table"]
+    assert generated_blocks(READMES[0])["lab:headline"] == full.split("\n\n", 1)[0] + "\n"
 
 
 def test_chinese_readme_carries_the_english_readmes_results() -> None:
@@ -90,13 +105,15 @@ def test_chinese_readme_carries_the_english_readmes_results() -> None:
 
 
 def test_readme_report_writes_the_chinese_readme(tmp_path: Path) -> None:
-    """The command that writes README.md's blocks writes the Chinese README's the same way: the
-    marker lines are the only thing it needs (posenc._markdown.replace_block)."""
+    """The command that writes README.md's headline writes the Chinese README's the same way:
+    the marker lines are the only thing it needs (posenc._markdown.replace_block)."""
     from posenc._markdown import replace_block
+    from posenc.lab.report import HEADLINE_BLOCK
 
     copy = tmp_path / "README.zh-CN.md"
-    copy.write_text(READMES[1].read_text(encoding="utf-8"), encoding="utf-8")
-    replace_block(copy, "<!-- lab:table -->", "<!-- /lab:table -->", "| a |\n|---|\n| 1 |\n")
-    after = generated_blocks(copy)
-    assert after["lab:table"] == "| a |\n|---|\n| 1 |\n"
-    assert after["lab:extend"] == generated_blocks(READMES[0])["lab:extend"]  # others untouched
+    text = READMES[1].read_text(encoding="utf-8")
+    copy.write_text(text, encoding="utf-8")
+    replace_block(copy, *HEADLINE_BLOCK, "| a |\n|---|\n| 1 |\n")
+    assert generated_blocks(copy) == {"lab:headline": "| a |\n|---|\n| 1 |\n"}
+    old = generated_blocks(READMES[1])["lab:headline"]
+    assert copy.read_text(encoding="utf-8") == text.replace(old, "| a |\n|---|\n| 1 |\n")
