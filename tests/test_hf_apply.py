@@ -638,7 +638,8 @@ def test_dynamic_ntk_keeps_transformers_history_across_calls() -> None:
         assert float((want - got).abs().max()) <= 1e-5, length
 
 
-def test_flat_scaling_on_per_layer_type_models_rescales_every_type() -> None:
+def test_flat_scaling_with_layers_all_rescales_every_type() -> None:
+    # (the default puts a flat scaling where transformers does: tests/test_hf_scaling_layers.py)
     if not TRANSFORMERS_5:  # no reference model: its sliding layers cannot be scaled there
         pytest.skip("transformers 4.x's Gemma-3 rotates its sliding layers with default RoPE")
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
@@ -649,5 +650,6 @@ def test_flat_scaling_on_per_layer_type_models_rescales_every_type() -> None:
     reference.load_state_dict(base.state_dict())
     ids, mask, positions = left_padded(seq=12)
     want = logits(reference, ids, mask, positions, "gemma3_text")
-    got = logits(patched(base, scaling=yarn), ids, mask, positions, "gemma3_text")
+    model = apply_posenc(copy.deepcopy(base), scaling=yarn, scaling_layers="all")
+    got = logits(model, ids, mask, positions, "gemma3_text")
     assert worst(want, got, mask) <= 1e-5

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..functional.rope_scaling import ROPE_SCALING, extension_scaling
 from ..hf.extension import EXTENSION_METHODS, normalize_extension
+from ..hf.scaling import check_layers, is_keyed, scaling_by_layer_type
 
 #: The RoPE scaling types a method may name (``default`` is ``none``; ``proportional`` keeps
 #: the trained length by construction and extends nothing).
@@ -81,6 +82,8 @@ def parse_method(text: str) -> Method:
         raise ValueError(
             f"method {name!r} takes {', '.join(allowed) or 'no options'}; unknown: {', '.join(unknown)}"
         )
+    if "layers" in options:
+        check_layers(options["layers"])
     return Method(name, options)
 
 
@@ -97,13 +100,14 @@ def parse_methods(text: str) -> list[Method]:
 
 
 def method_options(name: str) -> tuple[str, ...]:
-    """The option names method ``name`` takes."""
+    """The option names method ``name`` takes (a scaling's ``layers``: where it goes on a model
+    with rope parameters per layer type, :mod:`posenc.hf.scaling`)."""
     if name == "none":
         return ()
     if name in EXTENSION_METHODS:
         return tuple(EXTENSION_METHODS[name])
     spec = ROPE_SCALING[name]
-    return tuple(k for k in (*spec.required, *spec.optional) if k != "rope_type")
+    return (*(k for k in (*spec.required, *spec.optional) if k != "rope_type"), "layers")
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,14 @@ class Resolved:
     label: str
     scaling: dict[str, Any] | None = None
     extension: dict[str, Any] | None = None
+    layers: str = "auto"  # where a flat scaling goes (posenc.hf.scaling)
+    identity: bool = False  # a scaling of factor 1: the target is within the trained length
 
     def settings(self) -> dict[str, Any]:
-        return {"scaling": self.scaling, "extension": self.extension}
+        out: dict[str, Any] = {"scaling": self.scaling, "extension": self.extension}
+        if self.layers != "auto":  # rows written before layers existed keep their identity
+            out["layers"] = self.layers
+        return out
 
 
 def resolve(method: Method, trained_len: int, target_len: int, pairs: int) -> Resolved:
@@ -141,23 +150,48 @@ def resolve(method: Method, trained_len: int, target_len: int, pairs: int) -> Re
         local = int(opts.pop("local_size", max(1, chunk // 32)))  # Qwen2.5-1M: 8192 of 262144
         ext = {"method": "dual_chunk", "chunk_size": chunk, "local_size": local}
         return Resolved(method.label, extension=normalize_extension(ext))
+    layers = check_layers(opts.pop("layers", "auto"))
     given_factor = opts.pop("factor", None)
-    scaling = (
-        extension_scaling(method.name, float(given_factor or factor), trained_len, pairs) or {}
-    )
+    used = float(given_factor or factor)
+    scaling = extension_scaling(method.name, used, trained_len, pairs) or {}
     scaling.update(opts)
-    return Resolved(method.label, scaling=scaling)
+    identity = given_factor is None and used == 1.0 and method.name != "longrope"
+    return Resolved(method.label, scaling=scaling, layers=layers, identity=identity)
 
 
-def as_transformers(scaling: dict[str, Any] | None, config: Any) -> dict[str, Any] | None:
-    """``scaling`` as transformers' ``rope_parameters`` for ``config`` (None: the model's own).
-    posenc's ``ntk`` (static NTK-aware) is no transformers type: it is the default RoPE with the
-    base ``theta * factor ** (r / (r - 2))`` (r the rotary dim), written as that."""
-    if scaling is None or scaling.get("rope_type") != "ntk":
-        return scaling
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    params = getattr(text, "rope_parameters", None) or {}
-    r = 2 * (int(head_dim * float(params.get("partial_rotary_factor", 1.0) or 1.0)) // 2)
-    theta = float(params.get("rope_theta", getattr(text, "rope_theta", 10000.0)))
+def as_transformers(
+    scaling: dict[str, Any] | None, config: Any, layers: str = "auto"
+) -> dict[str, Any] | None:
+    """``scaling`` as transformers' ``rope_parameters`` for ``config`` (None: the model's own):
+    on a model with rope parameters per layer type, a dict keyed by the layer types ``layers``
+    names (:func:`~posenc.hf.scaling.scaling_by_layer_type`: Gemma-3's full-attention layers by
+    default). posenc's ``ntk`` (static NTK-aware) is no transformers type: it is the default RoPE
+    with the base ``theta * factor ** (r / (r - 2))``, ``theta`` and ``r`` (the rotary dim) each
+    layer type's own, written as that."""
+    keyed = scaling_by_layer_type(config, scaling, layers)
+    if scaling is None or keyed is None or scaling.get("rope_type") != "ntk":
+        return keyed
+    own = _rope_of_types(config)
+    if not is_keyed(keyed):
+        return _ntk_default(scaling, *own[None])
+    return {t: _ntk_default(scaling, *own[t]) for t in keyed}
+
+
+def _ntk_default(scaling: dict[str, Any], theta: float, r: int) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": theta * float(scaling["factor"]) ** (r / (r - 2))}
+
+
+def _rope_of_types(config: Any) -> dict[str | None, tuple[float, int]]:
+    """``layer type -> (rope_theta, rotary dim)`` as posenc reads the config (the key None: the
+    first layer with RoPE, for a config with one set of rope parameters)."""
+    from ..hf.plan import position_plan
+
+    plan = position_plan(config, cache_len=1)
+    own: dict[str | None, tuple[float, int]] = {}
+    for layer in plan.layers:
+        if layer.base is not None and layer.rotary_dim is not None:
+            own.setdefault(layer.layer_type, (float(layer.base), int(layer.rotary_dim)))
+            own.setdefault(None, (float(layer.base), int(layer.rotary_dim)))
+    if not own:
+        raise ValueError(f"this {plan.model_type} has no layer with RoPE: nothing to scale")
+    return own

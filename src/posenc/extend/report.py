@@ -11,6 +11,10 @@ from typing import Any
 
 from .._markdown import markdown_table
 
+#: Beside a scaling whose every length is within the trained length: its factor is 1, so it is
+#: the model as trained (the same numbers as ``none``, not a measurement of the method).
+IDENTITY_NOTE = " (= none: within the trained length)"
+
 
 def _methods(rows: Sequence[dict[str, Any]]) -> list[str]:
     seen: list[str] = []
@@ -45,7 +49,10 @@ def study_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[st
     for method in _methods(rows):
         mine = [r for r in rows if r["method"] == method]
         ppl = [r for r in mine if r["kind"] == "ppl"]
-        line = [method]
+        line = [
+            method
+            + (IDENTITY_NOTE if mine and all(r.get("identical_to_none") for r in mine) else "")
+        ]
         for n in lengths:
             vals = [
                 r["ppl"][str(n)] for r in ppl if str(n) in r["ppl"] and r["ppl"][str(n)] is not None

@@ -32,114 +32,29 @@ import torch
 from torch import nn
 
 from .._checks import check_choice
-from ..functional.rope_scaling import yarn_mscale
 from ..kernels.constants import ROTARY_BACKENDS
 from .checks import check_scaling_argument
 from .config import HF_ROPE_TYPES
 from .extension import EXTENSION_OVERRIDES, extension_state, normalize_extension
 from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb, apply_rotary_trailing
+from .scaling import check_layers
 from .shadow import PatchedForward, code_names, plain_function, shadow_module
-
-
-@dataclass(frozen=True)
-class Rotation:
-    """How one transformers rotation function rotates.
-
-    ``interleaved``: pairs ``(x[2i], x[2i+1])`` (else ``(x[i], x[i + r/2])``); ``table_layout``:
-    the cos/sin it receives (``"cat"`` or ``"repeat"``, see :mod:`posenc.hf.rotary`);
-    ``deinterleave``: it writes the rotated pairs de-interleaved, ``[x0' x2' .. | x1' x3' ..]``
-    (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``).
-    """
-
-    interleaved: bool = False
-    table_layout: str = "cat"
-    deinterleave: bool = False
-    partial: bool = False  # it rotates channels 0..r-1 (r = cos width) and passes r..d-1
-    # One tensor, ``f(x, cos, sin, unsqueeze_dim=1)``, rotated on its *trailing* r channels
-    # (``[nope | rope]`` heads; DeepSeek-V4, whose attention also calls it with ``-sin``).
-    trailing: bool = False
-
-
-HALF = Rotation()
-HALF_PARTIAL = Rotation(partial=True)  # GPT-NeoX, Phi-3
-# GLM: cat(freqs, freqs) tables, repeated per pair inside, rotate_half on interleaved pairs.
-GLM = Rotation(interleaved=True, partial=True)
-# Cohere: repeat_interleave(freqs, 2) tables and interleaved pairs.
-COHERE = Rotation(interleaved=True, table_layout="repeat")
-DEEPSEEK_INTERLEAVE = Rotation(interleaved=True, deinterleave=True)
-# GLM-4V: repeat_interleave(freqs, 2) tables (its M-RoPE), rotate_half_llm on interleaved pairs.
-GLM4V = Rotation(interleaved=True, table_layout="repeat", partial=True)
-# DeepSeek-V4: one column per pair (its rotary's output), interleaved pairs, trailing slice.
-DEEPSEEK_V4 = Rotation(interleaved=True, table_layout="half", trailing=True)
-
-_STANDARD = {"apply_rotary_pos_emb": HALF}
-_Entry = tuple[str, dict[str, Rotation]]
-
-
-# Architectures that rotate half pairs with apply_rotary_pos_emb in the modeling module named by
-# their model type (the last two: text decoders of vision-language models, whose M-RoPE is in the
-# rotary module).
-_STANDARD_TYPES = (
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3",
-    "granite", "olmo2", "olmo3", "stablelm", "smollm3", "qwen2_vl", "qwen2_5_vl",
-)  # fmt: skip
-
-
-#: model_type -> (transformers modeling module, {rotation function name: how it rotates}).
-SUPPORTED: dict[str, _Entry] = {
-    **{t: (t, _STANDARD) for t in _STANDARD_TYPES},
-    "gemma3_text": ("gemma3", _STANDARD),
-    "qwen2_vl_text": ("qwen2_vl", _STANDARD),
-    "qwen2_5_vl_text": ("qwen2_5_vl", _STANDARD),
-    # (their full models are found by their text config's model_type)
-    "qwen2_5_omni_text": ("qwen2_5_omni", _STANDARD),
-    "qwen3_omni_moe_text": ("qwen3_omni_moe", _STANDARD),  # its float32 positions: see rotary.py
-    "glm4v_text": ("glm4v", {"apply_rotary_pos_emb": GLM4V}),
-    "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
-    "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),
-    "cohere": ("cohere", {"apply_rotary_pos_emb": COHERE}),
-    "cohere2": ("cohere2", {"apply_rotary_pos_emb": COHERE}),
-    "glm": ("glm", {"apply_rotary_pos_emb": GLM}),
-    "deepseek_v3": (
-        "deepseek_v3",
-        {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
-    ),
-    # DSA: the MLA's interleaved rotation and the indexer's own (DeepSeek-V3.2: half-split)
-    "deepseek_v32": (
-        "deepseek_v32",
-        {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
-    ),
-    "glm_moe_dsa": ("glm_moe_dsa", {"apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE}),
-    # Attention, compressors and indexer: q, the shared key/value, compressed keys; the
-    # attention output with -sin (rotation by minus the angle, undoing the values' rotation).
-    "deepseek_v4": ("deepseek_v4", {"apply_rotary_pos_emb": DEEPSEEK_V4}),
-}
-
-# Rope sets kept by label (DeepSeek-V4's "main" and "compress"): the model's rotary modules are
-# replaced by posenc's (:class:`~posenc.hf.rotary.HFRotaryEmbedding`, every label) even without
-# ``scaling=``, so the tables as well as the rotation are posenc's.
-LABELLED_ROTARY_MODEL_TYPES = frozenset({"deepseek_v4"})
-
-
-# Attention whose softmax scale reads the rope parameters: DeepSeek-V3's MLA multiplies it by
-# yarn_mscale(factor, mscale_all_dim) ** 2 when a YaRN scaling sets mscale_all_dim.
-MSCALE_SOFTMAX_MODEL_TYPES = frozenset({"deepseek_v3", "deepseek_v32", "glm_moe_dsa"})
-
-
-def mla_softmax_scale(head_dim: int, scaling: Mapping[str, Any]) -> float:
-    """DeepSeek-V3's softmax scale for ``scaling``: ``head_dim ** -0.5``, times
-    ``yarn_mscale(factor, mscale_all_dim) ** 2`` for a YaRN scaling with ``mscale_all_dim``."""
-    scale = head_dim**-0.5
-    rope_type = scaling.get("rope_type", scaling.get("type"))
-    mscale_all_dim = scaling.get("mscale_all_dim") or 0
-    if rope_type == "yarn" and mscale_all_dim:
-        scale *= yarn_mscale(float(scaling["factor"]), float(mscale_all_dim)) ** 2
-    return scale
-
-
-def supported_model_types() -> list[str]:
-    """The ``model_type`` values :func:`apply_posenc` accepts."""
-    return sorted(SUPPORTED)
+from .supported import (  # noqa: F401 - SUPPORTED and the rotations are read from here too
+    COHERE,
+    DEEPSEEK_INTERLEAVE,
+    DEEPSEEK_V4,
+    GLM,
+    GLM4V,
+    GPT_OSS,
+    HALF,
+    HALF_PARTIAL,
+    LABELLED_ROTARY_MODEL_TYPES,
+    MSCALE_SOFTMAX_MODEL_TYPES,
+    SUPPORTED,
+    Rotation,
+    mla_softmax_scale,
+    supported_model_types,
+)
 
 
 def fused_rotation(
@@ -310,6 +225,7 @@ def apply_posenc(
     scaling: Mapping[str, Any] | None = None,
     extension: Mapping[str, Any] | None = None,
     backend: str = "auto",
+    scaling_layers: str = "auto",
 ) -> nn.Module:
     """Put posenc's fused RoPE into every attention layer of a loaded transformers model.
 
@@ -318,9 +234,10 @@ def apply_posenc(
             (``LlamaForCausalLM``, ``Qwen2Model``, ...). Patched in place and returned.
         scaling: None (the model's own RoPE), or rope parameters (transformers' names:
             ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}``)
-            that replace the config's scaling on every layer type with RoPE, or a dict of them
-            keyed by layer type (``{"full_attention": {...}}``): context extension. The result
-            equals transformers built with the same ``rope_parameters``.
+            that replace the config's scaling, or a dict of them keyed by layer type
+            (``{"full_attention": {...}}``): context extension. The result equals transformers
+            built with the same ``rope_parameters``. On a model with rope parameters per layer
+            type a flat dict goes where ``scaling_layers`` says.
         extension: None, or a training-free method that changes attention itself (with the
             model's own RoPE): ``{"method": "self_extend", "group_size": G,
             "neighbor_window": W}`` or ``{"method": "dual_chunk", "chunk_size": C,
@@ -328,6 +245,9 @@ def apply_posenc(
             KV cache then holds unrotated keys; memory stays linear in the length.
         backend: the kernel, as :func:`posenc.kernels.rope_qk` takes it (``"auto"``: Triton on
             GPU, the native kernel on CPU, PyTorch otherwise).
+        scaling_layers: ``"auto"`` (default: where transformers puts a flat ``rope_scaling`` for
+            this model type; on Gemma-3 the full-attention layers, never the sliding ones),
+            ``"full"`` or ``"all"`` (:mod:`posenc.hf.scaling`).
 
     DeepSeek-V4's rotary modules (both labelled sets) become posenc's too (see :data:`SUPPORTED`).
 
@@ -346,6 +266,7 @@ def apply_posenc(
     """
     check_choice("backend", backend, ROTARY_BACKENDS)
     check_scaling_argument(scaling, HF_ROPE_TYPES)
+    check_layers(scaling_layers)
     if getattr(model, "posenc_patch", None) is not None:
         raise ValueError("this model already has posenc applied: call remove_posenc(model) first")
     model_type = _model_type(model)
@@ -357,7 +278,7 @@ def apply_posenc(
     patch = PosencPatch(model_type, backend, None if scaling is None else dict(scaling))
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     if scaling is not None or model_type in LABELLED_ROTARY_MODEL_TYPES:
-        swaps = _rotary_swaps(model, modeling, scaling, rotations)  # before any change
+        swaps = _rotary_swaps(model, modeling, scaling, rotations, scaling_layers)  # no change yet
     layers = _attention_layers(model, modeling, set(rotations))
     _check_forwards(layers)
     _install(model, patch, layers, shadow_for)
@@ -548,6 +469,7 @@ def _rotary_swaps(
     modeling: Any,
     scaling: Mapping[str, Any] | None,
     rotations: Mapping[str, Rotation],
+    scaling_layers: str = "auto",
 ) -> list[tuple[nn.Module, str, nn.Module]]:
     """``(parent, attribute, posenc module)`` for each text rotary module of the model (with
     the config's own scaling where ``scaling`` is None)."""
@@ -565,7 +487,7 @@ def _rotary_swaps(
                 legacy = getattr(config, "rope_parameters", None) is None  # transformers 4.x
                 layer_type = _LEGACY_ROTARY_TYPES.get(attr) if legacy else None
                 new = HFRotaryEmbedding(config, scaling, table_layout=table_layout,
-                                        layer_type=layer_type)  # fmt: skip
+                                        layer_type=layer_type, scaling_layers=scaling_layers)  # fmt: skip
                 swaps.append((parent, attr, new))
     if not swaps:
         raise RuntimeError(f"found no rotary module of {modeling.__name__} to rescale")

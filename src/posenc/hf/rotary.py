@@ -50,6 +50,7 @@ from ..rotary import MRoPE, RotaryEmbedding
 from ..rotary.embedding import max_position
 from .checks import check_scaling_argument
 from .config import _MODULE_KEYS, HF_ROPE_TYPES, _get, _standardize, rope_from_hf
+from .scaling import scaling_by_layer_type
 
 TABLE_LAYOUTS = ("cat", "repeat", "half")
 
@@ -284,12 +285,14 @@ def apply_rotary_trailing(
 # --- the rotary module ---------------------------------------------------------------------------
 
 
-def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any]) -> Any:
+def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any], layers: str = "auto") -> Any:
     """A copy of a transformers text config whose RoPE scaling is ``scaling``.
 
-    ``scaling`` is a flat dict (``{"rope_type": "yarn", "factor": 4.0, ...}``), applied to every
-    layer type that has RoPE, or a dict keyed by layer type (``{"full_attention": {...}}``),
-    applied to the types it names. Each layer type keeps its own ``rope_theta``,
+    ``scaling`` is a flat dict (``{"rope_type": "yarn", "factor": 4.0, ...}``), applied to the
+    layer types :func:`~posenc.hf.scaling.scaling_layer_types` gives for ``layers`` (``"auto"``:
+    where transformers puts a flat ``rope_scaling`` for this model type, Gemma-3's
+    full-attention layers; ``"all"``: every layer type with RoPE), or a dict keyed by layer type
+    (``{"full_attention": {...}}``), applied to the types it names. Each layer type keeps its own ``rope_theta``,
     ``partial_rotary_factor`` and M-RoPE keys; its old scaling keys are replaced. A transformers
     4.x config (``rope_theta``/``rope_scaling``, no ``rope_parameters``) comes back as posenc
     reads it, a dict in 5.x's shape (:func:`~posenc.hf.rope_from_hf` reads it as it is).
@@ -299,6 +302,7 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any]) -> Any:
     legacy = getattr(cfg, "rope_parameters", None) is None and hasattr(cfg, "to_dict")
     if legacy:
         cfg = _standardize(cfg.to_dict())
+    scaling = scaling_by_layer_type(cfg, scaling, layers) or {}  # where a flat one goes
     params = copy.deepcopy(dict(_get(cfg, "rope_parameters") or {}))
     labels = set(_get(cfg, "layer_types") or ())
     nested = [k for k, v in params.items() if k in labels or isinstance(v, Mapping)]
@@ -325,10 +329,8 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any]) -> Any:
             if params[key] is None:
                 raise ValueError(f"layer type {key!r} uses no RoPE: it cannot be scaled")
             params[key] = rescaled(params[key], new)
-    else:
-        for key in nested:
-            if params[key] is not None:
-                params[key] = rescaled(params[key], scaling)
+    else:  # a flat scaling on a per-type config: scaling_by_layer_type keyed it above
+        raise AssertionError("unreachable: a flat scaling on per-type rope parameters")
     if legacy:  # filled in as the 5.x class would (Phi-3's config-level original length wins)
         return _standardize({**cfg, "rope_parameters": params, "rope_scaling": None})
     # Rebuilt by the config class, so its own standardization runs as it would for a model built
@@ -368,6 +370,9 @@ class HFRotaryEmbedding(nn.Module):
             tables in float32 (:data:`FLOAT32_TABLE_TYPES`: OLMo-3, Beam, LFM3).
         layer_type: with per-layer-type parameters, the type of a call that names none
             (transformers 4.x's Gemma-3 has a rotary module per type, called without one).
+        scaling_layers: where a flat ``scaling`` goes on a model with rope parameters per layer
+            type: ``"auto"`` (transformers' rule: Gemma-3's full-attention layers), ``"full"``
+            or ``"all"`` (:mod:`posenc.hf.scaling`).
 
     Shapes: ``x`` any tensor (its dtype and device are read); ``position_ids [b, s]`` (M-RoPE:
     ``[3, b, s]`` too) -> ``cos, sin [b, s, r]`` (``[b, s, n]`` for ``"half"``). With per-layer-type parameters (Gemma-3,
@@ -383,6 +388,7 @@ class HFRotaryEmbedding(nn.Module):
         table_layout: str = "cat",
         dtype: torch.dtype | None = None,
         layer_type: str | None = None,
+        scaling_layers: str = "auto",
     ) -> None:
         super().__init__()
         check_choice("table_layout", table_layout, TABLE_LAYOUTS)
@@ -391,7 +397,7 @@ class HFRotaryEmbedding(nn.Module):
         )
         read: dict[str, Any] = {}
         if scaling is not None:
-            text = with_rope_parameters(text, scaling)
+            text = with_rope_parameters(text, scaling, scaling_layers)
             if isinstance(text, Mapping):  # a 4.x config as posenc reads it: read as it is
                 read["use_transformers"] = False
         params = _get(text, "rope_parameters") or {}

@@ -1,0 +1,135 @@
+"""Where a RoPE scaling goes in a model whose layer types rotate differently.
+
+A hybrid model (Gemma-3, OLMo-3: sliding-window layers beside full-attention layers) keeps one set
+of rope parameters per layer type. A *flat* scaling (``{"rope_type": "yarn", "factor": 4.0}``)
+then has to be put somewhere, and transformers decides where when it reads a config's
+``rope_scaling``: Gemma-3's ``convert_rope_params_to_dict`` updates
+``rope_parameters["full_attention"]`` only, and Google's own Gemma-3 4B-27B configs scale only
+the global layers. A sliding layer never sees a distance past its window (512 tokens on
+Gemma-3-270M), so scaling it only blurs the positions it was trained on.
+
+:func:`scaling_layer_types` is that one rule, read by ``apply_posenc(scaling=)``, the drop-in
+:class:`~posenc.hf.HFRotaryEmbedding`, ``posenc extend`` and its export:
+
+* ``layers="auto"`` (default): transformers' rule for the model type
+  (:data:`FLAT_SCALING_LAYER_TYPES`); a per-type model whose config class has no rule of its own
+  (the newer ones take only ``rope_parameters``) gets the full-attention layers, as Gemma-3.
+* ``layers="full"``: the full-attention layer types; ``layers="all"``: every type with RoPE.
+
+Every derived value then comes from each layer type's own parameters: its ``rope_theta`` and
+rotary dim (posenc's static ``ntk``, :func:`ntk_parameters`), its YaRN band (computed by the
+rotary module from that type's base).
+
+A model with *one* set of rope parameters (Gemma-2, gpt-oss, Cohere2, a Mistral with a
+``sliding_window``) rotates every layer by it, in transformers as here: a scaling goes to every
+layer, and ``layers="full"`` is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .config import _get, _nested_keys
+
+#: transformers' ``convert_rope_params_to_dict``: the layer types a flat ``rope_scaling`` updates
+#: on a config whose rope parameters are per layer type (tests/test_hf_scaling_layers.py builds
+#: each class with a ``rope_scaling`` and reads where it went).
+FLAT_SCALING_LAYER_TYPES: dict[str, tuple[str, ...]] = {
+    "gemma3_text": ("full_attention",),
+    "gemma3n_text": ("full_attention",),
+    "olmo3": ("full_attention",),
+    "t5gemma2_text": ("full_attention",),
+    "t5gemma2_decoder": ("full_attention",),
+    "modernbert": ("full_attention", "sliding_attention"),
+    "modernbert-decoder": ("full_attention", "sliding_attention"),
+    "dots3_note_text": ("sliding_attention", "indexed_attention"),
+    "ergo": ("sliding_attention",),
+}
+
+LAYER_CHOICES = ("auto", "full", "all")
+
+#: Layer types that attend to every earlier key (the types a long context stretches).
+FULL_LAYER_TYPES = frozenset({"full_attention"})
+
+
+def _text(config: Any) -> Any:
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def rope_layer_types(config: Any) -> list[str]:
+    """The layer types of ``config`` with rope parameters of their own, in the config's order
+    (empty for a config with one set of rope parameters)."""
+    text = _text(config)
+    params = _get(text, "rope_parameters") or {}
+    if not isinstance(params, Mapping):
+        return []
+    nested = _nested_keys(params, _get(text, "_rope_type_labels") or _get(text, "layer_types"))
+    return [k for k in nested if params.get(k) is not None]
+
+
+def check_layers(layers: Any) -> str:
+    if layers not in LAYER_CHOICES:
+        raise ValueError(f"layers must be one of {', '.join(LAYER_CHOICES)}, got {layers!r}")
+    return str(layers)
+
+
+def scaling_layer_types(config: Any, layers: str = "auto") -> tuple[str, ...] | None:
+    """The layer types a flat scaling goes to under ``layers`` (see the module docstring), or
+    None for a config with one set of rope parameters (every layer, the only choice)."""
+    check_layers(layers)
+    text = _text(config)
+    nested = rope_layer_types(text)
+    model_type = _get(text, "model_type")
+    if not nested:
+        if layers == "full" and _has_window(text):
+            raise ValueError(
+                f"this {model_type} rotates every layer type with one set of rope parameters: "
+                "layers='full' needs rope parameters per layer type (Gemma-3, OLMo-3); use "
+                "layers='auto' or 'all' (every layer)"
+            )
+        return None
+    if layers == "all":
+        return tuple(nested)
+    if layers == "auto" and model_type in FLAT_SCALING_LAYER_TYPES:
+        rule = FLAT_SCALING_LAYER_TYPES[model_type]
+        return tuple(t for t in nested if t in rule)
+    full = tuple(t for t in nested if t in FULL_LAYER_TYPES)
+    if not full:
+        raise ValueError(
+            f"this {model_type} has no full-attention layer type with RoPE (it has "
+            f"{nested}): name the types in a scaling keyed by layer type, or layers='all'"
+        )
+    return full
+
+
+def _has_window(text: Any) -> bool:
+    types = set(_get(text, "layer_types") or ())
+    return bool(_get(text, "sliding_window")) or "sliding_attention" in types
+
+
+def scaling_by_layer_type(
+    config: Any, scaling: Mapping[str, Any] | None, layers: str = "auto"
+) -> dict[str, Any] | None:
+    """``scaling`` as this config means it: a flat dict on a per-type config becomes a dict keyed
+    by the layer types of :func:`scaling_layer_types`; a keyed dict, a flat dict on a one-set
+    config, and None come back as they are (``layers`` is checked all the same).
+
+    >>> cfg = {"model_type": "gemma3_text", "layer_types": ["sliding_attention", "full_attention"],
+    ...        "rope_parameters": {"sliding_attention": {"rope_theta": 1e4},
+    ...                            "full_attention": {"rope_theta": 1e6}}}
+    >>> scaling_by_layer_type(cfg, {"rope_type": "linear", "factor": 2.0})
+    {'full_attention': {'rope_type': 'linear', 'factor': 2.0}}
+    """
+    check_layers(layers)
+    if scaling is None or is_keyed(scaling):
+        return None if scaling is None else dict(scaling)
+    types = scaling_layer_types(config, layers)
+    if types is None:
+        return dict(scaling)
+    return {t: dict(scaling) for t in types}
+
+
+def is_keyed(scaling: Mapping[str, Any]) -> bool:
+    """A scaling keyed by layer type (every value a dict), as ``with_rope_parameters`` reads it."""
+    return bool(scaling) and all(isinstance(v, Mapping) for v in scaling.values())

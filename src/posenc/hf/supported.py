@@ -1,0 +1,119 @@
+"""The architectures :func:`~posenc.hf.apply_posenc` patches, and how each one rotates.
+
+Each supported architecture is an entry of :data:`SUPPORTED`: its modeling module and, for each
+rotation function it calls, a :class:`Rotation` saying how that function rotates (pairing,
+cos/sin table layout, output order). ``apply_posenc`` checks each entry against the installed
+transformers before patching (:func:`~posenc.hf.patch.check_rotation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..functional.rope_scaling import yarn_mscale
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """How one transformers rotation function rotates.
+
+    ``interleaved``: pairs ``(x[2i], x[2i+1])`` (else ``(x[i], x[i + r/2])``); ``table_layout``:
+    the cos/sin it receives (``"cat"`` or ``"repeat"``, see :mod:`posenc.hf.rotary`);
+    ``deinterleave``: it writes the rotated pairs de-interleaved, ``[x0' x2' .. | x1' x3' ..]``
+    (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``).
+    """
+
+    interleaved: bool = False
+    table_layout: str = "cat"
+    deinterleave: bool = False
+    partial: bool = False  # it rotates channels 0..r-1 (r = cos width) and passes r..d-1
+    # One tensor, ``f(x, cos, sin, unsqueeze_dim=1)``, rotated on its *trailing* r channels
+    # (``[nope | rope]`` heads; DeepSeek-V4, whose attention also calls it with ``-sin``).
+    trailing: bool = False
+
+
+HALF = Rotation()
+HALF_PARTIAL = Rotation(partial=True)  # GPT-NeoX, Phi-3
+# GLM: cat(freqs, freqs) tables, repeated per pair inside, rotate_half on interleaved pairs.
+GLM = Rotation(interleaved=True, partial=True)
+# Cohere: repeat_interleave(freqs, 2) tables and interleaved pairs.
+COHERE = Rotation(interleaved=True, table_layout="repeat")
+DEEPSEEK_INTERLEAVE = Rotation(interleaved=True, deinterleave=True)
+# GLM-4V: repeat_interleave(freqs, 2) tables (its M-RoPE), rotate_half_llm on interleaved pairs.
+GLM4V = Rotation(interleaved=True, table_layout="repeat", partial=True)
+# gpt-oss: one column per pair (its rotary's output), half-split pairs.
+GPT_OSS = Rotation(table_layout="half")
+# DeepSeek-V4: one column per pair (its rotary's output), interleaved pairs, trailing slice.
+DEEPSEEK_V4 = Rotation(interleaved=True, table_layout="half", trailing=True)
+
+_STANDARD = {"apply_rotary_pos_emb": HALF}
+_Entry = tuple[str, dict[str, Rotation]]
+
+
+# Architectures that rotate half pairs with apply_rotary_pos_emb in the modeling module named by
+# their model type (the last two: text decoders of vision-language models, whose M-RoPE is in the
+# rotary module).
+_STANDARD_TYPES = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3",
+    "granite", "olmo2", "olmo3", "stablelm", "smollm3", "qwen2_vl", "qwen2_5_vl",
+)  # fmt: skip
+
+
+#: model_type -> (transformers modeling module, {rotation function name: how it rotates}).
+SUPPORTED: dict[str, _Entry] = {
+    **{t: (t, _STANDARD) for t in _STANDARD_TYPES},
+    "gemma3_text": ("gemma3", _STANDARD),
+    "qwen2_vl_text": ("qwen2_vl", _STANDARD),
+    "qwen2_5_vl_text": ("qwen2_5_vl", _STANDARD),
+    # (their full models are found by their text config's model_type)
+    "qwen2_5_omni_text": ("qwen2_5_omni", _STANDARD),
+    "qwen3_omni_moe_text": ("qwen3_omni_moe", _STANDARD),  # its float32 positions: see rotary.py
+    "glm4v_text": ("glm4v", {"apply_rotary_pos_emb": GLM4V}),
+    "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
+    "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),
+    "cohere": ("cohere", {"apply_rotary_pos_emb": COHERE}),
+    "cohere2": ("cohere2", {"apply_rotary_pos_emb": COHERE}),
+    "gpt_oss": ("gpt_oss", {"apply_rotary_pos_emb": GPT_OSS}),
+    "glm": ("glm", {"apply_rotary_pos_emb": GLM}),
+    "deepseek_v3": (
+        "deepseek_v3",
+        {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
+    ),
+    # DSA: the MLA's interleaved rotation and the indexer's own (DeepSeek-V3.2: half-split)
+    "deepseek_v32": (
+        "deepseek_v32",
+        {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
+    ),
+    "glm_moe_dsa": ("glm_moe_dsa", {"apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE}),
+    # Attention, compressors and indexer: q, the shared key/value, compressed keys; the
+    # attention output with -sin (rotation by minus the angle, undoing the values' rotation).
+    "deepseek_v4": ("deepseek_v4", {"apply_rotary_pos_emb": DEEPSEEK_V4}),
+}
+
+# Rope sets kept by label (DeepSeek-V4's "main" and "compress"): the model's rotary modules are
+# replaced by posenc's (:class:`~posenc.hf.rotary.HFRotaryEmbedding`, every label) even without
+# ``scaling=``, so the tables as well as the rotation are posenc's.
+LABELLED_ROTARY_MODEL_TYPES = frozenset({"deepseek_v4"})
+
+
+# Attention whose softmax scale reads the rope parameters: DeepSeek-V3's MLA multiplies it by
+# yarn_mscale(factor, mscale_all_dim) ** 2 when a YaRN scaling sets mscale_all_dim.
+MSCALE_SOFTMAX_MODEL_TYPES = frozenset({"deepseek_v3", "deepseek_v32", "glm_moe_dsa"})
+
+
+def mla_softmax_scale(head_dim: int, scaling: Mapping[str, Any]) -> float:
+    """DeepSeek-V3's softmax scale for ``scaling``: ``head_dim ** -0.5``, times
+    ``yarn_mscale(factor, mscale_all_dim) ** 2`` for a YaRN scaling with ``mscale_all_dim``."""
+    scale = head_dim**-0.5
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    mscale_all_dim = scaling.get("mscale_all_dim") or 0
+    if rope_type == "yarn" and mscale_all_dim:
+        scale *= yarn_mscale(float(scaling["factor"]), float(mscale_all_dim)) ** 2
+    return scale
+
+
+def supported_model_types() -> list[str]:
+    """The ``model_type`` values :func:`apply_posenc` accepts."""
+    return sorted(SUPPORTED)
