@@ -362,11 +362,13 @@ class RotaryEmbedding(RotaryEncoding):
         Shapes: ``positions [*]`` -> ``[*, n]``. ``seq_len`` (default ``max(positions) + 1``)
         selects the frequencies of the length-dependent types (dynamic NTK, LongRoPE).
         """
-        positions = check_positions(positions)
-        if not host_readable(positions):
+        if not isinstance(positions, torch.Tensor) or not host_readable(positions):
+            positions = check_positions(positions)
             inv_freq, factor = self._traced_frequencies(positions, positions)
             return rope_cos_sin(positions, inv_freq, factor)
-        top = max_position(positions)
+        # Eager CPU: one read of the range checks the values and sizes the table (free here).
+        positions = check_positions(positions, allow_negative=True)
+        top = position_range(positions, positions)
         seq_len = top + 1 if seq_len is None else seq_len
         key = self._freq_key(seq_len)
         table = None if key == "grown" else self._table(positions.device, key, top)
