@@ -7,6 +7,7 @@ results pages (docs/lab-results.md, docs/real-model.md)."""
 from __future__ import annotations
 
 import re
+import shlex
 import textwrap
 from pathlib import Path
 
@@ -45,6 +46,62 @@ def test_readme_snippet_runs_alone(
         exec(compile(textwrap.dedent(code), f"{path.name}:{line}", "exec"), namespace)
     except Exception as e:
         raise AssertionError(f"{path.name} line {line} does not run on its own: {e!r}") from e
+
+
+#: The pages whose ```bash ``posenc`` commands are parsed by the CLI (the READMEs', which take
+#: minutes to hours to run, and those of the pages their results and set-up moved to).
+COMMAND_PAGES = (*READMES, LAB_RESULTS, REAL_MODEL, ROOT / "docs" / "install.md")
+
+
+def posenc_commands(path: Path) -> list[list[str]]:
+    """The arguments of each ``posenc`` line of a page's ```bash blocks (after the comment)."""
+    lines = [line for _, lang, code in code_blocks(path) if lang == "bash"
+             for line in code.replace("\\\n", " ").splitlines()]  # fmt: skip
+    return [shlex.split(line, comments=True)[1:] for line in lines if line.startswith("posenc ")]
+
+
+def parse_command(argv: list[str]) -> list[str]:
+    """The subcommand path of ``posenc ARGV`` once the CLI has parsed every option and argument
+    (names, types, choices) as a run would, without running anything; ValueError with the usage
+    error the CLI would print."""
+    from typer.main import get_command
+
+    from posenc.cli import app
+
+    cmd = get_command(app)
+    path: list[str] = []
+    try:
+        ctx = cmd.make_context("posenc", list(argv))
+        while hasattr(cmd, "resolve_command") and (rest := [*ctx._protected_args, *ctx.args]):
+            name, cmd, rest = cmd.resolve_command(ctx, rest)
+            path.append(name)
+            ctx = cmd.make_context(name, rest, parent=ctx)
+    except Exception as e:  # the CLI's usage errors (typer's own copy of click's classes)
+        raise ValueError(getattr(e, "format_message", e.__str__)()) from e
+    return path
+
+
+def test_command_parser_refuses_what_the_cli_refuses() -> None:
+    assert parse_command(["extend", "smollm2", "--dry-run"]) == ["extend", "run"]
+    assert parse_command(["lab", "report", "--readme", "README.md"]) == ["lab", "report"]
+    for bad in (["lab", "--seeds", "x"], ["extend", "smollm2", "--bogus"], ["nothere"]):
+        with pytest.raises(ValueError, match=r"Invalid value|No such option|No such command"):
+            parse_command(bad)
+
+
+@pytest.mark.parametrize("path", COMMAND_PAGES, ids=lambda p: p.name)
+def test_readme_commands_parse(path: Path) -> None:
+    """Every ``posenc`` command the READMEs and the moved pages show is one the CLI takes, with
+    options it knows and values of their types (running them takes minutes to hours: the study
+    behind docs/real-model.md took two)."""
+    commands = posenc_commands(path)
+    if path in READMES:
+        assert len(commands) >= 3, path.name  # posenc extend: dry run, study, report
+    for argv in commands:
+        try:
+            parse_command(argv)
+        except ValueError as e:
+            raise AssertionError(f"{path.name}: posenc {shlex.join(argv)}: {e}") from e
 
 
 def test_readmes_have_python_snippets() -> None:
