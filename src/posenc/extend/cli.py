@@ -93,6 +93,7 @@ def _run(model: str, options: dict[str, Any]) -> None:
     import torch
 
     from .estimate import available_bytes, forward_bytes, loaded_bytes, model_shape
+    from .folder import check_study
     from .methods import resolve
     from .model import load_model, rotated_pairs, trained_length
     from .report import study_table
@@ -104,6 +105,7 @@ def _run(model: str, options: dict[str, Any]) -> None:
     if options["threads"]:
         torch.set_num_threads(options["threads"])
     start = time.perf_counter()
+    check_study(Path(options["out"]), cfg)  # a folder of another study: refused before the load
     loaded, tokenizer = load_model(
         source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
     )
@@ -141,12 +143,9 @@ def _finetune(
 ) -> Any:
     """``--finetune pose``: train (resumable), write the folder, and return it loaded with its
     source, so the study then measures the fine-tuned model (``none``: with its scaling)."""
-    from ..hf import remove_posenc
     from .estimate import available_bytes
     from .evaluate import default_documents
-    from .export import export_model
-    from .finetune import FinetuneConfig, finetune, training_bytes
-    from .methods import parse_method
+    from .finetune import FinetuneConfig, pose_model, training_bytes
     from .model import load_model, resolve_source
 
     if options["finetune"] != "pose":
@@ -167,14 +166,10 @@ def _finetune(
         return model, tokenizer, source
     # Training text: the next longest standard-library files after the evaluation documents.
     docs = default_documents(len(cfg.documents) + 4)[len(cfg.documents) :]
-    result = finetune(model, tokenizer, docs, ft, out / "pose")
+    folder, result = pose_model(model, tokenizer, source, docs, ft, out, dtype=options["dtype"])
     typer.echo(
         f"PoSE: {ft.steps} steps in {result['seconds']:.0f} s, last loss {result['losses'][-1]:.3f}"
     )
-    remove_posenc(model)
-    folder = out / "pose-model"
-    if not folder.exists():
-        export_model(model, tokenizer, parse_method(ft.method), cfg.target, folder)
     source = resolve_source(str(folder))
     model, tokenizer = load_model(source, dtype=options["dtype"], device=options["device"])
     return model, tokenizer, source
@@ -290,21 +285,25 @@ def export_command(
 ) -> None:
     """Write a model folder with METHOD as its rope_parameters that stock transformers loads."""
     from .export import export_model
+    from .folder import check_export
     from .methods import parse_method
-    from .model import ModelSource, load_model
+    from .model import ModelSource, load_model, model_identity
 
     try:
         path = Path(run) / "run.json"
         if not path.is_file():
             raise ValueError(f"{run!r} is no `posenc extend` folder (no run.json)")
         spec = json.loads(path.read_text())
+        check_export(Path(run), spec)  # run.json names the model its rows were measured on
         chosen = parse_method(method)
         target = length or max(spec["study"]["lengths"] + spec["study"]["passkey_lengths"])
         if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
             raise ValueError(f"{out!r} exists and is not an empty folder; nothing was written")
         if chosen.name in ("self_extend", "dual_chunk"):
             export_model(None, None, chosen, target, out)  # raises its refusal
-        model, tokenizer = load_model(ModelSource(**spec["source"]), dtype=spec["dtype"])
+        source = ModelSource(**spec["source"])
+        model, tokenizer = load_model(source, dtype=spec["dtype"])
+        check_export(Path(run), spec, model_identity(source, model, spec["dtype"]))  # unchanged
         written = export_model(model, tokenizer, chosen, target, out)
     except ValueError as e:
         fail(str(e))

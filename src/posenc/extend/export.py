@@ -6,6 +6,10 @@ tokenizer beside them, and ``config.json`` with the chosen method as transformer
 ``ntk`` (static NTK-aware scaling) is written as what it is, the default RoPE with the base
 ``theta * factor ** (d / (d - 2))``. Methods that change attention itself (``self_extend``,
 ``dual_chunk``) have no transformers config: they are refused here, and need ``apply_posenc``.
+
+The folder is written aside (a uniquely named temporary folder beside it) and renamed into place
+(:func:`~posenc.extend.folder.folder_written_aside`): an interrupted export leaves no half-written
+folder, and the next export into the same place runs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from ..hf.extension import EXTENSION_METHODS
 from ..hf.rotary import with_rope_parameters
+from .folder import folder_written_aside
 from .methods import Method, as_transformers, resolve
 from .model import rotated_pairs, trained_length
 
@@ -61,8 +66,18 @@ def export_model(
     for attr in ("quantization_config",):  # a GGUF model is written dequantized, as loaded
         if hasattr(new, attr):
             delattr(new, attr)
+    with folder_written_aside(out) as tmp:
+        _save(model, tokenizer, new, tmp)
+        note = _note(method, new, train, resolved)
+        (tmp / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
+    return out
+
+
+def _save(model: Any, tokenizer: Any, config: Any, out: Path) -> None:
+    """``model`` with ``config`` (and ``tokenizer``, if any) saved to the folder ``out``; the
+    model's own config and quantizer are put back however the save ends."""
     old_config, old_quantizer = model.config, getattr(model, "hf_quantizer", None)
-    model.config = new
+    model.config = config
     if old_quantizer is not None:
         model.hf_quantizer = None
     try:
@@ -73,12 +88,14 @@ def export_model(
             model.hf_quantizer = old_quantizer
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
-    note = {
+
+
+def _note(method: Method, new: Any, train: int, resolved: Any) -> dict[str, Any]:
+    """What ``posenc_export.json`` says of the export."""
+    return {
         "method": method.label,
         "rope_parameters": new.rope_parameters,
         "trained_length": train,
         "max_position_embeddings": new.max_position_embeddings,
         "posenc_scaling": resolved.scaling,
     }
-    (out / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
-    return out

@@ -10,7 +10,12 @@ method's scaling in place (``apply_posenc(model, scaling=...)``), and written wi
 :func:`~posenc.extend.export.export_model`, so the result is a folder stock transformers loads.
 
 A checkpoint (weights, optimizer, step, RNG) is written atomically every ``save_every`` steps to
-``<out>/checkpoint.pt``; a rerun with the same settings resumes from it.
+``<out>/checkpoint.pt``; a rerun with the same settings and model resumes from it. It is a lab
+checkpoint (:mod:`posenc.lab.checkpoint`): read with ``weights_only=True`` and checked against the
+SHA-256 digest stored with it, so a checkpoint from elsewhere can never run code; one of other
+settings or another model is refused in one line. :func:`pose_model` is the whole fine-tune of
+``posenc extend --finetune pose``: under the study folder's lock, and written as a model folder
+that appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from typing import Any
 
 import torch
 
+from ..lab.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ..lab.identity import jsonable
 from .methods import Method, as_transformers, resolve
-from .model import rotated_pairs, trained_length
+from .model import ModelSource, model_identity, rotated_pairs, trained_length
 
 log = logging.getLogger("posenc.extend")
 
@@ -88,10 +95,14 @@ def training_bytes(model: Any, train_len: int) -> int:
     )
 
 
-def _save(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint whole
+def _resume(path: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint at ``path`` if it is a whole lab checkpoint of ``identity``; else
+    ValueError, one line (never the file's code: ``weights_only=True``)."""
+    hint = f"delete {path.parent} to fine-tune from step 0, or use another --out"
+    try:
+        return load_checkpoint(path, identity, hint)
+    except CheckpointError as e:
+        raise ValueError(str(e)) from None
 
 
 def finetune(
@@ -100,9 +111,12 @@ def finetune(
     documents: list[Path],
     cfg: FinetuneConfig,
     out: str | os.PathLike[str],
+    *,
+    model_id: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``model`` in place with PoSE and ``cfg.method``'s scaling (left applied, so the
-    caller can evaluate it patched or export it); resumes from ``<out>/checkpoint.pt``. Returns
+    caller can evaluate it patched or export it); resumes from ``<out>/checkpoint.pt`` when it
+    was written for ``cfg`` and ``model_id`` (what names the model). Returns
     ``{"steps", "losses", "seconds"}``."""
     from ..hf import apply_posenc
 
@@ -122,13 +136,13 @@ def finetune(
     rng = random.Random(cfg.seed)
     start_step, losses = 0, []
     ckpt = out / CHECKPOINT
+    identity = jsonable({"pose": asdict(cfg), "model": model_id})
     if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        if state["config"] != asdict(cfg):
-            raise ValueError(f"{ckpt} is from other settings {state['config']}; use another --out")
+        state = _resume(ckpt, identity)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-        rng.setstate(state["rng"])
+        version, mt, gauss = state["rng"]
+        rng.setstate((version, tuple(mt), gauss))
         start_step, losses = state["step"], state["losses"]
         log.info("resumed PoSE at step %d of %d", start_step, cfg.steps)
     model.train()
@@ -147,7 +161,38 @@ def finetune(
         losses.append(float(loss.detach()))
         log.info("PoSE step %d/%d: loss %.4f", step + 1, cfg.steps, losses[-1])
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            _save(ckpt, {"config": asdict(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
-                         "rng": rng.getstate(), "step": step + 1, "losses": losses})  # fmt: skip
+            save_checkpoint(ckpt, {"identity": identity, "model": model.state_dict(),
+                                   "optimizer": opt.state_dict(), "rng": rng.getstate(),
+                                   "step": step + 1, "losses": losses})  # fmt: skip
     model.eval()
     return {"steps": cfg.steps, "losses": losses, "seconds": time.perf_counter() - began}
+
+
+def pose_model(
+    model: Any,
+    tokenizer: Any,
+    source: ModelSource,
+    documents: list[Path],
+    cfg: FinetuneConfig,
+    out: Path,
+    *,
+    dtype: str,
+) -> tuple[Path, dict[str, Any]]:
+    """``posenc extend --finetune pose`` into the study folder ``out``: under its lock, refused
+    where ``out`` holds a study of another model, :func:`finetune` (resumed from
+    ``out/pose/checkpoint.pt``), then ``out/pose-model`` written aside and renamed into place
+    unless a whole one is there. Returns the model folder and :func:`finetune`'s result."""
+    from ..hf import remove_posenc
+    from .export import export_model
+    from .folder import check_finetune_folder, study_lock
+    from .methods import parse_method
+
+    folder = out / "pose-model"
+    with study_lock(out):
+        check_finetune_folder(out, folder)
+        model_id = model_identity(source, model, dtype)
+        result = finetune(model, tokenizer, documents, cfg, out / "pose", model_id=model_id)
+        remove_posenc(model)
+        if not folder.exists():
+            export_model(model, tokenizer, parse_method(cfg.method), cfg.target_len, folder)
+    return folder, result

@@ -16,7 +16,6 @@ cell serves every shorter length).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -29,8 +28,7 @@ from typing import Any
 import torch
 
 from ..lab.identity import stable_hash
-from ..lab.lock import folder_lock
-from ..lab.store import ResultStore
+from ..lab.store import ResultStore, row_key
 from .evaluate import (
     bin_means,
     document_ids,
@@ -39,12 +37,14 @@ from .evaluate import (
     score_passkey,
     token_nll,
 )
+from .folder import RUN_FILE as RUN_FILE  # where `posenc extend export` reads the model
+from .folder import check_study, study_lock, write_run_file
 from .methods import Method, Resolved, as_transformers, resolve
 from .model import ModelSource, model_identity, rotated_pairs, trained_length
+from .rows import read_study_rows
 
 log = logging.getLogger("posenc.extend")
 
-RUN_FILE = "run.json"
 STUDY_SCHEMA = 1
 
 
@@ -227,12 +227,15 @@ def run_study(
     todo = cells(cfg)
     result = StudyRun()
     out.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out):
-        (out / RUN_FILE).write_text(json.dumps({
+    with study_lock(out):
+        settings = check_study(out, cfg, model_id)  # one study per folder, before any write
+        write_run_file(out, {
             "source": asdict(source), "dtype": dtype, "study": _config_dict(cfg), "model": model_id,
-        }, indent=1) + "\n")  # fmt: skip
+            "settings": settings,
+        })  # fmt: skip
         store = ResultStore(out / "results.jsonl")
-        done = store.keys()
+        stored = store.keys()  # a key whose row cannot be read is not done: its row is replaced
+        done = {row_key(r) for r in read_study_rows(store.path)}
         for i, cell in enumerate(todo, 1):
             resolved = resolve(cell.method, train, cfg.target, pairs)
             ident = cell_identity(cell, cfg, model_id, resolved)
@@ -253,7 +256,7 @@ def run_study(
                 **numbers, "seconds": round(seconds, 2), "versions": versions(),
                 "threads": torch.get_num_threads(),
             }  # fmt: skip
-            store.append(row)
+            store.append(row, replace=key in stored)
             result.written.append(row)
             log.info("[%d/%d] %s: %.1f s", i, len(todo), cell.name(), seconds)
             if on_row is not None:
@@ -268,11 +271,12 @@ def _config_dict(cfg: StudyConfig) -> dict[str, Any]:
 
 
 def study_rows(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The rows of a study folder (the lab store's reader: torn lines skipped with a warning)."""
+    """The rows of a study folder, read by one schema (:mod:`posenc.extend.rows`): a torn line,
+    or a row with a field missing or of the wrong type, skipped with a warning."""
     path = Path(out) / "results.jsonl"
     if not path.exists():
         raise ValueError(f"{str(out)!r} holds no study results (no results.jsonl)")
-    return [r for r in ResultStore(path).rows() if r.get("kind") in ("ppl", "passkey")]
+    return read_study_rows(path)
 
 
 def parse_lengths(text: str | Sequence[int]) -> tuple[int, ...]:

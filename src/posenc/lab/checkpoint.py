@@ -12,6 +12,7 @@ import hashlib
 import os
 import pickle
 import random
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,7 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     full = {"format": CKPT_FORMAT, "version": CKPT_VERSION, **payload}
     full["sha256"] = payload_digest(full)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{uuid.uuid4().hex[:8]}")  # unique
     try:
         with open(tmp, "wb") as f:
             torch.save(full, f)
@@ -155,13 +156,17 @@ def read_checkpoint(path: str | os.PathLike[str], hint: str | None = None) -> di
     return ckpt
 
 
-def load_checkpoint(path: Path, identity: dict[str, Any]) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, identity: dict[str, Any], hint: str | None = None
+) -> dict[str, Any]:
     """:func:`read_checkpoint`, then check the checkpoint belongs to ``identity``.
 
-    Raises :class:`CheckpointError` naming the file and what to do when it is unreadable, not a
-    lab checkpoint, of another version, corrupt, or of another configuration.
+    Raises :class:`CheckpointError` naming the file and what to do (``hint``; default: delete it
+    to train the cell from step 0) when it is unreadable, not a lab checkpoint, of another
+    version, corrupt, or of another configuration.
     """
-    hint = f"delete {path} to train this cell from step 0, or point --out at the right folder"
+    if hint is None:
+        hint = f"delete {path} to train this cell from step 0, or point --out at the right folder"
     ckpt = read_checkpoint(path, hint)
     stored = ckpt.get("identity")
     if stored != identity:

@@ -1,0 +1,215 @@
+"""A ``posenc extend`` results folder: one study per folder, written under its lock, with folders
+and files that appear whole or not at all.
+
+One study per folder: a study is its model (:func:`~posenc.extend.model.model_identity`: source,
+type, sizes, dtype, config hash) and the settings that decide how every row is measured
+(:func:`study_settings`: lengths, bin size, documents by content, passkey lengths, depths and
+seed). A run into a folder that holds another study, by its ``run.json`` or by its rows, is
+refused in one line naming what differs (:func:`check_study`), before the model loads where the
+settings already differ, and before anything is written. More methods may join a study: each row
+is one method's, measured like the others. ``export`` checks that ``run.json`` names the model
+its rows were measured on, and that the model it loads is still that model
+(:func:`check_export`).
+
+Writes: ``run.json`` is written aside and renamed into place (:func:`write_run_file`); a model
+folder is written into a uniquely named temporary folder beside it and renamed into place
+(:func:`folder_written_aside`), so an interrupted export or PoSE save leaves no half folder that
+blocks a rerun. :func:`study_lock` is the lab's folder lock with its refusal as one line.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..lab.checkpoint import config_diff
+from ..lab.lock import FolderLocked, folder_lock
+from .rows import PASSKEY, PPL, read_study_rows
+
+RUN_FILE, RESULTS = "run.json", "results.jsonl"
+
+
+@contextmanager
+def study_lock(out: Path) -> Iterator[None]:
+    """Hold ``out``'s folder lock (:func:`posenc.lab.lock.folder_lock`); a folder in use by
+    another run is a ValueError (one line naming that run)."""
+    try:
+        with folder_lock(out):
+            yield
+    except FolderLocked as e:
+        raise ValueError(str(e)) from None
+
+
+def study_settings(cfg: Any) -> dict[str, Any]:
+    """What decides how each row of a :class:`~posenc.extend.study.StudyConfig` is measured (its
+    methods aside): lengths, bin size, documents (name, size, content hash), passkey settings."""
+    from .study import _document_id
+
+    return {
+        "lengths": list(cfg.lengths),
+        "bin_size": cfg.bin_size,
+        "documents": [_document_id(d) for d in cfg.documents],
+        "passkey_lengths": list(cfg.passkey_lengths),
+        "passkey_depths": list(cfg.passkey_depths),
+        "passkey_seed": cfg.passkey_seed,
+    }
+
+
+def _read_run(out: Path) -> dict[str, Any] | None:
+    path = out / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path} is unreadable ({e}); use another --out") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path} is no posenc extend run file; use another --out")
+    return spec
+
+
+def _recorded_settings(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The settings a ``run.json`` records (a file written before they were recorded: derived
+    from its ``study``, documents by name only)."""
+    if isinstance(spec.get("settings"), dict):
+        return dict(spec["settings"])
+    study = spec.get("study")
+    if not isinstance(study, dict):
+        return None
+    out = {k: study.get(k) for k in ("lengths", "bin_size", "passkey_lengths", "passkey_depths",
+                                     "passkey_seed")}  # fmt: skip
+    out["documents"] = [{"name": Path(str(d)).name} for d in study.get("documents") or []]
+    return out
+
+
+def _row_differences(rows: list[dict[str, Any]], want: dict[str, Any]) -> list[str]:
+    """How the rows differ from the study ``want`` (``{"model"?, "settings"}``)."""
+    settings, model = want["settings"], want.get("model")
+    lengths = {str(n) for n in settings["lengths"]}
+    for r in rows:
+        if model is not None and r["model"] != model:
+            return [f"a row's {d}" for d in config_diff(r["model"], model, "model.")[:3]]
+        if r["kind"] == PPL and (r["bin_size"] != settings["bin_size"] or set(r["ppl"]) != lengths):
+            return [f"a row's bin size {r['bin_size']} and lengths {sorted(map(int, r['ppl']))}"]
+        if r["kind"] == PASSKEY and (
+            r["length"] not in settings["passkey_lengths"]
+            or r["depth"] not in settings["passkey_depths"]
+        ):
+            return [f"a row's passkey length {r['length']} at depth {r['depth']}"]
+    return []
+
+
+def check_study(out: Path, cfg: Any, model_id: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Refuse (ValueError, one line naming what differs) a study of ``cfg`` (and ``model_id``,
+    when known) in a folder whose ``run.json`` or rows belong to another study. Returns the
+    settings checked. Reads only: a folder without a study passes."""
+    settings = study_settings(cfg)
+    want: dict[str, Any] = {"settings": settings}
+    if model_id is not None:
+        want["model"] = model_id
+    diff: list[str] = []
+    spec = _read_run(out)
+    if spec is not None:
+        have: dict[str, Any] = {"settings": _recorded_settings(spec)}
+        mine = settings
+        if have["settings"] is not None and "settings" not in spec:
+            mine = {**settings, "documents": [{"name": d["name"]} for d in settings["documents"]]}
+        if model_id is not None:
+            have["model"] = spec.get("model")
+        diff = config_diff(have, {**want, "settings": mine})
+    if not diff and (out / RESULTS).is_file():
+        diff = _row_differences(read_study_rows(out / RESULTS), want)
+    if diff:
+        raise ValueError(
+            f"{out} holds another study (differs in: {'; '.join(diff[:4])}); one folder holds "
+            "one study: use another --out, or the same model and settings to resume it"
+        )
+    return settings
+
+
+def check_finetune_folder(out: Path, model_folder: Path) -> None:
+    """Refuse a PoSE fine-tune into a folder that holds a study of another model than the
+    fine-tune's own (``model_folder``), before any step is trained."""
+    spec = _read_run(out)
+    source = (spec or {}).get("source")
+    path = source.get("path") if isinstance(source, dict) else None
+    if spec is not None and path != str(model_folder.resolve()):
+        raise ValueError(
+            f"{out} holds a study of another model ({path}), not of the PoSE fine-tune "
+            f"{model_folder}; one folder holds one study: use another --out"
+        )
+
+
+def write_run_file(out: Path, record: dict[str, Any]) -> None:
+    """``out/run.json`` written aside and renamed into place."""
+    write_file_atomically(out / RUN_FILE, json.dumps(record, indent=1) + "\n")
+
+
+def write_file_atomically(path: Path, text: str) -> None:
+    """``text`` to a uniquely named file beside ``path``, fsynced, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_export(run: Path, spec: dict[str, Any], model_id: dict[str, Any] | None = None) -> None:
+    """Refuse (ValueError, one line) an export from ``run`` whose ``run.json`` (``spec``) names
+    another model than its rows were measured on, or (``model_id``: the model as loaded now) a
+    model changed since the study."""
+    model = spec.get("model")
+    rows = read_study_rows(run / RESULTS) if (run / RESULTS).is_file() else []
+    for r in rows:
+        if r["model"] != model:
+            diff = "; ".join(config_diff(model, r["model"], "model.")[:3])
+            raise ValueError(
+                f"{run / RUN_FILE} names another model than its rows were measured on ({diff}); "
+                "export from the folder of that study, or run the study again into a new --out"
+            )
+    if model_id is not None and model_id != model:
+        diff = "; ".join(config_diff(model, model_id, "model.")[:3])
+        raise ValueError(
+            f"the model of {run} has changed since the study ({diff}); nothing was written: "
+            "export the model the study measured, or run the study again into a new --out"
+        )
+
+
+@contextmanager
+def folder_written_aside(out: Path) -> Iterator[Path]:
+    """A new folder, uniquely named beside ``out`` (absent or an empty folder), to write into;
+    on a clean exit its files are fsynced and it is renamed to ``out``, on any error (a kill
+    included: ``KeyboardInterrupt``) removed. A kill -9 leaves a hidden ``.NAME.*.partial``
+    folder beside ``out``, never a half-written ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.partial"
+    tmp.mkdir()
+    try:
+        yield tmp
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+        try:
+            os.replace(tmp, out)  # over an empty folder too (rename(2) replaces an empty one)
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise ValueError(
+                    f"{str(out)!r} was written meanwhile and is not an empty folder; nothing was "
+                    "written"
+                ) from None
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,58 @@
+"""A study's rows read by one schema: what the table, the report and the figure read in a ``ppl``
+or ``passkey`` row, checked when the row is read.
+
+A row of a known kind with a field missing or of the wrong type (a hand edit, a row of another
+posenc) is skipped with one warning naming the file and the line, like a torn line, never a
+``KeyError`` in a report; its cell counts as not done, so a rerun of the study computes it again.
+The shapes and their checker are the lab's (:mod:`posenc.lab.rows`,
+:func:`posenc.lab.results.shape_problem`); a null where a float goes (the store writes a
+non-finite float as null) reads back as NaN, a perplexity's null as None (no number).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..lab.results import _nan_at_floats, shape_problem
+from ..lab.rows import NUMBER_OR_NULL, Each, Keys, ListOf
+from ..lab.store import ResultStore
+
+PPL, PASSKEY = "ppl", "passkey"
+KINDS = (PPL, PASSKEY)
+
+#: What names the model in a row (:func:`posenc.extend.model.model_identity`), as read.
+MODEL_SHAPE = Keys({"source": str, "model_type": str, "parameters": int, "trained_length": int,
+                    "dtype": str, "config_hash": str})  # fmt: skip
+
+_COMMON: dict[str, Any] = {
+    "kind": str, "method": str, "settings": Each(Any), "model": MODEL_SHAPE, "seconds": float,
+    "versions": Each(str), "threads": int,
+}  # fmt: skip
+
+#: Every field a study row of each kind is read with (others are allowed and not looked at).
+STUDY_ROWS: dict[str, Keys] = {
+    PPL: Keys({**_COMMON, "document": str, "tokens": int, "bin_size": int, "bins": ListOf(float),
+               "ppl": Each(NUMBER_OR_NULL, int_keys=True)}),
+    PASSKEY: Keys({**_COMMON, "length": int, "depth": float, "key": str, "key_logprob": float,
+                   "ranks": ListOf(int), "exact": bool}),
+}  # fmt: skip
+
+
+def study_row_problem(row: dict[str, Any]) -> tuple[str | None, str | None]:
+    """Why a stored row (an object with a well-typed key) is no readable study row, or None;
+    the store's :data:`~posenc.lab.store.RowCheck`."""
+    kind = row.get("kind")
+    if kind not in KINDS:
+        return f"its kind {kind!r} is not a study row's ({', '.join(KINDS)})", None
+    problem = shape_problem(row, STUDY_ROWS[kind], "row")
+    if problem is not None:
+        return f"{problem} (a {kind} row); a rerun of the study computes its cell again", None
+    return None, None
+
+
+def read_study_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The readable study rows of the store at ``path`` (a ``results.jsonl``), in the order
+    written; every other line skipped with one warning naming the file and the line."""
+    rows = ResultStore(path).numbered_rows(study_row_problem)
+    return [_nan_at_floats(row, STUDY_ROWS[row["kind"]]) for _, row in rows]

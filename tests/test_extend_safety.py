@@ -1,0 +1,362 @@
+"""``posenc extend`` on folders it did not write: nothing in a results or model folder runs code
+(a pickle payload in the PoSE checkpoint, a model folder's own Python), one study per results
+folder (another model or other settings refused in one line; ``export`` checks the model it
+loads against the rows), a row of a known kind with missing or ill-typed fields skipped with a
+warning, and atomic exports and PoSE saves (an interrupted one never blocks a rerun), the
+fine-tune under the folder lock. Tiny transformers models in temporary folders."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from test_extend_study import _tokenizer
+from typer.testing import CliRunner
+
+from posenc.cli import app
+from posenc.extend.evaluate import default_documents
+from posenc.extend.export import export_model
+from posenc.extend.methods import parse_method, parse_methods
+from posenc.extend.model import load_model, resolve_source
+from posenc.extend.study import StudyConfig, run_study, study_rows
+from posenc.lab.lock import folder_lock
+
+TRAINED = 128
+STUDY = ["--methods", "none", "--lengths", "64,256", "--bin-size", "32"]
+
+
+def _model_folder(path: Path, layers: int = 2) -> Path:
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TRAINED,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _model_folder(tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another model (three layers): the same tokenizer, a different config."""
+    return _model_folder(tmp_path_factory.mktemp("llama3l"), layers=3)
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def _one_line_error(result: Any, *needles: str) -> str:
+    """The one ``error:`` line of a refused command, which names every needle."""
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return str(lines[0])
+
+
+class _Payload:
+    """A pickle that creates ``marker`` when it is loaded (``os.system`` in ``__reduce__``)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+# --- nothing from a folder runs code -------------------------------------------------------------
+
+
+def test_a_pose_checkpoint_whose_pickle_runs_code_never_runs(folder: Path, tmp_path: Path) -> None:
+    out, marker = tmp_path / "run", tmp_path / "pwned"
+    (out / "pose").mkdir(parents=True)
+    torch.save({"config": {}, "model": _Payload(marker)}, out / "pose" / "checkpoint.pt")
+    result = _cli("extend", str(folder), "--finetune", "pose", "--steps", "2", "--train-len",
+                  "64", *STUDY, "--out", str(out))  # fmt: skip
+    _one_line_error(result, "checkpoint.pt")
+    assert not marker.exists()
+    assert not (out / "pose-model").exists() and not (out / "results.jsonl").exists()
+
+
+def _remote_code_folder(path: Path, marker: Path, *, in_tokenizer: bool = False) -> Path:
+    """A model folder whose config names its own Python (``auto_map``), which creates ``marker``
+    when it is imported; ``in_tokenizer``: a known model type, the tokenizer's config names it."""
+    path.mkdir()
+    code = f"open({str(marker)!r}, 'w').close()\nfrom transformers import LlamaConfig as EvilConfig\n"
+    (path / "evil.py").write_text(code)
+    auto = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel",
+            "AutoTokenizer": ["evil.EvilTokenizer", None]}  # fmt: skip
+    config: dict[str, Any] = {"model_type": "llama" if in_tokenizer else "posenc_evil"}
+    if not in_tokenizer:
+        config["auto_map"] = auto
+    (path / "config.json").write_text(json.dumps(config))
+    if in_tokenizer:
+        (path / "tokenizer_config.json").write_text(json.dumps({"auto_map": auto}))
+    return path
+
+
+@pytest.fixture
+def answer_yes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user at a terminal who answers transformers' "run the custom code? [y/N]" with y."""
+    monkeypatch.setattr(builtins, "input", lambda *a, **k: "y")
+
+
+@pytest.mark.usefixtures("answer_yes")
+@pytest.mark.parametrize("in_tokenizer", [False, True])
+def test_a_model_folder_that_needs_its_own_code_is_refused(
+    tmp_path: Path, in_tokenizer: bool
+) -> None:
+    marker = tmp_path / "pwned"
+    path = _remote_code_folder(tmp_path / "m", marker, in_tokenizer=in_tokenizer)
+    with pytest.raises(ValueError, match="evil.py") as err:
+        load_model(resolve_source(str(path)))
+    assert "\n" not in str(err.value) and not marker.exists()
+    result = _cli("extend", str(path), *STUDY, "--out", str(tmp_path / "out"))
+    _one_line_error(result, "evil.py", "auto_map")
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.usefixtures("answer_yes")
+def test_transformers_is_never_allowed_remote_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past posenc's own check too (switched off here), transformers is told
+    ``trust_remote_code=False``: it refuses, and never asks."""
+    import posenc.extend.model as M
+
+    monkeypatch.setattr(M, "refuse_folder_code", lambda path: None)
+    marker = tmp_path / "pwned"
+    path = _remote_code_folder(tmp_path / "m", marker)
+    with pytest.raises(ValueError):
+        load_model(resolve_source(str(path)))
+    assert not marker.exists()
+
+
+def test_an_unknown_model_type_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "m"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "posenc_unheard_of"}))
+    with pytest.raises(ValueError, match="posenc_unheard_of"):
+        load_model(resolve_source(str(path)))
+
+
+# --- one study per folder ------------------------------------------------------------------------
+
+
+def _study(folder: Path, out: Path, *extra: str) -> Any:
+    return _cli("extend", str(folder), *STUDY, *extra, "--out", str(out))
+
+
+@pytest.fixture(scope="module")
+def study(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("study")
+    result = _study(folder, out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _snapshot(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and "lock" not in p.name}
+
+
+def test_a_second_study_with_another_model_is_refused(
+    folder: Path, other: Path, study: Path
+) -> None:
+    before = _snapshot(study)
+    line = _one_line_error(_study(other, study), "another study", "model")
+    assert "--out" in line
+    assert _snapshot(study) == before
+    # The same model and settings again: resumed, nothing written.
+    again = _study(folder, study)
+    assert again.exit_code == 0, again.output
+    assert _snapshot(study) == before
+
+
+@pytest.mark.parametrize(
+    "extra", [["--bin-size", "16"], ["--lengths", "64,128"], ["--documents", "2"]]
+)
+def test_a_second_study_with_other_settings_is_refused(
+    folder: Path, study: Path, extra: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import posenc.extend.model as M
+
+    before = _snapshot(study)
+
+    def never(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(M, "load_model", never)
+    args = [*STUDY, *extra]
+    result = _cli("extend", str(folder), *args, "--out", str(study))
+    _one_line_error(result, "another study")
+    assert _snapshot(study) == before
+
+
+def test_more_methods_in_the_same_study_are_added(folder: Path, tmp_path: Path) -> None:
+    """A method added to the same study (same model, same lengths) is measured alike: kept."""
+    out = tmp_path / "s"
+    assert _study(folder, out).exit_code == 0
+    args = ["extend", str(folder), "--methods", "none,linear", "--lengths", "64,256",
+            "--bin-size", "32", "--out", str(out)]  # fmt: skip
+    result = _cli(*args)
+    assert result.exit_code == 0, result.output
+    assert sorted(r["method"] for r in study_rows(out)) == ["linear", "none"]
+
+
+def test_the_api_refuses_another_model_in_a_study_folder(
+    folder: Path, other: Path, study: Path
+) -> None:
+    cfg = StudyConfig(tuple(parse_methods("none")), (64, 256), (str(default_documents(1)[0]),), 32)
+    source = resolve_source(str(other))
+    model, tok = load_model(source)
+    with pytest.raises(ValueError, match="another study"):
+        run_study(model, tok, source, cfg, study)
+
+
+def test_export_refuses_a_run_json_that_the_rows_do_not_match(
+    study: Path, other: Path, tmp_path: Path
+) -> None:
+    """A ``run.json`` naming another model than its rows (as an older posenc overwrote it)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("results.jsonl", "run.json"):
+        (run / name).write_bytes((study / name).read_bytes())
+    spec = json.loads((run / "run.json").read_text())
+    spec["source"]["path"] = str(other)
+    spec["model"] = {**spec["model"], "source": str(other), "config_hash": "0" * 12}
+    (run / "run.json").write_text(json.dumps(spec))
+    out = tmp_path / "exported"
+    result = _cli("extend", "export", str(run), "--method", "yarn", "--out", str(out))
+    _one_line_error(result, "model")
+    assert not out.exists()
+
+
+def test_export_refuses_a_model_folder_changed_since_the_study(
+    folder: Path, tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    for p in folder.iterdir():
+        (model_dir / p.name).write_bytes(p.read_bytes())
+    run = tmp_path / "run"
+    assert _study(model_dir, run).exit_code == 0
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-3}))
+    out = tmp_path / "exported"
+    result = _cli("extend", "export", str(run), "--method", "yarn", "--out", str(out))
+    _one_line_error(result, "changed since")
+    assert not out.exists()
+
+
+# --- rows read by one schema ---------------------------------------------------------------------
+
+
+def test_a_row_of_a_known_kind_with_bad_fields_is_skipped_with_a_warning(
+    study: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    good = (study / "results.jsonl").read_text()
+    row = json.loads(good.splitlines()[0])
+    missing = {k: v for k, v in row.items() if k != "ppl"} | {"config_hash": "a" * 12}
+    typed = {**row, "ppl": {"64": "high"}, "config_hash": "b" * 12}
+    seconds = {**row, "seconds": "slow", "config_hash": "c" * 12}
+    passkey = {**row, "kind": "passkey", "config_hash": "d" * 12}  # no length, depth, ranks...
+    bad = [missing, typed, seconds, passkey]
+    (run / "results.jsonl").write_text(good + "".join(json.dumps(r) + "\n" for r in bad))
+    (run / "run.json").write_bytes((study / "run.json").read_bytes())
+    with pytest.warns(UserWarning) as caught:
+        rows = study_rows(run)
+    assert len(rows) == 1
+    texts = [str(w.message) for w in caught]
+    for line in (2, 3, 4, 5):
+        assert any(f"results.jsonl:{line}:" in t for t in texts), texts
+    assert any("ppl" in t for t in texts)
+    for args in ([], ["--markdown"]):
+        result = _cli("extend", "report", str(run), *args)
+        assert result.exit_code == 0, (result.output, result.exception)
+        assert "none" in result.output
+
+
+def test_a_rerun_recomputes_a_cell_whose_row_cannot_be_read(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    assert _study(folder, out).exit_code == 0
+    path = out / "results.jsonl"
+    (row,) = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text(json.dumps({k: v for k, v in row.items() if k != "ppl"}) + "\n")
+    with pytest.warns(UserWarning, match="ppl"):
+        result = _study(folder, out)
+    assert result.exit_code == 0, result.output
+    (again,) = study_rows(out)
+    assert again["ppl"] == row["ppl"]
+
+
+# --- atomic saves and exports --------------------------------------------------------------------
+
+
+def _interrupt_after_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``save_pretrained`` killed after it wrote ``config.json``, before any weights."""
+    real = transformers.PreTrainedModel.save_pretrained
+
+    def killed(self: Any, path: Any, *a: Any, **k: Any) -> None:
+        self.config.save_pretrained(path)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", killed)
+    assert real is not killed
+
+
+def test_an_interrupted_export_never_blocks_a_rerun(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tok = load_model(resolve_source(str(folder)))
+    out = tmp_path / "exported"
+    with monkeypatch.context() as m:
+        _interrupt_after_config(m)
+        with pytest.raises(KeyboardInterrupt):
+            export_model(model, tok, parse_method("yarn"), 256, out)
+    assert not out.exists()
+    assert export_model(model, tok, parse_method("yarn"), 256, out) == out
+    assert (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]  # no temporary left
+
+
+def test_an_interrupted_pose_save_never_blocks_a_rerun(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "run"
+    args = ["extend", str(folder), "--finetune", "pose", "--steps", "2", "--train-len", "64",
+            *STUDY, "--out", str(out)]  # fmt: skip
+    with monkeypatch.context() as m:
+        _interrupt_after_config(m)
+        first = _cli(*args)
+    assert first.exit_code != 0 and "resumed" not in first.output, first.output  # interrupted
+    assert not (out / "pose-model").exists()
+    result = _cli(*args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "resumed PoSE at step 2 of 2" in result.output
+    assert (out / "pose-model" / "model.safetensors").is_file()
+
+
+def test_the_pose_fine_tune_runs_under_the_folder_lock(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with folder_lock(out):
+        result = _cli("extend", str(folder), "--finetune", "pose", "--steps", "2", "--train-len",
+                      "64", *STUDY, "--out", str(out))  # fmt: skip
+    _one_line_error(result, "in use")
+    assert not (out / "pose").exists()
