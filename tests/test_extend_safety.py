@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from test_extend_study import _tokenizer
 from typer.testing import CliRunner
 
 from posenc.cli import app
@@ -26,6 +25,7 @@ from posenc.extend.methods import parse_method, parse_methods
 from posenc.extend.model import load_model, resolve_source
 from posenc.extend.study import StudyConfig, run_study, study_rows
 from posenc.lab.lock import folder_lock
+from test_extend_study import _tokenizer
 
 TRAINED = 128
 STUDY = ["--methods", "none", "--lengths", "64,256", "--bin-size", "32"]
@@ -97,7 +97,9 @@ def _remote_code_folder(path: Path, marker: Path, *, in_tokenizer: bool = False)
     """A model folder whose config names its own Python (``auto_map``), which creates ``marker``
     when it is imported; ``in_tokenizer``: a known model type, the tokenizer's config names it."""
     path.mkdir()
-    code = f"open({str(marker)!r}, 'w').close()\nfrom transformers import LlamaConfig as EvilConfig\n"
+    code = (
+        f"open({str(marker)!r}, 'w').close()\nfrom transformers import LlamaConfig as EvilConfig\n"
+    )
     (path / "evil.py").write_text(code)
     auto = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel",
             "AutoTokenizer": ["evil.EvilTokenizer", None]}  # fmt: skip
@@ -123,7 +125,7 @@ def test_a_model_folder_that_needs_its_own_code_is_refused(
 ) -> None:
     marker = tmp_path / "pwned"
     path = _remote_code_folder(tmp_path / "m", marker, in_tokenizer=in_tokenizer)
-    with pytest.raises(ValueError, match="evil.py") as err:
+    with pytest.raises(ValueError, match=r"evil\.py") as err:
         load_model(resolve_source(str(path)))
     assert "\n" not in str(err.value) and not marker.exists()
     result = _cli("extend", str(path), *STUDY, "--out", str(tmp_path / "out"))
@@ -347,10 +349,14 @@ def test_an_interrupted_pose_save_never_blocks_a_rerun(
         first = _cli(*args)
     assert first.exit_code != 0 and "resumed" not in first.output, first.output  # interrupted
     assert not (out / "pose-model").exists()
+    killed = out / ".pose-model.0123456789ab.partial"  # what a kill -9 mid-save leaves
+    killed.mkdir()
+    (killed / "config.json").write_text("{}")
     result = _cli(*args)
     assert result.exit_code == 0, (result.output, result.exception)
     assert "resumed PoSE at step 2 of 2" in result.output
     assert (out / "pose-model" / "model.safetensors").is_file()
+    assert not killed.exists()  # removed under the folder's lock
 
 
 def test_the_pose_fine_tune_runs_under_the_folder_lock(folder: Path, tmp_path: Path) -> None:

@@ -184,7 +184,7 @@ def pose_model(
     unless a whole one is there. Returns the model folder and :func:`finetune`'s result."""
     from ..hf import remove_posenc
     from .export import export_model
-    from .folder import check_finetune_folder, study_lock
+    from .folder import check_finetune_folder, remove_partials, study_lock
     from .methods import parse_method
 
     folder = out / "pose-model"
@@ -193,6 +193,7 @@ def pose_model(
         model_id = model_identity(source, model, dtype)
         result = finetune(model, tokenizer, documents, cfg, out / "pose", model_id=model_id)
         remove_posenc(model)
+        remove_partials(folder)  # what a killed save left (no other run writes: the lock is held)
         if not folder.exists():
             export_model(model, tokenizer, parse_method(cfg.method), cfg.target_len, folder)
     return folder, result

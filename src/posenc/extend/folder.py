@@ -186,6 +186,18 @@ def check_export(run: Path, spec: dict[str, Any], model_id: dict[str, Any] | Non
         )
 
 
+def _partials(out: Path) -> list[Path]:
+    """The temporary folders :func:`folder_written_aside` makes for ``out``."""
+    return sorted(out.parent.glob(f".{out.name}.*.partial"))
+
+
+def remove_partials(out: Path) -> None:
+    """Remove what killed writes of ``out`` left beside it (:func:`folder_written_aside`); only
+    for a caller that holds the lock of the folder they are in (no write of it is running)."""
+    for path in _partials(out):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @contextmanager
 def folder_written_aside(out: Path) -> Iterator[Path]:
     """A new folder, uniquely named beside ``out`` (absent or an empty folder), to write into;
