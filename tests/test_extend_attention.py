@@ -300,8 +300,8 @@ def test_refusals_are_one_line() -> None:
             head_dim=16,
         )
     )
-    with pytest.raises(ValueError, match="layer types"):
-        apply_posenc(gemma3, extension=EXTENSIONS[0])
+    with pytest.raises(ValueError, match="acts on full-attention layers with RoPE.*sliding window"):
+        apply_posenc(gemma3, extension=EXTENSIONS[0])  # two sliding layers: nothing to extend
     cohere = transformers.AutoModelForCausalLM.from_config(
         transformers.CohereConfig(
             vocab_size=32,

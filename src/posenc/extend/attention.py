@@ -104,12 +104,15 @@ def set_attention(
     which: Which,
     keep: torch.Tensor | None,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention in which each (query, key) pair takes its logit from the set ``which`` names.
 
     ``sets[0]`` must be unbounded (``max_distance=None``); the others are bounded bands. Keys
-    later than the query (by position) and keys ``keep`` drops get no weight. Returns
-    ``[b, h, s, d]`` in ``v``'s dtype.
+    later than the query (by position) and keys ``keep`` drops get no weight. ``softcap``:
+    Gemma-2's ``cap * tanh(logit / cap)`` on each scaled logit before the mask (as transformers'
+    eager attention), elementwise, so applying it to the chosen logits is applying it per set.
+    Returns ``[b, h, s, d]`` in ``v``'s dtype.
     """
     b, h, s, _d = sets[0].q.shape
     t, hk = v.shape[2], v.shape[1]
@@ -130,6 +133,8 @@ def set_attention(
             band = _logits(ks.q[:, :, r0:r1], ks.k[:, :, lo:end], scale)  # [b, h, r, end - lo]
             mine = chosen[:, None, :, lo:] == index  # [b, 1, r, end - lo]
             logits[..., lo:] = torch.where(mine, band, logits[..., lo:])  # in place on the band
+        if softcap:
+            logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
         visible = dist[:, None] >= 0  # [b, 1, r, end]: causal by position
         if keep is not None:  # [b, 1, s | 1, t]: per query row, or one row of valid keys
             visible = visible & (keep[..., :end] if keep.shape[2] == 1 else keep[:, :, r0:r1, :end])
@@ -159,6 +164,7 @@ def self_extend_attention(
     keep: torch.Tensor | None = None,
     attention_scaling: float = 1.0,
     layout: str = "half",
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Self-Extend attention (see the module docstring): ``[b, h, s, d]`` from unrotated
     ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` and query positions ``q_pos [b, s]``."""
@@ -181,7 +187,7 @@ def self_extend_attention(
     def which(dist: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
         return (dist < w).long()  # 1: the neighbour window, 0: grouped
 
-    return set_attention(sets, v, q_pos, which, keep, scale)
+    return set_attention(sets, v, q_pos, which, keep, scale, softcap)
 
 
 def dual_chunk_attention(
@@ -197,6 +203,7 @@ def dual_chunk_attention(
     keep: torch.Tensor | None = None,
     attention_scaling: float = 1.0,
     layout: str = "half",
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Dual Chunk Attention (see the module docstring): ``[b, h, s, d]`` from unrotated
     ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` and query positions ``q_pos [b, s]``."""
@@ -219,4 +226,4 @@ def dual_chunk_attention(
         # 0 same chunk -> set 1 (intra); 1 -> set 2 (successive); >= 2 -> set 0 (inter)
         return torch.where(apart == 0, 1, torch.where(apart == 1, 2, 0))
 
-    return set_attention(sets, v, q_pos, which, keep, scale)
+    return set_attention(sets, v, q_pos, which, keep, scale, softcap)

@@ -124,10 +124,8 @@ def extension_attention(
     """transformers' attention-function signature over unrotated ``query [b, h, s, d]``,
     ``key, value [b, hk, t, d]`` -> ``([b, s, h, d], None)``."""
     state: ExtensionState = module.posenc_extension  # type: ignore[assignment]
-    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
-        raise ValueError(
-            f"{state.method} does not apply to sliding-window or soft-capped attention"
-        )
+    if kwargs.get("sliding_window") is not None:  # sliding layers are never patched
+        raise ValueError(f"{state.method} does not apply to sliding-window attention")
     if dropout and module.training:
         raise ValueError(f"{state.method} is for inference: call model.eval() first")
     b, _, s, _ = query.shape
@@ -143,6 +141,7 @@ def extension_attention(
         "keep": _keep_mask(attention_mask, t),
         "attention_scaling": state.attention_scaling,
         "layout": state.layout,
+        "softcap": kwargs.get("softcap"),  # Gemma-2's attn_logit_softcapping
     }
     run: Callable[..., torch.Tensor] = (
         self_extend_attention if state.method == "self_extend" else dual_chunk_attention
@@ -178,22 +177,30 @@ EXTENSION_OVERRIDES: dict[str, Any] = {
 }
 
 
-def extension_state(model: nn.Module, modeling: Any, extension: dict[str, Any]) -> ExtensionState:
-    """The layers' :class:`ExtensionState` for ``model``, or a one-line refusal of what in this
-    model the method cannot apply to."""
+def extension_states(
+    model: nn.Module, modeling: Any, extension: dict[str, Any]
+) -> dict[int, ExtensionState]:
+    """``{layer index: ExtensionState}`` for the layers the method acts on, or a one-line refusal
+    of what in this model it cannot apply to.
+
+    The method acts on the **full-attention layers with RoPE** (:func:`~posenc.hf.position_plan`
+    reads them, as transformers builds them): a sliding-window or chunked layer never sees a
+    distance past its window, and a NoPE layer has no positions; they keep their own attention.
+    Each acted-on layer rotates by its own layer type's frequencies, read from the model's
+    rotary module (``inv_freq``, or Gemma-3's ``full_attention_inv_freq``)."""
+    from .plan import position_plan
+
     text = model.config.get_text_config(decoder=True)  # type: ignore[union-attr,operator]
     model_type = getattr(text, "model_type", "?")
     method = extension["method"]
-    layer_types = set(getattr(text, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"}:
+    plan = position_plan(text, cache_len=1)
+    targets = [x for x in plan.layers if x.span == "full" and x.uses_rope]
+    if not targets:
+        kinds = sorted({_describe(x) for x in plan.layers})
         raise ValueError(
-            f"{method} needs every layer to be full attention with RoPE; this {model_type} "
-            f"has layer types {sorted(layer_types)}"
+            f"{method} acts on full-attention layers with RoPE, and this {model_type} has none "
+            f"({', '.join(kinds)}): no layer sees positions past what it was trained on"
         )
-    if getattr(text, "attn_logit_softcapping", None):
-        raise ValueError(f"{method} does not apply to soft-capped attention ({model_type})")
-    if hasattr(text, "no_rope_layers") or hasattr(text, "no_rope_layer_interval"):
-        raise ValueError(f"{method} needs RoPE on every layer; {model_type} has NoPE layers")
     rotaries = [
         m
         for m in model.modules()
@@ -201,22 +208,40 @@ def extension_state(model: nn.Module, modeling: Any, extension: dict[str, Any]) 
         and type(m).__name__.endswith("RotaryEmbedding")
         and "Vision" not in type(m).__name__
     ]
-    if len(rotaries) != 1 or not isinstance(getattr(rotaries[0], "inv_freq", None), torch.Tensor):
+    if len(rotaries) != 1:
         raise ValueError(
-            f"{method} needs one text rotary module with inv_freq; this {model_type} has "
-            f"{len(rotaries)}"
+            f"{method} needs one text rotary module; this {model_type} has {len(rotaries)}"
         )
     rotary = rotaries[0]
-    rope_type = getattr(rotary, "rope_type", "default")
-    if rope_type in _LENGTH_DEPENDENT:
-        raise ValueError(
-            f"{method} rotates by fixed frequencies; this model's rope_type {rope_type!r} "
-            "changes them with the length"
-        )
-    inv_freq = torch.as_tensor(rotary.inv_freq).detach().to(torch.float32)
-    if inv_freq.device.type == "meta":
-        raise ValueError(f"{method} needs the model's weights loaded (its inv_freq is on meta)")
     options = {k: v for k, v in extension.items() if k != "method"}
-    return ExtensionState(
-        method, options, inv_freq, float(getattr(rotary, "attention_scaling", 1.0))
-    )
+    states: dict[int, ExtensionState] = {}
+    for layer in targets:
+        per_type = isinstance(getattr(rotary, "rope_type", None), dict)
+        prefix = f"{layer.layer_type}_" if per_type else ""
+        inv_freq = getattr(rotary, f"{prefix}inv_freq", None)
+        if not isinstance(inv_freq, torch.Tensor):
+            raise ValueError(
+                f"{method} needs the rotary module's {prefix}inv_freq; this {model_type}'s "
+                f"{type(rotary).__name__} has none"
+            )
+        rope_type = rotary.rope_type[layer.layer_type] if per_type else rotary.rope_type  # type: ignore[index]
+        if rope_type in _LENGTH_DEPENDENT:
+            raise ValueError(
+                f"{method} rotates by fixed frequencies; this model's rope_type {rope_type!r} "
+                "changes them with the length"
+            )
+        inv_freq = inv_freq.detach().to(torch.float32)
+        if inv_freq.device.type == "meta":
+            raise ValueError(f"{method} needs the model's weights loaded (its inv_freq is on meta)")
+        scaling = float(getattr(rotary, f"{prefix}attention_scaling", 1.0))
+        states[layer.index] = ExtensionState(method, options, inv_freq, scaling)
+    return states
+
+
+def _describe(layer: Any) -> str:
+    """A layer's kind as a refusal names it."""
+    if isinstance(layer.span, tuple):
+        kind = f"{layer.span[0]} window {layer.span[1]}"
+    else:
+        kind = {"full": "full attention", "none": "no attention"}[layer.span]
+    return kind + ("" if layer.uses_rope else " without RoPE")

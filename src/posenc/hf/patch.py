@@ -35,7 +35,7 @@ from .._checks import check_choice
 from ..kernels.constants import ROTARY_BACKENDS
 from .checks import check_scaling_argument
 from .config import HF_ROPE_TYPES
-from .extension import EXTENSION_OVERRIDES, extension_state, normalize_extension
+from .extension import EXTENSION_OVERRIDES, extension_states, normalize_extension
 from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb, apply_rotary_trailing
 from .scaling import check_layers
 from .shadow import PatchedForward, code_names, plain_function, shadow_module
@@ -311,8 +311,12 @@ def _apply_extension(
             f"extension {ext['method']!r} supports half-split RoPE models "
             f"({', '.join(extension_model_types())}); {model_type} rotates otherwise"
         )
-    state = extension_state(model, modeling, ext)
-    layers = _attention_layers(model, modeling, {"apply_rotary_pos_emb"}, strict=True)
+    states = extension_states(model, modeling, ext)  # the full-attention RoPE layers' own
+    every = _attention_layers(model, modeling, {"apply_rotary_pos_emb"}, strict=True)
+    if any(not isinstance(getattr(x, "layer_idx", None), int) for x in every):
+        raise ValueError(f"extension {ext['method']!r}: {model_type}'s layers carry no layer_idx")
+    # Sliding-window and NoPE layers keep the forward they have (their window, their positions).
+    layers = [x for x in every if x.layer_idx in states]
     for layer in layers:
         names = code_names(type(layer).forward)
         if not names & {"ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"}:
@@ -323,7 +327,7 @@ def _apply_extension(
     _check_forwards(layers)
     _install(model, PosencPatch(model_type, backend, None, ext), layers, extension_shadow_for)
     for layer in layers:
-        layer.posenc_extension = state  # type: ignore[assignment]
+        layer.posenc_extension = states[layer.layer_idx]  # type: ignore[assignment,index]
     return model
 
 
