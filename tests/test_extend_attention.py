@@ -300,7 +300,9 @@ def test_refusals_are_one_line() -> None:
             head_dim=16,
         )
     )
-    with pytest.raises(ValueError, match="acts on full-attention layers with RoPE.*sliding window"):
+    with pytest.raises(
+        ValueError, match=r"acts on full-attention layers with RoPE.*sliding window"
+    ):
         apply_posenc(gemma3, extension=EXTENSIONS[0])  # two sliding layers: nothing to extend
     cohere = transformers.AutoModelForCausalLM.from_config(
         transformers.CohereConfig(
