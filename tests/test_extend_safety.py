@@ -190,34 +190,49 @@ def test_a_second_study_with_another_model_is_refused(
 
 
 @pytest.mark.parametrize(
-    "extra", [["--bin-size", "16"], ["--lengths", "64,128"], ["--documents", "2"]]
-)
+    ("extra", "named"),
+    [("--bin-size 16", "bin_size"), ("--lengths 64,128", "target"),
+     ("--text topics.py", "document topics.py: other contents")],
+)  # fmt: skip
 def test_a_second_study_with_other_settings_is_refused(
-    folder: Path, study: Path, extra: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+    folder: Path, study: Path, extra: str, named: str, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Another bin size, other lengths (and so another target), or a document of the same name
+    with other contents (``topics.py``, here the text of another file)."""
     import posenc.extend.model as M
 
     before = _snapshot(study)
+    (tmp_path / "topics.py").write_text(default_documents(2)[1].read_text())
+    args = [*STUDY, *(str(tmp_path / a) if a == "topics.py" else a for a in extra.split())]
 
     def never(*a: Any, **k: Any) -> Any:
         raise AssertionError("the model was loaded before the settings were checked")
 
     monkeypatch.setattr(M, "load_model", never)
-    args = [*STUDY, *extra]
     result = _cli("extend", str(folder), *args, "--out", str(study))
-    _one_line_error(result, "another study")
+    _one_line_error(result, "another study", named)
     assert _snapshot(study) == before
 
 
-def test_more_methods_in_the_same_study_are_added(folder: Path, tmp_path: Path) -> None:
-    """A method added to the same study (same model, same lengths) is measured alike: kept."""
+def test_more_methods_and_documents_in_the_same_study_are_added(
+    folder: Path, tmp_path: Path
+) -> None:
+    """A method or a document added to the same study (same model, lengths, target) is measured
+    like the others: kept; and a run of the first settings again still resumes."""
     out = tmp_path / "s"
     assert _study(folder, out).exit_code == 0
     args = ["extend", str(folder), "--methods", "none,linear", "--lengths", "64,256",
-            "--bin-size", "32", "--out", str(out)]  # fmt: skip
+            "--bin-size", "32", "--documents", "2", "--out", str(out)]  # fmt: skip
     result = _cli(*args)
     assert result.exit_code == 0, result.output
-    assert sorted(r["method"] for r in study_rows(out)) == ["linear", "none"]
+    rows = study_rows(out)
+    assert sorted((r["method"], r["document"]) for r in rows) == sorted(
+        (m, d.name) for m in ("linear", "none") for d in default_documents(2)
+    )
+    assert _study(folder, out).exit_code == 0 and len(study_rows(out)) == 4
+    names = [d["name"] for d in json.loads((out / "run.json").read_text())["settings"]["documents"]]
+    assert names == [d.name for d in default_documents(2)]  # the folder's documents, all of them
 
 
 def test_the_api_refuses_another_model_in_a_study_folder(

@@ -2,14 +2,14 @@
 and files that appear whole or not at all.
 
 One study per folder: a study is its model (:func:`~posenc.extend.model.model_identity`: source,
-type, sizes, dtype, config hash) and the settings that decide how every row is measured
-(:func:`study_settings`: lengths, bin size, documents by content, passkey lengths, depths and
-seed). A run into a folder that holds another study, by its ``run.json`` or by its rows, is
-refused in one line naming what differs (:func:`check_study`), before the model loads where the
-settings already differ, and before anything is written. More methods may join a study: each row
-is one method's, measured like the others. ``export`` checks that ``run.json`` names the model
-its rows were measured on, and that the model it loads is still that model
-(:func:`check_export`).
+type, sizes, dtype, config hash) and the settings every row is measured with (:data:`FIXED`:
+lengths, bin size, the target length the methods' factors are set for, the passkey seed; and a
+document's contents under its name). A run into a folder that holds another study, by its
+``run.json`` or by its rows, is refused in one line naming what differs (:func:`check_study`),
+before the model loads where the settings already differ, and before anything is written. A run
+may add methods, documents and passkey lengths and depths to a study: each new row is measured
+like the others. ``export`` checks that ``run.json`` names the model its rows were measured on,
+and that the model it loads is still that model (:func:`check_export`).
 
 Writes: ``run.json`` is written aside and renamed into place (:func:`write_run_file`); a model
 folder is written into a uniquely named temporary folder beside it and renamed into place
@@ -47,18 +47,26 @@ def study_lock(out: Path) -> Iterator[None]:
         raise ValueError(str(e)) from None
 
 
+#: The settings every row of a study is measured with: a run into a folder that recorded other
+#: values is another study. (Methods, documents, passkey lengths and depths are what a study has
+#: rows of: a run may add to them, each new row measured like the others.)
+FIXED = ("lengths", "bin_size", "target", "passkey_seed")
+
+
 def study_settings(cfg: Any) -> dict[str, Any]:
-    """What decides how each row of a :class:`~posenc.extend.study.StudyConfig` is measured (its
-    methods aside): lengths, bin size, documents (name, size, content hash), passkey settings."""
+    """What a :class:`~posenc.extend.study.StudyConfig` records of how its rows are measured:
+    the :data:`FIXED` settings (``target``: the length the methods' factors are set for) and the
+    documents (name, size, content hash) and passkey lengths and depths it has rows of."""
     from .study import _document_id
 
     return {
         "lengths": list(cfg.lengths),
         "bin_size": cfg.bin_size,
+        "target": cfg.target,
+        "passkey_seed": cfg.passkey_seed,
         "documents": [_document_id(d) for d in cfg.documents],
         "passkey_lengths": list(cfg.passkey_lengths),
         "passkey_depths": list(cfg.passkey_depths),
-        "passkey_seed": cfg.passkey_seed,
     }
 
 
@@ -75,57 +83,75 @@ def _read_run(out: Path) -> dict[str, Any] | None:
     return spec
 
 
-def _recorded_settings(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The settings a ``run.json`` records (a file written before they were recorded: derived
-    from its ``study``, documents by name only)."""
-    if isinstance(spec.get("settings"), dict):
-        return dict(spec["settings"])
-    study = spec.get("study")
-    if not isinstance(study, dict):
-        return None
-    out = {k: study.get(k) for k in ("lengths", "bin_size", "passkey_lengths", "passkey_depths",
-                                     "passkey_seed")}  # fmt: skip
-    out["documents"] = [{"name": Path(str(d)).name} for d in study.get("documents") or []]
-    return out
+def _recorded_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """The settings a ``run.json`` records; what one written before a setting was recorded lacks
+    is derived from its ``study`` (documents by name only)."""
+    study: dict[str, Any] = spec["study"] if isinstance(spec.get("study"), dict) else {}
+    lengths, keys = list(study.get("lengths") or []), list(study.get("passkey_lengths") or [])
+    derived = {
+        "lengths": lengths,
+        "bin_size": study.get("bin_size"),
+        "target": max(lengths + keys) if lengths + keys else None,
+        "passkey_seed": study.get("passkey_seed"),
+        "documents": [{"name": Path(str(d)).name} for d in study.get("documents") or []],
+        "passkey_lengths": keys,
+        "passkey_depths": list(study.get("passkey_depths") or []),
+    }
+    recorded = spec.get("settings")
+    return {**derived, **recorded} if isinstance(recorded, dict) else derived
 
 
-def _row_differences(rows: list[dict[str, Any]], want: dict[str, Any]) -> list[str]:
-    """How the rows differ from the study ``want`` (``{"model"?, "settings"}``)."""
-    settings, model = want["settings"], want.get("model")
+def _merged(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``new`` with the documents and passkey lengths and depths of ``old`` it lacks (what the
+    folder then has rows of), and how the two differ where they may not: a :data:`FIXED`
+    setting, or a document of one name with other contents."""
+    diff = config_diff({k: old.get(k) for k in FIXED}, {k: new[k] for k in FIXED})
+    docs = {d.get("name"): d for d in old.get("documents") or [] if isinstance(d, dict)}
+    for d in new["documents"]:
+        was = docs.get(d["name"])
+        if was is not None and "sha" in was and was != d:
+            diff.append(
+                f"document {d['name']}: other contents ({was.get('bytes')} -> {d['bytes']} bytes)"
+            )
+        docs[d["name"]] = d
+    merged = dict(new)
+    merged["documents"] = list(docs.values())
+    for key in ("passkey_lengths", "passkey_depths"):
+        merged[key] = sorted({*(old.get(key) or []), *new[key]})
+    return merged, diff
+
+
+def _row_differences(rows: list[dict[str, Any]], settings: dict[str, Any],
+                     model: dict[str, Any] | None) -> list[str]:  # fmt: skip
+    """How the rows differ from a study of ``settings`` (and ``model``, when known)."""
     lengths = {str(n) for n in settings["lengths"]}
     for r in rows:
         if model is not None and r["model"] != model:
             return [f"a row's {d}" for d in config_diff(r["model"], model, "model.")[:3]]
         if r["kind"] == PPL and (r["bin_size"] != settings["bin_size"] or set(r["ppl"]) != lengths):
             return [f"a row's bin size {r['bin_size']} and lengths {sorted(map(int, r['ppl']))}"]
-        if r["kind"] == PASSKEY and (
-            r["length"] not in settings["passkey_lengths"]
-            or r["depth"] not in settings["passkey_depths"]
-        ):
-            return [f"a row's passkey length {r['length']} at depth {r['depth']}"]
+        if r["kind"] == PASSKEY and r["length"] > settings["target"]:
+            return [
+                f"a row's passkey length {r['length']} (beyond the target {settings['target']})"
+            ]
     return []
 
 
 def check_study(out: Path, cfg: Any, model_id: dict[str, Any] | None = None) -> dict[str, Any]:
     """Refuse (ValueError, one line naming what differs) a study of ``cfg`` (and ``model_id``,
-    when known) in a folder whose ``run.json`` or rows belong to another study. Returns the
-    settings checked. Reads only: a folder without a study passes."""
+    when known) in a folder whose ``run.json`` or rows belong to another study: another model,
+    or another :data:`FIXED` setting, or a document of the same name with other contents.
+    Returns the settings to record (the folder's documents and passkey lengths and depths
+    joined with ``cfg``'s). Reads only: a folder without a study passes."""
     settings = study_settings(cfg)
-    want: dict[str, Any] = {"settings": settings}
-    if model_id is not None:
-        want["model"] = model_id
     diff: list[str] = []
     spec = _read_run(out)
     if spec is not None:
-        have: dict[str, Any] = {"settings": _recorded_settings(spec)}
-        mine = settings
-        if have["settings"] is not None and "settings" not in spec:
-            mine = {**settings, "documents": [{"name": d["name"]} for d in settings["documents"]]}
+        settings, diff = _merged(_recorded_settings(spec), settings)
         if model_id is not None:
-            have["model"] = spec.get("model")
-        diff = config_diff(have, {**want, "settings": mine})
+            diff += config_diff(spec.get("model"), model_id, "model.")
     if not diff and (out / RESULTS).is_file():
-        diff = _row_differences(read_study_rows(out / RESULTS), want)
+        diff = _row_differences(read_study_rows(out / RESULTS), settings, model_id)
     if diff:
         raise ValueError(
             f"{out} holds another study (differs in: {'; '.join(diff[:4])}); one folder holds "
