@@ -245,6 +245,21 @@ def test_the_api_refuses_another_model_in_a_study_folder(
         run_study(model, tok, source, cfg, study)
 
 
+def test_a_folder_with_the_rows_of_two_models_is_not_reported_as_one_table(
+    study: Path, tmp_path: Path
+) -> None:
+    """A folder into which an older posenc wrote a second study of another model."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (row,) = [json.loads(line) for line in (study / "results.jsonl").read_text().splitlines()]
+    model = {**row["model"], "config_hash": "0" * 12, "source": "/elsewhere/other-model"}
+    other = {**row, "model": model, "config_hash": "f" * 12}
+    (run / "results.jsonl").write_text(json.dumps(row) + "\n" + json.dumps(other) + "\n")
+    for args in ([], ["--markdown"]):
+        result = _cli("extend", "report", str(run), *args)
+        _one_line_error(result, "2 models", "config_hash")
+
+
 def test_export_refuses_a_run_json_that_the_rows_do_not_match(
     study: Path, other: Path, tmp_path: Path
 ) -> None:

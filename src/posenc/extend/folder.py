@@ -160,6 +160,22 @@ def check_study(out: Path, cfg: Any, model_id: dict[str, Any] | None = None) -> 
     return settings
 
 
+def check_one_model(rows: list[dict[str, Any]], out: str | os.PathLike[str]) -> None:
+    """Refuse (ValueError, one line) to read ``rows`` of more than one model as one study (a
+    folder into which an older posenc wrote a second study): their table would mix them."""
+    models: list[dict[str, Any]] = []
+    for r in rows:
+        if r["model"] not in models:
+            models.append(r["model"])
+    if len(models) > 1:
+        diff = "; ".join(config_diff(models[0], models[1], "model.")[:3])
+        raise ValueError(
+            f"{out} holds the rows of {len(models)} models (differs in: {diff}), as an older "
+            "posenc wrote a second study into one folder; one table is one model's: run each "
+            "study into its own --out"
+        )
+
+
 def check_finetune_folder(out: Path, model_folder: Path) -> None:
     """Refuse a PoSE fine-tune into a folder that holds a study of another model than the
     fine-tune's own (``model_folder``), before any step is trained."""

@@ -38,7 +38,7 @@ from .evaluate import (
     token_nll,
 )
 from .folder import RUN_FILE as RUN_FILE  # where `posenc extend export` reads the model
-from .folder import check_study, study_lock, write_run_file
+from .folder import check_one_model, check_study, study_lock, write_run_file
 from .methods import Method, Resolved, as_transformers, resolve
 from .model import ModelSource, model_identity, rotated_pairs, trained_length
 from .rows import read_study_rows
@@ -272,11 +272,14 @@ def _config_dict(cfg: StudyConfig) -> dict[str, Any]:
 
 def study_rows(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The rows of a study folder, read by one schema (:mod:`posenc.extend.rows`): a torn line,
-    or a row with a field missing or of the wrong type, skipped with a warning."""
+    or a row with a field missing or of the wrong type, skipped with a warning. Rows of more
+    than one model are refused (:func:`~posenc.extend.folder.check_one_model`)."""
     path = Path(out) / "results.jsonl"
     if not path.exists():
         raise ValueError(f"{str(out)!r} holds no study results (no results.jsonl)")
-    return read_study_rows(path)
+    rows = read_study_rows(path)
+    check_one_model(rows, out)
+    return rows
 
 
 def parse_lengths(text: str | Sequence[int]) -> tuple[int, ...]:
