@@ -1,8 +1,9 @@
 """Decoding far past the first cos/sin table: the table grows on demand and stays exact.
 
 ``RotaryEmbedding``'s table starts at ``cache_len`` rows and doubles to cover the positions of
-an eager CPU call, up to ``max_cache_len``; past that, and for frequencies that change with the
-length (dynamic NTK past its original length), cos/sin are computed for the call. References:
+an eager CPU call, up to ``max_cache_len``; past that a window table holds the call's positions;
+for frequencies that change with the length (dynamic NTK past its original length), and a call
+spanning more than a window, cos/sin are computed for the call. References:
 the RoPE formula evaluated here in float64 (independently of posenc's helpers) and
 transformers' own rotary modules and ``apply_rotary_pos_emb``. Speed is measured by
 ``posenc bench decode-positions``, never here.
@@ -23,18 +24,18 @@ from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
 from posenc.hf import HFRotaryEmbedding, rope_from_hf
 from posenc.kernels import rope_qk
-from posenc.rotary import MRoPE, RotaryEmbedding
+from posenc.rotary import MRoPE, RotaryEmbedding, table_cache
 from posenc.rotary.embedding import MAX_CACHE_LEN
 
 D = 16  # 8 pairs: a 2**20-row table is 2 x 32 MiB
 LONG = (4096, 4097, 10**5, 10**6, MAX_CACHE_LEN - 1)
-PAST = (MAX_CACHE_LEN, 3 * 10**6)  # past the largest table: computed per call
+PAST = (MAX_CACHE_LEN, 3 * 10**6)  # past the largest table: a window
 
 
-def _qk(b: int = 2, d: int = D, dtype: torch.dtype = torch.float32):
+def _qk(b: int = 2, d: int = D, dtype: torch.dtype = torch.float32, t: int = 1):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(b, 4, 1, d, generator=g).to(dtype)  # [b, h, 1, d]
-    k = torch.randn(b, 2, 1, d, generator=g).to(dtype)  # [b, hk, 1, d]
+    k = torch.randn(b, 2, t, d, generator=g).to(dtype)  # [b, hk, t, d]
     return q, k
 
 
@@ -50,10 +51,18 @@ def _formula(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) ->
     return torch.cat((x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()), -1)
 
 
-def _close(got: tuple[torch.Tensor, torch.Tensor], q, k, positions) -> None:  # type: ignore[no-untyped-def]
+def _close(got: tuple[torch.Tensor, torch.Tensor], q, k, positions, k_positions=None) -> None:  # type: ignore[no-untyped-def]
     # float32 outputs of |x| <= ~4: cos/sin rounded to float32, then two products and a sum
-    for out, x in zip(got, (q, k), strict=True):
-        torch.testing.assert_close(out.double(), _formula(x, positions), rtol=0, atol=2e-6)
+    k_positions = positions if k_positions is None else k_positions
+    for out, x, p in zip(got, (q, k), (positions, k_positions), strict=True):
+        torch.testing.assert_close(out.double(), _formula(x, p), rtol=0, atol=2e-6)
+
+
+def _cos_sin_close(rope: RotaryEmbedding, positions: torch.Tensor) -> None:
+    cos, sin = rope.cos_sin(positions)  # [*, d/2]
+    angle = positions.double()[..., None] * 10000.0 ** (-torch.arange(0, D, 2).double() / D)
+    torch.testing.assert_close(cos.double(), angle.cos(), rtol=0, atol=1e-7)
+    torch.testing.assert_close(sin.double(), angle.sin(), rtol=0, atol=1e-7)
 
 
 def _rows(rope: RotaryEmbedding, key: str = "base") -> int:
@@ -69,14 +78,9 @@ def test_a_position_past_the_first_table_is_exact(p: int) -> None:
     _close(rope(q, k, positions), q, k, positions)
     if p < MAX_CACHE_LEN:  # the table grew by doubling from 4096 rows to cover it
         assert _rows(rope) == 4096 * 2 ** max(0, (p // 4096).bit_length())
-    else:  # past the largest table: computed for the call, no table built for it
-        assert _rows(rope) == 0
-    # the cos/sin the drop-in reads come from the same table
-    cos, sin = rope.cos_sin(positions)  # [b, 1, d/2]
-    inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    angle = positions.double()[..., None] * inv
-    torch.testing.assert_close(cos.double(), angle.cos(), rtol=0, atol=1e-7)
-    torch.testing.assert_close(sin.double(), angle.sin(), rtol=0, atol=1e-7)
+    else:  # past the largest table: a window holds it, no table is built for it
+        assert _rows(rope) == 0 and len(rope._windows.tables) == 1
+    _cos_sin_close(rope, positions)  # what the drop-in reads: the same table
 
 
 def test_a_decode_across_growths_is_exact_and_keeps_the_rows_it_had() -> None:
@@ -92,6 +96,50 @@ def test_a_decode_across_growths_is_exact_and_keeps_the_rows_it_had() -> None:
     assert _rows(rope) == 64 * 2**14  # 1,048,576: grown five times, never for 2e6
     after = rope.cos_sin(torch.arange(64))
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+
+
+def test_a_decode_past_the_largest_table_moves_a_window_and_stays_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rope = RotaryEmbedding(D, cache_len=64, max_cache_len=256)  # small limits: a cheap test
+    serve = table_cache.Windows.serve
+    served: list[int] = []  # the checked calls a window served (the window's start)
+
+    def counted(self: table_cache.Windows, *args: Any) -> Any:
+        out = serve(self, *args)
+        if out is not None:
+            served.append(next(iter(self.tables.values()))[2])
+        return out
+
+    monkeypatch.setattr(table_cache.Windows, "serve", counted)
+    q, k = _qk()
+    step = table_cache.WINDOW_STEP
+    sequence = (255, 256, 257, step - 1, step, 2 * step - 1, 2 * step, 300, 10**7, 10**7 + 1)
+    for p in sequence:
+        positions = torch.full((2, 1), p)
+        for _ in range(3):  # the table's plan, the window's (checked, then planned)
+            _close(rope(q, k, positions), q, k, positions)
+    assert _rows(rope) == 256
+    # one checked call per window: positions 0 .. 2 step - 1, then 2 step .., 0 .. again, 1e7's
+    assert served == [0, 2 * step, 0, 10**7 // step * step]
+    _cos_sin_close(rope, torch.tensor([[10**7 + 5]]))  # the drop-in's call: a window too
+    with pytest.raises(ValueError, match="positions must be non-negative, got minimum -1"):
+        rope(q, k, torch.full((2, 1), -1))  # after the windowed calls: still checked
+
+
+def test_a_window_serves_a_kv_cache_step_and_wide_calls_are_computed() -> None:
+    rope = RotaryEmbedding(D)
+    q, k = _qk(t=4)  # one query against four keys, as a KV-cache step with new keys
+    for p in (10**5, 2 * 10**6, 2 * 10**6 + 1):
+        positions = torch.full((2, 1), p)
+        k_positions = torch.arange(p - 3, p + 1).expand(2, 4)  # [b, t]
+        for _ in range(2):
+            _close(rope(q, k, positions, k_positions), q, k, positions, k_positions)
+    q, k = _qk()
+    for span in (table_cache.WINDOW_STEP, table_cache.WINDOW_ROWS):  # in no window
+        wide = torch.tensor([[2 * 10**6], [2 * 10**6 + span]])
+        _close(rope(q, k, wide), q, k, wide)
+        _cos_sin_close(rope, wide)
 
 
 def test_a_grown_table_extends_the_old_one_row_for_row() -> None:
@@ -127,8 +175,9 @@ def test_a_copy_starts_without_the_grown_table() -> None:
     positions = torch.full((2, 1), 10**5)
     want = rope(q, k, positions)
     assert _rows(rope) == 131072
+    rope(q, k, torch.full((2, 1), 3 * 10**6))  # and a window
     other = copy.deepcopy(rope)
-    assert not other._tables
+    assert not other._tables and not other._windows.tables and not other._windows.plans
     got = other(q, k, positions)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -175,7 +224,7 @@ SCALINGS: dict[str, tuple[type, type, dict[str, Any]]] = {
                          "long_factor": [2.0 + i for i in range(D // 2)]}}),
 }  # fmt: skip
 # Short and long sets alternate; the longest lengths come before short ones again.
-SEQUENCE = (100, 4095, 4096, 10**5, 100, 10**6, 4000, 10**6 + 1)
+SEQUENCE = (100, 4095, 4096, 10**5, 100, 10**6, 4000, 10**6 + 1, 3 * 10**6, 3 * 10**6 + 1)
 
 
 @pytest.mark.parametrize("name", list(SCALINGS))

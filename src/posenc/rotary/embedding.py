@@ -8,7 +8,7 @@ them to the one rotation path, :func:`posenc.functional.apply_rotary_qk`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -45,6 +45,7 @@ from .base import (
     position_range,
     resolve_qk_positions,
 )
+from .table_cache import RopeTables, TableCache, Windows, fill, table_rows, value_span
 
 __all__ = [
     "MAX_CACHE_LEN",
@@ -77,31 +78,6 @@ MAX_HEAD_DIM = 1 << 14
 #: The largest cos/sin table (``cache_len``, ``max_cache_len``): ``2 ** 20`` rows of ``r / 2``
 #: pairs, 512 MiB of float32 cos and sin at ``r = 128``; positions past it are computed per call.
 MAX_CACHE_LEN = 1 << 20
-#: Rows computed at once when a table grows (bounds the float64 angles held while building).
-_BUILD_ROWS = 1 << 16
-
-
-class _Tables(dict):
-    """``(device, frequency set) -> (cos, sin, cache_len)``: a cache, so a copy (deepcopy, pickle)
-    starts empty and builds its own (a grown table is up to 512 MiB)."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple:
-        return (_Tables, ())
-
-
-class RopeTables(NamedTuple):
-    """cos/sin of one call (float32): ``[1 or b, s, n]`` per query and ``[1 or b, t, n]`` per
-    key, or the cached ``[1, N, n]`` table (``N > max position``) with the positions ``pq [1|b, s]``,
-    ``pk [1|b, t]`` whose rows the kernels gather."""
-
-    cos_q: torch.Tensor
-    sin_q: torch.Tensor
-    cos_k: torch.Tensor
-    sin_k: torch.Tensor
-    pq: torch.Tensor | None
-    pk: torch.Tensor | None
 
 
 class RotaryEmbedding(RotaryEncoding):
@@ -123,8 +99,7 @@ class RotaryEmbedding(RotaryEncoding):
             reproduces transformers bit for bit (:func:`posenc.hf.rope_from_hf` selects it).
         cache_len: rows of the cos/sin table built first (below); it doubles on demand.
         max_cache_len: the rows a table may grow to (at most ``MAX_CACHE_LEN``, ``2 ** 20``:
-            1,048,576 positions); positions past ``max(cache_len, max_cache_len)`` are computed
-            per call.
+            1,048,576 positions); later positions are served by a window table (below).
         backend: ``"auto"`` (fused kernel where it applies), ``"torch"`` (reference), ``"triton"`` or
             ``"cpu"`` (that kernel, or an error saying why not); see :func:`apply_rotary_qk`.
 
@@ -136,9 +111,11 @@ class RotaryEmbedding(RotaryEncoding):
     ``p >= N`` (read on the host, free there) doubles ``N`` until it covers ``p``, keeping the
     rows it had and computing the new ones from the same frequencies, so decoding at any
     position up to ``max_cache_len`` runs at the table's speed (a table of ``2 ** 20`` rows at
-    ``r = 128`` is 512 MiB; ``max_cache_len=cache_len`` keeps it at ``cache_len``). Dynamic NTK
-    beyond the original length (its frequencies change with every length) and positions past
-    ``max_cache_len`` are computed for the call.
+    ``r = 128`` is 512 MiB; ``max_cache_len=cache_len`` keeps it at ``cache_len``). Past it,
+    ``forward`` and :meth:`cos_sin` read a window of 8192 rows holding the call's positions (a
+    decode step moves it every 4096 tokens; :mod:`.table_cache`), indexed by the positions
+    minus its start; a call whose positions span 4096 or more there, and dynamic NTK beyond its
+    original length (its frequencies change with every length), compute cos/sin for the call.
     Elsewhere (a GPU, torch.compile, CUDA-graph capture) no position is read back to the host:
     cos/sin are computed on the device for the call's positions, from frequencies copied to the
     device once, and the length-dependent types choose theirs with a ``where`` on the device.
@@ -195,8 +172,9 @@ class RotaryEmbedding(RotaryEncoding):
         self.span = head_dim if self.rope_type == "proportional" else rotary_dim
         self._sets: dict[str, tuple[torch.Tensor, float]] = {}
         self._tables: dict[tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor, int]] = (
-            _Tables()
+            TableCache()
         )
+        self._windows = Windows()  # tables and plans past max_cache_len
         self._on_device: dict[tuple[torch.device, str], torch.Tensor] = {}
         self._backends: dict[tuple[str, torch.dtype, torch.dtype], str] = {}
         # Decode plans (forward): for this class's own steps only, not a subclass's.
@@ -225,6 +203,7 @@ class RotaryEmbedding(RotaryEncoding):
                 sets["long"] = self._compute(self._original_len() + 1)
         self.attention_factor = sets["base"][1]
         self._tables.clear()
+        self._windows.clear()
         self._on_device.clear()
         self._backends.clear()
         if self._plans is not None:
@@ -309,39 +288,22 @@ class RotaryEmbedding(RotaryEncoding):
         if entry is not None and entry[2] != self.cache_len:  # cache_len was set: start again
             entry = None
         if entry is None or entry[0].shape[1] <= top:
-            rows = self.cache_len
-            while rows <= top:
-                rows *= 2
-            rows = min(rows, max(self.cache_len, self.max_cache_len))
+            rows = table_rows(self.cache_len, max(self.cache_len, self.max_cache_len), top)
+            inv_freq, factor = self._sets[key]
+            keep = None if entry is None else (entry[0], entry[1])
+            cos, sin = fill(inv_freq.to(device), factor, rows, keep=keep)
             old = self._tables.get((device, key))
-            entry = self._tables[(device, key)] = self._grow(device, key, entry, rows)
+            entry = self._tables[(device, key)] = (cos, sin, self.cache_len)
             if old is not None and self._plans is not None:
                 self._plans.clear()  # they hold the old table: keep them from keeping it alive
         return entry[0], entry[1]
 
-    def _grow(
-        self,
-        device: torch.device,
-        key: str,
-        entry: tuple[torch.Tensor, torch.Tensor, int] | None,
-        rows: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """A ``rows``-row table: ``entry``'s rows as they are (a plan or a caller may have read
-        them; the same values either way), the new ones computed from the same frequencies in
-        blocks of ``_BUILD_ROWS`` positions (float64 angles of a block at a time)."""
-        inv_freq, factor = self._sets[key]
-        inv_freq = inv_freq.to(device)
-        cos = torch.empty(1, rows, inv_freq.shape[0], device=device)  # [1, N, n] float32
-        sin = torch.empty_like(cos)
-        start = 0
-        if entry is not None:
-            start = entry[0].shape[1]
-            cos[:, :start], sin[:, :start] = entry[0], entry[1]
-        for lo in range(start, rows, _BUILD_ROWS):
-            hi = min(lo + _BUILD_ROWS, rows)
-            positions = torch.arange(lo, hi, device=device)
-            cos[0, lo:hi], sin[0, lo:hi] = rope_cos_sin(positions, inv_freq, factor)  # [hi-lo, n]
-        return cos, sin, self.cache_len
+    def _window(
+        self, device: torch.device, key: str, low: int, high: int
+    ) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """``(cos, sin, start)``: the window of a frequency set holding positions ``low ..
+        high`` past the largest table (:mod:`.table_cache`); None where they span too much."""
+        return self._windows.table(device, key, *self._sets[key], low, high)
 
     def _backend_for(self, q: torch.Tensor, k: torch.Tensor, table: torch.Tensor) -> str:
         """The backend this module's calls on q's and k's device and dtypes run, chosen (and
@@ -375,6 +337,12 @@ class RotaryEmbedding(RotaryEncoding):
         if table is not None:
             cos, sin = table  # [1, N, n], N > top
             return cos[0][positions], sin[0][positions]  # [*, n]
+        low, high = value_span(positions)
+        window = None if key == "grown" else self._window(positions.device, key, low, high)
+        if window is not None:  # past the largest table: rows of a window of positions
+            cos, sin, start = window  # [1, WINDOW_ROWS, n]: positions start ..
+            rows = positions - start
+            return cos[0][rows], sin[0][rows]  # [*, n]
         inv_freq, factor = self.frequencies(seq_len)
         return rope_cos_sin(positions, inv_freq, factor)
 
@@ -398,7 +366,9 @@ class RotaryEmbedding(RotaryEncoding):
         """
         key = None
         if not torch.compiler.is_compiling() and self._plans is not None and positions is not None:
-            key, out = self._planned(q, k, positions, k_positions)
+            options = (self.span, self._interleaved_pairs, self.backend)
+            key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
+            out = None if key is None else self._fast(key, plan, q, k, positions, k_positions)
             if out is not None:
                 return out
         self.check_inputs(q, k)
@@ -422,6 +392,31 @@ class RotaryEmbedding(RotaryEncoding):
         options = (self.span, self._interleaved_pairs, self.backend)
         key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
         return key, None if plan is None else self._run_plan(plan, q, k, positions, k_positions)
+
+    def _fast(
+        self,
+        key: tuple,
+        plan: DirectPlan | None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        k_positions: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A call of a layout seen before: its plan on the table, or past the largest table one
+        on a window (:class:`.table_cache.Windows`; tried first while the calls run there)."""
+        windows = self._windows
+        if windows.hot:
+            out = windows.run(key, q, k, positions, k_positions)
+            if out is not None:
+                return out
+            windows.hot = False
+        out = None if plan is None else self._run_plan(plan, q, k, positions, k_positions)
+        if out is None:
+            out = windows.run(key, q, k, positions, k_positions)
+            if out is None:
+                out = windows.serve(self, key, q, k, positions, k_positions)
+            windows.hot = out is not None
+        return out
 
     def _run_plan(
         self,
@@ -449,6 +444,26 @@ class RotaryEmbedding(RotaryEncoding):
         except OutsideTable:  # past the plan's table: the checked path grows it (or computes)
             return None
 
+    def _plan_of(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        tables: RopeTables,
+        positions: torch.Tensor,
+        k_positions: torch.Tensor | None,
+        out: tuple[torch.Tensor, torch.Tensor],
+    ) -> DirectPlan | None:
+        """The plan of a checked call that the CPU kernel ran directly (no gradient) on the
+        rows of a cached table indexed by ``positions``/``k_positions``; None where none
+        applies."""
+        chosen = self._backends.get((q.device.type, q.dtype, k.dtype))
+        if chosen != "cpu" or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+            return None
+        cos, sin, _, _, pq, pk = tables
+        a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self._interleaved_pairs)
+        given = (q, k, cos, sin, None, None, positions, k_positions)
+        return direct_plan(a, given, out, fallback=True)
+
     def _remember(
         self,
         key: tuple,
@@ -459,18 +474,12 @@ class RotaryEmbedding(RotaryEncoding):
         k_positions: torch.Tensor | None,
         out: tuple[torch.Tensor, torch.Tensor],
     ) -> None:
-        """Keep the plan of a checked call served from the cached table by the CPU kernel
-        directly (no gradient), for the next call of its layout."""
+        """Keep the plan of a checked call served from the cached table, for the next call of
+        its layout."""
         assert self._plans is not None
-        chosen = self._backends.get((q.device.type, q.dtype, k.dtype))
-        if chosen != "cpu" or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
-            return
-        cos, sin, _, _, pq, pk = tables
-        a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self._interleaved_pairs)
-        given = (q, k, cos, sin, None, None, positions, k_positions)
-        plan = direct_plan(a, given, out, fallback=True)
+        plan = self._plan_of(q, k, tables, positions, k_positions, out)
         if plan is not None and not self.spec.length_dependent:
-            plan.tables = (cos, sin)  # every length reads the one "base" set
+            plan.tables = (tables.cos_q, tables.sin_q)  # every length reads the one "base" set
             plan.table_len = self.cache_len
         remember(self._plans, key, plan, limit=64)
 
