@@ -93,6 +93,19 @@ def test_a_pose_checkpoint_whose_pickle_runs_code_never_runs(folder: Path, tmp_p
     assert not (out / "pose-model").exists() and not (out / "results.jsonl").exists()
 
 
+def test_a_pose_checkpoint_of_another_base_model_is_refused(
+    folder: Path, other: Path, tmp_path: Path
+) -> None:
+    """The checkpoint is tied to the model it fine-tunes, not only to the settings."""
+    out = tmp_path / "run"
+    args = ["--finetune", "pose", "--steps", "2", "--train-len", "64", *STUDY, "--out", str(out)]
+    first = _cli("extend", str(folder), *args)
+    assert first.exit_code == 0, (first.output, first.exception)
+    checkpoint = (out / "pose" / "checkpoint.pt").read_bytes()
+    _one_line_error(_cli("extend", str(other), *args), "checkpoint.pt", "model.")
+    assert (out / "pose" / "checkpoint.pt").read_bytes() == checkpoint
+
+
 def _remote_code_folder(path: Path, marker: Path, *, in_tokenizer: bool = False) -> Path:
     """A model folder whose config names its own Python (``auto_map``), which creates ``marker``
     when it is imported; ``in_tokenizer``: a known model type, the tokenizer's config names it."""
