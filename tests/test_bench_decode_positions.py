@@ -46,5 +46,5 @@ def test_the_no_cliff_target_reads_the_ratio_to_the_first_position() -> None:
     row = {"call": "RotaryEmbedding", "over_first": 1.1}
     assert decode_positions.target_text(row) == "ok"
     assert decode_positions.target_text({**row, "over_first": 6.0}) == "MISSED"
-    assert decode_positions.target_text({**row, "call": "RotaryEmbedding-4096"}) == ""
+    assert decode_positions.target_text({**row, "call": "hf-step"}) == ""
     assert decode_positions.target_text({**row, "call": "hf-apply"}) == ""

@@ -329,7 +329,7 @@ def bench_decode_positions(
     shapes: str = typer.Option("1x32/8x1x128", "--shapes", help=_SHAPES_HELP),
     dtypes: str = typer.Option("float32,bfloat16", "--dtypes", help="Comma-separated dtypes."),
     positions: str = typer.Option(
-        "100,4096,100000,1000000", "--positions", help="Comma-separated decode positions."
+        "100,4096,100000,1000000,4000000", "--positions", help="Comma-separated decode positions."
     ),
     repeats: int = typer.Option(21, "--repeats", min=1, help="Samples per call and position."),
     threads: int | None = typer.Option(1, "--threads", min=1, help="torch CPU threads."),

@@ -12,10 +12,11 @@ call is timed at the positions :data:`POSITIONS` against transformers' own
 ``hf-rotary``            transformers' ``LlamaRotaryEmbedding(config)(x, position_ids)``
 ``rope_qk``              :func:`posenc.kernels.rope_qk` on per-token float32 rows
 ``rope_qk-table``        the same from a float32 table with a row for every position up to
-                         the largest of :data:`POSITIONS`, and ``positions=``
+                         the largest position (at most ``2 ** 20``), and ``positions=``
 ``RotaryEmbedding``      ``RotaryEmbedding(d)(q, k, positions)``: positions to rotated q, k
-``RotaryEmbedding-4096`` the same with ``max_cache_len=4096``: the table stays at 4096 rows
-                         (the module before its table grew; the cliff this bench looks for)
+``RotaryEmbedding-win``  the same with ``max_cache_len=4096``: the table stays at 4096 rows
+                         and later positions take the window path (as every module does
+                         past ``2 ** 20``)
 ``HFRotaryEmbedding``    :class:`posenc.hf.HFRotaryEmbedding` ``(x, position_ids)``: the rotary
                          module :func:`posenc.hf.apply_posenc` puts into a model (cos/sin)
 ``patched-step``         ``HFRotaryEmbedding`` then :func:`posenc.hf.apply_rotary_pos_emb`
@@ -40,18 +41,24 @@ import torch
 from .decode_calls import CALLS_PER_SAMPLE, time_calls
 from .harness import Shape, dtype_name
 
-#: Inside the old 4096-row table, at its end, and two long-context positions past it.
-POSITIONS = (100, 4096, 10**5, 10**6)
+#: Inside the first 4096-row table, at its end, two long-context positions past it, and one
+#: past the largest table (2 ** 20 rows).
+POSITIONS = (100, 4096, 10**5, 10**6, 4 * 10**6)
+#: The largest table rope_qk-table is given (512 MiB of float32 cos and sin at d = 128).
+TABLE_ROWS = 1 << 20
 CALLS = (
     "hf-apply", "hf-rotary", "rope_qk", "rope_qk-table", "RotaryEmbedding",
-    "RotaryEmbedding-4096", "HFRotaryEmbedding", "patched-step", "hf-step",
+    "RotaryEmbedding-win", "HFRotaryEmbedding", "patched-step", "hf-step",
 )  # fmt: skip
 #: A call compared with its transformers counterpart as well (``x ref``).
 COUNTERPART = {"HFRotaryEmbedding": "hf-rotary", "patched-step": "hf-step"}
 #: No cliff: a call's µs at any position within this factor of its µs at the first position.
 TARGET_OVER_FIRST = 1.3
-#: The calls held to TARGET_OVER_FIRST (RotaryEmbedding-4096 shows the old cliff).
-HELD = ("rope_qk", "rope_qk-table", "RotaryEmbedding", "HFRotaryEmbedding", "patched-step")
+#: The calls held to TARGET_OVER_FIRST.
+HELD = (
+    "rope_qk", "rope_qk-table", "RotaryEmbedding", "RotaryEmbedding-win", "HFRotaryEmbedding",
+    "patched-step",
+)  # fmt: skip
 
 
 class Fixtures:
@@ -72,9 +79,9 @@ class Fixtures:
         self.hf_rotary = LlamaRotaryEmbedding(config)
         self.drop_in = HFRotaryEmbedding(config)
         self.rope = RotaryEmbedding(d)
-        self.rope_fixed = RotaryEmbedding(d, max_cache_len=4096)
+        self.rope_window = RotaryEmbedding(d, max_cache_len=4096)
         self.inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
-        self.table = _table(max(positions) + 1, self.inv_freq)  # float32 [N, d/2] each
+        self.table = _table(min(max(positions) + 1, TABLE_ROWS), self.inv_freq)  # [N, d/2]
 
 
 def _table(rows: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +115,7 @@ def _calls(
     cos_hf = torch.cat((cos_rows, cos_rows), -1).to(dtype)
     sin_hf = torch.cat((sin_rows, sin_rows), -1).to(dtype)
     cos_t, sin_t = fx.table
+    in_table = position < cos_t.shape[0]  # rope_qk-table runs where its table has the row
 
     def hf_step() -> object:
         cos, sin = fx.hf_rotary(q, positions)
@@ -117,17 +125,20 @@ def _calls(
         cos, sin = fx.drop_in(q, positions)
         return apply_rotary_pos_emb(q, k, cos, sin)
 
-    return {
+    calls: dict[str, Callable[[], object]] = {
         "hf-apply": lambda: hf_apply(q, k, cos_hf, sin_hf),
         "hf-rotary": lambda: fx.hf_rotary(q, positions),
         "rope_qk": lambda: rope_qk(q, k, cos_rows, sin_rows),
         "rope_qk-table": lambda: rope_qk(q, k, cos_t, sin_t, positions=positions),
         "RotaryEmbedding": lambda: fx.rope(q, k, positions),
-        "RotaryEmbedding-4096": lambda: fx.rope_fixed(q, k, positions),
+        "RotaryEmbedding-win": lambda: fx.rope_window(q, k, positions),
         "HFRotaryEmbedding": lambda: fx.drop_in(q, positions),
         "patched-step": patched_step,
         "hf-step": hf_step,
     }
+    if not in_table:
+        del calls["rope_qk-table"]
+    return calls
 
 
 def _first_ms(calls: dict[str, Callable[[], object]]) -> dict[str, float]:
@@ -158,7 +169,7 @@ def position_rows(
                 samples = time_calls(calls, repeats)
                 medians = {name: statistics.median(v) for name, v in samples.items()}
                 for name, us in medians.items():
-                    at_first.setdefault(name, us)
+                    at_first.setdefault(name, us)  # the call's first position
                     ref = COUNTERPART.get(name)
                     rows.append({
                         "shape": shape.short, "dtype": dtype_name(dtype), "position": position,
@@ -201,8 +212,9 @@ LEGEND = (
     "us (> 1 faster); x ref: the transformers counterpart's us / call us (HFRotaryEmbedding: "
     "LlamaRotaryEmbedding; patched-step: LlamaRotaryEmbedding + apply_rotary_pos_emb); x first "
     "pos: call us / its us at the first position. Target (no cliff): x first pos <= "
-    f"{TARGET_OVER_FIRST:g} for {', '.join(HELD)}; RotaryEmbedding-4096 (max_cache_len=4096) "
-    "is the module with its table held at 4096 rows, for comparison."
+    f"{TARGET_OVER_FIRST:g} for {', '.join(HELD)}. RotaryEmbedding-win: max_cache_len=4096, "
+    "positions past 4096 on the window path (every module's path past 2**20 rows); "
+    "rope_qk-table runs where its table (at most 2**20 rows) has the position's row."
 )
 
 
