@@ -5,7 +5,7 @@
 
 Each subcommand writes its rows to ``benchmarks/rows/<block>.json`` and replaces its own block of
 RESULTS.md with their rendering; text outside the blocks (the analysis) is kept. The same figures
-come from ``posenc bench rope|cos-sin --results benchmarks/RESULTS.md``.
+come from ``posenc bench rope|cos-sin|decode-positions --results benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ def main() -> None:
     runs = [
         ["bench", "rope", "--shapes", shapes, "--repeats", repeats],
         ["bench", "cos-sin", "--shapes", shapes, "--repeats", repeats],
+        # per call at positions 100 .. 4e6 (a 2**20-row table: ~1.5 GiB while it runs)
+        ["bench", "decode-positions", "--repeats", "5" if quick else "41"]
+        + (["--positions", "100,5000"] if quick else []),
     ]
     try:
         import torch
