@@ -258,3 +258,17 @@ def test_a_compiled_call_past_the_table_builds_none() -> None:
     positions = torch.tensor([[10**6], [10**5]])
     _close(compiled(q, k, positions), q, k, positions)
     assert not rope._tables
+
+
+def test_a_module_pickled_before_the_tables_grew_loads() -> None:
+    rope = RotaryEmbedding(D)
+    q, k = _qk()
+    positions = torch.full((2, 1), 3 * 10**6)
+    state = dict(rope.__dict__)
+    for name in ("max_cache_len", "_windows"):  # what a module of the earlier version lacked
+        del state[name]
+    state["_tables"] = {}  # a plain dict of (cos, sin) pairs
+    old = RotaryEmbedding.__new__(RotaryEmbedding)
+    old.__setstate__(state)
+    _close(old(q, k, positions), q, k, positions)
+    _close(old(q, k, torch.full((2, 1), 10**5)), q, k, torch.full((2, 1), 10**5))

@@ -184,6 +184,14 @@ class RotaryEmbedding(RotaryEncoding):
         self._plans: dict[tuple, DirectPlan] | None = Plans() if same else None
         self.reset_parameters()
 
+    def __setstate__(self, state: dict) -> None:
+        # A module pickled before the tables grew: no window, no cap, tables of another form.
+        super().__setstate__(state)
+        self.__dict__.setdefault("max_cache_len", MAX_CACHE_LEN)
+        self.__dict__.setdefault("_windows", Windows())
+        if not isinstance(self._tables, TableCache):
+            self._tables = TableCache()
+
     def reset_parameters(self) -> None:
         """Compute the frequency sets and empty the caches (no learned weights here).
 
