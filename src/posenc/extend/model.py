@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import struct
 import sys
 import threading
 from collections.abc import Iterator
@@ -115,7 +116,8 @@ def load_model(
                 **({"device_map": device_map} if device_map else {}),
                 **kw,
             )
-    except (ValueError, OSError, KeyError) as err:
+    # (a GGUF cut short: gguf's parser fails with struct.error or IndexError)
+    except (ValueError, OSError, KeyError, IndexError, struct.error) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"cannot load {source.describe()!r}: {first}") from err
     if not device_map:

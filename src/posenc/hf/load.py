@@ -8,6 +8,7 @@ the caller gave into a dict (read from JSON) or leaves a config object as it is:
 * a ``Mapping`` (a parsed ``config.json``) or a transformers config object: returned unchanged;
 * a path (``str`` or :class:`os.PathLike`) to a ``config.json`` file, or to a model folder that
   holds one;
+* a path to a ``.gguf`` file: its metadata as transformers reads it (:func:`gguf_config`);
 * a model id ``"org/name"`` already in the local Hugging Face cache (``HF_HUB_CACHE``, else
   ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``; layout
   ``models--org--name/snapshots/<rev>/config.json``).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,8 @@ def resolve_config(config: Any) -> Any:
     if isinstance(config, Mapping):
         return config
     if isinstance(config, (str, os.PathLike)):
+        if Path(os.fspath(config)).suffix.lower() == ".gguf":
+            return gguf_config(Path(os.fspath(config)).expanduser())
         return _read_json(config_path(config))
     if isinstance(config, (bytes, int, float, list, tuple)) or config is None:
         raise TypeError(
@@ -156,3 +160,26 @@ def resolve_config(config: Any) -> Any:
             f"a model folder, or a cached model id 'org/name'; got {type(config).__name__}"
         )
     return config
+
+
+def gguf_config(path: Path) -> Any:
+    """The transformers config of a ``.gguf`` file, read from its metadata as
+    ``from_pretrained(..., gguf_file=)`` reads it (no weights are read; never the network, never
+    code from the folder). Needs transformers and gguf (``pip install -e '.[real]'``)."""
+    if not path.is_file():
+        raise ValueError(f"no GGUF file {str(path)!r}")
+    try:
+        import gguf  # noqa: F401 - transformers reads the file with it
+        from transformers import AutoConfig
+    except ImportError as err:
+        raise ValueError(
+            f"reading {path.name!r} needs transformers and gguf: pip install -e '.[real]'"
+        ) from err
+    try:
+        return AutoConfig.from_pretrained(
+            str(path.parent), gguf_file=path.name, local_files_only=True, trust_remote_code=False
+        )
+    # a file cut short or not GGUF at all: gguf's parser fails with struct.error or IndexError
+    except (ValueError, OSError, KeyError, TypeError, IndexError, struct.error) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"cannot read the GGUF metadata of {str(path)!r}: {first}") from err
