@@ -101,7 +101,7 @@ def test_the_rule_table_is_transformers_rule() -> None:
             if not nested:
                 continue
             scaled = cls(rope_scaling={"rope_type": "linear", "factor": 3.0})
-        except Exception:  # noqa: BLE001 - a class that needs more arguments than defaults
+        except Exception:  # a class that needs more arguments than its defaults
             continue
         params = scaled.rope_parameters
         got = tuple(t for t in nested if (params.get(t) or {}).get("factor") == 3.0)
@@ -121,7 +121,9 @@ def test_ntk_takes_each_layer_types_own_theta() -> None:
     resolved = resolve(method, 32768, 65536, 128)
     params = as_transformers(resolved.scaling, cfg, resolved.layers)
     # the paper's base: theta * factor ** (d / (d - 2)), d the rotary dim, theta the type's own
-    assert params == {"full_attention": {"rope_type": "default", "rope_theta": 1e6 * 2 ** (256 / 254)}}
+    assert params == {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6 * 2 ** (256 / 254)}
+    }
     every = as_transformers(resolved.scaling, cfg, "all")
     assert every is not None
     assert every["sliding_attention"]["rope_theta"] == pytest.approx(1e4 * 2 ** (256 / 254))

@@ -123,12 +123,11 @@ def finetune(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     method = Method(cfg.method)
-    resolved = resolve(
-        method, trained_length(model.config), cfg.target_len, rotated_pairs(model.config)
-    )
+    config = model.config
+    resolved = resolve(method, trained_length(config), cfg.target_len, rotated_pairs(config))
     if resolved.scaling is None:
         raise ValueError(f"PoSE fine-tunes with a RoPE scaling; {cfg.method!r} is none")
-    apply_posenc(model, scaling=as_transformers(resolved.scaling, model.config, resolved.layers))
+    apply_posenc(model, scaling=as_transformers(resolved.scaling, config, resolved.layers))
     texts = [tokenizer(p.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)["input_ids"][: cfg.target_len]
              for p in documents]  # fmt: skip
     device = next(model.parameters()).device

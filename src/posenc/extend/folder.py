@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..lab.checkpoint import config_diff
+from ..lab.identity import stable_hash
 from ..lab.lock import FolderLocked, folder_lock
 from .rows import PASSKEY, PPL, read_study_rows
 
@@ -53,18 +54,26 @@ def study_lock(out: Path) -> Iterator[None]:
 FIXED = ("lengths", "bin_size", "target", "passkey_seed")
 
 
+def document_id(path: str) -> dict[str, Any]:
+    """What names a document in a cell's identity: its name, size and a hash of its start."""
+    p = Path(path)
+    return {
+        "name": p.name,
+        "bytes": p.stat().st_size,
+        "sha": stable_hash(p.read_bytes().hex()[:20000]),
+    }
+
+
 def study_settings(cfg: Any) -> dict[str, Any]:
     """What a :class:`~posenc.extend.study.StudyConfig` records of how its rows are measured:
     the :data:`FIXED` settings (``target``: the length the methods' factors are set for) and the
     documents (name, size, content hash) and passkey lengths and depths it has rows of."""
-    from .study import _document_id
-
     return {
         "lengths": list(cfg.lengths),
         "bin_size": cfg.bin_size,
         "target": cfg.target,
         "passkey_seed": cfg.passkey_seed,
-        "documents": [_document_id(d) for d in cfg.documents],
+        "documents": [document_id(d) for d in cfg.documents],
         "passkey_lengths": list(cfg.passkey_lengths),
         "passkey_depths": list(cfg.passkey_depths),
     }

@@ -38,7 +38,7 @@ from .evaluate import (
     token_nll,
 )
 from .folder import RUN_FILE as RUN_FILE  # where `posenc extend export` reads the model
-from .folder import check_one_model, check_study, study_lock, write_run_file
+from .folder import check_one_model, check_study, document_id, study_lock, write_run_file
 from .methods import Method, Resolved, as_transformers, resolve
 from .model import ModelSource, model_identity, rotated_pairs, trained_length
 from .rows import read_study_rows
@@ -124,15 +124,6 @@ def cells(cfg: StudyConfig) -> list[Cell]:
     return out
 
 
-def _document_id(path: str) -> dict[str, Any]:
-    p = Path(path)
-    return {
-        "name": p.name,
-        "bytes": p.stat().st_size,
-        "sha": stable_hash(p.read_bytes().hex()[:20000]),
-    }
-
-
 def cell_identity(
     cell: Cell, cfg: StudyConfig, model_id: dict[str, Any], resolved: Resolved
 ) -> dict[str, Any]:
@@ -146,7 +137,7 @@ def cell_identity(
     }
     if cell.kind == "ppl":
         ident.update(
-            document=_document_id(cell.document or ""),
+            document=document_id(cell.document or ""),
             bin_size=cfg.bin_size,
             lengths=list(cfg.lengths),
         )

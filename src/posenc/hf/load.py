@@ -170,7 +170,7 @@ def gguf_config(path: Path) -> Any:
         raise ValueError(f"no GGUF file {str(path)!r}")
     try:
         import gguf  # noqa: F401 - transformers reads the file with it
-        from transformers import AutoConfig
+        from transformers.models.auto.configuration_auto import AutoConfig
     except ImportError as err:
         raise ValueError(
             f"reading {path.name!r} needs transformers and gguf: pip install -e '.[real]'"

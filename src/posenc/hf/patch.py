@@ -234,26 +234,22 @@ def apply_posenc(
             (``LlamaForCausalLM``, ``Qwen2Model``, ...). Patched in place and returned.
         scaling: None (the model's own RoPE), or rope parameters (transformers' names:
             ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}``)
-            that replace the config's scaling, or a dict of them keyed by layer type
-            (``{"full_attention": {...}}``): context extension. The result equals transformers
-            built with the same ``rope_parameters``. On a model with rope parameters per layer
-            type a flat dict goes where ``scaling_layers`` says.
-        extension: None, or a training-free method that changes attention itself (with the
-            model's own RoPE): ``{"method": "self_extend", "group_size": G,
-            "neighbor_window": W}`` or ``{"method": "dual_chunk", "chunk_size": C,
-            "local_size": S}`` (:mod:`posenc.hf.extension`; exclusive with ``scaling``). The
-            KV cache then holds unrotated keys; memory stays linear in the length.
+            that replace the config's scaling (where ``scaling_layers`` says on a hybrid), or
+            a dict of them keyed by layer type (``{"full_attention": {...}}``): context
+            extension, equal to transformers built with the same ``rope_parameters``.
+        extension: None, or a training-free method that changes the attention of the
+            full-attention RoPE layers: ``{"method": "self_extend", "group_size": G,
+            "neighbor_window": W}`` or ``{"method": "dual_chunk", "chunk_size": C, "local_size":
+            S}`` (:mod:`posenc.hf.extension`; not with ``scaling``; linear memory).
         backend: the kernel, as :func:`posenc.kernels.rope_qk` takes it (``"auto"``: Triton on
             GPU, the native kernel on CPU, PyTorch otherwise).
-        scaling_layers: ``"auto"`` (default: where transformers puts a flat ``rope_scaling`` for
-            this model type; on Gemma-3 the full-attention layers, never the sliding ones),
-            ``"full"`` or ``"all"`` (:mod:`posenc.hf.scaling`).
+        scaling_layers: ``"auto"`` (where transformers puts a flat ``rope_scaling``: Gemma-3's
+            full-attention layers), ``"full"`` or ``"all"`` (:mod:`posenc.hf.scaling`).
 
-    DeepSeek-V4's rotary modules (both labelled sets) become posenc's too (see :data:`SUPPORTED`).
-
-    No weight or ``state_dict`` entry changes; other models are untouched; :func:`remove_posenc`
-    undoes it. Works with ``generate()``, the KV cache, left padding, batched ``position_ids``,
-    float32/bfloat16, ``torch.compile`` and a model built on the meta device then loaded.
+    DeepSeek-V4's rotary modules become posenc's too. No weight or ``state_dict`` entry changes;
+    other models are untouched; :func:`remove_posenc` undoes it. Works with ``generate()``, the KV
+    cache, left padding, batched ``position_ids``, float32/bfloat16, ``torch.compile`` and a
+    model built on the meta device then loaded.
 
     >>> import torch, transformers
     >>> from posenc.hf import apply_posenc, remove_posenc
@@ -264,9 +260,7 @@ def apply_posenc(
     ('llama', 1)
     >>> model = remove_posenc(model)
     """
-    check_choice("backend", backend, ROTARY_BACKENDS)
-    check_scaling_argument(scaling, HF_ROPE_TYPES)
-    check_layers(scaling_layers)
+    _check_arguments(backend, scaling, scaling_layers)
     if getattr(model, "posenc_patch", None) is not None:
         raise ValueError("this model already has posenc applied: call remove_posenc(model) first")
     model_type = _model_type(model)
@@ -285,6 +279,12 @@ def apply_posenc(
     if swaps:
         _rescale(patch, swaps, scaling)
     return model
+
+
+def _check_arguments(backend: str, scaling: Any, scaling_layers: str) -> None:
+    check_choice("backend", backend, ROTARY_BACKENDS)
+    check_scaling_argument(scaling, HF_ROPE_TYPES)
+    check_layers(scaling_layers)
 
 
 def _apply_extension(
