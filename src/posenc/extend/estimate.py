@@ -9,7 +9,9 @@ measured attention cost (:data:`ATTENTION_COST`: Self-Extend and Dual Chunk Atte
 explicit path with two or three logit sets where the others run fused SDPA).
 
 Memory: the weights, the activations of one layer at ``L`` tokens, the logits of one chunk, and
-the attention's working set (fused SDPA's blocks, or the extension path's blocks of logits).
+the attention's working set (fused SDPA's blocks, or the extension path's blocks of logits, and
+the blocks :mod:`posenc.hf.linear_memory` runs sliding-window and soft-capped layers in: the
+study's forwards build no ``L x L`` mask).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..hf.linear_memory import BLOCK as LINEAR_BLOCK
 from .attention import BLOCK_ELEMENTS
 from .evaluate import LOGIT_CHUNK
 
@@ -43,6 +46,8 @@ class Shape:
     vocab: int
     body_params: int  # parameters outside the token embedding
     bytes_per_value: int
+    window: int = 0  # the widest sliding window of its layers (0: none)
+    softcap: bool = False  # soft-capped attention logits (Gemma-2)
 
 
 def model_shape(model: Any) -> Shape:
@@ -61,6 +66,8 @@ def model_shape(model: Any) -> Shape:
         vocab=int(text.vocab_size),
         body_params=int(total - embed.numel()),
         bytes_per_value=embed.element_size(),
+        window=int(getattr(text, "sliding_window", None) or 0),
+        softcap=bool(getattr(text, "attn_logit_softcapping", None)),
     )
 
 
@@ -84,8 +91,11 @@ def forward_bytes(shape: Shape, length: int, method: str = "none") -> int:
         attention = 4 * qkv + 6 * BLOCK_ELEMENTS * 4
     else:
         attention = 2 * qkv + shape.heads * length * 256 * 4  # fused SDPA's tiles
-    mask = length * length  # a bool mask transformers may build
-    return int(activations + logits + attention + mask)
+    # hf.linear_memory's blocks: a sliding layer's keys and scores per block of query rows, a
+    # soft-capped layer's scores against every earlier key (no [s, t] mask is ever built)
+    keys = length if shape.softcap else min(length, LINEAR_BLOCK + shape.window)
+    blocks = 3 * shape.heads * LINEAR_BLOCK * keys * 4 + (2 * qkv if shape.window else 0)
+    return int(activations + logits + attention + blocks)
 
 
 def loaded_bytes(model: Any) -> int:

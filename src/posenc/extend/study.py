@@ -188,7 +188,16 @@ def check_methods(model: Any, cfg: StudyConfig) -> list[Resolved]:
 
 
 def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig) -> dict[str, Any]:
-    """The measured numbers of one cell (the method already applied)."""
+    """The measured numbers of one cell (the method already applied), with attention in memory
+    linear in the length (:func:`~posenc.hf.linear_memory.linear_memory`: no ``[s, t]`` mask
+    for a sliding-window or soft-capped layer)."""
+    from ..hf.linear_memory import linear_memory
+
+    with linear_memory(model):
+        return _measure(model, tokenizer, cell, cfg)
+
+
+def _measure(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig) -> dict[str, Any]:
     device = next(model.parameters()).device
     if cell.kind == "ppl":
         ids = document_ids(tokenizer, Path(cell.document or ""), cell.length).to(device)
