@@ -164,3 +164,20 @@ def test_export_of_a_hybrid_writes_rope_parameters_per_layer_type(tmp_path: Path
     with pytest.raises(ValueError, match=r"is the model as trained \(factor 1"):
         export_model(model, None, parse_method("yarn"), 32, tmp_path / "within")
     assert not (tmp_path / "within").exists()
+
+
+def test_a_scaling_within_the_trained_length_is_said_to_be_the_model_as_trained(
+    tmp_path: Path,
+) -> None:
+    llama = _tiny_folder(tmp_path / "llama", "llama")  # trained at 128 tokens
+    out = tmp_path / "out"
+    args = ["extend", str(llama), "--methods", "none,yarn,yarn:factor=2", "--lengths", "64,128",
+            "--bin-size", "32", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    same = {r["method"]: r.get("identical_to_none", False) for r in rows}
+    assert same == {"none": False, "yarn": True, "yarn:factor=2": False}  # a factor given: not 1
+    by = {r["method"]: r["ppl"] for r in rows}
+    assert by["yarn"] == by["none"]  # factor 1: the same forward
+    assert "yarn (= none: within the trained length)" in result.output

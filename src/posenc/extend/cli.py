@@ -42,7 +42,6 @@ extend_app = typer.Typer(
 )
 
 SMOLLM2_ALIAS = "smollm2"
-README_START, README_END = "<!-- extend:real -->", "<!-- /extend:real -->"
 
 
 def _source(model: str, gguf: str | None) -> Any:
@@ -233,7 +232,10 @@ def report_command(
     markdown: bool = typer.Option(False, "--markdown", help="Print the Markdown block instead."),
     figure: str = typer.Option(None, "--figure", help="Also draw the figure (.png or .svg)."),
     readme: str = typer.Option(
-        None, "--readme", help="Write the Markdown between <!-- extend:real --> markers there."
+        None, "--readme", help="Write the Markdown between <!-- extend:BLOCK --> markers there."
+    ),
+    block: str = typer.Option(
+        "real", "--block", help="The markers' name: real (SmolLM2), gemma3 (Gemma-3-270M)."
     ),
     command: str = typer.Option("", "--command", help="The command that made the run (shown)."),
     wall_minutes: float = typer.Option(None, "--wall-minutes", help="Its wall time (shown)."),
@@ -253,7 +255,10 @@ def report_command(
         if readme:
             from .._markdown import replace_block
 
-            replace_block(Path(readme), README_START, README_END, text + "\n")
+            if not block.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"--block must be a name of letters and digits, got {block!r}")
+            start, end = f"<!-- extend:{block} -->", f"<!-- /extend:{block} -->"
+            replace_block(Path(readme), start, end, text + "\n")
             typer.echo(f"wrote the study block of {readme}")
         elif markdown:
             typer.echo(text)
