@@ -114,6 +114,16 @@ def test_every_method_at_three_lengths_then_resumes(
     assert text.endswith("<!-- /extend:real -->\nend\n") and md.output.strip() in text.replace(
         "posenc extend X", f"posenc extend ... --out {out}"
     ).replace("; wall time 3 min with loading", "")
+    page = tmp_path / "page.md"  # another study's block on the same page, by its name
+    page.write_text("<!-- extend:real -->\nkept\n<!-- /extend:real -->\n<!-- extend:gemma3 -->\n"
+                    "old\n<!-- /extend:gemma3 -->\n")  # fmt: skip
+    assert (
+        _cli("extend", "report", str(out), "--readme", str(page), "--block", "gemma3").exit_code
+        == 0
+    )
+    assert "kept" in page.read_text() and "old" not in page.read_text()
+    bad = _cli("extend", "report", str(out), "--readme", str(page), "--block", "a b")
+    assert bad.exit_code == 2 and "--block must be a name" in bad.output
 
 
 def test_an_interrupted_run_resumes_without_recomputing(folder: Path, tmp_path: Path) -> None:
