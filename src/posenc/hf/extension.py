@@ -7,7 +7,8 @@ globals are a shadow (:mod:`.shadow`) in which
   keys (both methods rotate a key differently for different queries), and
 * the attention function (``ALL_ATTENTION_FUNCTIONS`` / ``eager_attention_forward``, whichever
   the class reads) is :func:`extension_attention`, which rotates by the method's positions and
-  attends over its key sets (:mod:`posenc.extend.attention`).
+  attends over its key sets (:mod:`posenc.extend.fused`, or the explicit
+  :mod:`posenc.extend.attention` where the fused calls do not apply).
 
 The method's settings and the model's RoPE frequencies live on each layer as
 ``layer.posenc_extension`` (a plain attribute: no ``state_dict`` entry). Methods:
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..extend.attention import dual_chunk_attention, self_extend_attention
+from ..extend.fused import dual_chunk, self_extend
 
 #: method -> (required integer options, their lower bounds).
 EXTENSION_METHODS: dict[str, dict[str, int]] = {
@@ -143,9 +144,8 @@ def extension_attention(
         "layout": state.layout,
         "softcap": kwargs.get("softcap"),  # Gemma-2's attn_logit_softcapping
     }
-    run: Callable[..., torch.Tensor] = (
-        self_extend_attention if state.method == "self_extend" else dual_chunk_attention
-    )
+    # fused attention calls merged by their log-sum-exp where they apply, else the explicit path
+    run: Callable[..., torch.Tensor] = self_extend if state.method == "self_extend" else dual_chunk
     out = run(query, key, value, q_pos, **state.options, **common)  # [b, h, s, d]
     return out.transpose(1, 2).contiguous(), None
 

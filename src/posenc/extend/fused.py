@@ -1,0 +1,290 @@
+"""Self-Extend and Dual Chunk Attention as fused attention calls over disjoint key sets, merged
+once by their log-sum-exp.
+
+A softmax over the union of disjoint key sets is the merge of the softmaxes over each set, each
+partial output weighted by ``exp(lse_set - lse_union)`` (flash-attn's and ChunkLlama's
+``merge_attn_outputs``). Here each set is one call of PyTorch's CPU flash kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the output and the
+log-sum-exp of the scaled logits, takes GQA key heads as they are, a float additive mask, and
+``is_causal`` aligned top-left) over a *contiguous slice of the keys*, so that no set needs more
+than causality or one small band mask:
+
+* **Self-Extend**, per block of query slots ``[q0, q1)`` (cut at ``W``, so a block lies either
+  wholly before ``W``, where every key is a neighbour, or wholly after it):
+  the neighbour set, keys ``[q0 - W + 1, q1)`` with the band mask ``0 <= i - j < W`` (one
+  ``[B, B + W - 1]`` mask, the same for every block); the grouped set, keys ``[0, q0 - W)``
+  (every row sees all of them) and keys ``[q0 - W, q1 - W)`` with ``is_causal`` (row ``i`` sees
+  ``j <= i - W``).
+* **Dual Chunk Attention**, per chunk of query slots: intra-chunk, keys from the chunk's start to
+  ``q0`` (all visible) and ``[q0, q1)`` with ``is_causal``; successive-chunk, the previous chunk
+  (all visible); inter-chunk, keys ``[0, chunk start - c)`` (all visible).
+
+Every row of every call has at least one visible key (the kernel returns a log-sum-exp of 0,
+not -inf, for a row with none, and fails on zero keys, so empty sets are never called).
+Memory: the rotated queries and keys (as the explicit path), one block's partial outputs, and
+the band mask; never an ``s x t`` matrix.
+
+:func:`self_extend` and :func:`dual_chunk` choose the path: the fused one where it applies
+(:func:`fused_refusal`), else the explicit reference path of :mod:`posenc.extend.attention`
+(a soft cap, which the kernel cannot take; a padding mask; keys at negative positions; a device
+other than the CPU). :data:`PATH` forces one: ``"explicit"``, or ``"fused"`` (a refusal then
+raises).
+
+Shapes as in :mod:`posenc.extend.attention`: unrotated ``q [b, h, s, d]``, ``k, v [b, hk, t, d]``,
+``q_pos [b, s]`` -> ``[b, h, s, d]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+from ..kernels.reference import apply_rotary_reference
+from . import attention as explicit
+from .attention import key_positions
+
+#: ``"auto"`` (fused where it applies), ``"fused"`` (raise where it does not) or ``"explicit"``.
+PATH = "auto"
+
+#: Query rows per Self-Extend block.
+BLOCK = 512
+
+Part = tuple[torch.Tensor, torch.Tensor]  # (out [b, h, r, d], lse [b, h, r] float32)
+
+
+def _call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+) -> Part:
+    """One flash-kernel call: ``q [b, h, r, d]`` over ``k, v [b, hk, n, d]`` (``n >= 1``)."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+    )
+    return out, lse
+
+
+def merge(parts: list[Part]) -> torch.Tensor:
+    """The partial outputs over disjoint key sets merged into the softmax over their union:
+    each weighted by ``exp(lse - logsumexp(lses))``, in float32 -> ``[b, h, r, d]``."""
+    if len(parts) == 1:
+        return parts[0][0]
+    lse = torch.stack([p[1] for p in parts])  # [n, b, h, r]
+    weights = torch.exp(lse - torch.logsumexp(lse, dim=0))[..., None]  # [n, b, h, r, 1]
+    out = parts[0][0].float() * weights[0]
+    for (o, _), w in zip(parts[1:], weights[1:], strict=True):
+        out.addcmul_(o.float(), w)
+    return out
+
+
+def _until(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k0: int, q0: int, q1: int, scale: float
+) -> list[Part]:
+    """Query slots ``q0..q1-1`` over keys ``k0..q1-1``, causal by slot: the keys before ``q0``
+    seen by every row (one call), then ``[q0, q1)`` with ``is_causal`` (``q``: the block's rows)."""
+    if q1 - q0 == 1:
+        return [_call(q, k[:, :, k0:q1], v[:, :, k0:q1], scale)]
+    parts = [_call(q, k[:, :, q0:q1], v[:, :, q0:q1], scale, causal=True)]
+    if k0 < q0:
+        parts.append(_call(q, k[:, :, k0:q0], v[:, :, k0:q0], scale))
+    return parts
+
+
+# --- rotation by a cached table ---------------------------------------------------------------
+
+_TABLES: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _table(inv_freq: torch.Tensor, scaling: float, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``cos, sin [>= n, r/2]`` of positions ``0, 1, ...``: the same products as
+    :func:`~posenc.functional.rotary.angles_cos_sin` computes per call, kept and grown."""
+    key = (inv_freq.data_ptr(), inv_freq.device, inv_freq.numel(), float(scaling))
+    hit = _TABLES.get(key)
+    if hit is not None and hit[1].shape[0] >= n and torch.equal(hit[0], inv_freq):
+        return hit[1], hit[2]
+    size = max(4096, 1 << max(0, n - 1).bit_length())
+    from ..functional.rotary import angles_cos_sin
+
+    pos = torch.arange(size, device=inv_freq.device)[:, None]
+    cos, sin = angles_cos_sin(pos, inv_freq, scaling)  # [size, r/2]
+    _TABLES[key] = (inv_freq.clone(), cos, sin)
+    return cos, sin
+
+
+def _rotate(x: torch.Tensor, pos: torch.Tensor, rope: dict[str, Any]) -> torch.Tensor:
+    """``x [b, h, n, d]`` rotated by non-negative integer ``pos [b, n]`` (as
+    :func:`posenc.extend.attention.rotate`, the angles read from a table)."""
+    scaling = rope.get("attention_scaling", 1.0)
+    cos, sin = _table(rope["inv_freq"], scaling, int(pos.max()) + 1)  # [size, r/2]
+    layout = rope.get("layout", "half")
+    return apply_rotary_reference(x, cos[pos][:, None], sin[pos][:, None], layout)
+
+
+# --- the two methods ---------------------------------------------------------------------------
+
+
+def _band(rows: int, w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive ``[rows, rows + w - 1]`` mask of the neighbour set: row ``r`` sees key column
+    ``e`` (key slot ``q0 - w + 1 + e``) iff ``r <= e <= r + w - 1``."""
+    e = torch.arange(rows + w - 1, device=device)[None]
+    r = torch.arange(rows, device=device)[:, None]
+    seen = (e >= r) & (e <= r + w - 1)
+    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))
+
+
+def _cuts(p0: int, t: int, w: int, rows: int) -> list[tuple[int, int]]:
+    """Blocks of query slots ``[p0, t)``, at most ``rows`` each, one boundary at ``w``."""
+    edges = sorted({*range(p0, t, rows), t, *([w] if p0 < w < t else [])})
+    return list(itertools.pairwise(edges))
+
+
+def self_extend_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    *,
+    group_size: int,
+    neighbor_window: int,
+    scale: float,
+    **rope: Any,
+) -> torch.Tensor:
+    """Self-Extend by fused calls (module docstring); ``rope``: ``inv_freq`` and optionally
+    ``attention_scaling``, ``layout``."""
+    g, w = group_size, neighbor_window
+    s, t = q.shape[2], k.shape[2]
+    p0 = t - s  # the first query's slot
+    k_pos = key_positions(q_pos, t)  # [b, t]
+    qn, kn = _rotate(q, q_pos, rope), _rotate(k, k_pos, rope)  # the neighbours' positions
+    qg = _rotate(q, q_pos // g + (w - w // g), rope)  # the grouped positions
+    kg = _rotate(k, k_pos // g, rope)
+    rows = min(BLOCK, s)
+    band = _band(rows, w, q.dtype, q.device) if t > w and s > 1 else None
+    out = v.new_empty(*q.shape[:3], v.shape[-1])
+    for q0, q1 in _cuts(p0, t, w, rows):
+        r0, r1 = q0 - p0, q1 - p0
+        if q0 < w:  # every key up to the query is a neighbour
+            out[:, :, r0:r1] = merge(_until(qn[:, :, r0:r1], kn, v, 0, q0, q1, scale))
+            continue
+        lo = q0 - w + 1  # the neighbour set's first key, then grouped keys: j <= i - w
+        mask = None if band is None else band[None, None, : q1 - q0, : q1 - lo]
+        parts = [_call(qn[:, :, r0:r1], kn[:, :, lo:q1], v[:, :, lo:q1], scale, mask=mask)]
+        parts += _until(qg[:, :, r0:r1], kg, v, 0, q0 - w, q1 - w, scale)
+        out[:, :, r0:r1] = merge(parts)
+    return out
+
+
+def dual_chunk_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    *,
+    chunk_size: int,
+    local_size: int,
+    scale: float,
+    **rope: Any,
+) -> torch.Tensor:
+    """Dual Chunk Attention by fused calls (module docstring), for batch rows whose positions
+    share one offset from their slots (:func:`dual_chunk` splits the others)."""
+    c = chunk_size - local_size
+    s, t = q.shape[2], k.shape[2]
+    p0 = t - s
+    zero = t - 1 - int(q_pos[0, -1])  # the slot of position 0 (<= 0: keys have positions >= 0)
+    keys = _rotate(k, key_positions(q_pos, t) % c, rope)  # [b, hk, t, d]
+    intra = _rotate(q, q_pos % c, rope)
+    succ = _rotate(q, (q_pos % c + c).clamp(max=chunk_size), rope)
+    inter = _rotate(q, torch.full_like(q_pos, min(2 * c - 1, chunk_size)), rope)
+    out = v.new_empty(*q.shape[:3], v.shape[-1])
+    for n in range((p0 - zero) // c, (t - 1 - zero) // c + 1):
+        start = zero + n * c  # the chunk's first slot
+        q0, q1 = max(p0, start), min(t, start + c)
+        r0, r1 = q0 - p0, q1 - p0
+        lo = max(0, start)
+        parts = _until(intra[:, :, r0:r1], keys, v, lo, q0, q1, scale)
+        prev = max(0, start - c)
+        if prev < lo:
+            parts.append(_call(succ[:, :, r0:r1], keys[:, :, prev:lo], v[:, :, prev:lo], scale))
+        if prev > 0:
+            parts.append(_call(inter[:, :, r0:r1], keys[:, :, :prev], v[:, :, :prev], scale))
+        out[:, :, r0:r1] = merge(parts)
+    return out
+
+
+# --- the choice --------------------------------------------------------------------------------
+
+
+def _causal_only(keep: torch.Tensor, s: int, t: int) -> bool:
+    """Whether ``keep [b, 1, s | 1, t]`` is plain causality by slot (an eager model's mask of
+    an unpadded batch), which the fused calls apply themselves."""
+    if keep.shape[2] == 1:
+        return s == 1 and bool(keep.all())
+    causal = torch.ones(s, t, dtype=torch.bool, device=keep.device).tril(diagonal=t - s)
+    return bool((keep == causal).all())
+
+
+def fused_refusal(
+    q: torch.Tensor,
+    t: int,
+    q_pos: torch.Tensor,
+    keep: torch.Tensor | None,
+    softcap: float | None,
+) -> str | None:
+    """Why the fused path does not apply to a call of ``q [b, h, s, d]`` over ``t`` keys
+    (None: it does)."""
+    if q.device.type != "cpu":
+        return f"the fused path runs on the CPU, not {q.device.type}"
+    if softcap:
+        return "the flash kernel takes no soft cap"
+    s = q.shape[2]
+    if keep is not None and not _causal_only(keep, s, t):
+        return "a padding mask"
+    if int((q_pos[:, -1] - (t - 1)).min()) < 0:
+        return "keys at negative positions"
+    return None
+
+
+def _choose(q: torch.Tensor, t: int, q_pos: torch.Tensor, options: dict[str, Any]) -> bool:
+    """True: run fused (``options`` loses ``keep`` and ``softcap``, which it then has no use
+    for); False: explicit."""
+    if PATH == "explicit":
+        return False
+    why = fused_refusal(q, t, q_pos, options.get("keep"), options.get("softcap"))
+    if why is not None:
+        if PATH == "fused":
+            raise ValueError(f"posenc.extend.fused.PATH is 'fused' but {why}")
+        return False
+    options.pop("keep", None)
+    options.pop("softcap", None)
+    return True
+
+
+def self_extend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, **options: Any
+) -> torch.Tensor:
+    """:func:`posenc.extend.attention.self_extend_attention`'s signature; fused where it applies."""
+    if _choose(q, k.shape[2], q_pos, options):
+        return self_extend_fused(q, k, v, q_pos, **options)
+    return explicit.self_extend_attention(q, k, v, q_pos, **options)
+
+
+def dual_chunk(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, **options: Any
+) -> torch.Tensor:
+    """:func:`posenc.extend.attention.dual_chunk_attention`'s signature; fused where it applies
+    (batch rows whose positions start at different slots run one at a time)."""
+    if not _choose(q, k.shape[2], q_pos, options):
+        return explicit.dual_chunk_attention(q, k, v, q_pos, **options)
+    last = q_pos[:, -1]
+    if bool((last == last[0]).all()):
+        return dual_chunk_fused(q, k, v, q_pos, **options)
+    rows = [
+        dual_chunk_fused(q[i : i + 1], k[i : i + 1], v[i : i + 1], q_pos[i : i + 1], **options)
+        for i in range(q.shape[0])
+    ]
+    return torch.cat(rows)
