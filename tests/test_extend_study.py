@@ -231,7 +231,8 @@ def test_bad_input_is_one_line_and_writes_nothing(folder: Path, tmp_path: Path) 
         (["extend", str(folder), "--lengths", "64,10000000", "--bin-size", "32", "--out", str(out)],
          "GiB is available"),
         (["extend", str(folder), "--lengths", "256,64", "--out", str(out)], "increasing"),
-        (["extend", str(folder), "--lengths", "64", "--out", str(out)], "bin size must be in"),
+        (["extend", str(folder), "--lengths", "64", "--bin-size", "64", "--out", str(out)],
+         "bin size must be in"),
         (["extend", "export", str(tmp_path), "--method", "yarn", "--out", str(out)], "no run.json"),
     ]  # fmt: skip
     for args, message in cases:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 
@@ -89,6 +90,28 @@ def check_writable(folder: Path, option: str = "--out", *, create: bool = True) 
         raise ValueError(f"{option} {folder}: not a folder; give a folder to write into")
     try:
         _probe(folder)
+    except OSError as e:
+        what = _WRITE_ERRORS.get(e.errno or 0) or e.strerror or str(e)
+        raise ValueError(
+            f"{option} {folder}: cannot write there ({what}); choose a writable folder"
+        ) from None
+
+
+def check_can_write(folder: Path, option: str = "--out") -> None:
+    """ValueError naming ``option`` when ``folder`` could not be created and written (a file in
+    its place or above it, a read-only file system, no permission), checked without creating
+    anything: the nearest folder that exists gets an anonymous temporary file, gone at once."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{option} {folder}: not a folder; give a folder to write into")
+    here = folder
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        raise ValueError(f"{option} {folder}: {here} is a file, not a folder; give a folder path")
+    try:
+        with tempfile.TemporaryFile(dir=here):
+            pass
     except OSError as e:
         what = _WRITE_ERRORS.get(e.errno or 0) or e.strerror or str(e)
         raise ValueError(

@@ -11,6 +11,7 @@ and nothing written; heavy imports happen inside the commands.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from ..cli_errors import fail
+from ..cli_errors import fail, os_error_message
 
 
 class _ExtendGroup(TyperGroup):
@@ -57,7 +58,7 @@ def _study_config(options: dict[str, Any]) -> Any:
     """The command's options as a :class:`~posenc.extend.study.StudyConfig` (checked)."""
     from .evaluate import default_documents
     from .methods import parse_methods
-    from .study import StudyConfig, parse_lengths
+    from .study import StudyConfig, default_bin_size, parse_lengths
 
     methods = tuple(parse_methods(options["methods"]))
     texts = [Path(p) for p in options["text"] or []]
@@ -65,23 +66,62 @@ def _study_config(options: dict[str, Any]) -> Any:
         if not p.is_file():
             raise ValueError(f"--text {str(p)!r} is not a file")
     docs = texts or default_documents(options["documents"])
-    depths = tuple(float(x) for x in options["passkey_depths"].split(",") if x.strip())
     passkey_methods = (
         tuple(m.strip() for m in options["passkey_methods"].split(",") if m.strip())
         if options["passkey_methods"]
         else None
     )
+    lengths = parse_lengths(options["lengths"])
+    keys = options["passkey_lengths"]
     return StudyConfig(
         methods=methods,
-        lengths=parse_lengths(options["lengths"]),
+        lengths=lengths,
         documents=tuple(str(p) for p in docs),
-        bin_size=options["bin_size"],
-        passkey_lengths=parse_lengths(options["passkey_lengths"])
-        if options["passkey_lengths"]
-        else (),
-        passkey_depths=depths,
+        bin_size=options["bin_size"] or default_bin_size(lengths),  # derived from the lengths
+        passkey_lengths=parse_lengths(keys, "--passkey-lengths") if keys else (),
+        passkey_depths=_depths(options["passkey_depths"]),
         passkey_methods=passkey_methods,
     )
+
+
+def _depths(text: str) -> tuple[float, ...]:
+    """``--passkey-depths``: numbers in [0, 1]; anything else (NaN, inf, a list) one line."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            depth = float(part)
+        except ValueError:
+            depth = math.nan
+        if not 0.0 <= depth <= 1.0:
+            raise ValueError(f"--passkey-depths: {part!r} is not a number in [0, 1]")
+        out.append(depth)
+    return tuple(out)
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """What the command can check before the model loads: ``--out`` a folder it can write
+    (nothing created), ``--device`` one this machine has, the fine-tune's settings."""
+    import torch
+
+    from ..cli_errors import check_can_write
+
+    check_can_write(Path(options["out"]), "--out")
+    device = options["device"]
+    try:
+        kind = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"--device {device!r} is no torch device (cpu, cuda, cuda:1)") from None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind.type == "cuda" and not count:
+        raise ValueError(f"--device {device}: CUDA is not available here; use --device cpu")
+    if kind.type == "cuda" and kind.index is not None and kind.index >= count:
+        raise ValueError(f"--device {device}: this machine has {count} CUDA device(s)")
+    if kind.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available here; use --device cpu")
+    if options["finetune"] is not None and options["finetune"] != "pose":
+        raise ValueError(f"--finetune must be 'pose', got {options['finetune']!r}")
+    if not math.isfinite(options["lr"]) or options["lr"] <= 0:
+        raise ValueError(f"--lr must be a finite number > 0, got {options['lr']}")
 
 
 def _run(model: str, options: dict[str, Any]) -> None:
@@ -91,10 +131,11 @@ def _run(model: str, options: dict[str, Any]) -> None:
     from .folder import check_study
     from .model import load_model
     from .report import study_table
-    from .study import cells, check_methods, run_study, study_rows
+    from .study import cells, check_methods, check_texts, run_study, study_rows
 
     cfg = _study_config(options)
     source = _source(model, options["gguf"])
+    _check_options(options)
     if options["threads"]:
         torch.set_num_threads(options["threads"])
     start = time.perf_counter()
@@ -113,6 +154,7 @@ def _run(model: str, options: dict[str, Any]) -> None:
             f"one forward of {cfg.target} tokens needs about {need / 2**30:.1f} GiB and "
             f"{have / 2**30:.1f} GiB is available: lower --lengths or use a larger device"
         )
+    check_texts(tokenizer, cfg)  # the documents and passkey prompts fit, in its tokens
     out = Path(options["out"])
     if options["finetune"]:
         loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
@@ -201,7 +243,9 @@ def run_command(
     lengths: str = typer.Option("2k,4k,8k,12k", "--lengths", help="Context lengths (tokens)."),
     documents: int = typer.Option(1, "--documents", min=1, help="Standard-library documents."),
     text: list[str] = typer.Option(None, "--text", help="Your own document(s) instead."),
-    bin_size: int = typer.Option(1024, "--bin-size", min=1, help="Tokens per loss bin."),
+    bin_size: int = typer.Option(
+        None, "--bin-size", min=1, help="Tokens per loss bin (default: 1024, or below --lengths)."
+    ),
     passkey_lengths: str = typer.Option(
         "", "--passkey-lengths", help="Passkey lengths (none: skip)."
     ),
@@ -245,6 +289,11 @@ def report_command(
     from .study import study_rows
 
     try:
+        if readme and not Path(readme).is_file():  # checked before the rows are read
+            raise ValueError(
+                f"--readme {readme}: no such file; give a Markdown file that holds the "
+                f"<!-- extend:{block} --> and <!-- /extend:{block} --> lines"
+            )
         rows = study_rows(run)
         if not rows:
             raise ValueError(f"{run!r} holds no study rows yet")
@@ -274,6 +323,8 @@ def report_command(
             typer.echo(f"figure: {figure}")
     except ValueError as e:
         fail(str(e))
+    except OSError as e:  # a file that cannot be read or written
+        fail(os_error_message(e))
 
 
 @extend_app.command("export")
@@ -284,6 +335,7 @@ def export_command(
     length: int = typer.Option(0, "--length", min=0, help="Target length (0: the run's longest)."),
 ) -> None:
     """Write a model folder with METHOD as its rope_parameters that stock transformers loads."""
+    from ..cli_errors import check_can_write
     from .export import export_model
     from .folder import check_export
     from .methods import parse_method
@@ -299,6 +351,7 @@ def export_command(
         target = length or max(spec["study"]["lengths"] + spec["study"]["passkey_lengths"])
         if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
             raise ValueError(f"{out!r} exists and is not an empty folder; nothing was written")
+        check_can_write(Path(out), "--out")  # under a file, a read-only disk: before the load
         if chosen.name in ("self_extend", "dual_chunk"):
             export_model(None, None, chosen, target, out)  # raises its refusal
         source = ModelSource(**spec["source"])

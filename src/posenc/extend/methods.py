@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..functional.rope_scaling import ROPE_SCALING, extension_scaling
-from ..hf.extension import EXTENSION_METHODS, normalize_extension
+from ..functional.rope_scaling import KEY_CHECKS, ROPE_SCALING, extension_scaling
+from ..hf.extension import EXTENSION_METHODS, extension_option, normalize_extension
 from ..hf.scaling import check_layers, is_keyed, scaling_by_layer_type
 
 #: The RoPE scaling types a method may name (``default`` is ``none``; ``proportional`` keeps
@@ -82,9 +82,28 @@ def parse_method(text: str) -> Method:
         raise ValueError(
             f"method {name!r} takes {', '.join(allowed) or 'no options'}; unknown: {', '.join(unknown)}"
         )
-    if "layers" in options:
-        check_layers(options["layers"])
+    for key, value in options.items():
+        check_option(name, key, value)
     return Method(name, options)
+
+
+def check_option(name: str, key: str, value: Any) -> None:
+    """Option ``key`` of method ``name`` as given, checked strictly before anything loads: an
+    attention method's options integers at or above their bounds, a scaling's numbers finite and
+    in range (its ``factor`` >= 1, lengths integers), ``layers`` a known placement. A bool, a
+    float where an integer goes, a list where a number goes, 0, inf or NaN: one line naming the
+    option and what it allows."""
+    if key == "layers":
+        check_layers(value)
+    elif name in EXTENSION_METHODS:
+        extension_option(name, key, value)
+    elif key == "original_max_position_embeddings" and not isinstance(value, int):
+        raise ValueError(f"method {name!r}: {key} must be an integer >= 1, got {value!r}")
+    else:
+        try:
+            KEY_CHECKS[key](key, value, name)
+        except ValueError as err:
+            raise ValueError(f"method {name!r}: {err}") from None
 
 
 def parse_methods(text: str) -> list[Method]:
@@ -135,24 +154,24 @@ def resolve(method: Method, trained_len: int, target_len: int, pairs: int) -> Re
     if method.name == "none":
         return Resolved(method.label)
     if method.name == "self_extend":
-        window = int(opts.pop("neighbor_window", max(1, trained_len // 4)))
+        # Options as given (normalize_extension refuses a non-integer: never rounded here).
+        window = opts.pop("neighbor_window", max(1, trained_len // 4))
+        window = extension_option("self_extend", "neighbor_window", window)
         # The smallest group that keeps the largest grouped query position inside training.
-        group = int(
-            opts.pop(
-                "group_size",
-                max(2, math.ceil((target_len - window) / max(1, trained_len - window))),
-            )
+        group = opts.pop(
+            "group_size", max(2, math.ceil((target_len - window) / max(1, trained_len - window)))
         )
         ext = {"method": "self_extend", "group_size": group, "neighbor_window": window}
         return Resolved(method.label, extension=normalize_extension(ext))
     if method.name == "dual_chunk":
-        chunk = int(opts.pop("chunk_size", trained_len * 3 // 4))  # ChunkLlama: 3/4 of training
-        local = int(opts.pop("local_size", max(1, chunk // 32)))  # Qwen2.5-1M: 8192 of 262144
+        chunk = opts.pop("chunk_size", trained_len * 3 // 4)  # ChunkLlama: 3/4 of training
+        chunk = extension_option("dual_chunk", "chunk_size", chunk)
+        local = opts.pop("local_size", max(1, chunk // 32))  # Qwen2.5-1M: 8192 of 262144
         ext = {"method": "dual_chunk", "chunk_size": chunk, "local_size": local}
         return Resolved(method.label, extension=normalize_extension(ext))
     layers = check_layers(opts.pop("layers", "auto"))
     given_factor = opts.pop("factor", None)
-    used = float(given_factor or factor)
+    used = factor if given_factor is None else float(given_factor)  # 0 is refused, not replaced
     scaling = extension_scaling(method.name, used, trained_len, pairs) or {}
     scaling.update(opts)
     identity = given_factor is None and used == 1.0 and method.name != "longrope"

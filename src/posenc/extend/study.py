@@ -17,6 +17,7 @@ cell serves every shorter length).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 import time
@@ -64,6 +65,10 @@ class StudyConfig:
     def __post_init__(self) -> None:
         if not self.methods:
             raise ValueError("a study needs at least one method")
+        parse_lengths(self.lengths, "lengths")  # integers (a bool or 256.5 refused)
+        parse_lengths(self.passkey_lengths, "passkey lengths")
+        if isinstance(self.bin_size, bool) or not isinstance(self.bin_size, int):
+            raise ValueError(f"bin size must be an integer, got {self.bin_size!r}")
         if (
             not self.lengths
             or min(self.lengths) < 2
@@ -187,6 +192,15 @@ def check_methods(model: Any, cfg: StudyConfig) -> list[Resolved]:
     return resolved
 
 
+def check_texts(tokenizer: Any, cfg: StudyConfig) -> None:
+    """Every document holds the longest length and the shortest passkey length holds the prompt,
+    in ``tokenizer``'s tokens: refused in one line before any cell runs or anything is written."""
+    for doc in cfg.documents:
+        document_ids(tokenizer, Path(doc), cfg.lengths[-1])
+    if cfg.passkey_lengths and cfg.passkey_methods != ():
+        passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, cfg.passkey_seed)
+
+
 def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig) -> dict[str, Any]:
     """The measured numbers of one cell (the method already applied), with attention in memory
     linear in the length (:func:`~posenc.hf.linear_memory.linear_memory`: no ``[s, t]`` mask
@@ -244,6 +258,7 @@ def run_study(
     todo = cells(cfg)
     result = StudyRun()
     check_methods(model, cfg)  # every refusal before the first cell
+    check_texts(tokenizer, cfg)
     out.mkdir(parents=True, exist_ok=True)
     with study_lock(out):
         settings = check_study(out, cfg, model_id)  # one study per folder, before any write
@@ -301,20 +316,35 @@ def study_rows(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def parse_lengths(text: str | Sequence[int]) -> tuple[int, ...]:
-    """``"2k,4k,8192"`` -> ``(2048, 4096, 8192)``; one line for a bad entry."""
+def default_bin_size(lengths: Sequence[int]) -> int:
+    """The bin size when none is given: 1024 tokens, or the largest power of two at most half
+    the shortest length where that is less (``--lengths 32,64``: 16), so a default never refuses
+    the user's own lengths."""
+    half = max(1, min(lengths) // 2)
+    return min(1024, 1 << (half.bit_length() - 1))
+
+
+def parse_lengths(text: str | Sequence[int], option: str = "--lengths") -> tuple[int, ...]:
+    """``"2k,4k,8192"`` -> ``(2048, 4096, 8192)``; one line naming ``option`` for a bad entry
+    (inf, NaN, a fraction of a token, a bool, a list)."""
     if not isinstance(text, str):
-        return tuple(int(x) for x in text)
+        for x in text:
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise ValueError(f"{option} must be integers (tokens), got {x!r}")
+        return tuple(text)
     out = []
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
         mult = 1024 if part.endswith("k") else 1
         try:
-            value = int(float(part[:-1] if mult > 1 else part) * mult)
+            number = float(part[:-1] if mult > 1 else part) * mult
         except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number != int(number):  # inf, nan, 256.5, [64
             raise ValueError(
-                f"length {part!r} is not a number of tokens (e.g. 2048 or 2k)"
-            ) from None
+                f"{option}: {part!r} is not a whole number of tokens (e.g. 2048 or 2k)"
+            )
+        value = int(number)
         if value < 2:
-            raise ValueError(f"length {part!r} must be at least 2 tokens")
+            raise ValueError(f"{option}: {part!r} must be at least 2 tokens")
         out.append(value)
     return tuple(out)

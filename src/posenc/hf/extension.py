@@ -75,11 +75,8 @@ def normalize_extension(extension: Mapping[str, Any]) -> dict[str, Any]:
             + (f"; missing: {', '.join(missing)}" if missing else "")
         )
     out: dict[str, Any] = {"method": method}
-    for name, low in wanted.items():
-        value = extension[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{method} {name} must be an integer >= {low}, got {value!r}")
-        out[name] = int(value)
+    for name in wanted:
+        out[name] = extension_option(method, name, extension[name])
     if method == "dual_chunk" and out["local_size"] >= out["chunk_size"] - 1:
         raise ValueError(
             f"dual_chunk local_size ({out['local_size']}) must be below chunk_size - 1 "
@@ -88,13 +85,27 @@ def normalize_extension(extension: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def extension_option(method: str, name: str, value: Any) -> int:
+    """``value`` as option ``name`` of ``method`` takes it: an integer at or above its bound (a
+    bool, a float such as 2.7 or 2.0, a string or a list is refused, naming the option)."""
+    low = EXTENSION_METHODS[method][name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{method} {name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
 def extension_from_config(config: Any) -> dict[str, Any] | None:
     """The ``dual_chunk`` extension a config ships (``dual_chunk_attention_config``, as
     Qwen2.5-7B-Instruct-1M's ``config.json``), or None."""
     get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
     dca = get("dual_chunk_attention_config", None)
-    if not dca:
+    if not dca:  # absent, null, false or {}: the model ships none
         return None
+    if not isinstance(dca, Mapping) or not {"chunk_size", "local_size"} <= set(dca):
+        raise ValueError(
+            "dual_chunk_attention_config must be a dict with chunk_size and local_size (integers),"
+            f" got {dca!r}"
+        )
     return normalize_extension(
         {"method": "dual_chunk", "chunk_size": dca["chunk_size"], "local_size": dca["local_size"]}
     )
