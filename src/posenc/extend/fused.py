@@ -160,9 +160,12 @@ def self_extend_fused(
     s, t = q.shape[2], k.shape[2]
     p0 = t - s  # the first query's slot
     k_pos = key_positions(q_pos, t)  # [b, t]
-    qn, kn = _rotate(q, q_pos, rope), _rotate(k, k_pos, rope)  # the neighbours' positions
+    # Each set's keys rotated where that set can reach them: neighbours from slot n0 (the first
+    # query's window), grouped keys below t - w (the last query's window).
+    n0, g1 = max(0, p0 - w + 1), max(0, t - w)
+    qn, kn = _rotate(q, q_pos, rope), _rotate(k[:, :, n0:], k_pos[:, n0:], rope)
     qg = _rotate(q, q_pos // g + (w - w // g), rope)  # the grouped positions
-    kg = _rotate(k, k_pos // g, rope)
+    kg = _rotate(k[:, :, :g1], k_pos[:, :g1] // g, rope) if g1 else k[:, :, :0]
     rows = min(BLOCK, s)
     band = _band(rows, w, q.dtype, q.device) if t > w and s > 1 else None
     out = v.new_empty(*q.shape[:3], v.shape[-1])
@@ -173,7 +176,8 @@ def self_extend_fused(
             continue
         lo = q0 - w + 1  # the neighbour set's first key, then grouped keys: j <= i - w
         mask = None if band is None else band[None, None, : q1 - q0, : q1 - lo]
-        parts = [_call(qn[:, :, r0:r1], kn[:, :, lo:q1], v[:, :, lo:q1], scale, mask=mask)]
+        near = kn[:, :, lo - n0 : q1 - n0]  # [b, hk, q1 - lo, d]
+        parts = [_call(qn[:, :, r0:r1], near, v[:, :, lo:q1], scale, mask=mask)]
         parts += _until(qg[:, :, r0:r1], kg, v, 0, q0 - w, q1 - w, scale)
         out[:, :, r0:r1] = merge(parts)
     return out
