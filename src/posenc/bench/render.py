@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from . import cos_sin, decode_calls, decode_positions, hf_model, rope, targets
+from . import cos_sin, decode_calls, decode_positions, extend_attention, hf_model, rope, targets
 from .bias import report as bias_report
 from .harness import markdown_table, write_section
 from .rows import BenchRows, load_all, rows_path
@@ -103,6 +103,7 @@ RENDERERS: dict[str, Callable[[BenchRows], str]] = {
     "cos-sin": cos_sin_block,
     "bias": bias_report.block,
     "hf-model": hf_model.block,
+    "extend-attention": extend_attention.block,
 }
 
 
