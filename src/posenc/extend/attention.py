@@ -23,6 +23,10 @@ keys (its band of distances), choosing per key the logit of the set it belongs t
 float32 softmax. Memory is ``O(rows * t)`` per block, never the ``s x t`` logit matrix; the
 result is the same as the papers' full-matrix code.
 
+This explicit path is the reference: :mod:`posenc.extend.fused` computes the same attention as
+one fused kernel call per key set merged by log-sum-exp (tested against this path), and falls
+back to it where the fused calls do not apply (a soft cap, a padding mask).
+
 Positions: ``q_pos [b, s]`` are the queries' integer positions (transformers' ``position_ids``).
 The keys are the cache's slots in order and the queries are the last ``s`` of them with
 contiguous positions (as in every transformers cache, left padding included), so key slot ``j``
