@@ -32,9 +32,10 @@ def test_a_run_writes_rows_that_render_and_round_trip() -> None:
     cases = [("prefill", 40, 1, True), ("decode", 30, 2, True), ("prefill", 20, 1, False)]
     rows = bench.run(tiny(), extensions, cases)
     assert [(r.method, r.phase, r.tokens) for r in rows][:3] == [
-        ("self_extend", "prefill", 40), ("self_extend", "decode", 30),
-        ("self_extend", "prefill", 20),
+        ("self_extend", "prefill", 40), ("dual_chunk", "prefill", 40),
+        ("self_extend", "decode", 30),
     ]  # fmt: skip
+    assert rows[0].stock_ms == rows[1].stock_ms  # one stock forward per case, for every method
     for r in rows:
         assert r.stock_ms > 0 and r.fused_ms > 0
         if r.tokens == 20:  # explicit not run: no figure, no difference

@@ -26,8 +26,8 @@ import torch
 from . import harness
 from .rows import BenchRows, number
 
-#: Candidates of a case, in table order.
-CANDIDATES = ("stock", "fused", "explicit")
+#: The settings of the method last run, as the rows write them ("group_size=4,...").
+OPTIONS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -106,34 +106,55 @@ def _decode(model: Any, prompt: torch.Tensor, token: torch.Tensor) -> Callable[[
     return step
 
 
+def _candidates(
+    stock: Any, patched: dict[str, Any], phase: str, ids: torch.Tensor, explicit: bool
+) -> tuple[dict[str, Callable[[], Any]], dict[str, torch.Tensor]]:
+    """``stock``, then ``METHOD:fused`` (and ``METHOD:explicit``) per patched model; the second
+    dict receives each patched candidate's last output."""
+    tokens = ids.shape[1] - 1
+
+    def step_of(model: Any) -> Callable[[Any], Any]:
+        if phase == "prefill":
+            return _prefill(ids[:, :tokens])
+        return _decode(model, ids[:, :tokens], ids[:, tokens:])
+
+    outputs: dict[str, torch.Tensor] = {}
+    candidates = {"stock": _with_path(stock, "auto", step_of(stock))}
+    for method, model in patched.items():
+        step = step_of(model)
+        for path in ("fused", "explicit") if explicit else ("fused",):
+            name = f"{method}:{path}"
+            candidates[name] = _keep_last(_with_path(model, path, step), outputs, name)
+    return candidates, outputs
+
+
 def run_case(
-    stock: Any, patched: Any, phase: str, tokens: int, repeats: int, explicit: bool
-) -> tuple[dict[str, list[float]], float]:
-    """One case: samples per candidate and the fused/explicit logits difference."""
+    stock: Any, patched: dict[str, Any], phase: str, tokens: int, repeats: int, explicit: bool
+) -> list[ExtendRow]:
+    """One case, every method in the same rounds (the stock forward timed once for all);
+    ``patched``: ``{method: model}``, its settings in :data:`OPTIONS`."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(stock.config.vocab_size, (1, tokens + 1), generator=g)
-    if phase == "prefill":
-        steps = {"stock": _prefill(ids[:, :tokens]), "patched": _prefill(ids[:, :tokens])}
-    else:
-        prompt, token = ids[:, :tokens], ids[:, tokens:]
-        steps = {"stock": _decode(stock, prompt, token), "patched": _decode(patched, prompt, token)}
-    outputs: dict[str, torch.Tensor] = {}
-    candidates = {
-        "stock": _with_path(stock, "auto", steps["stock"]),
-        "fused": _keep_last(_with_path(patched, "fused", steps["patched"]), outputs, "fused"),
-    }
-    if explicit:
-        explicit_step = _with_path(patched, "explicit", steps["patched"])
-        candidates["explicit"] = _keep_last(explicit_step, outputs, "explicit")
     with torch.no_grad():
+        candidates, outputs = _candidates(stock, patched, phase, ids, explicit)
         if phase == "decode":  # one untimed call each: the first step builds tables
             for fn in candidates.values():
                 fn()
         samples = _round_robin(candidates, repeats)
-    diff = float("nan")
-    if "explicit" in outputs:
-        diff = float((outputs["fused"] - outputs["explicit"]).abs().max())
-    return samples, diff
+    ms = {n: 1e3 * statistics.median(x) for n, x in samples.items()}
+    rows = []
+    for method in patched:
+        diff = float("nan")
+        if explicit:
+            diff = float((outputs[f"{method}:fused"] - outputs[f"{method}:explicit"]).abs().max())
+        options = OPTIONS.get(method, "")
+        rows.append(
+            ExtendRow(
+                phase, tokens, method, options, ms["stock"], ms[f"{method}:fused"],
+                ms.get(f"{method}:explicit", float("nan")), repeats, diff,
+            )
+        )  # fmt: skip
+    return rows
 
 
 def run(
@@ -144,20 +165,14 @@ def run(
     """``cases``: ``(phase, tokens, repeats, explicit too)``; one row per case and method."""
     from ..hf import apply_posenc
 
-    rows = []
+    patched = {}
     for extension in extensions:
-        patched = apply_posenc(copy.deepcopy(model), extension=extension)
-        options = ",".join(f"{k}={v}" for k, v in extension.items() if k != "method")
-        for phase, tokens, repeats, explicit in cases:
-            samples, diff = run_case(model, patched, phase, tokens, repeats, explicit)
-            ms = {n: 1e3 * statistics.median(s) for n, s in samples.items()}
-            rows.append(
-                ExtendRow(
-                    phase, tokens, extension["method"], options, ms["stock"], ms["fused"],
-                    ms.get("explicit", float("nan")), len(samples["fused"]), diff,
-                )
-            )  # fmt: skip
-        del patched
+        method = extension["method"]
+        patched[method] = apply_posenc(copy.deepcopy(model), extension=extension)
+        OPTIONS[method] = ",".join(f"{k}={v}" for k, v in extension.items() if k != "method")
+    rows = []
+    for phase, tokens, repeats, explicit in cases:
+        rows += run_case(model, patched, phase, tokens, repeats, explicit)
     return rows
 
 
