@@ -104,7 +104,11 @@ def markdown_report(
               " ".join(map(str, r["ranks"])), "yes" if r["exact"] else "no"] for r in keys],
         ))  # fmt: skip
     total = sum(r["seconds"] for r in rows)
-    timing = f"{total / 60:.0f} min of forwards ({len(rows)} cells, {rows[0]['threads']} threads)"
+    threads = rows[0]["threads"]
+    timing = (
+        f"{total / 60:.0f} min of forwards ({len(rows)} cells, {threads} "
+        f"thread{'' if threads == 1 else 's'})"
+    )
     if wall_seconds is not None:
         timing += f"; wall time {wall_seconds / 60:.0f} min with loading"
     out += ["", timing + "."]
