@@ -143,9 +143,12 @@ BEFORE_LOAD = [
     (["--passkey-depths", "[0.5]"], ["--passkey-depths", "[0, 1]"]),
     (["--device", "cuda:64"], ["--device cuda:64"]),
     (["--device", "nowhere"], ["--device 'nowhere'"]),
-    (["--lr", "nan"], ["--lr", "finite"]),
-    (["--lr", "0"], ["--lr", "> 0"]),
     (["--finetune", "lora"], ["--finetune", "'pose'"]),
+    (["--finetune", "pose", "--train-len", "32", "--lr", "nan"], ["--lr", "finite"]),
+    (["--finetune", "pose", "--train-len", "32", "--lr", "0"], ["--lr", "> 0"]),
+    (["--finetune", "pose", "--finetune-method", "bogus"], ["--finetune-method", "yarn"]),
+    (["--finetune", "pose", "--finetune-method", "none"], ["--finetune-method", "got 'none'"]),
+    (["--finetune", "pose", "--train-len", "256"], ["train_len < target_len", "256 and 256"]),
 ]
 
 

@@ -118,10 +118,26 @@ def _check_options(options: dict[str, Any]) -> None:
         raise ValueError(f"--device {device}: this machine has {count} CUDA device(s)")
     if kind.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"--device {device}: MPS is not available here; use --device cpu")
-    if options["finetune"] is not None and options["finetune"] != "pose":
+
+
+def _check_finetune(options: dict[str, Any], cfg: Any) -> None:
+    """``--finetune pose`` and its settings, before the model loads: the method a RoPE scaling
+    (by name), the training length below the target, a finite positive learning rate."""
+    from .finetune import FinetuneConfig
+    from .methods import SCALING_METHODS
+
+    if options["finetune"] is None:
+        return
+    if options["finetune"] != "pose":
         raise ValueError(f"--finetune must be 'pose', got {options['finetune']!r}")
+    if options["finetune_method"] not in SCALING_METHODS:
+        raise ValueError(
+            f"--finetune-method must be one of {', '.join(SCALING_METHODS)}, "
+            f"got {options['finetune_method']!r}"
+        )
     if not math.isfinite(options["lr"]) or options["lr"] <= 0:
         raise ValueError(f"--lr must be a finite number > 0, got {options['lr']}")
+    FinetuneConfig(steps=options["steps"], train_len=options["train_len"], target_len=cfg.target)
 
 
 def _run(model: str, options: dict[str, Any]) -> None:
@@ -136,6 +152,7 @@ def _run(model: str, options: dict[str, Any]) -> None:
     cfg = _study_config(options)
     source = _source(model, options["gguf"])
     _check_options(options)
+    _check_finetune(options, cfg)
     if options["threads"]:
         torch.set_num_threads(options["threads"])
     start = time.perf_counter()
