@@ -153,3 +153,30 @@ def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     clearly (well past a 5%-level t test of the difference), but overlapping ones can still
     hide a real difference, so a tie reads "not shown to differ", not "equal"."""
     return abs(a[0] - b[0]) <= a[1] + b[1]
+
+
+def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval ``(low, high)`` of a proportion: ``successes`` out of ``n``
+    trials (Wilson 1927; Brown, Cai & DasGupta 2001 recommend it over the normal ``p ± z se``,
+    which collapses to a point at 0 or 1 successes). With ``p = successes / n`` and ``z`` the
+    two-sided normal quantile of ``level`` (1.960 at 95%)::
+
+        centre = (p + z**2 / (2 n)) / (1 + z**2 / n)
+        half   = z / (1 + z**2 / n) * sqrt(p (1 - p) / n + z**2 / (4 n**2))
+
+    ``successes`` may be fractional: the mean of ``n`` scores in ``[0, 1]`` (a sample scoring
+    3 of 4 references counts 0.75). Any such score of mean ``p`` has variance at most
+    ``p (1 - p)``, the Bernoulli one, so the interval stays conservative there. Never outside
+    ``[0, 1]``; ValueError for ``n < 1`` or ``successes`` outside ``[0, n]``."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"wilson_interval needs n >= 1 trials, got {n!r}")
+    if not 0.0 <= successes <= n:
+        raise ValueError(f"wilson_interval needs 0 <= successes <= n = {n}, got {successes!r}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be between 0 and 1 (exclusive), got {level!r}")
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2.0)
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1.0 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
