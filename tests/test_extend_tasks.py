@@ -24,11 +24,15 @@ from posenc.extend.tasks import (
     TASKS,
     Sample,
     answer,
+    effective_lengths,
     generation,
     get_task,
+    paired_difference,
     postprocess,
     relative_effective_length,
     ruler_effective_length,
+    run_cell,
+    scores_by_length,
     string_match_all,
     string_match_part,
     summarize,
@@ -332,6 +336,46 @@ def test_summarize_gives_the_mean_and_its_wilson_interval() -> None:
     assert (got.low, got.high) == pytest.approx(wilson_interval(3.5, 5))
     with pytest.raises(ValueError):
         summarize([1.5])
+
+
+def test_a_cell_answers_its_samples_and_pairs_with_another_methods_cell(
+    tiny: Any, bpe: Any
+) -> None:
+    from posenc.hf import apply_posenc, remove_posenc
+
+    cell = run_cell(tiny, bpe, "niah_single_1", 512, 0.5, 2, seed=0, max_new_tokens=4)
+    assert cell["n"] == 2 and len(cell["scores"]) == len(cell["digests"]) == 2
+    assert cell["metric"] == "string_match_all" and cell["low"] <= cell["score"] <= cell["high"]
+    assert all(t <= 4 for t in cell["new_tokens"]) and None not in cell["target_logprobs"]
+    model = apply_posenc(copy.deepcopy(tiny),
+                         extension={"method": "self_extend", "group_size": 4,
+                                    "neighbor_window": 64})  # fmt: skip
+    try:
+        other = run_cell(model, bpe, "niah_single_1", 512, 0.5, 2, seed=0, max_new_tokens=4)
+    finally:
+        remove_posenc(model)
+    assert other["digests"] == cell["digests"]  # another method, the same prompts
+    assert paired_difference(other, cell)[0] == pytest.approx(
+        sum(other["scores"]) / 2 - sum(cell["scores"]) / 2
+    )
+    reseeded = run_cell(tiny, bpe, "niah_single_1", 512, 0.5, 2, seed=1, max_new_tokens=1)
+    with pytest.raises(ValueError, match="different samples"):
+        paired_difference(reseeded, cell)
+
+
+def test_effective_lengths_average_tasks_at_each_length() -> None:
+    def cell(task: str, length: int, scores: list[float]) -> dict[str, Any]:
+        return {"task": task, "length": length, "scores": scores}
+
+    cells = [
+        cell("a", 1024, [1, 1]), cell("a", 1024, [1, 0]), cell("b", 1024, [1, 1, 1, 1]),
+        cell("a", 2048, [1, 0]), cell("b", 2048, [1, 1]),
+        cell("a", 4096, [0, 0]), cell("b", 4096, [1, 0]),
+    ]  # fmt: skip
+    assert scores_by_length(cells) == {1024: 0.875, 2048: 0.75, 4096: 0.25}
+    got = effective_lengths(cells, fraction=0.8)
+    assert got["absolute"].length == 1024 and got["absolute"].first_failure == 2048
+    assert got["relative"].threshold == pytest.approx(0.7) and got["relative"].length == 2048
 
 
 # --- effective length -------------------------------------------------------------------------
