@@ -154,9 +154,9 @@ def test_each_reference_is_in_the_context_once_and_distractors_differ(tok: Any, 
         assert context.count(ref) == 1, ref
     keys = re.findall(r"special magic \w+ for (\S+) is: (\S+)\.", context)
     asked = {k for k, v in keys if v in s.references}
-    assert asked and len(keys) == len({k for k, _ in keys}) + sum(
-        1 for k in asked for _ in range(sum(kk == k for kk, _ in keys) - 1)
-    )  # a distractor never reuses an asked key
+    assert asked and all(v in s.references for k, v in keys if k in asked)  # no distractor
+    # reuses an asked key, and every reference is an asked key's value
+    assert {v for k, v in keys if k in asked} == set(s.references)
     for span in s.needles:
         text = _decode(tok, s, span.start, span.end)
         assert span.answer == any(ref in text for ref in s.references)
