@@ -199,6 +199,14 @@ def test_frequent_words_are_ranks_two_to_four(tok: Any) -> None:
     assert counts[ranked[3]] > counts[ranked[4]]
 
 
+def test_zeta_of_frequent_words_without_scipy() -> None:
+    from posenc.extend.tasks.extraction import _zeta
+
+    assert _zeta(2.0) == pytest.approx(math.pi**2 / 6, rel=1e-15)
+    assert _zeta(3.0) == pytest.approx(1.2020569031595942, rel=1e-12)  # Apery's constant
+    assert _zeta(1.5) == pytest.approx(2.612375348685488, rel=1e-12)
+
+
 def test_depth_and_length_are_checked(bpe: Any) -> None:
     with pytest.raises(ValueError, match="needs a depth"):
         get_task("niah_single_1").sample(bpe, 2048, None, 0)
