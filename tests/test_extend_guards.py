@@ -282,16 +282,16 @@ def test_the_default_factor_is_the_longest_length_over_the_trained_length() -> N
 
 def test_the_default_neighbour_window_is_a_quarter_of_training() -> None:
     """Self-Extend's default window is trained / 4 and its group the smallest that keeps the
-    largest grouped query position, (L - 1) // G + W - W // G, within the trained length (the
-    default reaches the trained length itself at 128 -> 512: one past the largest position
-    trained on, noted and left as it is, as the rows of existing studies name the group)."""
-    for trained, target in [(128, 512), (128, 300), (2048, 16384), (100, 1000)]:
+    largest grouped query position, (L - 1) // G + W - W // G, at a position the model was
+    trained on (<= trained - 1; at 128 -> 512 a ceil-based group of 5 reached 128, one past)."""
+    cases = [(128, 512), (128, 300), (2048, 16384), (100, 1000), (8192, 12288), (32768, 65536)]
+    for trained, target in cases:
         ext = resolve(parse_method("self_extend"), trained, target, 8).extension
         w, g = ext["neighbor_window"], ext["group_size"]
         assert w == trained // 4
-        assert (target - 1) // g + w - w // g <= trained
+        assert (target - 1) // g + w - w // g <= trained - 1
         if g > 2:  # the smallest such group
-            assert (target - 1) // (g - 1) + w - w // (g - 1) >= trained - 1
+            assert (target - 1) // (g - 1) + w - w // (g - 1) > trained - 1
 
 
 def test_ntk_is_written_as_the_base_times_factor_to_d_over_d_minus_2() -> None:

@@ -15,7 +15,6 @@ so the largest position a query sees stays inside the trained length).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +145,16 @@ class Resolved:
         return out
 
 
+def smallest_group(trained_len: int, target_len: int, window: int) -> int:
+    """Self-Extend's default group: the smallest ``G >= 2`` whose largest grouped query position,
+    ``(target - 1) // G + W - W // G``, is a position the model was trained on (``<= trained -
+    1``); when none is (a window as long as training), the group that comes nearest."""
+    for g in range(2, max(3, target_len + 1)):
+        if (target_len - 1) // g + window - window // g <= trained_len - 1:
+            return g
+    return max(2, target_len)
+
+
 def resolve(method: Method, trained_len: int, target_len: int, pairs: int) -> Resolved:
     """``method`` for a model trained at ``trained_len`` run at ``target_len`` with ``pairs``
     rotated pairs: the scaling dict or extension dict, defaults filled in."""
@@ -157,10 +166,9 @@ def resolve(method: Method, trained_len: int, target_len: int, pairs: int) -> Re
         # Options as given (normalize_extension refuses a non-integer: never rounded here).
         window = opts.pop("neighbor_window", max(1, trained_len // 4))
         window = extension_option("self_extend", "neighbor_window", window)
-        # The smallest group that keeps the largest grouped query position inside training.
-        group = opts.pop(
-            "group_size", max(2, math.ceil((target_len - window) / max(1, trained_len - window)))
-        )
+        group = opts.pop("group_size", None)
+        if group is None:
+            group = smallest_group(trained_len, target_len, window)
         ext = {"method": "self_extend", "group_size": group, "neighbor_window": window}
         return Resolved(method.label, extension=normalize_extension(ext))
     if method.name == "dual_chunk":
