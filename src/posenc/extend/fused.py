@@ -243,6 +243,9 @@ def fused_refusal(
     (None: it does)."""
     if q.device.type != "cpu":
         return f"the fused path runs on the CPU, not {q.device.type}"
+    # From here on every value read (the mask, the positions' range, the rows' last slots, the
+    # table size) is of CPU tensors in eager mode: free there (DESIGN.md, capture-safe
+    # forwards); a CUDA call never reaches them, it takes the explicit path above.
     if softcap:
         return "the flash kernel takes no soft cap"
     s = q.shape[2]
