@@ -2,9 +2,10 @@
 passkey retrieval by length and depth.
 
 One forward of the longest length per (method, document) gives the negative log-likelihood of
-every token given all before it (:func:`token_nll`); the loss in bins and the perplexity at each
-length come from that one vector. The logits are formed a chunk of positions at a time from the
-final hidden states, so memory holds ``chunk x vocab`` logits, never ``L x vocab``.
+every token given all before it (:func:`token_nll`; :func:`token_losses` for a range of
+positions); the loss in bins and the perplexity at each length come from that one vector. The
+logits are formed a chunk of positions at a time from the final hidden states, so memory holds
+``chunk x vocab`` logits, never ``L x vocab``.
 
 Shapes: ``ids [1, L]`` -> ``nll [L - 1]`` (``nll[i]`` is the loss of token ``i + 1``).
 """
@@ -41,19 +42,53 @@ def _logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def token_nll(model: Any, ids: torch.Tensor, chunk: int = LOGIT_CHUNK) -> torch.Tensor:
-    """``ids [1, L]`` -> float32 ``nll [L - 1]``, the loss of each token given all before it."""
+def token_losses(
+    model: Any,
+    ids: torch.Tensor,
+    start: int = 1,
+    end: int | None = None,
+    chunk: int = LOGIT_CHUNK,
+) -> torch.Tensor:
+    """``ids [1, L]`` -> float32 ``nll [end - start]``: ``nll[j]`` is the loss of token
+    ``start + j`` given every token before it, ``-log p(ids[start + j] | ids[:start + j])``.
+
+    The model's body runs once, over ``ids[:, :end]`` (later tokens cannot change a causal
+    model's earlier losses); the head, float32 log-softmax and NLL then run ``chunk`` positions at
+    a time over the hidden states of positions ``[start - 1, end - 1)`` only, so memory holds
+    ``chunk x vocab`` logits, never ``L x vocab``, and positions that are not scored never reach
+    the head. ``start=1, end=None`` scores every token after the first (:func:`token_nll`); a
+    LongPPL-style key-token loss scores a range, e.g. the last 4k tokens of a long context.
+    The head is the model's own, Gemma's final logit soft cap included (:func:`_logits`)."""
     if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
-        raise ValueError(f"token_nll takes ids of shape [1, L] with L >= 2, got {tuple(ids.shape)}")
-    hidden = _hidden(model, ids)[0]  # [L, hidden]
-    targets = ids[0, 1:]  # [L - 1]
+        raise ValueError(
+            f"token_losses takes ids of shape [1, L] with L >= 2, got {tuple(ids.shape)}"
+        )
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"token_losses takes integer token ids, got dtype {ids.dtype}")
+    length = ids.shape[1]
+    end = length if end is None else end
+    if not 1 <= start < end <= length:
+        raise ValueError(
+            f"token_losses scores tokens [start, end) with 1 <= start < end <= L = {length}, "
+            f"got start {start}, end {end}"
+        )
+    if chunk < 1:
+        raise ValueError(f"token_losses needs chunk >= 1 positions, got {chunk}")
+    hidden = _hidden(model, ids[:, :end])[0, start - 1 : end - 1]  # [n, hidden]
+    targets = ids[0, start:end]  # [n]
     out = torch.empty(targets.shape[0], dtype=torch.float32, device=ids.device)
     for i in range(0, targets.shape[0], chunk):
-        logits = _logits(model, hidden[i : i + chunk][: targets.shape[0] - i])  # [c, vocab]
+        logits = _logits(model, hidden[i : i + chunk])  # [c, vocab] float32
         out[i : i + logits.shape[0]] = torch.nn.functional.cross_entropy(
             logits, targets[i : i + logits.shape[0]], reduction="none"
         )
     return out
+
+
+def token_nll(model: Any, ids: torch.Tensor, chunk: int = LOGIT_CHUNK) -> torch.Tensor:
+    """``ids [1, L]`` -> float32 ``nll [L - 1]``, the loss of each token given all before it
+    (:func:`token_losses` over every token after the first)."""
+    return token_losses(model, ids, chunk=chunk)
 
 
 def bin_means(nll: Sequence[float] | torch.Tensor, bin_size: int) -> list[float]:
