@@ -73,6 +73,8 @@ def _study_config(options: dict[str, Any]) -> Any:
     )
     lengths = parse_lengths(options["lengths"])
     keys = options["passkey_lengths"]
+    tasks = parse_tasks(options["tasks"])
+    task_lengths = options["task_lengths"]
     return StudyConfig(
         methods=methods,
         lengths=lengths,
@@ -81,11 +83,36 @@ def _study_config(options: dict[str, Any]) -> Any:
         passkey_lengths=parse_lengths(keys, "--passkey-lengths") if keys else (),
         passkey_depths=_depths(options["passkey_depths"]),
         passkey_methods=passkey_methods,
+        tasks=tasks,
+        task_lengths=_task_lengths(task_lengths, lengths) if tasks else (),
+        task_depths=_depths(options["task_depths"], "--task-depths"),
+        task_samples=options["samples"],
+        task_seed=options["task_seed"],
     )
 
 
-def _depths(text: str) -> tuple[float, ...]:
-    """``--passkey-depths``: numbers in [0, 1]; anything else (NaN, inf, a list) one line."""
+def _task_lengths(text: str, lengths: tuple[int, ...]) -> tuple[int, ...]:
+    """``--task-lengths`` (default: the perplexity lengths)."""
+    from .study import parse_lengths
+
+    return parse_lengths(text, "--task-lengths") if text else lengths
+
+
+def parse_tasks(text: str) -> tuple[str, ...]:
+    """``--tasks``: registered task names, comma-separated, or a group: ``ruler`` (every task),
+    ``niah`` (the needle tasks); an unknown name is one line naming those there are."""
+    from .tasks import get_task, task_names
+
+    groups = {"ruler": task_names(), "niah": tuple(n for n in task_names() if n.startswith("niah"))}
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        names = groups.get(part.lower()) or (get_task(part).name,)
+        out += [n for n in names if n not in out]
+    return tuple(out)
+
+
+def _depths(text: str, option: str = "--passkey-depths") -> tuple[float, ...]:
+    """Depths: numbers in [0, 1]; anything else (NaN, inf, a list) one line naming ``option``."""
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         try:
@@ -93,7 +120,7 @@ def _depths(text: str) -> tuple[float, ...]:
         except ValueError:
             depth = math.nan
         if not 0.0 <= depth <= 1.0:
-            raise ValueError(f"--passkey-depths: {part!r} is not a number in [0, 1]")
+            raise ValueError(f"{option}: {part!r} is not a number in [0, 1]")
         out.append(depth)
     return tuple(out)
 
@@ -146,7 +173,6 @@ def _run(model: str, options: dict[str, Any]) -> None:
     from .estimate import available_bytes, forward_bytes, loaded_bytes, model_shape
     from .folder import check_study
     from .model import load_model
-    from .report import study_table
     from .study import cells, check_methods, check_texts, run_study, study_rows
 
     cfg = _study_config(options)
@@ -181,12 +207,24 @@ def _run(model: str, options: dict[str, Any]) -> None:
     run_study(loaded, tokenizer, source, cfg, out, dtype=options["dtype"])
     from .. import lab  # noqa: F401 - the store's reader warnings come from the lab package
 
-    rows = study_rows(out)
-    header, body = study_table(rows)
-    from ..lab.term_table import print_table
-
-    print_table(header, body, title=f"posenc extend: {source.describe()}")
+    _print_tables(study_rows(out), f"posenc extend: {source.describe()}")
     typer.echo(f"rows in {out / 'results.jsonl'}; {time.perf_counter() - start:.0f} s")
+
+
+def _print_tables(rows: list[dict[str, Any]], title: str | None = None) -> None:
+    """The study's table (perplexity, passkey) and, where it has task rows, the task table with
+    the effective lengths: which method, up to which length."""
+    from ..lab.term_table import print_table
+    from .report import study_table
+    from .task_report import effective_notes, task_rows, task_table
+
+    measured = [r for r in rows if r["kind"] != "task"]
+    if measured:
+        print_table(*study_table(measured), title=title)
+    if task_rows(rows):
+        print_table(*task_table(rows), title="tasks: score (%) by length, effective lengths")
+        for line in effective_notes(rows):
+            typer.echo(line)
 
 
 def _finetune(
@@ -231,16 +269,27 @@ def _duration(seconds: float) -> str:
 
 
 def _dry_run(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have: int) -> None:
-    """Say what the study costs (one timed calibration forward); run nothing."""
-    from .estimate import forward_flops, seconds_per_flop
+    """Say what the study costs (one timed calibration forward, eight timed one-token steps);
+    run nothing. A task cell: its samples' prefills and at most its task's new tokens (and the
+    reference's), each step at least the measured fixed cost of a step."""
+    from .estimate import forward_flops, seconds_per_flop, step_seconds, task_cell_flops
+    from .tasks import get_task
 
-    per_flop = seconds_per_flop(model, shape)
-    total = sum(forward_flops(shape, c.length, c.method.name) * per_flop for c in todo)
-    docs = len(cfg.documents)
+    per_flop, per_step = seconds_per_flop(model, shape), step_seconds(model)
+    total = 0.0
+    for c in todo:
+        if c.kind != "task":
+            total += forward_flops(shape, c.length, c.method.name) * per_flop
+            continue
+        steps = get_task(c.task).max_new_tokens + 16  # the reference's tokens: a few
+        flops = task_cell_flops(shape, c.length, c.method.name, cfg.task_samples, steps)
+        total += flops * per_flop + cfg.task_samples * steps * per_step
+    kinds = {k: sum(c.kind == k for c in todo) for k in ("ppl", "passkey", "task")}
     typer.echo(
         f"{len(todo)} cells ({len(cfg.methods)} methods; perplexity at {cfg.lengths[-1]} tokens on "
-        f"{docs} document(s); {len(todo) - len(cfg.methods) * docs} passkey prompts): "
-        f"about {_duration(total)} on this machine, peak memory about "
+        f"{len(cfg.documents)} document(s); {kinds['passkey']} passkey prompts; "
+        f"{kinds['task']} task cells of {cfg.task_samples} samples): "
+        f"about {_duration(total)} on this machine at most, peak memory about "
         f"{need / 2**30:.1f} GiB of {have / 2**30:.1f} GiB available. Nothing was run."
     )
 
@@ -268,6 +317,15 @@ def run_command(
     ),
     passkey_depths: str = typer.Option("0.1,0.5,0.9", "--passkey-depths", help="Key depths 0..1."),
     passkey_methods: str = typer.Option("", "--passkey-methods", help="Passkey only for these."),
+    tasks: str = typer.Option(
+        "", "--tasks", help="RULER-style tasks, comma-separated (ruler: all; niah: the needles)."
+    ),
+    task_lengths: str = typer.Option(
+        "", "--task-lengths", help="Task lengths (default --lengths)."
+    ),
+    task_depths: str = typer.Option("0.5", "--task-depths", help="Needle depths 0..1 for tasks."),
+    samples: int = typer.Option(4, "--samples", min=1, help="Samples per task cell."),
+    task_seed: int = typer.Option(0, "--task-seed", min=0, help="The task prompts' seed."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
     device: str = typer.Option("cpu", "--device"),
     device_map: str = typer.Option(None, "--device-map", help="e.g. auto (accelerate)."),
@@ -280,7 +338,8 @@ def run_command(
     finetune_method: str = typer.Option("yarn", "--finetune-method", help="Scaling trained with."),
     lr: float = typer.Option(2e-5, "--lr", help="Fine-tune learning rate (AdamW)."),
 ) -> None:
-    """Perplexity by length and passkey retrieval of MODEL under each method."""
+    """Perplexity by length, passkey retrieval and RULER-style tasks of MODEL under each
+    method."""
     try:
         _run(model, dict(locals()))
     except ValueError as e:
@@ -298,11 +357,15 @@ def report_command(
     block: str = typer.Option(
         "real", "--block", help="The markers' name: real (SmolLM2), gemma3 (Gemma-3-270M)."
     ),
+    heatmap: str = typer.Option(None, "--heatmap", help="Draw the needle heatmap (.png/.svg)."),
+    task_figure: str = typer.Option(
+        None, "--task-figure", help="Draw each task's score against length (.png/.svg)."
+    ),
     command: str = typer.Option("", "--command", help="The command that made the run (shown)."),
     wall_minutes: float = typer.Option(None, "--wall-minutes", help="Its wall time (shown)."),
 ) -> None:
     """Print a study's table (or Markdown), draw its figure, or write its README block."""
-    from .report import figure_data, markdown_report, study_table
+    from .report import markdown_report
     from .study import study_rows
 
     try:
@@ -329,19 +392,40 @@ def report_command(
         elif markdown:
             typer.echo(text)
         else:
-            from ..lab.term_table import print_table
-
-            print_table(*study_table(rows))
-        if figure:
-            from ..plots.common import check_figure_path, save_figure
-            from ..plots.real_model import draw_real_study
-
-            save_figure(draw_real_study(figure_data(rows)), check_figure_path(figure))
-            typer.echo(f"figure: {figure}")
+            _print_tables(rows)
+        _figures(rows, figure, heatmap, task_figure)
     except ValueError as e:
         fail(str(e))
     except OSError as e:  # a file that cannot be read or written
         fail(os_error_message(e))
+
+
+def _figures(rows: list[dict[str, Any]], figure: str | None, heatmap: str | None,
+             task_figure: str | None) -> None:  # fmt: skip
+    """``report``'s figures, each path checked before any is drawn."""
+    from ..plots.common import check_figure_path, save_figure
+
+    paths = {k: check_figure_path(p) for k, p in
+             (("figure", figure), ("heatmap", heatmap), ("tasks", task_figure)) if p}  # fmt: skip
+    if "figure" in paths:
+        from ..plots.real_model import draw_real_study
+        from .report import figure_data
+
+        save_figure(draw_real_study(figure_data(rows)), paths["figure"])
+    if ("heatmap" in paths or "tasks" in paths) and not any(r["kind"] == "task" for r in rows):
+        raise ValueError("the study has no task rows: run it with --tasks first")
+    if "heatmap" in paths:
+        from ..plots.needle import draw_needle_heatmap
+        from .task_report import needle_data
+
+        save_figure(draw_needle_heatmap(needle_data(rows)), paths["heatmap"])
+    if "tasks" in paths:
+        from ..plots.needle import draw_task_scores
+        from .task_report import task_curves
+
+        save_figure(draw_task_scores(task_curves(rows)), paths["tasks"])
+    for path in paths.values():
+        typer.echo(f"figure: {path}")
 
 
 @extend_app.command("export")

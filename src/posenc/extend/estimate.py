@@ -130,3 +130,34 @@ def seconds_per_flop(model: Any, shape: Shape) -> float:
     model.get_output_embeddings()(hidden[0, :LOGIT_CHUNK])
     seconds = time.perf_counter() - start
     return seconds / forward_flops(shape, CALIBRATION_TOKENS)
+
+
+def task_cell_flops(shape: Shape, length: int, method: str, samples: int, steps: int) -> float:
+    """Operations of a task cell: per sample one prefill of ``length`` tokens and at most
+    ``steps`` one-token steps through the cache (the reference's teacher-forced tokens and the
+    greedy answer), each the operations one more token adds to the forward."""
+    prefill = forward_flops(shape, length, method)
+    per_step = forward_flops(shape, length + 1, method) - prefill
+    return samples * (prefill + steps * per_step)
+
+
+@torch.inference_mode()
+def step_seconds(model: Any) -> float:
+    """The fixed cost of one one-token step through a KV cache on this machine (the median of 8
+    after a 64-token prefill): on a CPU a short step costs its calls, not its operations."""
+    from transformers.cache_utils import DynamicCache
+
+    from .tasks.generation import _cache_kw
+
+    device = next(model.parameters()).device
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    kw = {_cache_kw(decoder): DynamicCache(config=model.config)}
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    decoder(input_ids=torch.randint(0, vocab, (1, 64), device=device), use_cache=True, **kw)
+    times = []
+    for _ in range(8):
+        start = time.perf_counter()
+        decoder(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=True,
+                **kw)  # fmt: skip
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]

@@ -32,7 +32,7 @@ from typing import Any
 from ..lab.checkpoint import config_diff
 from ..lab.identity import stable_hash
 from ..lab.lock import FolderLocked, folder_lock
-from .rows import PASSKEY, PPL, read_study_rows
+from .rows import PASSKEY, PPL, TASK, read_study_rows
 
 RUN_FILE, RESULTS = "run.json", "results.jsonl"
 
@@ -52,6 +52,11 @@ def study_lock(out: Path) -> Iterator[None]:
 #: values is another study. (Methods, documents, passkey lengths and depths are what a study has
 #: rows of: a run may add to them, each new row measured like the others.)
 FIXED = ("lengths", "bin_size", "target", "passkey_seed")
+#: Fixed like :data:`FIXED` once a study has recorded them (a folder from before task cells
+#: existed takes whatever a first task run sets): every task row's seed and sample count.
+FIXED_ONCE_SET = ("task_seed", "task_samples")
+#: What a study has rows of: a run may add to these (each new row measured like the others).
+GROWING = ("passkey_lengths", "passkey_depths", "tasks", "task_lengths", "task_depths")
 
 
 def document_id(path: str) -> dict[str, Any]:
@@ -76,6 +81,11 @@ def study_settings(cfg: Any) -> dict[str, Any]:
         "documents": [document_id(d) for d in cfg.documents],
         "passkey_lengths": list(cfg.passkey_lengths),
         "passkey_depths": list(cfg.passkey_depths),
+        "tasks": list(cfg.tasks),
+        "task_lengths": list(cfg.task_lengths),
+        "task_depths": list(cfg.task_depths) if cfg.tasks else [],
+        "task_seed": cfg.task_seed if cfg.tasks else None,
+        "task_samples": cfg.task_samples if cfg.tasks else None,
     }
 
 
@@ -97,10 +107,11 @@ def _recorded_settings(spec: dict[str, Any]) -> dict[str, Any]:
     is derived from its ``study`` (documents by name only)."""
     study: dict[str, Any] = spec["study"] if isinstance(spec.get("study"), dict) else {}
     lengths, keys = list(study.get("lengths") or []), list(study.get("passkey_lengths") or [])
+    every = lengths + keys + list(study.get("task_lengths") or [])
     derived = {
         "lengths": lengths,
         "bin_size": study.get("bin_size"),
-        "target": max(lengths + keys) if lengths + keys else None,
+        "target": max(every) if every else None,
         "passkey_seed": study.get("passkey_seed"),
         "documents": [{"name": Path(str(d)).name} for d in study.get("documents") or []],
         "passkey_lengths": keys,
@@ -115,6 +126,8 @@ def _merged(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], l
     folder then has rows of), and how the two differ where they may not: a :data:`FIXED`
     setting, or a document of one name with other contents."""
     diff = config_diff({k: old.get(k) for k in FIXED}, {k: new[k] for k in FIXED})
+    once = [k for k in FIXED_ONCE_SET if old.get(k) is not None and new[k] is not None]
+    diff += config_diff({k: old[k] for k in once}, {k: new[k] for k in once})
     docs = {d.get("name"): d for d in old.get("documents") or [] if isinstance(d, dict)}
     for d in new["documents"]:
         was = docs.get(d["name"])
@@ -125,8 +138,11 @@ def _merged(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], l
         docs[d["name"]] = d
     merged = dict(new)
     merged["documents"] = list(docs.values())
-    for key in ("passkey_lengths", "passkey_depths"):
-        merged[key] = sorted({*(old.get(key) or []), *new[key]})
+    for key in GROWING:
+        merged[key] = (list(dict.fromkeys([*(old.get(key) or []), *new[key]])) if key == "tasks"
+                       else sorted({*(old.get(key) or []), *new[key]}))  # fmt: skip
+    for key in FIXED_ONCE_SET:
+        merged[key] = new[key] if new[key] is not None else old.get(key)
     return merged, diff
 
 
@@ -139,10 +155,15 @@ def _row_differences(rows: list[dict[str, Any]], settings: dict[str, Any],
             return [f"a row's {d}" for d in config_diff(r["model"], model, "model.")[:3]]
         if r["kind"] == PPL and (r["bin_size"] != settings["bin_size"] or set(r["ppl"]) != lengths):
             return [f"a row's bin size {r['bin_size']} and lengths {sorted(map(int, r['ppl']))}"]
-        if r["kind"] == PASSKEY and r["length"] > settings["target"]:
+        if r["kind"] in (PASSKEY, TASK) and r["length"] > settings["target"]:
             return [
-                f"a row's passkey length {r['length']} (beyond the target {settings['target']})"
+                f"a row's {r['kind']} length {r['length']} (beyond the target {settings['target']})"
             ]
+        if r["kind"] == TASK and (r["task_seed"], r["n"]) != (
+            settings.get("task_seed", r["task_seed"]),
+            settings.get("task_samples", r["n"]),
+        ):
+            return [f"a row's task seed {r['task_seed']} and samples {r['n']}"]
     return []
 
 

@@ -78,18 +78,25 @@ def markdown_report(
     if not rows:
         raise ValueError("no study rows to report")
     model = rows[0]["model"]
-    header, body = study_table(rows)
+    measured = [r for r in rows if r["kind"] != "task"]  # the task rows have their own tables
+    header, body = study_table(measured)
     docs = sorted({r["document"] for r in rows if r["kind"] == "ppl"})
     out = [
         f"Model: `{model['source'].rsplit('/', 1)[-1]}` ({model['model_type']}, "
         f"{model['parameters'] / 1e6:.0f}M parameters, trained length {model['trained_length']}, "
-        f"{model['dtype']}); documents: {', '.join(f'`{d}`' for d in docs)}; "
-        f"perplexity of the last {rows[0].get('bin_size', 1024)} tokens before each length. "
-        f"Versions: " + ", ".join(f"{k} {v}" for k, v in rows[0]["versions"].items()) + ".",
+        f"{model['dtype']})"
+        + (
+            f"; documents: {', '.join(f'`{d}`' for d in docs)}; perplexity of the last "
+            f"{measured[0].get('bin_size', 1024)} tokens before each length"
+            if docs
+            else ""
+        )
+        + ". Versions: "
+        + ", ".join(f"{k} {v}" for k, v in rows[0]["versions"].items())
+        + ".",
         "",
         f"```bash\n{command}\n```",
-        "",
-        markdown_table(header, body),
+        *(["", markdown_table(header, body)] if measured else []),
     ]
     keys = [r for r in rows if r["kind"] == "passkey"]
     if keys:
@@ -103,6 +110,9 @@ def markdown_report(
             [[r["method"], str(r["length"]), f"{r['depth']:.0%}", f"{r['key_logprob']:.2f}",
               " ".join(map(str, r["ranks"])), "yes" if r["exact"] else "no"] for r in keys],
         ))  # fmt: skip
+    from .task_report import task_markdown
+
+    out += task_markdown(rows)
     total = sum(r["seconds"] for r in rows)
     threads = rows[0]["threads"]
     timing = (

@@ -1,5 +1,5 @@
-"""A study's rows read by one schema: what the table, the report and the figure read in a ``ppl``
-or ``passkey`` row, checked when the row is read.
+"""A study's rows read by one schema: what the table, the report and the figure read in a ``ppl``,
+``passkey`` or ``task`` row, checked when the row is read.
 
 A row of a known kind with a field missing or of the wrong type (a hand edit, a row of another
 posenc) is skipped with one warning naming the file and the line, like a torn line, never a
@@ -18,8 +18,8 @@ from ..lab.results import _nan_at_floats, shape_problem
 from ..lab.rows import NUMBER_OR_NULL, Each, Keys, ListOf
 from ..lab.store import ResultStore
 
-PPL, PASSKEY = "ppl", "passkey"
-KINDS = (PPL, PASSKEY)
+PPL, PASSKEY, TASK = "ppl", "passkey", "task"
+KINDS = (PPL, PASSKEY, TASK)
 
 #: What names the model in a row (:func:`posenc.extend.model.model_identity`), as read.
 MODEL_SHAPE = Keys({"source": str, "model_type": str, "parameters": int, "trained_length": int,
@@ -36,6 +36,13 @@ STUDY_ROWS: dict[str, Keys] = {
                "ppl": Each(NUMBER_OR_NULL, int_keys=True)}),
     PASSKEY: Keys({**_COMMON, "length": int, "depth": float, "key": str, "key_logprob": float,
                    "ranks": ListOf(int), "exact": bool}),
+    # a (task, length, depth) cell's samples (posenc.extend.tasks.run_cell); depth null for a
+    # task without one; target log-probabilities null where not measured
+    TASK: Keys({**_COMMON, "task": str, "length": int, "depth": NUMBER_OR_NULL, "task_seed": int,
+                "n": int, "metric": str, "score": float, "low": float, "high": float,
+                "scores": ListOf(float), "outputs": ListOf(str), "references": ListOf(ListOf(str)),
+                "target_logprobs": ListOf(NUMBER_OR_NULL), "new_tokens": ListOf(int),
+                "digests": ListOf(str)}),
 }  # fmt: skip
 
 

@@ -61,6 +61,11 @@ class StudyConfig:
     passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
     passkey_seed: int = 0
     passkey_methods: tuple[str, ...] | None = None  # labels; None: every method
+    tasks: tuple[str, ...] = ()  # registered task names (posenc.extend.tasks)
+    task_lengths: tuple[int, ...] = ()
+    task_depths: tuple[float, ...] = (0.5,)  # for the tasks that take a depth
+    task_samples: int = 4
+    task_seed: int = 0
 
     def __post_init__(self) -> None:
         if not self.methods:
@@ -88,27 +93,44 @@ class StudyConfig:
             )
         if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
             raise ValueError(f"passkey depths must be in [0, 1], got {list(self.passkey_depths)}")
+        self._check_tasks()
+
+    def _check_tasks(self) -> None:
+        from .tasks import get_task
+
+        for name in self.tasks:
+            get_task(name)  # one line naming the tasks there are
+        parse_lengths(self.task_lengths, "task lengths")
+        if self.tasks and not self.task_lengths:
+            raise ValueError("tasks need at least one task length")
+        if list(self.task_lengths) != sorted(set(self.task_lengths)):
+            raise ValueError(f"task lengths must increase, got {list(self.task_lengths)}")
+        if not self.task_depths or any(not 0.0 <= d <= 1.0 for d in self.task_depths):
+            raise ValueError(f"task depths must be in [0, 1], got {list(self.task_depths)}")
+        for name, value in (("task samples", self.task_samples), ("task seed", self.task_seed)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+        if self.task_samples < 1:
+            raise ValueError(f"task samples must be at least 1, got {self.task_samples}")
 
     @property
     def target(self) -> int:
-        return (
-            max(self.lengths[-1], *self.passkey_lengths)
-            if self.passkey_lengths
-            else self.lengths[-1]
-        )
+        """The length the methods' factors are set for: the longest of every kind of cell."""
+        return max((self.lengths[-1], *self.passkey_lengths, *self.task_lengths))
 
 
 @dataclass(frozen=True)
 class Cell:
-    kind: str  # "ppl" | "passkey"
+    kind: str  # "ppl" | "passkey" | "task"
     method: Method
     document: str | None = None
     length: int = 0
     depth: float | None = None
+    task: str | None = None
 
     def name(self) -> str:
         where = Path(self.document).name if self.document else f"L={self.length} depth={self.depth}"
-        return f"{self.kind} {self.method.label} {where}"
+        return f"{self.task or self.kind} {self.method.label} {where}"
 
 
 def cells(cfg: StudyConfig) -> list[Cell]:
@@ -126,6 +148,21 @@ def cells(cfg: StudyConfig) -> list[Cell]:
         for n in cfg.passkey_lengths
         for d in cfg.passkey_depths
     ]
+    return out + task_cells(cfg)
+
+
+def task_cells(cfg: StudyConfig) -> list[Cell]:
+    """The task cells, shortest length first and every method of a (task, length, depth) in a
+    row: a run stopped early has whole columns of the task table, every method on the same
+    prompts (read once from the prompt cache)."""
+    from .tasks import get_task
+
+    out = []
+    for n in cfg.task_lengths:
+        for name in cfg.tasks:
+            depths = cfg.task_depths if get_task(name).uses_depth else (None,)
+            out += [Cell("task", m, length=n, depth=d, task=name)
+                    for d in depths for m in cfg.methods]  # fmt: skip
     return out
 
 
@@ -146,6 +183,8 @@ def cell_identity(
             bin_size=cfg.bin_size,
             lengths=list(cfg.lengths),
         )
+    elif cell.kind == "task":
+        ident.update(task=cell.task, depth=cell.depth, seed=cfg.task_seed, n=cfg.task_samples)
     else:
         ident.update(depth=cell.depth, seed=cfg.passkey_seed)
     return ident
@@ -199,16 +238,43 @@ def check_texts(tokenizer: Any, cfg: StudyConfig) -> None:
         document_ids(tokenizer, Path(doc), cfg.lengths[-1])
     if cfg.passkey_lengths and cfg.passkey_methods != ():
         passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, cfg.passkey_seed)
+    from .tasks import get_task
+
+    for name in cfg.tasks:  # one sample at the shortest length: a task too long for it refused
+        task = get_task(name)
+        task.sample(tokenizer, cfg.task_lengths[0], cfg.task_depths[0] if task.uses_depth else None,
+                    cfg.task_seed)  # fmt: skip
 
 
-def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig) -> dict[str, Any]:
+def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, *,
+             folder: Path | None = None, tokenizer_id: Any = None) -> dict[str, Any]:  # fmt: skip
     """The measured numbers of one cell (the method already applied), with attention in memory
     linear in the length (:func:`~posenc.hf.linear_memory.linear_memory`: no ``[s, t]`` mask
-    for a sliding-window or soft-capped layer)."""
+    for a sliding-window or soft-capped layer). A task cell's prompts are cached in
+    ``folder`` (:func:`~posenc.extend.tasks.prompts.cached_samples`, keyed by ``tokenizer_id``)."""
     from ..hf.linear_memory import linear_memory
 
     with linear_memory(model):
+        if cell.kind == "task":
+            return _answer_task(model, tokenizer, cell, cfg, folder, tokenizer_id)
         return _measure(model, tokenizer, cell, cfg)
+
+
+def _answer_task(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, folder: Path | None,
+                 tokenizer_id: Any) -> dict[str, Any]:  # fmt: skip
+    """A task cell's row fields (:func:`posenc.extend.tasks.run_cell`): its seed as
+    ``task_seed`` (a row's ``seed`` is the store's key), its time the row's own."""
+    from .tasks import run_cell as answer_cell
+    from .tasks.prompts import cached_samples
+
+    task = str(cell.task)
+    samples = cached_samples(folder, tokenizer, task, cell.length, cell.depth, cfg.task_samples,
+                             cfg.task_seed, tokenizer_id)  # fmt: skip
+    numbers = answer_cell(model, tokenizer, task, cell.length, cell.depth, cfg.task_samples,
+                          cfg.task_seed, samples=samples)  # fmt: skip
+    numbers["task_seed"] = numbers.pop("seed")
+    del numbers["seconds"]
+    return numbers
 
 
 def _measure(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig) -> dict[str, Any]:
@@ -279,7 +345,7 @@ def run_study(
             undo = with_method(model, resolved)
             start = time.perf_counter()
             try:
-                numbers = run_cell(model, tokenizer, cell, cfg)
+                numbers = run_cell(model, tokenizer, cell, cfg, folder=out, tokenizer_id=model_id)
             finally:
                 undo()
             seconds = time.perf_counter() - start

@@ -4,8 +4,8 @@ the same samples; effective lengths from cells.
 
 Every method of a study answers the same samples (the same seed gives the same ids), and a
 cell keeps a digest of each sample's ids, so a paired comparison can check that it compares
-like with like before it subtracts. Not yet a study row: :mod:`posenc.extend.study` does not run
-task cells (the numbers here are what such a row would hold).
+like with like before it subtracts. :mod:`posenc.extend.study` writes a cell as a ``task`` row
+(:mod:`posenc.extend.rows`).
 """
 
 from __future__ import annotations
@@ -32,16 +32,20 @@ def sample_digest(sample: Sample) -> str:
 
 
 def run_cell(model: Any, tokenizer: Any, task: str, length: int, depth: float | None, n: int,
-             seed: int, *, logprob: bool = True,
-             max_new_tokens: int | None = None) -> dict[str, Any]:  # fmt: skip
+             seed: int, *, logprob: bool = True, max_new_tokens: int | None = None,
+             samples: Sequence[Sample] | None = None) -> dict[str, Any]:  # fmt: skip
     """``n`` samples of ``task`` at ``length`` and ``depth`` (seed ``seed``) answered by
     ``model`` as it stands (:func:`~.generation.answer`) -> a dict: the cell's identity
     (``task``, ``length``, ``depth``, ``seed``, ``n``, ``metric``), ``score`` (mean in
     ``[0, 1]``) with its Wilson ``low``/``high``, and per sample (lists of ``n``): ``scores``,
     ``outputs``, ``references``, ``target_logprobs`` (None without ``logprob``), ``new_tokens``,
-    ``digests`` (:func:`sample_digest`); ``seconds`` all told."""
+    ``digests`` (:func:`sample_digest`); ``seconds`` all told. ``samples``: the cell's samples
+    prepared before (:func:`~.prompts.cached_samples`), else built here."""
     t = get_task(task)
-    samples = t.samples(tokenizer, length, depth, n, seed)
+    if samples is None:
+        samples = t.samples(tokenizer, length, depth, n, seed)
+    elif len(samples) != n or any(s.task != task or s.length != length for s in samples):
+        raise ValueError(f"the samples given are not {n} of {task} at {length} tokens")
     answers = [answer(model, tokenizer, s, logprob=logprob, max_new_tokens=max_new_tokens,
                       task=t) for s in samples]  # fmt: skip
     score = summarize([a.score for a in answers])

@@ -1,0 +1,174 @@
+"""A study's task rows as tables, effective lengths and figure data: "which method, up to which
+length", read from the rows (:mod:`posenc.extend.rows`, kind ``task``) and nothing else.
+
+The score at a length is RULER's: each task's mean over its samples (every depth pooled), then
+the mean over tasks, each task weighing the same (:func:`posenc.extend.tasks.scores_by_length`).
+Two effective lengths per method (:mod:`posenc.extend.tasks.effective`): against RULER's 85.6 %
+and against 90 % of the model's own score as trained (``none``) at the shortest length, or of
+the method's own where the study has no ``none``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from .tasks import (
+    RELATIVE_FRACTION,
+    EffectiveLength,
+    effective_lengths,
+    scores_by_length,
+    summarize,
+)
+
+
+def task_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["kind"] == "task"]
+
+
+def _methods(rows: Sequence[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["method"] for r in rows))
+
+
+def _reference(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The model as trained at the shortest length (``none``'s score there), or None."""
+    mine = [r for r in rows if r["method"] == "none"]
+    scores = scores_by_length(mine)
+    return scores[min(scores)] if scores else None
+
+
+def method_lengths(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, EffectiveLength]]:
+    """Method -> ``{"absolute": ..., "relative": ...}`` effective lengths from its task rows."""
+    tasks = task_rows(rows)
+    reference = _reference(tasks)
+    return {
+        m: effective_lengths([r for r in tasks if r["method"] == m], RELATIVE_FRACTION, reference)
+        for m in _methods(tasks)
+    }
+
+
+def _length_text(e: EffectiveLength) -> str:
+    if e.length is None:
+        return "< shortest"
+    text = f"{e.length / 1024:g}k" if e.length % 1024 == 0 else str(e.length)
+    return ("≥ " + text) if e.censored else text
+
+
+def task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and body: one row per method; its score (%) at each task length, both effective
+    lengths and the median seconds per sample."""
+    tasks = task_rows(rows)
+    lengths = sorted({int(r["length"]) for r in tasks})
+    header = ["method", *(f"score@{n}" for n in lengths), "effective (85.6%)", "effective (rel.)",
+              "s / sample"]  # fmt: skip
+    eff = method_lengths(tasks)
+    body = []
+    for method in _methods(tasks):
+        mine = [r for r in tasks if r["method"] == method]
+        scores = scores_by_length(mine)
+        per_sample = [r["seconds"] / r["n"] for r in mine]
+        body.append([
+            method, *(f"{100 * scores[n]:.1f}" if n in scores else "" for n in lengths),
+            _length_text(eff[method]["absolute"]), _length_text(eff[method]["relative"]),
+            f"{statistics.median(per_sample):.1f}",
+        ])  # fmt: skip
+    return header, body
+
+
+def per_task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and body: one row per (task, method), the task's score (%) at each length with its
+    Wilson 95 % interval over the pooled samples (``62 [41–79]``)."""
+    tasks = task_rows(rows)
+    lengths = sorted({int(r["length"]) for r in tasks})
+    pooled: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for r in tasks:
+        pooled[(r["task"], r["method"], int(r["length"]))].extend(r["scores"])
+    body = []
+    for task in dict.fromkeys(r["task"] for r in tasks):
+        for method in _methods(tasks):
+            cells = []
+            for n in lengths:
+                got = pooled.get((task, method, n))
+                s = summarize(got) if got else None
+                cells.append(f"{100 * s.mean:.0f} [{100 * s.low:.0f}–{100 * s.high:.0f}]"
+                             if s else "")  # fmt: skip
+            if any(cells):
+                body.append([task, method, *cells])
+    return ["task", "method", *(str(n) for n in lengths)], body
+
+
+def effective_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One sentence per method: how each effective length was found."""
+    return [f"{m}: {e['absolute'].how}; {e['relative'].how}"
+            for m, e in method_lengths(rows).items()]  # fmt: skip
+
+
+def needle_data(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What :func:`posenc.plots.needle.draw_needle_heatmap` draws: per method, the mean score
+    of the depth-taking tasks at each (depth, length), and ``trained``."""
+    tasks = [r for r in task_rows(rows) if r["depth"] is not None]
+    grid: dict[str, dict[tuple[float, int], list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in tasks:
+        grid[r["method"]][(float(r["depth"]), int(r["length"]))].extend(r["scores"])
+    return {
+        "model": _model_name(rows),
+        "trained": rows[0]["model"]["trained_length"] if rows else 0,
+        "tasks": sorted({r["task"] for r in tasks}),
+        "scores": {m: {k: statistics.fmean(v) for k, v in cells.items()}
+                   for m, cells in grid.items()},
+    }  # fmt: skip
+
+
+def task_curves(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What :func:`posenc.plots.needle.draw_task_scores` draws: per task, per method, the
+    mean score at each length (depths pooled), and the trained length."""
+    pooled: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for r in task_rows(rows):
+        pooled[r["task"]][r["method"]][int(r["length"])].extend(r["scores"])
+    return {
+        "model": _model_name(rows),
+        "trained": rows[0]["model"]["trained_length"] if rows else 0,
+        "scores": {t: {m: {n: statistics.fmean(v) for n, v in sorted(by.items())}
+                       for m, by in methods.items()} for t, methods in pooled.items()},
+        "average": {m: scores_by_length([r for r in task_rows(rows) if r["method"] == m])
+                    for m in _methods(task_rows(rows))},
+    }  # fmt: skip
+
+
+def _model_name(rows: Sequence[dict[str, Any]]) -> str:
+    return str(rows[0]["model"]["source"]).rsplit("/", 1)[-1] if rows else ""
+
+
+def task_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The task section of a study's Markdown block (lines): the average table with effective
+    lengths, how each was found, then every task's scores with their intervals."""
+    from .._markdown import markdown_table
+
+    tasks = task_rows(rows)
+    if not tasks:
+        return []
+    first = tasks[0]
+    names = ", ".join(f"`{t}`" for t in dict.fromkeys(r["task"] for r in tasks))
+    depths = sorted({r["depth"] for r in tasks if r["depth"] is not None})
+    out = [
+        "",
+        f"RULER-style tasks ({names}; {first['n']} samples per cell, seed {first['task_seed']}"
+        + (f", needle depths {', '.join(f'{d:.0%}' for d in depths)}" if depths else "")
+        + "; greedy answers through the KV cache, scored as RULER scores them). Score: each "
+        "task's mean, then the mean over tasks, in %; effective length: the longest length up "
+        "to which the score stays at or above RULER's 85.6 % (absolute) or 90 % of the model's "
+        "own score as trained at the shortest length (rel.):",
+        "",
+        markdown_table(*task_table(tasks)),
+        "",
+        *(f"- {line}" for line in effective_notes(tasks)),
+        "",
+        "Per task, % with the Wilson 95 % interval over its samples:",
+        "",
+        markdown_table(*per_task_table(tasks)),
+    ]
+    return out

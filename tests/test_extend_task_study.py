@@ -1,0 +1,189 @@
+"""``posenc extend --tasks``: RULER-style task cells as study rows, end to end on a tiny Llama
+saved to a folder. Every method answers the same prompts (cached once in ``<out>/prompts``), a
+rerun recomputes nothing and rebuilds no prompt, the report gives effective lengths and the
+heatmap, and a careless user's input is one line before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from test_extend_study import _tokenizer
+from typer.testing import CliRunner
+
+from posenc.cli import app
+from posenc.extend.rows import read_study_rows
+from posenc.extend.study import StudyConfig, cells, study_rows
+from posenc.extend.task_report import method_lengths, task_table
+from posenc.extend.tasks import get_task, sample_digest
+from posenc.extend.tasks.prompts import cached_samples
+
+TRAINED = 128
+METHODS = "none,yarn,self_extend"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TRAINED,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("llama")
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def _args(folder: Path, out: Path, *extra: str) -> list[str]:
+    return ["extend", str(folder), "--methods", METHODS, "--lengths", "64,128", "--bin-size", "32",
+            "--tasks", "niah_single_1,fwe", "--task-lengths", "384,512",
+            "--task-depths", "0.25,0.75", "--samples", "2", "--out", str(out), *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def study(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tasks")
+    result = _cli(*_args(folder, out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_task_cells_are_rows_every_method_on_the_same_prompts(study: Path) -> None:
+    rows = [r for r in study_rows(study) if r["kind"] == "task"]
+    # niah at two depths and fwe (no depth), at two lengths, for each of three methods
+    assert len(rows) == (2 + 1) * 2 * 3
+    assert {r["method"] for r in rows} == set(METHODS.split(","))
+    cells_of: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        cells_of.setdefault((r["task"], r["length"], r["depth"]), []).append(r)
+        assert r["n"] == 2 and len(r["scores"]) == 2 and r["task_seed"] == 0
+        assert 0.0 <= r["low"] <= r["score"] <= r["high"] <= 1.0
+        assert (r["depth"] is None) == (r["task"] == "fwe")
+    for (task, length, depth), group in cells_of.items():
+        assert len(group) == 3
+        assert len({tuple(r["digests"]) for r in group}) == 1, (task, length, depth)
+        # the digests are those of the task's own samples for the seed
+        own = get_task(task).samples(_tokenizer(), length, depth, 2, 0)
+        assert group[0]["digests"] == [sample_digest(s) for s in own]
+    assert len(list((study / "prompts").glob("*.json"))) == 3 * 2  # one file per cell
+
+
+def test_a_rerun_recomputes_nothing_and_rebuilds_no_prompt(folder: Path, study: Path) -> None:
+    lines = (study / "results.jsonl").read_text().splitlines()
+    prompts = {p: p.stat().st_mtime_ns for p in (study / "prompts").glob("*.json")}
+    again = _cli(*_args(folder, study))
+    assert again.exit_code == 0, again.output
+    assert (study / "results.jsonl").read_text().splitlines() == lines
+    assert {p: p.stat().st_mtime_ns for p in (study / "prompts").glob("*.json")} == prompts
+    assert "effective" in again.output  # the task table with the effective lengths
+
+
+def test_a_damaged_prompt_file_is_built_again_with_the_same_ids(tmp_path: Path,
+                                                                caplog: Any) -> None:  # fmt: skip
+    tok = _tokenizer()
+    first = cached_samples(tmp_path, tok, "niah_single_1", 384, 0.5, 2, 0, {"m": 1})
+    (path,) = (tmp_path / "prompts").glob("*.json")
+    path.write_text(json.dumps([{"task": "x"}]))
+    again = cached_samples(tmp_path, tok, "niah_single_1", 384, 0.5, 2, 0, {"m": 1})
+    assert [s.ids for s in again] == [s.ids for s in first]
+    assert "built again" in caplog.text
+    # another tokenizer identity or seed is another file, never these prompts
+    cached_samples(tmp_path, tok, "niah_single_1", 384, 0.5, 2, 1, {"m": 1})
+    cached_samples(tmp_path, tok, "niah_single_1", 384, 0.5, 2, 0, {"m": 2})
+    assert len(list((tmp_path / "prompts").glob("*.json"))) == 3
+
+
+def test_report_gives_effective_lengths_heatmap_and_task_figure(study: Path,
+                                                                tmp_path: Path) -> None:  # fmt: skip
+    heat, curves = tmp_path / "heat.png", tmp_path / "tasks.svg"
+    result = _cli("extend", "report", str(study), "--heatmap", str(heat), "--task-figure",
+                  str(curves))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert heat.stat().st_size > 10_000 and curves.stat().st_size > 10_000
+    md = _cli("extend", "report", str(study), "--markdown").output
+    assert "effective (85.6%)" in md and "Wilson" in md and "| niah_single_1 | none |" in md
+    header, body = task_table(study_rows(study))
+    assert header[1:3] == ["score@384", "score@512"] and len(body) == 3
+
+
+def test_effective_lengths_from_rows_use_none_as_the_reference() -> None:
+    def row(method: str, length: int, scores: list[float]) -> dict[str, Any]:
+        return {"kind": "task", "method": method, "task": "t", "length": length, "n": len(scores),
+                "scores": scores, "seconds": 1.0}  # fmt: skip
+
+    rows = [row("none", 1024, [1, 1, 1, 1]), row("none", 2048, [0, 0, 0, 0]),
+            row("yarn", 1024, [1, 1, 1, 0]), row("yarn", 2048, [1, 1, 1, 1])]  # fmt: skip
+    got = method_lengths(rows)
+    assert got["none"]["absolute"].length == 1024 and got["none"]["relative"].length == 1024
+    # yarn: 75% at 1024 is below RULER's 85.6% but at 90% of none's 100%? no: 75 < 90
+    assert got["yarn"]["absolute"].length is None
+    assert got["yarn"]["relative"].length is None and got["yarn"]["relative"].threshold == 0.9
+
+
+def test_task_cell_order_is_length_first_every_method_together() -> None:
+    from posenc.extend.methods import parse_methods
+
+    cfg = StudyConfig(methods=tuple(parse_methods("none,yarn")), lengths=(64, 128), documents=(),
+                      bin_size=32, tasks=("niah_single_1", "vt"), task_lengths=(256, 512),
+                      task_depths=(0.5,))  # fmt: skip
+    got = [(c.length, c.task, c.method.label) for c in cells(cfg)]
+    assert got[:4] == [(256, "niah_single_1", "none"), (256, "niah_single_1", "yarn"),
+                       (256, "vt", "none"), (256, "vt", "yarn")]  # fmt: skip
+    assert cfg.target == 512  # the methods' factors are set for the longest task length
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tasks", "niah_single_9"], "unknown task 'niah_single_9'"),
+        (["--tasks", "vt", "--task-depths", "1.5"], "--task-depths: '1.5'"),
+        (["--tasks", "vt", "--task-lengths", "2k,inf"], "--task-lengths: 'inf'"),
+        (["--tasks", "vt", "--task-lengths", "512,256"], "task lengths must increase"),
+        (["--tasks", "niah_multikey_3", "--task-lengths", "40"], "too short for this task"),
+    ],
+)
+def test_bad_task_options_are_one_line_and_write_nothing(
+    folder: Path, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    base = ["extend", str(folder), "--methods", "none", "--lengths", "64,128", "--bin-size", "32",
+            "--out", str(out)]  # fmt: skip
+    result = _cli(*base, *extra)
+    assert result.exit_code != 0
+    assert message in result.output and "Traceback" not in result.output, result.output
+    assert not out.exists()
+
+
+def test_another_task_seed_in_the_folder_is_another_study(folder: Path, study: Path) -> None:
+    result = _cli(*_args(folder, study, "--task-seed", "3"))
+    assert result.exit_code != 0 and "another study" in result.output, result.output
+
+
+def test_a_task_row_with_a_field_missing_is_skipped_with_a_warning(study: Path,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    lines = (study / "results.jsonl").read_text().splitlines()
+    row = json.loads(next(x for x in lines if '"kind": "task"' in x))
+    del row["scores"]
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join([*lines, json.dumps(row)]) + "\n")
+    with pytest.warns(UserWarning, match=r"no row\.scores \(a task row\)"):
+        rows = read_study_rows(path)
+    assert len(rows) == len(lines)
+
+
+def test_dry_run_counts_the_task_cells(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dry"
+    result = _cli(*_args(folder, out, "--dry-run"))
+    assert result.exit_code == 0, result.output
+    assert "18 task cells of 2 samples" in result.output and not out.exists()
