@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from test_extend_study import _tokenizer
 from typer.testing import CliRunner
 
 from posenc.cli import app
@@ -21,6 +20,7 @@ from posenc.extend.study import StudyConfig, cells, study_rows
 from posenc.extend.task_report import method_lengths, task_table
 from posenc.extend.tasks import get_task, sample_digest
 from posenc.extend.tasks.prompts import cached_samples
+from test_extend_study import _tokenizer
 
 TRAINED = 128
 METHODS = "none,yarn,self_extend"
