@@ -12,9 +12,17 @@ model is trained at 32,768 tokens: the scalings' factor is 2 (set for 64k), and 
 
     posenc extend report benchmarks/studies/gemma3-270m --readme docs/real-model.md --block gemma3
 
-writes the block from the rows.
+writes the block from the rows. The task cells (``--tasks LENGTH ...``: RULER-style tasks at
+those lengths, shortest first, every method; the needle at three depths for the heatmap, the
+others at half depth, two samples each; about 3 min per 32k prompt and 8 min per 64k prompt on
+one core) go in the same folder:
+
+    posenc extend gemma3-270m ... --tasks niah_single_2 --task-lengths 8k,16k,32k,64k \\
+        --task-depths 0.1,0.5,0.9 --samples 2
+    posenc extend gemma3-270m ... --tasks niah_multikey_1,vt --task-depths 0.5 ...
 
     python benchmarks/extend_gemma3.py [METHOD ...] [--passkey]
+    python benchmarks/extend_gemma3.py --tasks [LENGTH ...]
 """
 
 import logging
@@ -31,18 +39,38 @@ from posenc.extend.study import StudyConfig, parse_lengths, run_study
 METHODS = "none,yarn,ntk,linear,self_extend,dual_chunk"
 OUT = "benchmarks/studies/gemma3-270m"
 
+TASK_LENGTHS = "8k,16k,32k,64k"
+#: (tasks, their depths): the heatmap's needle at three depths, the others at one
+TASKS = ((("niah_single_2",), (0.1, 0.5, 0.9)), (("niah_multikey_1", "vt"), (0.5,)))
+
+
+def study_config(methods: str, passkey: bool = False, tasks: tuple[str, ...] = (),
+                 task_lengths: str = "", depths: tuple[float, ...] = (0.5,)) -> StudyConfig:  # fmt: skip
+    """The study's settings: every piece measures with these (the target is 64k in each)."""
+    return StudyConfig(
+        methods=tuple(parse_methods(methods)),
+        lengths=parse_lengths("4k,8k,16k,32k,64k"),
+        documents=tuple(str(p) for p in default_documents(1)),
+        passkey_lengths=parse_lengths("32k,64k") if passkey else (),
+        passkey_depths=(0.5,),
+        tasks=tasks,
+        task_lengths=parse_lengths(task_lengths) if tasks else (),
+        task_depths=depths,
+        task_samples=2,
+    )
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    chosen = ",".join(args) or METHODS
     torch.set_num_threads(1)  # as the committed rows were measured (the other core stays free)
     source = resolve_source(str(packaged_gguf("gemma3-270m")))
     model, tokenizer = load_model(source)
-    cfg = StudyConfig(
-        methods=tuple(parse_methods(chosen)),
-        lengths=parse_lengths("4k,8k,16k,32k,64k"),
-        documents=tuple(str(p) for p in default_documents(1)),
-        passkey_lengths=parse_lengths("32k,64k") if "--passkey" in sys.argv else (),
-        passkey_depths=(0.5,),
-    )
-    run_study(model, tokenizer, source, cfg, OUT)
+    if "--tasks" in sys.argv:  # the task cells at the lengths named, shortest first
+        for n in parse_lengths(",".join(args) or TASK_LENGTHS):
+            for tasks, depths in TASKS:
+                cfg = study_config(METHODS, tasks=tasks, task_lengths=str(n), depths=depths)
+                run_study(model, tokenizer, source, cfg, OUT)
+    else:
+        cfg = study_config(",".join(args) or METHODS, passkey="--passkey" in sys.argv)
+        run_study(model, tokenizer, source, cfg, OUT)

@@ -1,0 +1,67 @@
+"""The SmolLM2-135M task study (docs/real-model.md, block ``extend:smollm2-tasks``): RULER-style
+tasks from 2k to 32k tokens, four times the model's trained 8k, under every method; the cells of
+
+    posenc extend smollm2 --methods none,yarn,ntk,linear,self_extend,dual_chunk \\
+        --lengths 2k,4k,8k,16k,32k --documents 1 --tasks niah_single_2 --task-depths 0.1,0.5,0.9 \\
+        --samples 2 --threads 1 --out benchmarks/studies/smollm2-135m
+    posenc extend smollm2 ... --tasks niah_multikey_1,vt,cwe --task-depths 0.5 ...
+
+(the needle at three depths for the heatmap, the other tasks at half depth)
+run in pieces: each call answers the task cells at the lengths named on its command line
+(default: all of them, shortest first) and skips every cell already in the folder, so a study
+longer than a session resumes from the committed rows (``benchmarks/studies/smollm2-135m/``;
+the prompts are rebuilt from the seed, identically, where ``prompts/`` was not kept). The
+methods' factors are set for 32k (the longest length) in every piece. ``--ppl`` adds the
+perplexity cells (one forward of 32k per method). Then
+
+    posenc extend report benchmarks/studies/smollm2-135m --readme docs/real-model.md \\
+        --block smollm2-tasks --heatmap docs/figures/smollm2-needles.png
+
+writes the block and the heatmap from the rows.
+
+    python benchmarks/extend_smollm2_tasks.py [LENGTH ...] [--ppl]
+"""
+
+import logging
+import sys
+
+import torch
+
+from posenc.extend.evaluate import default_documents
+from posenc.extend.methods import parse_methods
+from posenc.extend.model import load_model, resolve_source
+from posenc.extend.packaged import packaged_gguf
+from posenc.extend.study import StudyConfig, parse_lengths, run_study
+
+METHODS = "none,yarn,ntk,linear,self_extend,dual_chunk"
+LENGTHS = "2k,4k,8k,16k,32k"
+#: (tasks, their depths): the heatmap's needle at three depths, the others at one
+TASKS = ((("niah_single_2",), (0.1, 0.5, 0.9)), (("niah_multikey_1", "vt", "cwe"), (0.5,)))
+OUT = "benchmarks/studies/smollm2-135m"
+
+
+def configs(task_lengths: str, ppl: bool) -> list[StudyConfig]:
+    """The study's two settings (:data:`TASKS`), answering tasks at ``task_lengths`` only."""
+    return [
+        StudyConfig(
+            methods=tuple(parse_methods(METHODS)),
+            lengths=parse_lengths(LENGTHS),
+            documents=tuple(str(p) for p in default_documents(1)) if ppl else (),
+            tasks=tasks,
+            task_lengths=parse_lengths(task_lengths),
+            task_depths=depths,
+            task_samples=2,
+        )
+        for tasks, depths in TASKS
+    ]
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    torch.set_num_threads(1)  # as the committed rows were measured (the other core stays free)
+    source = resolve_source(str(packaged_gguf("smollm2")))
+    model, tokenizer = load_model(source)
+    for n in parse_lengths(",".join(args) or LENGTHS):  # shortest first: whole columns
+        for cfg in configs(str(n), "--ppl" in sys.argv):
+            run_study(model, tokenizer, source, cfg, OUT)
