@@ -50,7 +50,8 @@ def test_readme_snippet_runs_alone(
 
 #: The pages whose ```bash ``posenc`` commands are parsed by the CLI (the READMEs', which take
 #: minutes to hours to run, and those of the pages their results and set-up moved to).
-COMMAND_PAGES = (*READMES, LAB_RESULTS, REAL_MODEL, ROOT / "docs" / "install.md")
+COMMAND_PAGES = (*READMES, LAB_RESULTS, REAL_MODEL, ROOT / "docs" / "install.md",
+                 ROOT / "docs" / "extend.md")  # fmt: skip
 
 
 def posenc_commands(path: Path) -> list[list[str]]:
