@@ -110,7 +110,9 @@ def f32_gguf(quantize: Path, source: Path, out: Path) -> Path:
         return out
     aside = out.with_name(out.name + ".part")
     cmd = [str(quantize), "--allow-requantize", str(source), str(aside), "F32"]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-quantize exited {done.returncode}: {done.stderr[-2000:]}")
     os.replace(aside, out)
     return out
 
@@ -138,7 +140,7 @@ def llama_bench(bench: Path, gguf: Path, length: int, threads: int, repeats: int
         "tok_s": statistics.median(samples),
         "samples": len(samples),
         "peak_bytes": peak,
-        "info": {k: rec.get(k) for k in ("build_commit", "flash_attn", "n_batch", "n_ubatch")}
+        "info": {k: rec.get(k) for k in ("flash_attn", "type_k", "type_v", "n_batch", "n_ubatch")}
         | {"cpu": rec.get("cpu_info"), "backends": rec.get("backends")},
     }
 
