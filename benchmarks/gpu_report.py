@@ -22,7 +22,7 @@ def collect_lab(
     out: Path, work: Path, dry: bool, log: Callable[[str], None]
 ) -> list[dict[str, Any]]:
     """Copy the lab's results into ``out/lab`` and write its report there (no checkpoints)."""
-    from posenc.lab.report import load_rows, write_report
+    from posenc.lab.reports.report import load_rows, write_report
 
     src, dest = work / "lab" / "results.jsonl", out / "lab"
     dest.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,7 @@ def _table(items: Sequence[Any]) -> str:
 def lab_section(rows: list[dict[str, Any]], dry: bool) -> str:
     """The lab table with the published ordering checked next to it."""
     from posenc.bench import targets
-    from posenc.lab.report import results_markdown
+    from posenc.lab.reports.report import results_markdown
 
     return "\n".join([
         f"## lab gpu-small ({'dry run: tiny sizes on the CPU, plumbing only' if dry else 'GPU'})",

@@ -17,14 +17,16 @@ def _seed() -> None:
 @pytest.fixture(scope="session")
 def write_corpus() -> Callable[..., Path]:
     """``write_corpus(folder, limit=None)``: ``folder/corpus`` filled with real text, the source
-    files of ``posenc.lab`` (the first ``limit`` in name order), for the lab's byte-level runs."""
+    files of ``posenc.lab`` and its stage packages (the first ``limit`` in path order, each
+    named by its path), for the lab's byte-level runs."""
     import posenc.lab
 
     def write(folder: Path, limit: int | None = None) -> Path:
         d = folder / "corpus"
         d.mkdir()
-        for f in sorted(Path(posenc.lab.__file__).parent.glob("*.py"))[:limit]:
-            (d / f.name).write_bytes(f.read_bytes())
+        root = Path(posenc.lab.__file__).parent
+        for f in sorted(root.rglob("*.py"))[:limit]:
+            (d / "_".join(f.relative_to(root).parts)).write_bytes(f.read_bytes())
         return d
 
     return write

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from posenc import __version__
 from posenc.cli import app
-from posenc.lab import experiment
-from posenc.lab.presets import PRESETS
+from posenc.lab.cells.presets import PRESETS
+from posenc.lab.grid import experiment
 
 WIDE = {"COLUMNS": "250", "NO_COLOR": "1"}  # help tables on one line per option
 
@@ -184,8 +184,8 @@ def test_missing_matplotlib_is_one_line(args: list[str], needle: str, tmp_path: 
 
 def test_lab_labels_take_the_registry_spelling() -> None:
     """Names are case-insensitive, labels key the preset's options and the results: one spelling."""
+    from posenc.lab.cells.presets import model_config
     from posenc.lab.cli import Overrides, build_config
-    from posenc.lab.presets import model_config
 
     cfg = build_config("cpu-small", Overrides(encodings="Sinusoidal,ALiBi:x=1,rope"))
     assert cfg.encodings == ("sinusoidal", "alibi:x=1", "rope")

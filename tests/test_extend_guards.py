@@ -41,7 +41,7 @@ from posenc.extend.methods import Method, Resolved, as_transformers, parse_metho
 from posenc.extend.study import StudyConfig, cell_identity, cells
 from posenc.hf import apply_posenc
 from posenc.hf.extension import ExtensionState, extension_attention
-from posenc.lab.identity import stable_hash
+from posenc.runs.identity import stable_hash
 from test_extend_attention import hf_rot, hf_rotary, naive_dual_chunk, qkv, repeat
 from test_extend_study import _tokenizer
 

@@ -24,7 +24,7 @@ from posenc.extend.export import export_model
 from posenc.extend.methods import parse_method, parse_methods
 from posenc.extend.model import load_model, resolve_source
 from posenc.extend.study import StudyConfig, run_study, study_rows
-from posenc.lab.lock import folder_lock
+from posenc.runs.lock import folder_lock
 from test_extend_study import _tokenizer
 
 TRAINED = 128
@@ -404,8 +404,9 @@ def test_an_interrupted_pose_save_never_blocks_a_rerun(
 
 def test_the_pose_fine_tune_runs_under_the_folder_lock(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    with folder_lock(out):
+    with folder_lock(out, command="posenc extend"):
         result = _cli("extend", str(folder), "--finetune", "pose", "--steps", "2", "--train-len",
                       "64", *STUDY, "--out", str(out))  # fmt: skip
-    _one_line_error(result, "in use")
+    # The refusal names the command whose folder it is, not the lab's.
+    _one_line_error(result, "in use by another posenc extend run")
     assert not (out / "pose").exists()

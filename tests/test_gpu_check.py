@@ -277,7 +277,7 @@ def test_merge_writes_rows_and_blocks_and_refuses_dry_runs(tmp_path, monkeypatch
 
 def test_gpu_small_is_the_published_setting() -> None:
     from posenc.bench.targets import PUBLISHED_ENCODINGS
-    from posenc.lab.presets import DEFAULT_ENCODINGS, DEFAULT_ROPE_SCALINGS, preset
+    from posenc.lab.cells.presets import DEFAULT_ENCODINGS, DEFAULT_ROPE_SCALINGS, preset
 
     cfg = preset("gpu-small")
     assert cfg.train_len == 512 and cfg.eval_lengths() == [512, 1024, 2048, 4096]

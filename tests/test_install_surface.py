@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc.lab.grid_file import tomllib  # tomllib, or on Python 3.10 its backport tomli
+from posenc.lab.grid.grid_file import tomllib  # tomllib, or on Python 3.10 its backport tomli
 
 ROOT = Path(__file__).resolve().parent.parent
 READMES = {"en": ROOT / "README.md", "zh": ROOT / "README.zh-CN.md"}

@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 import posenc.cli_errors as cli_errors
-import posenc.lab.checkpoint as checkpoint
+import posenc.lab.training.checkpoint as checkpoint
 from posenc.cli import app
-from posenc.lab import experiment
-from posenc.lab.cell import resolve_cell
-from posenc.lab.flags import INT_CAPS, Overrides, build_config
+from posenc.lab.cells.cell import resolve_cell
+from posenc.lab.cells.flags import INT_CAPS, Overrides, build_config
+from posenc.lab.grid import experiment
 
 HUGE = "1" + "0" * 400
 #: A grid that trains in about a second: what a refusal must stop before.

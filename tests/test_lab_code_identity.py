@@ -14,10 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc import registry
-from posenc.lab import presets as P
-from posenc.lab.experiment import RunOptions, run_grid
-from posenc.lab.identity import code_identity, group_identity, stable_hash
-from posenc.lab.results import load_rows
+from posenc.lab.cells import presets as P
+from posenc.lab.cells.identity import code_identity, group_identity
+from posenc.lab.grid.experiment import RunOptions, run_grid
+from posenc.lab.reports.results import load_rows
+from posenc.runs.identity import stable_hash
 
 MODULE = "posenc_test_code_enc"
 NAME = "code-penalty"
@@ -178,7 +179,7 @@ def package_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     checkout whose files the test may edit); the hash is computed afresh before and after."""
     import shutil
 
-    from posenc.lab import identity
+    from posenc.runs import identity
 
     copy = tmp_path / "posenc"
     shutil.copytree(identity.PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -192,7 +193,7 @@ def test_an_edit_of_posencs_own_source_trains_again(plugin, package_copy, tmp_pa
     """An edit of ``functional/`` (which computes RoPE, registered in ``rotary/entries.py``)
     moves the identity of posenc's encodings and of a plugin's alike, and the cell trains again;
     an edit outside the source (a bytecode cache) moves nothing."""
-    from posenc.lab import identity
+    from posenc.runs import identity
 
     out = tmp_path / "run"
     plugin(SOURCE)
@@ -222,7 +223,7 @@ def test_the_package_hash_covers_every_source_file_once(package_copy: Path) -> N
     written here), so a new file or a rename moves the hash too."""
     import os
 
-    from posenc.lab import identity
+    from posenc.runs import identity
 
     walked = sorted(
         Path(d, f).relative_to(package_copy).as_posix()

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from posenc.cli import app
 from posenc.lab import cli as lab_cli
-from posenc.lab import grid_file
-from posenc.lab.flags import LAB_FLAGS, Overrides, build_config
-from posenc.lab.grid_file import file_keys, read_grid_file
-from posenc.lab.store import RESULTS_FILE, ResultStore
+from posenc.lab.cells.flags import LAB_FLAGS, Overrides, build_config
+from posenc.lab.grid import grid_file
+from posenc.lab.grid.grid_file import file_keys, read_grid_file
+from posenc.runs.store import RESULTS_FILE, ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "grid.toml"

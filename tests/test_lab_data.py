@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from posenc.lab import data as D
-from posenc.lab.presets import DataConfig
-from posenc.lab.tasks import (
+from posenc.lab.cells.presets import DataConfig
+from posenc.lab.evaluation.tasks import (
     BOS,
     KEY,
     KEYS,
@@ -19,6 +18,7 @@ from posenc.lab.tasks import (
     TASKS,
     make_task,
 )
+from posenc.lab.training import data as D
 
 
 @pytest.fixture(autouse=True)

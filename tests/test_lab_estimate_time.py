@@ -1,5 +1,5 @@
 """The dry run's wall-time model: cells handed out heaviest first to the first free worker (as
-:mod:`posenc.lab.jobs` does), slowed when workers share the CPU, plus the workers' start-up.
+:mod:`posenc.lab.grid.jobs` does), slowed when workers share the CPU, plus the workers' start-up.
 Checked against an event simulation written independently (a heap of worker finish times) and
 against the bounds any schedule obeys."""
 
@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from posenc.lab import estimate as E
+from posenc.lab.grid import estimate as E
 
 
 def simulate(seconds: list[float], workers: int) -> float:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from posenc import registry
-from posenc.lab import data as D
-from posenc.lab import evaluate as E
-from posenc.lab.presets import DataConfig, EvalConfig
+from posenc.lab.cells.presets import DataConfig, EvalConfig
+from posenc.lab.evaluation import evaluate as E
+from posenc.lab.training import data as D
 from posenc.model import ModelConfig, TransformerLM
 
 

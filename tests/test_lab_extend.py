@@ -16,22 +16,26 @@ from pathlib import Path
 import pytest
 
 from _cli_here import posenc_here
-from posenc.lab import presets as P
-from posenc.lab.experiment import RunOptions, run_grid
-from posenc.lab.extend import (
-    EXTEND,
-    REFERENCE,
+from posenc.lab.cells import presets as P
+from posenc.lab.extension.extend import run_extend
+from posenc.lab.extension.plan import (
     ExtendConfig,
     base_cells,
     default_curve,
     jobs,
     method_model,
     resolve,
-    run_extend,
 )
-from posenc.lab.extend_report import extend_lines, extend_rows, extend_table, steps_to_reference
-from posenc.lab.report import load_rows
-from posenc.lab.store import RESULTS_FILE, ResultStore
+from posenc.lab.grid.experiment import RunOptions, run_grid
+from posenc.lab.reports.extend_report import (
+    extend_lines,
+    extend_rows,
+    extend_table,
+    steps_to_reference,
+)
+from posenc.lab.reports.report import load_rows
+from posenc.lab.reports.rows import EXTEND, REFERENCE
+from posenc.runs.store import RESULTS_FILE, ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 EXT_ARGS = ["--target", "2", "--steps", "40", "--curve", "5,10,20", "--methods", "none,linear",
@@ -251,7 +255,7 @@ def test_extend_figure_and_report_section(extended, tmp_path):
     r = CliRunner().invoke(app, ["plot", "extend", "--results", str(extended), "--out", str(png)])
     assert r.exit_code == 0, r.output
     assert png.stat().st_size > 10_000
-    from posenc.lab.extend_report import extend_data
+    from posenc.lab.reports.extend_report import extend_data
     from posenc.plots.extend import draw_extend
 
     data = extend_data(extend_rows(extended))
@@ -293,7 +297,7 @@ def test_rows_of_an_older_configuration_stay_their_own_line(extended):
     refs = [x for x in lines if x.kind == REFERENCE]
     assert len(refs) == 2  # not averaged together
     tuned = next(x for x in lines if x.label == "rope")
-    from posenc.lab.extend_report import reference_for
+    from posenc.lab.reports.extend_report import reference_for
 
     assert reference_for(tuned, lines) is refs[-1]  # the newest is the bar
     assert refs[-1].bits(refs[-1].steps, refs[-1].target_len) != 0.0
@@ -333,7 +337,7 @@ def test_extend_a_passkey_grid_keeps_the_heatmap(tmp_path, monkeypatch):
     assert yarn[-1] == f"{want:.2f}"  # the mean over depths at 2L, recomputed here
 
     # The figure's third panel: key accuracy at 2L at every evaluated step (curve rows too).
-    from posenc.lab.extend_report import extend_data
+    from posenc.lab.reports.extend_report import extend_data
     from posenc.plots.extend import draw_extend
 
     data = extend_data(rows)
@@ -352,7 +356,7 @@ def test_extend_a_passkey_grid_keeps_the_heatmap(tmp_path, monkeypatch):
 def test_reference_needs_whole_sequences_and_a_plain_cell(grid):
     from dataclasses import replace as _replace
 
-    from posenc.lab.extend import same_tokens
+    from posenc.lab.extension.plan import same_tokens
 
     train = P.TrainConfig(batch_size=6)
     with pytest.raises(ValueError, match="whole sequences"):

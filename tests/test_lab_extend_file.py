@@ -16,12 +16,14 @@ from typer.testing import CliRunner
 
 from posenc.cli import app
 from posenc.lab import cli as lab_cli
-from posenc.lab.checkpoint import FINAL, read_checkpoint
-from posenc.lab.experiment import RunOptions, run_grid
-from posenc.lab.extend import EXTEND, EXTEND_DIR, REFERENCE, ExtendConfig, run_extend
-from posenc.lab.grid_file import file_keys, read_grid_file, tomllib
-from posenc.lab.metrics import KEYS, METRICS_FILE
-from posenc.lab.store import RESULTS_FILE, ResultStore
+from posenc.lab.extension.extend import run_extend
+from posenc.lab.extension.plan import EXTEND_DIR, ExtendConfig
+from posenc.lab.grid.experiment import RunOptions, run_grid
+from posenc.lab.grid.grid_file import file_keys, read_grid_file, tomllib
+from posenc.lab.reports.rows import EXTEND, REFERENCE
+from posenc.lab.training.checkpoint import FINAL, read_checkpoint
+from posenc.runs.metrics import KEYS, METRICS_FILE
+from posenc.runs.store import RESULTS_FILE, ResultStore
 from test_lab_config_file import resolved, untimed
 from test_lab_grid import tiny_config
 from test_lab_metrics import strict_lines

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc.cli import app
-from posenc.lab import presets as P
-from posenc.lab import report as R
-from posenc.lab.experiment import RunOptions, run_grid
-from posenc.lab.store import RESULTS_FILE, ResultStore
+from posenc.lab.cells import presets as P
+from posenc.lab.grid.experiment import RunOptions, run_grid
+from posenc.lab.reports import report as R
+from posenc.runs.store import RESULTS_FILE, ResultStore
 
 
 @pytest.fixture

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from _cli_here import posenc_here
 from posenc.cli import app
-from posenc.lab import presets as P
-from posenc.lab import report as R
-from posenc.lab.experiment import RunOptions, check_config, resolve_encodings, run_grid
-from posenc.lab.store import RESULTS_FILE, ResultStore
+from posenc.lab.cells import presets as P
+from posenc.lab.grid.experiment import RunOptions, check_config, resolve_encodings, run_grid
+from posenc.lab.reports import report as R
+from posenc.runs.store import RESULTS_FILE, ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,7 +205,7 @@ def naive_bits(out, cfg, row, n):
 
     import torch
 
-    from posenc.lab.data import load_data
+    from posenc.lab.training.data import load_data
     from posenc.model import ModelConfig, TransformerLM
 
     ckpt = torch.load(next(out.glob(f"ckpt/{row['encoding']}-s0-*/final.pt")), weights_only=True)
@@ -361,9 +361,9 @@ def test_folder_lock_refuses_a_second_holder_and_takes_over_a_stale_one(tmp_path
     import json
     import socket
 
-    from posenc.lab import lock
+    from posenc.runs import lock
 
-    with lock.folder_lock(tmp_path) as stale:
+    with lock.folder_lock(tmp_path, command="posenc lab") as stale:
         assert stale is None
         holder = json.loads((tmp_path / lock.LOCK_FILE).read_text())
         assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
@@ -371,25 +371,25 @@ def test_folder_lock_refuses_a_second_holder_and_takes_over_a_stale_one(tmp_path
         with pytest.raises(
             lock.FolderLocked, match=f"in use by another posenc lab run.*pid {os.getpid()}"
         ):
-            lock.acquire(tmp_path)
+            lock.acquire(tmp_path, command="posenc lab")
     assert (tmp_path / lock.LOCK_FILE).read_text() == ""  # a clean exit leaves no holder
     # What a killed run leaves: its description, no flock. Taken over, and said so.
     dead = {"pid": 999999, "host": socket.gethostname(), "command": "posenc lab"}
     (tmp_path / lock.LOCK_FILE).write_text(json.dumps(dead))
-    with lock.folder_lock(tmp_path) as stale:
+    with lock.folder_lock(tmp_path, command="posenc lab") as stale:
         assert stale == dead
     # A holder on another host cannot be checked from here: refused, naming the file.
     (tmp_path / lock.LOCK_FILE).write_text(json.dumps({**dead, "host": "elsewhere"}))
     with pytest.raises(lock.FolderLocked, match=r"another host.*delete .*lab\.lock"):
-        lock.acquire(tmp_path)
+        lock.acquire(tmp_path, command="posenc lab")
 
 
 # A process that takes the folder lock, says so, and holds it until killed.
 _HOLD = """
 import sys, time
 from pathlib import Path
-from posenc.lab import lock
-held, stale = lock.acquire(Path(sys.argv[1]))
+from posenc.runs import lock
+held, stale = lock.acquire(Path(sys.argv[1]), command="posenc lab")
 print("held", flush=True)
 time.sleep(600)
 """
@@ -403,17 +403,17 @@ def test_folder_lock_conflicts_across_threads_and_processes_and_a_dead_holder_is
     killed, and the next acquisition takes the dead holder's description over as stale."""
     import threading
 
-    from posenc.lab import lock
+    from posenc.runs import lock
 
     said: list[str] = []
 
     def other() -> None:
         try:
-            lock.release(lock.acquire(tmp_path)[0])
+            lock.release(lock.acquire(tmp_path, command="posenc lab")[0])
         except lock.FolderLocked as e:
             said.append(str(e))
 
-    with lock.folder_lock(tmp_path):
+    with lock.folder_lock(tmp_path, command="posenc lab"):
         t = threading.Thread(target=other)
         t.start()
         t.join()
@@ -425,11 +425,13 @@ def test_folder_lock_conflicts_across_threads_and_processes_and_a_dead_holder_is
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(lock.FolderLocked, match=f"in use by another.*pid {holder.pid} "):
-            lock.acquire(tmp_path)
+            lock.acquire(tmp_path, command="posenc lab")
     finally:
         holder.kill()
         holder.wait()
-    with lock.folder_lock(tmp_path) as stale:  # killed: the lock is free, its note stale
+    with lock.folder_lock(
+        tmp_path, command="posenc lab"
+    ) as stale:  # killed: the lock is free, its note stale
         assert stale is not None and stale["pid"] == holder.pid
     assert (tmp_path / lock.LOCK_FILE).read_text() == ""
 
@@ -439,7 +441,7 @@ def test_folder_lock_needs_no_fcntl(tmp_path, monkeypatch):
     refuses a second holder (before filelock it locked nothing there)."""
     import importlib.util
 
-    from posenc.lab import lock as installed
+    from posenc.runs import lock as installed
 
     monkeypatch.setitem(sys.modules, "fcntl", None)  # import fcntl -> ImportError
     spec = importlib.util.spec_from_file_location("_lock_without_fcntl", installed.__file__)
@@ -447,8 +449,11 @@ def test_folder_lock_needs_no_fcntl(tmp_path, monkeypatch):
     lock = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, lock)
     spec.loader.exec_module(lock)
-    with lock.folder_lock(tmp_path), pytest.raises(lock.FolderLocked, match="in use by another"):
-        lock.acquire(tmp_path)
+    with (
+        lock.folder_lock(tmp_path, command="posenc lab"),
+        pytest.raises(lock.FolderLocked, match="in use by another"),
+    ):
+        lock.acquire(tmp_path, command="posenc lab")
 
 
 LOCK_ARGS = ["-e", "none", "-L", "16", "--dim", "32", "--layers", "1", "--heads", "2",
@@ -558,7 +563,7 @@ def test_a_torchrun_rank_ends_without_interpreter_shutdown(
     from types import SimpleNamespace
 
     from posenc.lab import cli as lab_cli
-    from posenc.lab import experiment
+    from posenc.lab.grid import experiment
 
     class Exited(Exception):
         pass
@@ -572,7 +577,7 @@ def test_a_torchrun_rank_ends_without_interpreter_shutdown(
     monkeypatch.setattr(lab_cli, "_in_process_group", lambda: True)
     monkeypatch.setattr(lab_cli, "_leave_process_group", lambda: rank0)
     monkeypatch.setattr(
-        "posenc.lab.report.load_rows", lambda out, group: reported.append(group) or []
+        "posenc.lab.reports.report.load_rows", lambda out, group: reported.append(group) or []
     )
     monkeypatch.setattr(lab_cli, "_exit_process", exit_process)
     args = ["lab", "-e", "none", "--text", str(corpus_dir), "-q", "--out", str(tmp_path / "o")]
@@ -584,10 +589,10 @@ def test_a_torchrun_rank_ends_without_interpreter_shutdown(
 
 
 def test_resume_with_changed_options_names_the_difference(corpus_dir, tmp_path, monkeypatch):
-    from posenc.lab import experiment
-    from posenc.lab.train import CheckpointError, Interrupted
+    from posenc.lab.grid import cell_work
+    from posenc.lab.training.train import CheckpointError, Interrupted
 
-    real = experiment.train_model
+    real = cell_work.train_model
 
     def interrupted_after_one_step(*args, stop, **kwargs):
         stop.signum = signal.SIGTERM
@@ -595,10 +600,10 @@ def test_resume_with_changed_options_names_the_difference(corpus_dir, tmp_path, 
 
     cfg = tiny_config(corpus_dir, encodings=("none",))
     opts = RunOptions(out=tmp_path / "o", quiet=True)
-    monkeypatch.setattr(experiment, "train_model", interrupted_after_one_step)
+    monkeypatch.setattr(cell_work, "train_model", interrupted_after_one_step)
     with pytest.raises(Interrupted, match="step 1"):
         run_grid(cfg, opts)
-    monkeypatch.setattr(experiment, "train_model", real)
+    monkeypatch.setattr(cell_work, "train_model", real)
     changed = replace(cfg, train=replace(cfg.train, steps=8))
     with pytest.raises(CheckpointError, match=r"another configuration.*train\.steps: 6 -> 8"):
         run_grid(changed, replace(opts, resume=True))

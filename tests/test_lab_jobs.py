@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from _cli_here import posenc_here
-from posenc.lab import presets as P
-from posenc.lab.experiment import RunOptions, run_grid
-from posenc.lab.run import resolve_jobs, usable_cores
-from posenc.lab.store import RESULTS_FILE, ResultStore
+from posenc.lab.cells import presets as P
+from posenc.lab.grid.experiment import RunOptions, run_grid
+from posenc.lab.grid.run import resolve_jobs, usable_cores
+from posenc.runs.store import RESULTS_FILE, ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """``posenc lab --jobs``: the pool hands out tasks in the order given, and a grid gives its cells
-heaviest first (:func:`posenc.lab.estimate.handout_order`; the rows are stored in grid order
+heaviest first (:func:`posenc.lab.grid.estimate.handout_order`; the rows are stored in grid order
 whatever the workers do). Recorded in the parent: the starts the workers report, and the order a
 grid gives the pool. On Linux the workers come from a forkserver; elsewhere, or where it cannot
 start, they are spawned."""
@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from posenc.lab import experiment as E
-from posenc.lab import presets as P
-from posenc.lab.jobs import Event, run_pool
-from posenc.lab.train import StopFlag
+from posenc.lab.cells import presets as P
+from posenc.lab.grid import experiment as E
+from posenc.lab.grid import workers
+from posenc.lab.grid.jobs import Event, run_pool
+from posenc.lab.training.train import StopFlag
 
 
 def started_recorder(*, stop: Any, emit: Any) -> Any:
@@ -135,20 +136,20 @@ def test_a_grid_hands_its_heaviest_cells_first(
     in milliseconds), so the order is read where it is decided. The rows stay in grid order."""
     cfg = _three_cells(corpus_dir)
     given: list[list[int]] = []
-    real = E.run_pool
+    real = workers.run_pool
 
     def recording(setup: Any, setup_args: Any, tasks: list[tuple[int, Any]], **kw: Any) -> None:
         given.append([index for index, _ in tasks])
         real(setup, setup_args, tasks, **kw)
 
-    monkeypatch.setattr(E, "run_pool", recording)
+    monkeypatch.setattr(workers, "run_pool", recording)
     summary = E.run_grid(cfg, E.RunOptions(out=tmp_path / "out", jobs=2, threads=1, quiet=True))
     assert summary.trained == ["none (seed 0)", "rope (seed 0)", "alibi (seed 0)"]
     assert given == [[2, 0, 1]]
 
 
 def test_heaviest_first_with_grid_order_among_equals() -> None:
-    from posenc.lab.estimate import handout_order
+    from posenc.lab.grid.estimate import handout_order
 
     weights = [(1, 5), (3, 0), (1, 9), (3, 0), (2, 0), (1, 5)]
     assert handout_order(weights) == [1, 3, 4, 2, 0, 5]
@@ -158,8 +159,8 @@ def test_heaviest_first_with_grid_order_among_equals() -> None:
 def test_the_default_grid_starts_deberta_and_ends_on_light_cells() -> None:
     # Measured on the default grid (cpu-small, 500 steps, 2 workers): DeBERTa's cell took 128 s
     # and the others 46-72 s; handed out last it ran alone for a minute.
-    from posenc.lab.estimate import handout_order, handout_weight
-    from posenc.lab.preflight import cell_models
+    from posenc.lab.grid.estimate import handout_order, handout_weight
+    from posenc.lab.grid.preflight import cell_models
 
     cfg = P.PRESETS["cpu-small"]
     models = cell_models(cfg)
@@ -177,7 +178,7 @@ def test_rows_behind_a_running_cell_are_kept_when_the_pool_fails(
 ) -> None:
     """ALiBi (handed out first) finishes while NoPE, first in grid order, has not: its row waits
     for NoPE's. A pool that then fails still leaves ALiBi's row in the store."""
-    from posenc.lab.store import RESULTS_FILE, ResultStore
+    from posenc.runs.store import RESULTS_FILE, ResultStore
 
     cfg = _three_cells(corpus_dir)
 
@@ -188,7 +189,7 @@ def test_rows_behind_a_running_cell_are_kept_when_the_pool_fails(
         on_event(Event("done", index, run(index, task)))
         raise RuntimeError("the pool broke")
 
-    monkeypatch.setattr(E, "run_pool", failing_pool)
+    monkeypatch.setattr(workers, "run_pool", failing_pool)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="the pool broke"):
         E.run_grid(cfg, E.RunOptions(out=out, jobs=2, threads=1, quiet=True))

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from posenc.lab import cell as C
-from posenc.lab import labels as Lb
-from posenc.lab import presets as P
-from posenc.lab import rows as Rw
+from posenc.lab.cells import cell as C
+from posenc.lab.cells import labels as Lb
+from posenc.lab.cells import presets as P
+from posenc.lab.reports import rows as Rw
 
 ROOT = Path(__file__).resolve().parents[1]
 PLOTS = ROOT / "src" / "posenc" / "plots"
@@ -46,12 +46,12 @@ def test_plots_render_without_importing_the_lab(name: str) -> None:
 def test_the_import_reader_resolves_relative_imports(tmp_path: Path) -> None:
     """The check above can fail: a renderer that reads the store is caught."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from ..lab.results import load_rows\n")
-    assert _posenc_imports(bad) == {"posenc.lab.results"}
+    bad.write_text("def f():\n    from ..lab.reports.results import load_rows\n")
+    assert _posenc_imports(bad) == {"posenc.lab.reports.results"}
 
 
 def test_passkey_chance_is_one_over_the_digit_symbols() -> None:
-    from posenc.lab.tasks import DIGITS
+    from posenc.lab.evaluation.tasks import DIGITS
     from posenc.plots.passkey import CHANCE
 
     assert 1 / len(DIGITS) == CHANCE
@@ -89,7 +89,7 @@ def test_the_cell_is_what_the_label_functions_give() -> None:
 
 def test_model_identity_is_the_labs_version_1() -> None:
     """How a model config enters a hash is the lab's rule (version 1), not the model's."""
-    from posenc.lab.identity import IDENTITY_VERSION, MODEL_FIELDS_WHEN_SET, model_identity
+    from posenc.lab.cells.identity import IDENTITY_VERSION, MODEL_FIELDS_WHEN_SET, model_identity
     from posenc.model import ModelConfig
 
     # version 2 added the code, version 3 posenc's own source; the model rule is version 1
@@ -102,8 +102,9 @@ def test_model_identity_is_the_labs_version_1() -> None:
 def test_overrides_and_commands_come_from_the_flag_table() -> None:
     import inspect
 
-    from posenc.lab.cli import EXTEND_FLAGS, extend, lab
-    from posenc.lab.flags import LAB_FLAGS, Overrides
+    from posenc.lab.cells.flags import LAB_FLAGS, Overrides
+    from posenc.lab.cli import extend, lab
+    from posenc.lab.extension.flags import EXTEND_FLAGS
 
     assert [f.name for f in fields(Overrides)] == [f.field for f in LAB_FLAGS if f.grid]
     assert list(inspect.signature(lab).parameters) == ["ctx", *(f.field for f in LAB_FLAGS)]
@@ -113,7 +114,7 @@ def test_overrides_and_commands_come_from_the_flag_table() -> None:
 
 
 def test_build_config_applies_each_knob_to_its_path() -> None:
-    from posenc.lab.flags import LAB_FLAGS, Overrides, build_config
+    from posenc.lab.cells.flags import LAB_FLAGS, Overrides, build_config
 
     given = {"train_len": 32, "steps": 7, "batch_size": 8, "lr": 0.01, "dim": 64, "layers": 3,
              "heads": 2, "eval_tokens": 4096, "sliding": 16, "ckpt_every": 5,
@@ -132,8 +133,8 @@ def test_build_config_applies_each_knob_to_its_path() -> None:
 
 
 def test_a_row_is_written_from_its_dataclass_in_the_stored_order(tmp_path: Path) -> None:
-    from posenc.lab.experiment import RunOptions, run_grid
-    from posenc.lab.results import grid_store_rows
+    from posenc.lab.grid.experiment import RunOptions, run_grid
+    from posenc.lab.reports.results import grid_store_rows
 
     cfg = P.LabConfig(
         preset="test", encodings=("rope",), train_len=8,
@@ -152,8 +153,8 @@ def test_a_row_is_written_from_its_dataclass_in_the_stored_order(tmp_path: Path)
 
 def test_an_old_row_reads_with_the_fields_it_lacks(tmp_path: Path) -> None:
     """Rows written before lab options existed have no lab_options/length_method/preset."""
-    from posenc.lab.results import grid_store_rows, question_of
-    from posenc.lab.store import ResultStore
+    from posenc.lab.reports.results import grid_store_rows, question_of
+    from posenc.runs.store import ResultStore
 
     old = {"schema": 1, "encoding": "rope", "seed": 0, "config_hash": "c", "group": "g"}
     ResultStore(tmp_path / "results.jsonl").append(old)
@@ -165,8 +166,8 @@ def test_an_old_row_reads_with_the_fields_it_lacks(tmp_path: Path) -> None:
 
 
 def test_a_row_of_another_schema_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    from posenc.lab.results import load_rows
-    from posenc.lab.store import ResultStore
+    from posenc.lab.reports.results import load_rows
+    from posenc.runs.store import ResultStore
 
     row = {"schema": 99, "encoding": "rope", "seed": 0, "config_hash": "c", "group": "g"}
     ResultStore(tmp_path / "results.jsonl").append(row)

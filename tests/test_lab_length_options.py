@@ -17,10 +17,10 @@ from transformers import Llama4TextConfig
 from _hf_corpus_paths import config_path
 from posenc import registry
 from posenc.functional.length import pose_positions, randomized_positions
-from posenc.lab import presets as P
-from posenc.lab.data import load_data, step_generator
-from posenc.lab.experiment import RunOptions, resolve_encodings, run_grid
-from posenc.lab.train import train_model
+from posenc.lab.cells import presets as P
+from posenc.lab.grid.experiment import RunOptions, resolve_encodings, run_grid
+from posenc.lab.training.data import load_data, step_generator
+from posenc.lab.training.train import train_model
 from posenc.model import TemperedAttention, TransformerLM
 from posenc.rotary.temperature import QueryTemperature
 
@@ -255,10 +255,10 @@ PINNED_HASHES = {
 
 
 def test_plain_labels_keep_their_identities() -> None:
-    """Identity versions 2 and 3 add the encoding's code (posenc.lab.identity.code_identity,
+    """Identity versions 2 and 3 add the encoding's code (posenc.lab.cells.identity.code_identity,
     with posenc's own source hash since version 3) and nothing else: without it, a plain
     label's identity and hashes are version 1's."""
-    from posenc.lab.identity import code_identity
+    from posenc.lab.cells.identity import code_identity
 
     got = json.loads(json.dumps(P.train_identity(SMALL, "rope", 0, 256, "fp")))
     assert got.pop("code") == code_identity("rope")
@@ -357,8 +357,8 @@ def test_tiny_grid_with_pose_and_llama4_temperature(monkeypatch, tmp_path) -> No
 
 
 def test_rope_rescalings_evaluate_a_model_with_nope_layers(monkeypatch, tmp_path) -> None:
-    from posenc.lab.evaluate import evaluate_model
-    from posenc.lab.train import Dist
+    from posenc.lab.evaluation.evaluate import evaluate_model
+    from posenc.lab.training.train import Dist
 
     monkeypatch.setenv("POSENC_CACHE", str(tmp_path))
     cfg = replace(SMALL, train_len=16, model=P.ModelShape(dim=32, num_layers=2, num_heads=2))

@@ -1,4 +1,4 @@
-"""Per-step metrics a user's tools read (posenc.lab.metrics): metrics.jsonl beside each cell,
+"""Per-step metrics a user's tools read (posenc.runs.metrics): metrics.jsonl beside each cell,
 strict JSON, flushed as it goes, a resume without duplicated steps, and the TensorBoard event
 file read back with TensorBoard's own reader."""
 
@@ -11,9 +11,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from posenc.lab import train as T
-from posenc.lab.experiment import RunOptions, run_grid
-from posenc.lab.metrics import METRICS_FILE, MetricsLog, check_report_to, read_metrics
+from posenc.lab.grid.experiment import RunOptions, run_grid
+from posenc.lab.training import train as T
+from posenc.runs.metrics import METRICS_FILE, MetricsLog, check_report_to, read_metrics
 from test_lab_train import STEPS, _train, corpus  # noqa: F401  (the fixture)
 
 

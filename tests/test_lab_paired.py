@@ -21,9 +21,10 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc.cli import app
-from posenc.lab import paired as P
-from posenc.lab import report as R
-from posenc.lab.stats import holm, paired_mean_ci, paired_t_p, t_critical
+from posenc.lab.reports import paired as P
+from posenc.lab.reports import readme as RD
+from posenc.lab.reports import report as R
+from posenc.lab.reports.stats import holm, paired_mean_ci, paired_t_p, t_critical
 
 # --- the t quantile for df 1..1000 ---------------------------------------------------------
 
@@ -334,12 +335,12 @@ def test_table_md_and_readme_block_carry_the_differences(tmp_path):
     rows = fake_rows()
     md = R.results_markdown(rows)
     assert md.endswith("\n\n" + R.paired_markdown(rows))
-    block = R.readme_table(rows)
+    block = RD.readme_table(rows)
     main, paired = block.split("\n\n", 1)
     assert main.startswith("| encoding | 16 (L) |") and paired == R.paired_markdown(rows)
     readme = tmp_path / "README.md"
-    readme.write_text(f"a\n{R.README_START}\nold\n{R.README_END}\nb\n", encoding="utf-8")
-    R.write_readme_table(readme, rows, reference="alibi")
+    readme.write_text(f"a\n{RD.README_START}\nold\n{RD.README_END}\nb\n", encoding="utf-8")
+    RD.write_readme_table(readme, rows, reference="alibi")
     text = readme.read_text(encoding="utf-8")
     assert "| vs alibi |" in text and "| rope | " in text.split("| vs alibi |")[1]
 
@@ -399,7 +400,7 @@ def test_one_seed_says_the_differences_need_two():
         "Paired differences against rope need at least 2 seeds; rope has 1 here "
         "(run with --seeds 2 or more).\n"
     )
-    assert "±" not in R.results_markdown(rows) and "worse" not in R.readme_table(rows)
+    assert "±" not in R.results_markdown(rows) and "worse" not in RD.readme_table(rows)
 
 
 def test_no_rope_no_default_table_and_an_unknown_reference_is_named():

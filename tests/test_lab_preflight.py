@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from posenc import _sizes
 from posenc.cli import app
-from posenc.lab.estimate import eval_bytes, train_bytes
-from posenc.lab.flags import Overrides, build_config
-from posenc.lab.preflight import cell_models, estimate_run
+from posenc.lab.cells.flags import Overrides, build_config
+from posenc.lab.grid.estimate import eval_bytes, train_bytes
+from posenc.lab.grid.preflight import cell_models, estimate_run
 from posenc.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_activations_scale_with_the_shapes() -> None:
 PROBE = r"""
 import json, sys
 from posenc.cli import app
-import posenc.lab.estimate, posenc.lab.experiment, posenc.lab.preflight, posenc.lab.tasks
+import posenc.lab.grid.estimate, posenc.lab.grid.experiment, posenc.lab.grid.preflight, posenc.lab.evaluation.tasks
 
 def status(key):
     with open("/proc/self/status") as f:
@@ -180,9 +180,9 @@ def test_state_counts_what_adamw_holds_after_a_step(label: str) -> None:
     counters left out), and of the buffers, summed here from the live tensors."""
     import torch
 
-    from posenc.lab import presets as P
-    from posenc.lab.estimate import count_state
-    from posenc.lab.train import make_optimizer
+    from posenc.lab.cells import presets as P
+    from posenc.lab.grid.estimate import count_state
+    from posenc.lab.training.train import make_optimizer
     from posenc.model import TransformerLM
 
     cfg = P.preset("cpu-small")

@@ -1,4 +1,4 @@
-"""posenc.lab.report: the table's format (the lab's results page and the README's headline are
+"""posenc.lab.reports.report: the table's format (the lab's results page and the README's headline are
 written by it), units, seed counts, and ``posenc lab report --readme``."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ from typer.testing import CliRunner
 
 from posenc._markdown import markdown_table, replace_block
 from posenc.cli import app
-from posenc.lab import report as R
-from posenc.lab.stats import t_critical
+from posenc.lab.reports import readme as RD
+from posenc.lab.reports import report as R
+from posenc.lab.reports.stats import t_critical
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Where `posenc lab report --readme FILE` writes the full lab table (the README: its headline).
 LAB_RESULTS = ROOT / "docs" / "lab-results.md"
 
 
-def readme_block(text: str, markers: tuple[str, str] = (R.README_START, R.README_END)) -> str:
+def readme_block(text: str, markers: tuple[str, str] = (RD.README_START, RD.README_END)) -> str:
     """The lines between a page's lab-table markers (or ``markers``)."""
     return text.split(markers[0] + "\n", 1)[1].split(markers[1], 1)[0]
 
@@ -41,7 +42,7 @@ def _seed_values(cell: str) -> list[float | None]:
 
 def rows_from_table(block: str) -> list[dict]:
     """Result rows (the store's format, one per encoding and seed) holding exactly the numbers
-    a README-format table shows: the inverse of :func:`posenc.lab.report.readme_table`."""
+    a README-format table shows: the inverse of :func:`posenc.lab.reports.readme.readme_table`."""
     lines = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()]
     header, body = lines[0], lines[2:]
     lengths = [int(h.split()[0]) for h in header[1:-2]]
@@ -81,7 +82,7 @@ def test_the_readme_table_is_in_the_generated_format():
     main = block.split("\n\n", 1)[0].rstrip("\n") + "\n"
     rows = rows_from_table(main)
     assert list(dict.fromkeys(r["encoding"] for r in rows))[:3] == ["none", "sinusoidal", "learned"]
-    assert R.readme_table(rows).split("\n\n", 1)[0] + "\n" == main == R.headline_table(rows)
+    assert RD.readme_table(rows).split("\n\n", 1)[0] + "\n" == main == RD.headline_table(rows)
 
 
 def test_markdown_table_writes_empty_cells_as_one_space():
@@ -103,8 +104,8 @@ def test_replace_block_keeps_the_rest_and_needs_both_markers(tmp_path):
 @pytest.fixture(scope="module")
 def lab_out(tmp_path_factory):
     """A real tiny lab run: two seeds of NoPE and RoPE (with a rescaling) on the copy task."""
-    from posenc.lab.experiment import RunOptions, run_grid
-    from posenc.lab.presets import DataConfig, EvalConfig, LabConfig, ModelShape, TrainConfig
+    from posenc.lab.cells.presets import DataConfig, EvalConfig, LabConfig, ModelShape, TrainConfig
+    from posenc.lab.grid.experiment import RunOptions, run_grid
 
     out = tmp_path_factory.mktemp("lab")
     cfg = LabConfig(
@@ -142,9 +143,9 @@ def test_lab_report_writes_the_readme_headline(lab_out, tmp_path):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     new = readme.read_text(encoding="utf-8")
-    block = readme_block(new, R.HEADLINE_BLOCK)
-    assert block == R.headline_table(R.load_rows(lab_out)) and "\n\n" not in block
-    assert new.replace(block, "") == text.replace(readme_block(text, R.HEADLINE_BLOCK), "")
+    block = readme_block(new, RD.HEADLINE_BLOCK)
+    assert block == RD.headline_table(R.load_rows(lab_out)) and "\n\n" not in block
+    assert new.replace(block, "") == text.replace(readme_block(text, RD.HEADLINE_BLOCK), "")
 
 
 def test_lab_report_writes_the_readme_block(lab_out, tmp_path):
@@ -158,7 +159,7 @@ def test_lab_report_writes_the_readme_block(lab_out, tmp_path):
     assert res.exit_code == 0, res.output
     new = readme.read_text(encoding="utf-8")
     block = readme_block(new)
-    assert block == R.readme_table(R.load_rows(lab_out))
+    assert block == RD.readme_table(R.load_rows(lab_out))
     assert re.match(r"\| encoding \| 16 \(L\) \| 32 \(2L\) \| train tok/s \| ×NoPE \|\n", block)
     old_block = readme_block(text)
     assert new.replace(block, "") == text.replace(old_block, "")  # nothing else changed

@@ -25,21 +25,23 @@ def test_an_unknown_encoding_suggests_the_closest_names_and_import(name, tmp_pat
 def test_the_lab_logs_through_the_posenc_logger_hierarchy(caplog, monkeypatch):
     import logging
 
-    from posenc.lab.dist import Dist
-    from posenc.lab.run import make_log
+    from posenc.lab.grid.run import make_log
+    from posenc.lab.training.dist import Dist
 
     monkeypatch.setattr(logging.getLogger("posenc"), "propagate", True)  # a CLI may have unset it
     with caplog.at_level(logging.INFO, logger="posenc"):
         make_log(Dist(), False, None)("lab: hello")
         make_log(Dist(), True, None)("quiet: not said")
-    assert {(r.name, r.getMessage()) for r in caplog.records} == {("posenc.lab.run", "lab: hello")}
-    import posenc.lab.experiment  # noqa: F401  (the library adds no handler of its own)
+    assert {(r.name, r.getMessage()) for r in caplog.records} == {
+        ("posenc.lab.grid.run", "lab: hello")
+    }
+    import posenc.lab.grid.experiment  # noqa: F401  (the library adds no handler of its own)
 
     assert not [h for h in logging.getLogger("posenc.lab").handlers]
 
 
 def test_plain_progress_names_each_task_at_a_bounded_rate(capsys):
-    from posenc.lab.progress import PlainProgress, progress_bars, step_task
+    from posenc.runs.progress import PlainProgress, progress_bars, step_task
 
     with progress_bars(True) as progress:  # capsys' stdout is no terminal
         assert isinstance(progress, PlainProgress)

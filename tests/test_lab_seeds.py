@@ -3,7 +3,7 @@ its within-noise marks, the CSV's interval columns, and the lab figure's error b
 
 The t values below are written out from a published table (NIST/SEMATECH e-Handbook of
 Statistical Methods, 1.3.6.7.2, "Critical values of the Student's t distribution"), or from
-closed forms that do not share code with :mod:`posenc.lab.stats`; the table's cells are
+closed forms that do not share code with :mod:`posenc.lab.reports.stats`; the table's cells are
 computed here from the formula with those values, never read back from the report.
 """
 
@@ -17,8 +17,9 @@ import statistics
 import numpy as np
 import pytest
 
-from posenc.lab import report as R
-from posenc.lab.stats import intervals_overlap, mean_ci, t_critical, t_two_sided_prob
+from posenc.lab.reports import readme as RD
+from posenc.lab.reports import report as R
+from posenc.lab.reports.stats import intervals_overlap, mean_ci, t_critical, t_two_sided_prob
 
 # --- the t quantile -----------------------------------------------------------------------
 
@@ -189,7 +190,7 @@ def test_one_seed_shows_the_mean_alone_and_marks_nothing():
     md = R.results_markdown(rows)
     assert "**" not in md and "≈" not in md and "±" not in md
     assert "confidence interval" not in md  # the legend has nothing to explain
-    assert "**" not in R.readme_table(rows)
+    assert "**" not in RD.readme_table(rows)
 
 
 def test_a_best_line_without_an_interval_marks_nothing():
@@ -317,7 +318,7 @@ def test_default_and_length_grids_in_one_folder_each_keep_their_table(tmp_path):
     """`posenc lab` and `posenc lab -e length` into one folder share a group (a group is the
     grid minus its encodings): each question takes its own rows of it, and each README block
     gets its own table, never the other's."""
-    from posenc.lab.store import ResultStore
+    from posenc.runs.store import ResultStore
 
     rows = fake_rows(1)  # rope, alibi, none: a default grid
     assert R.question_of_rows(rows) == "extrapolation"
@@ -338,12 +339,12 @@ def test_default_and_length_grids_in_one_folder_each_keep_their_table(tmp_path):
     readme.write_text(
         "<!-- lab:table -->\nmain\n<!-- /lab:table -->\n<!-- lab:length -->\n<!-- /lab:length -->\n"
     )
-    R.write_readme_table(readme, rows, "length")
+    RD.write_readme_table(readme, rows, "length")
     text = readme.read_text()
     assert "<!-- lab:table -->\nmain\n<!-- /lab:table -->" in text  # untouched
     length_block = text[text.index("<!-- lab:length -->") :]
     assert "| rope:positions=pose |" in length_block and "| none |" not in length_block
-    R.write_readme_table(readme, rows)  # the group's own question: the main table
+    RD.write_readme_table(readme, rows)  # the group's own question: the main table
     main = readme.read_text().split("<!-- /lab:table -->")[0]
     assert "| none |" in main and "positions=pose" not in main
     store = tmp_path / "out"

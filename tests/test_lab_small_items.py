@@ -1,6 +1,6 @@
 """The lab's smaller items: the extend table never cuts a number (at 80 columns, on a narrow
 terminal, in a log), ``--text`` says the corpus size and the capped test budget, a bias
-registered after ``posenc.lab.extend`` is imported is extendable, and the extend options refuse
+registered after ``posenc.lab.extension.extend`` is imported is extendable, and the extend options refuse
 an infinite learning rate and explain a curve a 1-step fine-tune cannot have.
 
 The extend rows are real ones (``tests/data/lab_extend_rows.jsonl``: a ``cpu-small`` grid's rope
@@ -23,11 +23,11 @@ from typer.testing import CliRunner
 
 from posenc import registry
 from posenc.cli import app
-from posenc.lab.config import DataConfig, TrainConfig
-from posenc.lab.data import corpus_note, load_data
-from posenc.lab.extend_report import extend_table, print_extend_table
-from posenc.lab.store import RESULTS_FILE
-from posenc.lab.term_table import column_groups, print_table
+from posenc.lab.cells.config import DataConfig, TrainConfig
+from posenc.lab.reports.extend_report import extend_table, print_extend_table
+from posenc.lab.training.data import corpus_note, load_data
+from posenc.runs.store import RESULTS_FILE
+from posenc.runs.term_table import column_groups, print_table
 
 DATA = Path(__file__).resolve().parent / "data"
 EXTEND_ROWS: list[dict[str, Any]] = [
@@ -168,8 +168,8 @@ LATE = "late-bias"
 
 @pytest.fixture
 def late_bias():
-    """A bias registered after posenc.lab.extend was imported (ALiBi's builder, another name)."""
-    import posenc.lab.extend  # noqa: F401  (imported first, on purpose)
+    """A bias registered after posenc.lab.extension.extend was imported (ALiBi's builder, another name)."""
+    import posenc.lab.extension.extend  # noqa: F401  (imported first, on purpose)
 
     registry.register(LATE, "bias", description="ALiBi under another name")(
         registry.entry("alibi").builder
@@ -181,7 +181,7 @@ def late_bias():
 
 
 def test_a_bias_registered_after_import_is_extendable(late_bias):
-    from posenc.lab import extend as E
+    from posenc.lab.extension import plan as E
 
     assert late_bias in E.BIAS_ENCODINGS and late_bias in E.ExtendConfig().encodings
     assert E.extendable(late_bias)
@@ -246,8 +246,8 @@ def _grid_rows() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("width", [80, 50])
 def test_the_grid_table_on_a_narrow_terminal_cuts_no_number(width):
-    from posenc.lab.report import print_table as print_grid
-    from posenc.lab.report import table_cells
+    from posenc.lab.reports.report import print_table as print_grid
+    from posenc.lab.reports.report import table_cells
 
     rows = _grid_rows()
     buf = io.StringIO()

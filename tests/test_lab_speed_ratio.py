@@ -10,11 +10,11 @@ import math
 import time
 from pathlib import Path
 
-from posenc.lab import presets as P
-from posenc.lab import report as R
-from posenc.lab import train as T
-from posenc.lab.experiment import RunOptions, run_grid
-from posenc.lab.results import load_rows
+from posenc.lab.cells import presets as P
+from posenc.lab.grid.experiment import RunOptions, run_grid
+from posenc.lab.reports import report as R
+from posenc.lab.reports.results import load_rows
+from posenc.lab.training import train as T
 
 SLEEP = 0.06  # per step: several times a tiny step's own time (a few ms)
 

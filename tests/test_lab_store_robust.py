@@ -22,9 +22,10 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc.cli import app
-from posenc.lab import report as R
-from posenc.lab.results import extend_rows, load_rows, store_rows
-from posenc.lab.store import RESULTS_FILE, ResultStore
+from posenc.lab.reports import readme as RD
+from posenc.lab.reports import report as R
+from posenc.lab.reports.results import extend_rows, load_rows, store_rows
+from posenc.runs.store import RESULTS_FILE, ResultStore
 
 DATA = Path(__file__).resolve().parent / "data" / "lab_store_rows.jsonl"
 GOOD: list[dict[str, Any]] = [json.loads(line) for line in DATA.read_text().splitlines()]
@@ -266,7 +267,7 @@ def test_an_append_after_a_torn_line_starts_a_fresh_line_and_is_fsynced(tmp_path
 
 # --- --readme markers ------------------------------------------------------------------------
 
-START, END = R.README_START, R.README_END
+START, END = RD.README_START, RD.README_END
 
 #: Case -> (the file's text, what the error says).
 MARKER_CASES = {
@@ -298,7 +299,7 @@ def test_a_readme_without_one_well_formed_block_is_refused_and_left_as_it_was(tm
     readme = tmp_path / "README.md"
     readme.write_text(text, encoding="utf-8")
     with pytest.raises(ValueError) as err:
-        R.write_readme_table(readme, GOOD, "extrapolation")
+        RD.write_readme_table(readme, GOOD, "extrapolation")
     message = str(err.value)
     assert message.startswith(f"{readme} {why}") and "\n" not in message, message
     assert readme.read_text(encoding="utf-8") == text
@@ -361,9 +362,9 @@ def test_a_readme_check_names_a_bad_block_it_does_not_write(tmp_path):
     is known only once the rows are read)."""
     readme = tmp_path / "README.md"
     readme.write_text(f"{START}\n{END}\n<!-- lab:length -->\nmine\n", encoding="utf-8")
-    problem = R.readme_problem(readme)
+    problem = RD.readme_problem(readme)
     assert problem is not None and "<!-- lab:length --> on line 3 and no" in problem
-    assert R.readme_problem(readme, "extrapolation") is None
+    assert RD.readme_problem(readme, "extrapolation") is None
 
 
 def test_a_well_formed_readme_block_is_replaced_and_the_rest_kept(lab_out, tmp_path):
@@ -374,7 +375,7 @@ def test_a_well_formed_readme_block_is_replaced_and_the_rest_kept(lab_out, tmp_p
     assert res.exit_code == 0, res.output
     new = readme.read_text(encoding="utf-8")
     block = new[len(head) + len(START) + 1 : new.index(END)]
-    assert block == R.readme_table(R.load_rows(lab_out))
+    assert block == RD.readme_table(R.load_rows(lab_out))
     assert new == f"{head}{START}\n{block}{END}{tail}"
     assert re.match(r"\| encoding \|", block) and "old table" not in new
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc.cli import app
-from posenc.lab.store import RESULTS_FILE
+from posenc.runs.store import RESULTS_FILE
 
 TINY = ["-e", "none", "-L", "16", "--dim", "32", "--layers", "1", "--heads", "2", "--steps", "2",
         "--batch-size", "2", "--eval-tokens", "64", "--eval-lens", "1x", "--threads", "1",

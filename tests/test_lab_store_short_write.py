@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc.lab.store import ResultStore
+from posenc.runs.store import ResultStore
 
 
 def _row(i: int) -> dict[str, object]:

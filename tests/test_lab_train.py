@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from _checkpoint_helpers import flip_tensor_byte
-from posenc.lab import data as D
-from posenc.lab import train as T
-from posenc.lab.presets import DataConfig, TrainConfig
+from posenc.lab.cells.presets import DataConfig, TrainConfig
+from posenc.lab.training import data as D
+from posenc.lab.training import train as T
 from posenc.model import ModelConfig
 
 TINY = ModelConfig(vocab_size=256, dim=32, num_layers=1, num_heads=2, max_len=16, encoding="none")

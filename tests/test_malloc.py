@@ -130,9 +130,10 @@ def test_run_grid_and_run_extend_refuse_a_bad_posenc_malloc_before_anything(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # Called from code, the workers would each fail every cell on it: one error here instead.
-    from posenc.lab.experiment import RunOptions, run_grid
-    from posenc.lab.extend import ExtendConfig, run_extend
-    from posenc.lab.presets import LabConfig
+    from posenc.lab.cells.presets import LabConfig
+    from posenc.lab.extension.extend import run_extend
+    from posenc.lab.extension.plan import ExtendConfig
+    from posenc.lab.grid.experiment import RunOptions, run_grid
 
     monkeypatch.setenv(_malloc.MALLOC_ENV, "tcmalloc")
     opts = RunOptions(out=tmp_path / "out", quiet=True)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from posenc import ModelConfig, TransformerLM
-from posenc.lab.passkey import (
+from posenc.lab.evaluation.passkey import (
     FILLER,
     QUESTION,
     TASK,

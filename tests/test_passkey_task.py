@@ -1,5 +1,5 @@
-"""The passkey task of posenc.lab.tasks (layout, depth, determinism), its length x depth heatmap
-in posenc.lab.evaluate, and the heatmap figure (posenc.plots.passkey)."""
+"""The passkey task of posenc.lab.evaluation.tasks (layout, depth, determinism), its length x depth heatmap
+in posenc.lab.evaluation.evaluate, and the heatmap figure (posenc.plots.passkey)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from posenc import registry
-from posenc.lab import evaluate as E
-from posenc.lab import tasks as T
-from posenc.lab.data import IGNORE
-from posenc.lab.presets import EvalConfig, TrainConfig
+from posenc.lab.cells.presets import EvalConfig, TrainConfig
+from posenc.lab.evaluation import evaluate as E
+from posenc.lab.evaluation import tasks as T
+from posenc.lab.training.data import IGNORE
 from posenc.model import ModelConfig
 
 
@@ -164,7 +164,7 @@ def test_a_perfect_copier_scores_one_everywhere_and_depth_is_binned():
 
 @pytest.mark.skipif("rope" not in registry.names(), reason="rope is not registered")
 def test_heatmap_of_a_tiny_trained_rope_model_for_every_variant():
-    from posenc.lab.train import train_model
+    from posenc.lab.training.train import train_model
 
     task = T.make_task("passkey")
     mcfg = ModelConfig(vocab_size=256, dim=32, num_layers=1, num_heads=2, max_len=16,
@@ -264,8 +264,8 @@ def test_passkey_figure_from_fake_rows(tmp_path):
 def test_heatmap_settings_enter_the_passkey_cells_hash_only():
     from dataclasses import replace as _replace
 
-    from posenc.lab import presets as P
-    from posenc.lab.tasks import PASSKEY_DEPTHS, PASSKEY_MIN_PER_DEPTH
+    from posenc.lab.cells import presets as P
+    from posenc.lab.evaluation.tasks import PASSKEY_DEPTHS, PASSKEY_MIN_PER_DEPTH
 
     passkey = _replace(P.LabConfig(), data=P.DataConfig(source="task", task="passkey"))
     copy = _replace(P.LabConfig(), data=P.DataConfig(source="task", task="copy"))
@@ -278,7 +278,7 @@ def test_heatmap_settings_enter_the_passkey_cells_hash_only():
 
 
 def test_readme_passkey_block_says_where_each_encoding_loses_the_key(tmp_path):
-    from posenc.lab.report import write_readme_table
+    from posenc.lab.reports.readme import write_readme_table
 
     rows = [_row("alibi", 0, 1.0), _row("rope", 0, 0.95)]
     for r in rows:

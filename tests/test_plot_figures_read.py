@@ -46,7 +46,7 @@ def extend_data(
     keys: bool = False,
     reference: float = 3.206,
 ) -> dict[str, Any]:
-    """What :func:`posenc.lab.extend_report.extend_data` returns, for these curves."""
+    """What :func:`posenc.lab.reports.extend_report.extend_data` returns, for these curves."""
     methods = [
         {"label": label, "steps": STEPS, "curve": curve, "zero_shot": zero, "tuned": tuned,
          "key_steps": STEPS if keys else [],

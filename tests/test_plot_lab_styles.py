@@ -11,7 +11,7 @@ pytest.importorskip("matplotlib")
 
 from matplotlib.colors import to_hex
 
-from posenc.lab import presets as P
+from posenc.lab.cells import presets as P
 from posenc.plots.lab import draw_lab, lab_data
 
 LENGTHS = (16, 32, 64)

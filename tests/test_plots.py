@@ -35,7 +35,7 @@ needs_rotary = pytest.mark.skipif(
     not _has("posenc.functional.rotary"), reason="posenc.functional.rotary is not installed yet"
 )
 needs_lab = pytest.mark.skipif(
-    not _has("posenc.lab.experiment"), reason="posenc.lab (run_grid) is not installed yet"
+    not _has("posenc.lab.grid.experiment"), reason="posenc.lab (run_grid) is not installed yet"
 )
 
 
@@ -341,7 +341,7 @@ def test_attention_weights_reproduce_the_attention_output(encoding: str) -> None
 
 
 def test_tiny_model_learns_the_lag_and_maps_have_the_right_shapes() -> None:
-    from posenc.lab.probe import TINY_LAG, attention_data
+    from posenc.lab.evaluation.probe import TINY_LAG, attention_data
 
     data = attention_data(encoding="rope", train_len=24, factor=2, steps=120, seed=0)
     train, long = data["maps"]["train"], data["maps"]["long"]
@@ -354,7 +354,7 @@ def test_tiny_model_learns_the_lag_and_maps_have_the_right_shapes() -> None:
 
 
 def test_attention_rejects_bad_layer_and_short_tokens() -> None:
-    from posenc.lab.probe import attention_data
+    from posenc.lab.evaluation.probe import attention_data
 
     with pytest.raises(ValueError, match="layer must be in"):
         attention_data(encoding="none", train_len=8, steps=1, layer=5)
@@ -369,10 +369,10 @@ def test_attention_rejects_bad_layer_and_short_tokens() -> None:
 
 @pytest.fixture(scope="module")
 def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not _has("posenc.lab.experiment"):
+    if not _has("posenc.lab.grid.experiment"):
         pytest.skip("posenc.lab (run_grid) is not installed yet")
-    from posenc.lab.experiment import RunOptions, run_grid
-    from posenc.lab.presets import DataConfig, EvalConfig, LabConfig, ModelShape, TrainConfig
+    from posenc.lab.cells.presets import DataConfig, EvalConfig, LabConfig, ModelShape, TrainConfig
+    from posenc.lab.grid.experiment import RunOptions, run_grid
 
     out = tmp_path_factory.mktemp("lab")
     cfg = LabConfig(
@@ -393,7 +393,7 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_lab_data_means_match_the_store(lab_run: Path) -> None:
     import json
 
-    from posenc.lab.results import load_rows
+    from posenc.lab.reports.results import load_rows
     from posenc.plots.lab import lab_data
 
     raw = [
@@ -418,7 +418,7 @@ def test_lab_data_means_match_the_store(lab_run: Path) -> None:
 
 
 def test_lab_data_without_results_says_how_to_get_them(tmp_path: Path) -> None:
-    from posenc.lab.results import load_rows
+    from posenc.lab.reports.results import load_rows
     from posenc.plots.lab import lab_data
 
     with pytest.raises(ValueError, match="run `posenc lab` first"):
@@ -428,7 +428,7 @@ def test_lab_data_without_results_says_how_to_get_them(tmp_path: Path) -> None:
 
 
 def test_attention_from_a_lab_checkpoint(lab_run: Path) -> None:
-    from posenc.lab.probe import attention_data, load_checkpoint_model
+    from posenc.lab.evaluation.probe import attention_data, load_checkpoint_model
 
     ckpt = next((lab_run / "ckpt").glob("rope-s0-*/final.pt"))
     model, info = load_checkpoint_model(ckpt.parent)  # a cell folder works too
@@ -437,7 +437,7 @@ def test_attention_from_a_lab_checkpoint(lab_run: Path) -> None:
     assert data["lengths"] == (16, 64) and data["layer"] == 1
     assert data["maps"]["long"].shape == (4, 64, 64)
     np.testing.assert_allclose(data["maps"]["long"].sum(-1), 1.0, atol=1e-5)
-    from posenc.lab.train import CheckpointError
+    from posenc.lab.training.train import CheckpointError
 
     with pytest.raises(CheckpointError, match="not a posenc lab checkpoint"):
         bad = lab_run / "bad.pt"
@@ -660,7 +660,7 @@ def test_lab_figure_tells_variants_apart_by_colour(lab_run: Path) -> None:
 
 
 def test_lab_report_and_plot_lab_draw_the_same_figure(lab_run: Path, tmp_path: Path) -> None:
-    from posenc.lab.report import write_report
+    from posenc.lab.reports.report import write_report
 
     _cli("plot", "lab", "--results", str(lab_run), "--out", str(tmp_path / "plot.png"))
     written = write_report(lab_run)
@@ -670,8 +670,8 @@ def test_lab_report_and_plot_lab_draw_the_same_figure(lab_run: Path, tmp_path: P
 def test_tiny_model_trains_through_the_lab_loop_with_a_progress_bar(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from posenc.lab import probe as lab_train
-    from posenc.lab import probe as progress_module
+    from posenc.lab.evaluation import probe as lab_train
+    from posenc.lab.evaluation import probe as progress_module
 
     calls: list[dict] = []
     steps_seen: list[int] = []

@@ -160,7 +160,7 @@ def test_the_gemma3_block_is_the_committed_rows_table() -> None:
 
 def test_readme_headline_is_the_results_pages_table() -> None:
     """The headline is the full block's first table (both written from one grid's rows by
-    posenc.lab.report.headline_table): a README regenerated from other rows than the page fails."""
+    posenc.lab.reports.readme.headline_table): a README regenerated from other rows than the page fails."""
     full = generated_blocks(LAB_RESULTS)["lab:table"]
     assert generated_blocks(READMES[0])["lab:headline"] == full.split("\n\n", 1)[0] + "\n"
 
@@ -178,7 +178,7 @@ def test_readme_report_writes_the_chinese_readme(tmp_path: Path) -> None:
     """The command that writes README.md's headline writes the Chinese README's the same way:
     the marker lines are the only thing it needs (posenc._markdown.replace_block)."""
     from posenc._markdown import replace_block
-    from posenc.lab.report import HEADLINE_BLOCK
+    from posenc.lab.reports.readme import HEADLINE_BLOCK
 
     copy = tmp_path / "README.zh-CN.md"
     text = READMES[1].read_text(encoding="utf-8")

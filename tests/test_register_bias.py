@@ -170,8 +170,8 @@ def test_the_bias_bench_runs_it(quadratic) -> None:
 
 
 def test_the_lab_grid_trains_it(quadratic, tmp_path, monkeypatch, write_corpus) -> None:
-    from posenc.lab import presets as P
-    from posenc.lab.experiment import RunOptions, run_grid
+    from posenc.lab.cells import presets as P
+    from posenc.lab.grid.experiment import RunOptions, run_grid
 
     monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
     cfg = replace(
@@ -232,7 +232,7 @@ def test_the_registry_imports_no_family_and_each_family_registers_itself() -> No
 
 #: Lists of the biases still kept, with the reason: the lab's default grid is configuration
 #: data that reads no registry (its table order and identities are fixed by it).
-KEPT = {"lab/config.py"}
+KEPT = {"lab/cells/config.py"}
 
 
 def test_consumers_read_the_list_of_biases_from_the_registry() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import posenc
-from posenc.lab.grid_file import tomllib  # tomllib, or on Python 3.10 its backport tomli
+from posenc.lab.grid.grid_file import tomllib  # tomllib, or on Python 3.10 its backport tomli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -173,12 +173,12 @@ def _requirement(name: str) -> str:
 
 
 def test_the_folder_lock_library_is_a_dependency() -> None:
-    assert _requirement("filelock") == "filelock>=3.12"  # posenc.lab.lock, on every OS
+    assert _requirement("filelock") == "filelock>=3.12"  # posenc.runs.lock, on every OS
 
 
 def test_the_toml_backport_is_a_dependency_below_python_3_11_only() -> None:
     """``posenc lab --config`` reads TOML with tomllib, new in Python 3.11; requires-python
-    admits 3.10, which gets tomli (posenc.lab.grid_file), and no later Python does."""
+    admits 3.10, which gets tomli (posenc.lab.grid.grid_file), and no later Python does."""
     assert _pyproject()["project"]["requires-python"] == ">=3.10"
     assert _requirement("tomli") == "tomli>=2; python_version<'3.11'"
 

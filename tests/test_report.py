@@ -121,8 +121,14 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("report")
     results = out / "lab"
     try:
-        from posenc.lab.experiment import RunOptions, run_grid
-        from posenc.lab.presets import DataConfig, EvalConfig, LabConfig, ModelShape, TrainConfig
+        from posenc.lab.cells.presets import (
+            DataConfig,
+            EvalConfig,
+            LabConfig,
+            ModelShape,
+            TrainConfig,
+        )
+        from posenc.lab.grid.experiment import RunOptions, run_grid
     except ImportError:
         pass
     else:

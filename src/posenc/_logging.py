@@ -1,5 +1,5 @@
 """posenc's reports go through :mod:`logging`, one ``posenc`` logger hierarchy
-(``logging.getLogger(__name__)`` in each module: ``posenc.lab.run``, ``posenc.extend``, ...).
+(``logging.getLogger(__name__)`` in each module: ``posenc.lab.grid.run``, ``posenc.extend``, ...).
 
 Library code never adds a handler (a program using posenc decides where its log goes, as for
 any library); the command line calls :func:`cli_logging`, which prints the messages as the lab

@@ -154,7 +154,7 @@ def register_class(
     builder.__signature__ = inspect.Signature([ctx_param, *kw])  # type: ignore[attr-defined]
     builder.__annotations__ = {o: hints[o] for o in options if o in hints}
     builder.__name__ = builder.__qualname__ = f"_build_{name.replace('-', '_')}"
-    builder.__module__ = cls.__module__  # the code that defines it (posenc.lab.identity)
+    builder.__module__ = cls.__module__  # the code that defines it (posenc.lab.cells.identity)
     return register(name, family, **kwargs)(builder)
 
 

@@ -16,7 +16,7 @@ One file per block, ``rows/<block>.json`` beside the results file (``benchmarks/
     }
 
 A float that was not measured (NaN in the bench), or is not finite, is written ``null``
-(:mod:`posenc._strict_json`) and read back as NaN (:func:`number`).
+(:mod:`posenc.runs.strict_json`) and read back as NaN (:func:`number`).
 Each bench module documents its row keys beside the function that writes them.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _strict_json as strict_json
+from ..runs import strict_json as strict_json
 
 #: Bumped when a row key changes meaning; :meth:`BenchRows.load` refuses other versions.
 SCHEMA = 1

@@ -247,7 +247,7 @@ PUBLISHED_ENCODINGS = ("sinusoidal", "rope", "alibi", "t5")
 
 def _base_bits(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[int, float]], list[int]]:
     """``({encoding: {eval length: mean bits}}, lengths)`` of the base (unrescaled) models."""
-    from ..lab.report import lengths_of, table_rows
+    from ..lab.reports.report import lengths_of, table_rows
 
     base: dict[str, dict[int, float]] = {}
     for line in table_rows(rows):

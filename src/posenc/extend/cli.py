@@ -214,7 +214,7 @@ def _run(model: str, options: dict[str, Any]) -> None:
 def _print_tables(rows: list[dict[str, Any]], title: str | None = None) -> None:
     """The study's table (perplexity, passkey) and, where it has task rows, the task table with
     the effective lengths: which method, up to which length."""
-    from ..lab.term_table import print_table
+    from ..runs.term_table import print_table
     from .report import study_table
     from .task_report import effective_notes, task_rows, task_table
 

@@ -8,7 +8,7 @@ tokenizer beside them, and ``config.json`` with the chosen method as transformer
 ``dual_chunk``) have no transformers config: they are refused here, and need ``apply_posenc``.
 
 The folder is written aside (a uniquely named temporary folder beside it) and renamed into place
-(:func:`~posenc.extend.folder.folder_written_aside`): an interrupted export leaves no half-written
+(:func:`~posenc.runs.atomic.folder_written_aside`): an interrupted export leaves no half-written
 folder, and the next export into the same place runs.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from ..hf.extension import EXTENSION_METHODS
 from ..hf.rotary import with_rope_parameters
 from ..hf.scaling import is_keyed
-from .folder import folder_written_aside
+from ..runs.atomic import folder_written_aside
 from .methods import Method, as_transformers, resolve
 from .model import rotated_pairs, trained_length
 

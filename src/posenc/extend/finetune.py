@@ -11,7 +11,7 @@ method's scaling in place (``apply_posenc(model, scaling=...)``), and written wi
 
 A checkpoint (weights, optimizer, step, RNG) is written atomically every ``save_every`` steps to
 ``<out>/checkpoint.pt``; a rerun with the same settings and model resumes from it. It is a lab
-checkpoint (:mod:`posenc.lab.checkpoint`): read with ``weights_only=True`` and checked against the
+checkpoint (:mod:`posenc.lab.training.checkpoint`): read with ``weights_only=True`` and checked against the
 SHA-256 digest stored with it, so a checkpoint from elsewhere can never run code; one of other
 settings or another model is refused in one line. :func:`pose_model` is the whole fine-tune of
 ``posenc extend --finetune pose``: under the study folder's lock, and written as a model folder
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from ..lab.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ..lab.identity import jsonable
+from ..lab.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ..runs.identity import jsonable
 from .methods import Method, as_transformers, resolve
 from .model import ModelSource, model_identity, rotated_pairs, trained_length
 
@@ -182,8 +182,9 @@ def pose_model(
     ``out/pose/checkpoint.pt``), then ``out/pose-model`` written aside and renamed into place
     unless a whole one is there. Returns the model folder and :func:`finetune`'s result."""
     from ..hf import remove_posenc
+    from ..runs.atomic import remove_partials
     from .export import export_model
-    from .folder import check_finetune_folder, remove_partials, study_lock
+    from .folder import check_finetune_folder, study_lock
     from .methods import parse_method
 
     folder = out / "pose-model"

@@ -13,25 +13,22 @@ and that the model it loads is still that model (:func:`check_export`).
 
 Writes: ``run.json`` is written aside and renamed into place (:func:`write_run_file`); a model
 folder is written into a uniquely named temporary folder beside it and renamed into place
-(:func:`folder_written_aside`), so an interrupted export or PoSE save leaves no half folder that
+(:func:`~posenc.runs.atomic.folder_written_aside`), so an interrupted export or PoSE save leaves no half folder that
 blocks a rerun. :func:`study_lock` is the lab's folder lock with its refusal as one line.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..lab.checkpoint import config_diff
-from ..lab.identity import stable_hash
-from ..lab.lock import FolderLocked, folder_lock
+from ..runs.atomic import write_file_atomically
+from ..runs.identity import config_diff, stable_hash
+from ..runs.lock import FolderLocked, folder_lock
 from .rows import PASSKEY, PPL, TASK, read_study_rows
 
 RUN_FILE, RESULTS = "run.json", "results.jsonl"
@@ -39,10 +36,10 @@ RUN_FILE, RESULTS = "run.json", "results.jsonl"
 
 @contextmanager
 def study_lock(out: Path) -> Iterator[None]:
-    """Hold ``out``'s folder lock (:func:`posenc.lab.lock.folder_lock`); a folder in use by
+    """Hold ``out``'s folder lock (:func:`posenc.runs.lock.folder_lock`); a folder in use by
     another run is a ValueError (one line naming that run)."""
     try:
-        with folder_lock(out):
+        with folder_lock(out, command="posenc extend"):
             yield
     except FolderLocked as e:
         raise ValueError(str(e)) from None
@@ -224,19 +221,6 @@ def write_run_file(out: Path, record: dict[str, Any]) -> None:
     write_file_atomically(out / RUN_FILE, json.dumps(record, indent=1) + "\n")
 
 
-def write_file_atomically(path: Path, text: str) -> None:
-    """``text`` to a uniquely named file beside ``path``, fsynced, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def check_export(run: Path, spec: dict[str, Any], model_id: dict[str, Any] | None = None) -> None:
     """Refuse (ValueError, one line) an export from ``run`` whose ``run.json`` (``spec``) names
     another model than its rows were measured on, or (``model_id``: the model as loaded now) a
@@ -256,44 +240,3 @@ def check_export(run: Path, spec: dict[str, Any], model_id: dict[str, Any] | Non
             f"the model of {run} has changed since the study ({diff}); nothing was written: "
             "export the model the study measured, or run the study again into a new --out"
         )
-
-
-def _partials(out: Path) -> list[Path]:
-    """The temporary folders :func:`folder_written_aside` makes for ``out``."""
-    return sorted(out.parent.glob(f".{out.name}.*.partial"))
-
-
-def remove_partials(out: Path) -> None:
-    """Remove what killed writes of ``out`` left beside it (:func:`folder_written_aside`); only
-    for a caller that holds the lock of the folder they are in (no write of it is running)."""
-    for path in _partials(out):
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@contextmanager
-def folder_written_aside(out: Path) -> Iterator[Path]:
-    """A new folder, uniquely named beside ``out`` (absent or an empty folder), to write into;
-    on a clean exit its files are fsynced and it is renamed to ``out``, on any error (a kill
-    included: ``KeyboardInterrupt``) removed. A kill -9 leaves a hidden ``.NAME.*.partial``
-    folder beside ``out``, never a half-written ``out``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.partial"
-    tmp.mkdir()
-    try:
-        yield tmp
-        for path in sorted(tmp.rglob("*")):
-            if path.is_file():
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
-        try:
-            os.replace(tmp, out)  # over an empty folder too (rename(2) replaces an empty one)
-        except OSError as e:
-            if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                raise ValueError(
-                    f"{str(out)!r} was written meanwhile and is not an empty folder; nothing was "
-                    "written"
-                ) from None
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)

@@ -4,8 +4,8 @@
 A row of a known kind with a field missing or of the wrong type (a hand edit, a row of another
 posenc) is skipped with one warning naming the file and the line, like a torn line, never a
 ``KeyError`` in a report; its cell counts as not done, so a rerun of the study computes it again.
-The shapes and their checker are the lab's (:mod:`posenc.lab.rows`,
-:func:`posenc.lab.results.shape_problem`); a null where a float goes (the store writes a
+The shapes and their checker are the run machinery's (:mod:`posenc.runs.rows`,
+:func:`posenc.runs.rows.shape_problem`); a null where a float goes (the store writes a
 non-finite float as null) reads back as NaN, a perplexity's null as None (no number).
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..lab.results import _nan_at_floats, shape_problem
-from ..lab.rows import NUMBER_OR_NULL, Each, Keys, ListOf
-from ..lab.store import ResultStore
+from ..runs.rows import NUMBER_OR_NULL, Each, Keys, ListOf, shape_problem
+from ..runs.rows import nan_at_floats as _nan_at_floats
+from ..runs.store import ResultStore
 
 PPL, PASSKEY, TASK = "ppl", "passkey", "task"
 KINDS = (PPL, PASSKEY, TASK)
@@ -48,7 +48,7 @@ STUDY_ROWS: dict[str, Keys] = {
 
 def study_row_problem(row: dict[str, Any]) -> tuple[str | None, str | None]:
     """Why a stored row (an object with a well-typed key) is no readable study row, or None;
-    the store's :data:`~posenc.lab.store.RowCheck`."""
+    the store's :data:`~posenc.runs.store.RowCheck`."""
     kind = row.get("kind")
     if kind not in KINDS:
         return f"its kind {kind!r} is not a study row's ({', '.join(KINDS)})", None

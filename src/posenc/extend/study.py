@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from ..lab.identity import stable_hash
-from ..lab.store import ResultStore, row_key
+from ..runs.identity import stable_hash
+from ..runs.store import ResultStore, row_key
 from .evaluate import (
     bin_means,
     document_ids,

@@ -1,21 +1,15 @@
 """The lab: train short, test long. Every registered encoding trained on real text at length L
 and measured at L, 2L, 4L, 8L, with inference-time RoPE rescaling, on one CPU or many GPUs.
 
-Modules, by concern: configuration: :mod:`~posenc.lab.config` (the dataclasses),
-:mod:`~posenc.lab.presets` (the named presets), :mod:`~posenc.lab.labels` (the one label
-parser), :mod:`~posenc.lab.options` (the lab options of a label), :mod:`~posenc.lab.cell` (a cell
-resolved once), :mod:`~posenc.lab.identity` (the versioned identities that key results),
-:mod:`~posenc.lab.flags` (the CLI's flag table); tokens: :mod:`~posenc.lab.batches`,
-:mod:`~posenc.lab.data`, :mod:`~posenc.lab.tasks`; running: :mod:`~posenc.lab.dist`,
-:mod:`~posenc.lab.checkpoint`, :mod:`~posenc.lab.train`, :mod:`~posenc.lab.evaluate`,
-:mod:`~posenc.lab.run` (what a run holds: lock, distributed state, stop signal, progress, log,
-store), :mod:`~posenc.lab.experiment` (the grid), :mod:`~posenc.lab.extend` (``posenc lab
-extend``: extension by fine-tuning), :mod:`~posenc.lab.lock`, :mod:`~posenc.lab.progress`;
-results: :mod:`~posenc.lab.rows` (the rows as dataclasses), :mod:`~posenc.lab.store`,
-:mod:`~posenc.lab.results` (the one reader), :mod:`~posenc.lab.report` and
-:mod:`~posenc.lab.extend_report` (tables, CSV, figures), :mod:`~posenc.lab.stats` (intervals over
-seeds); :mod:`~posenc.lab.passkey` (the byte-level passkey prompt), :mod:`~posenc.lab.probe` (the
-attention probe's model), :mod:`~posenc.lab.cli` (``posenc lab``).
+Subpackages, in the order a cell goes through them: :mod:`~posenc.lab.cells` (configuration,
+presets, labels, options, a cell resolved once, its identities, the CLI's flag table),
+:mod:`~posenc.lab.training` (tokens, batches, distributed state, checkpoints, training),
+:mod:`~posenc.lab.evaluation` (bits per byte, tasks, passkey, the attention probe),
+:mod:`~posenc.lab.grid` (the grid, worker processes, what a run holds, grid files, preflight
+and the estimate), :mod:`~posenc.lab.reports` (rows, the one reader, tables, CSV, figures,
+intervals); :mod:`~posenc.lab.extension` is ``posenc lab extend`` (extension by fine-tuning)
+and :mod:`~posenc.lab.cli` is ``posenc lab``. The machinery a run needs that is not the
+experiment (store, lock, progress, metrics, tables, strict JSON) is :mod:`posenc.runs`.
 
 Names below are imported on first use, so ``import posenc.lab`` stays cheap.
 """
@@ -33,33 +27,34 @@ from typing import Any
 #: docs, ``posenc report``) says this.
 DEFAULT_RUN_TIME = "about 4 minutes on two CPU cores (up to 7 on older AVX2 ones)"
 
+#: Public name -> the module that defines it.
 _EXPORTS = {
-    "LabConfig": "presets",
-    "ModelShape": "presets",
-    "TrainConfig": "presets",
-    "DataConfig": "presets",
-    "EvalConfig": "presets",
-    "PRESETS": "presets",
-    "preset": "presets",
-    "model_config": "presets",
-    "load_data": "data",
-    "train_model": "train",
-    "evaluate_model": "evaluate",
-    "run_grid": "experiment",
-    "RunOptions": "experiment",
-    "ResultStore": "store",
-    "write_report": "report",
-    "print_table": "report",
-    "load_rows": "results",
-    "Cell": "cell",
-    "resolve_cell": "cell",
-    "parse_label": "labels",
-    "GridRow": "rows",
-    "ExtendRow": "rows",
-    "ExtendConfig": "extend",
-    "run_extend": "extend",
-    "extend_rows": "results",
-    "mean_ci": "stats",
+    "LabConfig": "posenc.lab.cells.presets",
+    "ModelShape": "posenc.lab.cells.presets",
+    "TrainConfig": "posenc.lab.cells.presets",
+    "DataConfig": "posenc.lab.cells.presets",
+    "EvalConfig": "posenc.lab.cells.presets",
+    "PRESETS": "posenc.lab.cells.presets",
+    "preset": "posenc.lab.cells.presets",
+    "model_config": "posenc.lab.cells.presets",
+    "load_data": "posenc.lab.training.data",
+    "train_model": "posenc.lab.training.train",
+    "evaluate_model": "posenc.lab.evaluation.evaluate",
+    "run_grid": "posenc.lab.grid.experiment",
+    "RunOptions": "posenc.lab.grid.experiment",
+    "ResultStore": "posenc.runs.store",
+    "write_report": "posenc.lab.reports.report",
+    "print_table": "posenc.lab.reports.report",
+    "load_rows": "posenc.lab.reports.results",
+    "Cell": "posenc.lab.cells.cell",
+    "resolve_cell": "posenc.lab.cells.cell",
+    "parse_label": "posenc.lab.cells.labels",
+    "GridRow": "posenc.lab.reports.rows",
+    "ExtendRow": "posenc.lab.reports.rows",
+    "ExtendConfig": "posenc.lab.extension.plan",
+    "run_extend": "posenc.lab.extension.extend",
+    "extend_rows": "posenc.lab.reports.results",
+    "mean_ci": "posenc.lab.reports.stats",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -68,4 +63,4 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'posenc.lab' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

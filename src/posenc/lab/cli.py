@@ -1,46 +1,35 @@
 """``posenc lab``: run the train-short-test-long grid (bare ``posenc lab`` runs the default one),
 and ``posenc lab report``: print the table and write the plots and CSV.
 
-Thin on purpose: options become a :class:`~posenc.lab.presets.LabConfig` and
-:class:`~posenc.lab.experiment.RunOptions`; the work is in the library functions. Heavy imports
+Thin on purpose: options become a :class:`~posenc.lab.cells.presets.LabConfig` and
+:class:`~posenc.lab.grid.experiment.RunOptions`; the work is in the library functions. Heavy imports
 happen inside the commands so ``posenc --help`` stays fast.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import typer
 
 from .._malloc import retain_freed_memory
 from . import DEFAULT_RUN_TIME
-from .flags import (
-    DEVICE,
-    IMPORT,
+from .cells.flags import (
     LAB_FLAGS,
-    OUT,
-    PLOTS,
-    QUIET,
-    REPORT_TO,
-    RESTART,
-    RESUME,
     Flag,
     check_caps,
     check_device,
     option_list,
     with_flags,
 )
-from .flags import Overrides as Overrides
-from .flags import build_config as build_config
-
-if TYPE_CHECKING:
-    from .extend import ExtendConfig
+from .cells.flags import Overrides as Overrides
+from .cells.flags import build_config as build_config
+from .extension.flags import EXTEND_FLAGS, extend_config
 
 lab_app = typer.Typer(
     help=(
@@ -79,10 +68,10 @@ def _lab(ctx: typer.Context, **options: Any) -> None:
 def with_grid_file(
     ctx: typer.Context, path: Path, options: dict[str, Any], flags: tuple[Flag, ...] = LAB_FLAGS
 ) -> dict[str, Any]:
-    """``options`` with the values of the TOML file at ``path`` (:mod:`posenc.lab.grid_file`,
+    """``options`` with the values of the TOML file at ``path`` (:mod:`posenc.lab.grid.grid_file`,
     keyed by ``flags``, the command's table) in place of the defaults: an option given on the
     command line keeps its value."""
-    from .grid_file import read_grid_file
+    from .grid.grid_file import read_grid_file
 
     given = read_grid_file(path, flags)
     out = dict(options)
@@ -118,9 +107,9 @@ def _run_lab(
     and write its report (``--dry-run``: print the plan instead)."""
     from .._logging import cli_logging
     from ..plugins import import_modules
-    from .experiment import RunOptions, run_grid
-    from .metrics import check_report_to
-    from .preflight import plan_run
+    from ..runs.metrics import check_report_to
+    from .grid.experiment import RunOptions, run_grid
+    from .grid.preflight import plan_run
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
@@ -156,7 +145,7 @@ def _run_lab(
 def _report_run(out: Path, summary: Any, *, quiet: bool, plots: bool) -> None:
     """Print and write the report of the grid ``run_grid`` returned ``summary`` for; exit 1
     when a cell failed."""
-    from .report import load_rows, print_table, write_report
+    from .reports.report import load_rows, print_table, write_report
 
     rows = load_rows(out, summary.group)
     if rows and not quiet:
@@ -256,7 +245,7 @@ def report(
     reference's (--reference, default rope) for the same seed, mean over seeds with its 95%
     interval, marked where a paired t test resolves it after Holm's correction across the
     table's comparisons."""
-    from .report import QUESTIONS
+    from .reports.report import QUESTIONS
 
     if all_groups and readme is not None:
         _fail("--readme writes one table: pass --group (or nothing, for the newest), not --all")
@@ -289,15 +278,14 @@ def _report_grid(
     """``posenc lab report`` for grid results: the group's (or every group's) table, and its
     report files and README block for one group; ``reference``: the paired differences' line
     (None: rope where the table has it), checked in every table before any is printed."""
-    from .report import (
-        check_readme,
+    from .reports.readme import check_readme, write_readme_table
+    from .reports.report import (
         check_reference,
         groups,
         load_rows,
         newest_group,
         print_table,
         question_rows,
-        write_readme_table,
         write_report,
     )
 
@@ -339,13 +327,13 @@ def _fail_os(e: OSError, where: Path | None = None) -> None:
 
 
 def _report_extend(out: Path, group: str | None, plots: bool, readme: Path | None) -> None:
-    from .extend_report import (
+    from .reports.extend_report import (
         extend_rows,
         print_extend_table,
         write_extend_readme,
         write_extend_report,
     )
-    from .report import check_readme
+    from .reports.readme import check_readme
 
     try:
         check_readme(readme, "extend")
@@ -361,51 +349,6 @@ def _report_extend(out: Path, group: str | None, plots: bool, readme: Path | Non
         _fail(str(e))
     except OSError as e:
         _fail_os(e, out)
-
-
-#: ``posenc lab extend``: flag -> field (its :class:`~posenc.lab.extend.ExtendConfig`'s where a
-#: ``path`` is given), in ``--help`` order.
-EXTEND_FLAGS: tuple[Flag, ...] = (
-    Flag("config", ("--config",), Path | None,
-         "A TOML file whose keys are these options' long names (target = 2.0, methods = "
-         "['none', 'yarn']); an option given here too overrides the file.", grid=False,
-         metavar="FILE"),
-    OUT,
-    Flag("group", ("--group", "-g"), str | None, "The grid (hash prefix).",
-         show_default="the newest"),
-    Flag("target", ("--target",), float, "Fine-tune length as a multiple of L.", 4.0,
-         path="target"),
-    Flag("steps", ("--steps",), int | None, "Fine-tune steps.", min=1, path="steps",
-         show_default="2% of the grid's steps"),
-    Flag("lr", ("--lr",), float | None, "Constant fine-tune learning rate.", path="lr",
-         show_default="the grid's final"),
-    Flag("methods", ("--methods",), str | None,
-         "RoPE methods: none (unscaled), linear (PI), ntk, yarn, longrope, dynamic.",
-         path="methods", convert=lambda v: _extend_methods(v), show_default="all six",
-         several=True),
-    Flag("encodings", ("--encodings", "-e"), str | None,
-         "Grid encodings to extend (rotary ones with every method, the others unchanged).",
-         path="encodings", convert=lambda v: tuple(option_list("--encodings", v, _EXTENDABLE)),
-         show_default="rope and the registered biases", several=True),
-    Flag("reference", ("--reference",), str | None,
-         "Encodings trained from scratch at the target length (the bar); 'none' for none.",
-         path="reference", show_default="rope", several=True,
-         convert=lambda v: () if v.strip().lower() == "none"
-         else tuple(option_list("--reference", v, _EXTENDABLE + ", or none"))),
-    Flag("curve", ("--curve",), str | None,
-         "Fine-tune steps evaluated at the target length (e.g. 1,2,5).", path="curve",
-         convert=lambda v: tuple(_int_list("--curve", v)),
-         show_default="1,2,5,10,... below --steps", several=True),
-    RESUME,
-    RESTART,
-    Flag("threads", ("--threads",), int | None, "torch CPU threads.", min=1, grid=False,
-         show_default="the grid's"),
-    REPORT_TO,
-    IMPORT,
-    DEVICE,
-    QUIET,
-    PLOTS,
-)  # fmt: skip
 
 
 def _extend(ctx: typer.Context, **options: Any) -> None:
@@ -426,10 +369,10 @@ def _run_extend(*, out: Path, group: str | None, resume: bool, restart: bool,
                 plots: bool, report_to: str, **given: Any) -> None:  # fmt: skip
     """``posenc lab extend`` with its options resolved (``--config`` read): run the extend,
     then print and write its table."""
-    from .extend import run_extend
-    from .extend_report import extend_rows, print_extend_table, write_extend_report
-    from .metrics import check_report_to
-    from .run import RunOptions
+    from ..runs.metrics import check_report_to
+    from .extension.extend import run_extend
+    from .grid.run import RunOptions
+    from .reports.extend_report import extend_rows, print_extend_table, write_extend_report
 
     if resume and restart:
         _fail("pass --resume or --restart, not both")
@@ -455,22 +398,6 @@ def _run_extend(*, out: Path, group: str | None, resume: bool, restart: bool,
             print("wrote " + ", ".join(str(p) for p in written.values()))
 
 
-def extend_config(given: dict[str, Any]) -> ExtendConfig:
-    """The :class:`~posenc.lab.extend.ExtendConfig` of ``posenc lab extend``'s options ``given``
-    (by field, as the command line or a ``--config`` file gives them; None: the default)."""
-    from .extend import ExtendConfig
-
-    target = given.get("target")
-    if target is not None and not math.isfinite(target):
-        raise ValueError(f"--target must be a finite multiple of the train length, got {target}")
-    fields: dict[str, Any] = {}
-    for flag in EXTEND_FLAGS:
-        value = given.get(flag.field)
-        if flag.path is not None and value is not None:
-            fields[flag.path] = flag.convert(value) if flag.convert else value
-    return ExtendConfig(**fields)
-
-
 extend = lab_app.command("extend")(with_flags(_extend, EXTEND_FLAGS, context=True))
 
 
@@ -480,8 +407,8 @@ def _refusals(out: Path | None = None) -> Iterator[None]:
     with the --resume hint), an interrupted run to resume or restart, a folder in use, a bad
     value, a file that cannot be written (``out``: the folder to name when the error names no
     file)."""
-    from .lock import FolderLocked
-    from .train import CheckpointError, Interrupted, ResumeRequired
+    from ..runs.lock import FolderLocked
+    from .training.train import CheckpointError, Interrupted, ResumeRequired
 
     try:
         yield
@@ -491,29 +418,6 @@ def _refusals(out: Path | None = None) -> Iterator[None]:
         _fail(str(e))
     except OSError as e:
         _fail_os(e, out)
-
-
-def _int_list(option: str, value: str) -> list[int]:
-    items = option_list(option, value, "comma-separated integers")
-    try:
-        return [int(v) for v in items]
-    except ValueError:
-        raise ValueError(f"{option} takes comma-separated integers, got {value!r}") from None
-
-
-_EXTENDABLE = "comma-separated names of the grid's encodings (rope, alibi, t5, ...)"
-
-
-def _extend_methods(value: str) -> tuple[str, ...]:
-    """``--methods``: some of the extend's RoPE methods, each known."""
-    from .extend import ROPE_METHODS
-
-    allowed = ", ".join(ROPE_METHODS)
-    methods = [m.lower() for m in option_list("--methods", value, f"some of {allowed}")]
-    unknown = [m for m in methods if m not in ROPE_METHODS]
-    if unknown:
-        raise ValueError(f"--methods: unknown method {unknown[0]!r}; allowed: {allowed}")
-    return tuple(methods)
 
 
 def main() -> None:  # pragma: no cover - `python -m posenc.lab.cli`

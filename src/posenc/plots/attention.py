@@ -2,7 +2,7 @@
 
 A pure renderer: :func:`model_attention` reads the weights out of a given model and
 :func:`draw_attention` draws them; the model (a lab checkpoint, or a tiny one trained on the
-lag task) and the maps to draw come from :func:`posenc.lab.probe.attention_data`.
+lag task) and the maps to draw come from :func:`posenc.lab.evaluation.probe.attention_data`.
 
 The maps are each layer's own probabilities: the input each :class:`posenc.attention.Attention`
 receives is captured with a forward pre-hook and run again through the module's explicit path

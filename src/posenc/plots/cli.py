@@ -56,7 +56,7 @@ def _names(text: str) -> tuple[str, ...]:
 def _make(kind: str, **options: Any) -> Figure:
     """Build a figure, turning bad options into a usage error instead of a traceback, and a bad
     checkpoint into a one-line error (exit code 2)."""
-    from ..lab.train import CheckpointError
+    from ..lab.training.train import CheckpointError
     from .figures import make_figure
 
     try:

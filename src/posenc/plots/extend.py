@@ -12,7 +12,7 @@ The caption is written from the numbers drawn (:func:`extend_findings`, :func:`e
 which method is in the band at which step, the best and worst zero-shot and after the
 fine-tune, how far plain RoPE moves; next to it, the PI paper's finding it is compared with.
 
-A pure renderer of :func:`posenc.lab.extend_report.extend_data`'s lines.
+A pure renderer of :func:`posenc.lab.reports.extend_report.extend_data`'s lines.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _at(steps: list[int], values: list[float], step: int) -> float | None:
 
 
 def extend_findings(data: dict[str, Any]) -> dict[str, Any]:
-    """What the figure of ``data`` (:func:`posenc.lab.extend_report.extend_data`) shows, as
+    """What the figure of ``data`` (:func:`posenc.lab.reports.extend_report.extend_data`) shows, as
     numbers: the caption (:func:`extend_caption`) is written from these and nothing else.
 
     Per method (``"methods"``, in data order): ``label``, ``zero_shot`` (loss at the target

@@ -78,9 +78,9 @@ def _bias(
 
 def _attention(**options: Any) -> Figure:
     """:func:`~posenc.plots.attention.draw_attention` of
-    :func:`posenc.lab.probe.attention_data`'s maps (``checkpoint``, ``encoding``, ``train_len``,
+    :func:`posenc.lab.evaluation.probe.attention_data`'s maps (``checkpoint``, ``encoding``, ``train_len``,
     ``factor``, ``steps``, ``layer``, ``seed``, ``progress``: its options)."""
-    from ..lab.probe import attention_data
+    from ..lab.evaluation.probe import attention_data
     from .attention import draw_attention
 
     return draw_attention(attention_data(**options))
@@ -91,15 +91,15 @@ def lab_results(
 ) -> list[dict[str, Any]]:
     """The rows that answer ``question`` in the store at ``results`` (``group``: a hash prefix;
     default: the newest group that answers it): grid rows for ``extrapolation``, ``length`` and
-    ``passkey`` (:func:`posenc.lab.report.newest_group`), extend rows for ``extend``. Empty when
+    ``passkey`` (:func:`posenc.lab.reports.report.newest_group`), extend rows for ``extend``. Empty when
     there are none."""
-    from ..lab.report import load_rows, newest_group, question_rows
-    from ..lab.store import RESULTS_FILE
+    from ..lab.reports.report import load_rows, newest_group, question_rows
+    from ..runs.store import RESULTS_FILE
 
     if not (Path(results) / RESULTS_FILE).exists():
         return []
     if question == "extend":
-        from ..lab.extend_report import extend_rows
+        from ..lab.reports.extend_report import extend_rows
 
         return extend_rows(results, group)
     group = group if group is not None else newest_group(results, question)
@@ -131,7 +131,7 @@ def _length(results: str = "runs/lab", group: str | None = None) -> Figure:
 
 
 def _extend(results: str = "runs/lab", group: str | None = None) -> Figure:
-    from ..lab.extend_report import extend_data
+    from ..lab.reports.extend_report import extend_data
     from .extend import draw_extend
 
     return draw_extend(extend_data(_rows_or_raise("extend", results, group)))

@@ -10,7 +10,7 @@ variants (RoPE rescalings, an interpolated learned table) beside their base mode
 left), each variant its own colour, dash pattern and marker: no two lines of the figure share a
 colour and a line style, so the lines stay apart in grey too.
 
-A pure renderer: :func:`lab_data` folds result rows (as :func:`posenc.lab.results.load_rows`
+A pure renderer: :func:`lab_data` folds result rows (as :func:`posenc.lab.reports.results.load_rows`
 reads them from a store) into the arrays :func:`draw_lab` draws; nothing here reads a store.
 """
 
@@ -85,7 +85,7 @@ def _curve(group_curves: list[dict[str, list[Any]]]) -> tuple[np.ndarray, np.nda
 
 def lab_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean test loss per (encoding, variant) and eval length, and the loss-by-position curves,
-    from the result rows of one group (:func:`posenc.lab.results.load_rows`).
+    from the result rows of one group (:func:`posenc.lab.reports.results.load_rows`).
 
     Returns ``lengths [N]`` (sorted eval lengths), ``train_len``, ``unit``, ``group``,
     ``lines``: a list of ``{"label", "encoding", "variant", "bits": [N], "ci": [N]}`` (mean over
@@ -96,7 +96,7 @@ def lab_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if isinstance(rows, (str, Path)):
         raise TypeError(
-            "lab_data takes result rows; read a store's with posenc.lab.results.load_rows(out)"
+            "lab_data takes result rows; read a store's with posenc.lab.reports.results.load_rows(out)"
         )
     if not rows:
         raise ValueError("no lab results to draw; run `posenc lab` first")

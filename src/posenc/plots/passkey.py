@@ -1,7 +1,7 @@
 """Passkey retrieval as a length x depth heatmap, one panel per encoding (and per RoPE rescaling).
 
 Drawn from lab result rows whose evaluation has a ``"passkey"`` heatmap (a grid run with
-``posenc lab --task passkey``, :mod:`posenc.lab.tasks`): x is the evaluation length, y the depth
+``posenc lab --task passkey``, :mod:`posenc.lab.evaluation.tasks`): x is the evaluation length, y the depth
 at which the key hides in the filler (0: the start of the sequence, the furthest back; 1: right
 before the question), colour and number the answer-digit accuracy (mean over seeds). The training
 length's column is outlined. Chance is one over the number of digit symbols (0.1).
@@ -36,7 +36,7 @@ CAPTION = (
 )
 
 #: Accuracy of a guess: one over the passkey's ten digit symbols
-#: (:data:`posenc.lab.tasks.DIGITS`; a test holds the two together).
+#: (:data:`posenc.lab.evaluation.tasks.DIGITS`; a test holds the two together).
 CHANCE = 0.1
 
 

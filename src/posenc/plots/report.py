@@ -61,10 +61,10 @@ def _note_html(kind: str, title: str, text: str) -> str:
 
 
 def lab_table_html(rows: list[dict[str, Any]]) -> str:
-    """The lab's results table (:func:`posenc.lab.report.table_cells`) as an HTML table, its
+    """The lab's results table (:func:`posenc.lab.reports.report.table_cells`) as an HTML table, its
     units in a header row above the column names (test loss in bits per byte or token at each
     eval length; training throughput in tokens per second)."""
-    from ..lab.report import describe, table_cells
+    from ..lab.reports.report import describe, table_cells
 
     # The best cell is bold: marked with control characters that survive html.escape, then
     # turned into <b> (Markdown's ** would show as literal asterisks).
@@ -182,7 +182,7 @@ def _question_table(kind: str, rows: list[dict[str, Any]]) -> str:
     if kind == "length":
         table = lab_table_html(rows)
     elif kind == "extend":
-        from ..lab.extend_report import describe_extend, extend_table
+        from ..lab.reports.extend_report import describe_extend, extend_table
 
         table = _html_table(*extend_table(rows), describe_extend(rows))
     elif kind == "passkey":

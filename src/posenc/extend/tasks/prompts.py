@@ -18,9 +18,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..._strict_json import dumps
-from ...lab.identity import stable_hash
-from ..folder import write_file_atomically
+from ...runs.atomic import write_file_atomically
+from ...runs.identity import stable_hash
+from ...runs.strict_json import dumps
 from .base import Sample, Span, get_task
 
 log = logging.getLogger("posenc.extend")
