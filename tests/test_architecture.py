@@ -1,6 +1,7 @@
 """The package's large-scale shape, read from the source: no import cycle among posenc's modules
-(function-level imports included), no file in ``src/`` over 600 lines, no function over 60 lines
-in ``src/`` and ``benchmarks/``.
+(function-level imports included), no file in ``src/`` over 600 lines (500 in ``posenc.lab`` and
+``posenc.runs``), no function over 60 lines in ``src/`` and ``benchmarks/``, and the run machinery
+(``posenc.runs``) below the lab and ``posenc extend``: it imports neither.
 
 Everything here is read with :mod:`ast` from the files as they stand; nothing is imported, so a
 cycle is found even where Python's lazy imports would hide it at run time.
@@ -22,6 +23,11 @@ PACKAGE = SRC / "posenc"
 BENCHMARKS = ROOT / "benchmarks"
 
 MAX_FILE_LINES = 600
+#: The experiment and its run machinery, split by stage into files a reader takes in at once.
+MAX_STAGE_FILE_LINES = 500
+STAGE_PACKAGES = ("lab", "runs")
+#: What ``posenc.runs`` sits below: the commands that use it.
+ABOVE_RUNS = ("posenc.lab", "posenc.extend")
 MAX_FUNCTION_LINES = 60
 SKIP_DIRS = {"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 
@@ -202,17 +208,18 @@ def describe_cycles(graph: dict[str, dict[str, int]]) -> list[str]:
 # Sizes
 
 
-def long_files() -> list[str]:
-    """Each text file under ``src/`` longer than :data:`MAX_FILE_LINES` lines."""
+def long_files(folder: Path = SRC, limit: int = MAX_FILE_LINES) -> list[str]:
+    """Each text file under ``folder`` longer than ``limit`` lines."""
     found = []
-    for path in _files(SRC):
+    for path in _files(folder):
         try:
             text = path.read_text()
         except UnicodeDecodeError:
             continue
         n = len(text.splitlines())
-        if n > MAX_FILE_LINES:
-            found.append(f"{path.relative_to(ROOT)}: {n} lines")
+        if n > limit:
+            shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            found.append(f"{shown}: {n} lines")
     return found
 
 
@@ -267,6 +274,38 @@ def test_no_file_over_600_lines() -> None:
         pytest.fail(
             f"files in src/ over {MAX_FILE_LINES} lines:\n" + "\n".join(found), pytrace=False
         )
+
+
+def test_no_file_over_500_lines_in_the_lab_and_the_run_machinery() -> None:
+    found = [f for name in STAGE_PACKAGES for f in long_files(PACKAGE / name, MAX_STAGE_FILE_LINES)]
+    if found:
+        message = f"files in posenc.lab / posenc.runs over {MAX_STAGE_FILE_LINES} lines:\n"
+        pytest.fail(message + "\n".join(found), pytrace=False)
+
+
+def imports_reaching(
+    graph: dict[str, dict[str, int]], source: str, banned: tuple[str, ...]
+) -> list[str]:
+    """Each import of a module under ``source`` (the package and its modules) of one under a
+    ``banned`` package, as ``module:line -> target``."""
+
+    def under(name: str, package: str) -> bool:
+        return name == package or name.startswith(package + ".")
+
+    return [
+        f"{module}:{line} -> {target}"
+        for module, targets in sorted(graph.items())
+        if under(module, source)
+        for target, line in sorted(targets.items())
+        if any(under(target, b) for b in banned)
+    ]
+
+
+def test_the_run_machinery_imports_neither_the_lab_nor_extend() -> None:
+    found = imports_reaching(import_graph(), "posenc.runs", ABOVE_RUNS)
+    if found:
+        message = "posenc.runs imports what sits above it:\n" + "\n".join(found)
+        pytest.fail(message, pytrace=False)
 
 
 def test_no_function_over_60_lines() -> None:
@@ -363,3 +402,23 @@ def test_function_length_counts_nested_and_spares_triton_parameters() -> None:
     assert function_length(nodes["inner"]) == 60
     assert function_length(nodes["outer"]) == 62
     assert function_length(nodes["kernel"]) == 59
+
+
+def test_the_layer_check_finds_a_function_level_import(tmp_path: Path) -> None:
+    modules = _write_package(tmp_path, {
+        "posenc/__init__.py": "",
+        "posenc/runs/__init__.py": "",
+        "posenc/runs/store.py": "def f():\n    from ..lab.report import g\n",
+        "posenc/lab/__init__.py": "",
+        "posenc/lab/report.py": "from posenc.runs.store import f\n",
+        "posenc/extend/__init__.py": "",
+    })  # fmt: skip
+    found = imports_reaching(_graph_of(modules), "posenc.runs", ABOVE_RUNS)
+    assert found == ["posenc.runs.store:2 -> posenc.lab.report"]
+
+
+def test_long_files_counts_lines_under_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n" * 501)
+    (tmp_path / "b.py").write_text("x = 1\n" * 500)
+    found = long_files(tmp_path, 500)
+    assert len(found) == 1 and found[0].endswith("a.py: 501 lines")
