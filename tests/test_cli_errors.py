@@ -163,7 +163,10 @@ def test_bad_numbers_in_plots_are_one_line() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["plot", "table"], "posenc plots need matplotlib: pip install 'posenc[plots]'"),
+        (
+            ["plot", "table"],
+            "posenc plots need matplotlib: pip install -e '.[plots]' in the posenc clone",
+        ),
         (["plot", "bias"], "the package 'matplotlib', which is not installed"),
     ],
 )

@@ -280,7 +280,10 @@ def test_command_without_plotly_names_the_extra(
     monkeypatch.setitem(sys.modules, "plotly", None)
     r = CliRunner().invoke(app, ["explore", "--out", str(tmp_path / "e.html")])
     assert r.exit_code == 2, r.output
-    assert "pip install 'posenc[explore]'" in r.output and "Traceback" not in r.output
+    assert (
+        "pip install -e '.[explore]' in the posenc clone" in r.output
+        and "Traceback" not in r.output
+    )
     assert not (tmp_path / "e.html").exists()
 
 

@@ -158,8 +158,10 @@ def test_class_defaults_without_transformers_name_the_extra(
     for entry in (rope_from_hf, hf_rope_kwargs):
         with pytest.raises(ValueError) as err:
             entry(copy.deepcopy(raw), "full_attention", **kwargs)
-        assert "transformers" in str(err.value) and 'pip install "posenc[hf]"' in str(err.value)
-    with pytest.raises(ValueError, match=r'pip install "posenc\[hf\]"'):
+        assert "transformers" in str(
+            err.value
+        ) and 'pip install -e ".[hf]" in the posenc clone' in str(err.value)
+    with pytest.raises(ValueError, match=r'pip install -e "\.\[hf\]" in the posenc clone'):
         position_plan(copy.deepcopy(raw), **kwargs)
 
 

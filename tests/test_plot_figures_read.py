@@ -356,7 +356,7 @@ def test_without_matplotlib_each_command_says_which_extra(
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    hint = "pip install 'posenc[plots]'"
+    hint = "pip install -e '.[plots]' in the posenc clone"
     for name in ("lab", "lab report"):
         code, _, err = got[name]
         notes = [line for line in err.splitlines() if "not drawn" in line]
@@ -379,9 +379,9 @@ def test_plots_ready_says_what_is_not_drawn_and_which_extra(
     assert common.plots_ready("extend.png") and capsys.readouterr().err == ""
 
     def missing() -> None:
-        raise ImportError("posenc plots need matplotlib: pip install 'posenc[plots]'")
+        raise ImportError("posenc plots need matplotlib: pip install -e '.[plots]'")
 
     monkeypatch.setattr(common, "require_matplotlib", missing)
     assert not common.plots_ready("extend.png")
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "extend.png not drawn" in err and "posenc[plots]" in err
+    assert err.count("\n") == 1 and "extend.png not drawn" in err and ".[plots]" in err

@@ -11,7 +11,14 @@ from typing import NoReturn
 
 import typer
 
-#: The extra of ``pip install 'posenc[extra]'`` that brings each optional package.
+
+def install_hint(extra: str) -> str:
+    """How to add an extra: posenc installs from its clone (it is no package on PyPI, where
+    ``pip install 'posenc[...]'`` would find nothing or another project), docs/install.md."""
+    return f"pip install -e '.[{extra}]' in the posenc clone"
+
+
+#: The extra of :func:`install_hint` that brings each optional package.
 EXTRAS = {
     "matplotlib": "plots",
     "triton": "kernels",
@@ -42,7 +49,7 @@ def missing_package(e: ImportError) -> str | None:
     if cause is not e:
         return str(e)
     extra = EXTRAS.get(top)
-    how = f"pip install 'posenc[{extra}]'" if extra else f"pip install {top}"
+    how = install_hint(extra) if extra else f"pip install {top}"
     return f"this command needs the package {top!r}, which is not installed: {how}"
 
 

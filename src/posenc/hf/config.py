@@ -132,7 +132,7 @@ def needs_transformers_hint(cfg: Any, what: str) -> str:
         return ""
     return (
         f"; model_type {model_type!r} may leave {what} to its transformers config class: read "
-        'it with transformers installed (pip install "posenc[hf]") and use_transformers=True'
+        'it with transformers installed (pip install -e ".[hf]" in the posenc clone) and use_transformers=True'
     )
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 FIGURE_SUFFIXES = (".png", ".svg")
 #: How to install what the figures need (pyproject's ``plots`` extra).
-PLOTS_INSTALL = "pip install 'posenc[plots]'"
+PLOTS_INSTALL = "pip install -e '.[plots]' in the posenc clone"
 CAPTION_GID = "posenc-caption"  # the caption's id in the figure (and in an SVG file)
 DEFAULT_DPI = 110
 
