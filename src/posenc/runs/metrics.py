@@ -41,7 +41,7 @@ def check_report_to(value: str) -> str:
         except ModuleNotFoundError:
             raise ValueError(
                 "--report-to tensorboard needs the package 'tensorboard', which is not "
-                "installed: pip install 'posenc[tensorboard]'"
+                "installed: pip install -e '.[tensorboard]' in the posenc clone"
             ) from None
     return value
 

@@ -253,7 +253,7 @@ REPORT_TO = Flag(
     ("--report-to",),
     str,
     "none, or tensorboard: an event file per cell beside its metrics.jsonl (needs "
-    "pip install 'posenc[tensorboard]').",
+    "pip install -e '.[tensorboard]' in the posenc clone).",
     "none",
     grid=False,
 )
