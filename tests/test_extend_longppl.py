@@ -9,13 +9,19 @@ rows, a rerun that recomputes nothing, the report's table, and one-line refusals
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import transformers
+from typer.testing import CliRunner
 
-from posenc.extend.evaluate import token_nll
+from posenc.cli import app
+from posenc.extend import longppl_cells
+from posenc.extend.evaluate import default_documents, document_ids, token_nll
 from posenc.extend.longppl import (
     key_positions,
     key_token_mask,
@@ -25,6 +31,11 @@ from posenc.extend.longppl import (
     short_context_nll,
     short_windows,
 )
+from posenc.extend.methods import parse_methods
+from posenc.extend.model import load_model, resolve_source
+from posenc.extend.rows import read_study_rows
+from posenc.extend.study import StudyConfig, cells, study_rows
+from test_extend_study import _tokenizer
 
 TRUNC, WINDOW = 32, 8
 
@@ -126,3 +137,211 @@ def test_key_token_perplexity_by_length() -> None:
         key_token_perplexity(nll, mask, [9])
     with pytest.raises(ValueError, match="outside"):
         positions_mask([0], 7)
+
+
+# --- the study ------------------------------------------------------------------------------
+
+METHODS = "none,yarn,self_extend"
+LENGTHS = (32, 64, 128)  # 32: no key token can lie below it (it is the truncated context)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("llama")
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def _args(folder: Path, out: Path, *extra: str) -> list[str]:
+    return ["extend", str(folder), "--methods", METHODS, "--lengths", "32,64,128",
+            "--bin-size", "16", "--longppl", "--longppl-trunc", str(TRUNC), "--out", str(out),
+            *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def study(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("longppl")
+    result = _cli(*_args(folder, out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_longppl_rows_are_written(study: Path) -> None:
+    rows = study_rows(study)
+    (keys,) = [r for r in rows if r["kind"] == "keytokens"]
+    assert (keys["method"], keys["evaluator"]) == ("yarn", "yarn")  # yarn is among the methods
+    assert (keys["trunc_len"], keys["window"], keys["alpha"], keys["beta"]) == (32, 8, 2.0, 2.0)
+    assert keys["count"] == len(keys["positions"]) and keys["tokens"] == 128
+    assert all(TRUNC <= p < 128 for p in keys["positions"])
+    got = [r for r in rows if r["kind"] == "longppl"]
+    assert [r["method"] for r in got] == METHODS.split(",")
+    for r in got:
+        assert r["keytokens"] == keys["config_hash"] and r["evaluator"] == "yarn"
+        assert (
+            set(r["longppl"]) == set(r["plain_ppl"]) == set(r["key_count"]) == {"32", "64", "128"}
+        )
+        assert r["longppl"]["32"] is None and r["key_count"]["32"] == 0  # none below trunc_len
+        assert r["key_count"]["128"] == keys["count"]
+        assert all(math.isfinite(v) and v > 1 for v in r["plain_ppl"].values())
+    # the order: perplexity first, then the key tokens, then LongPPL
+    kinds = [r["kind"] for r in rows]
+    assert kinds == ["ppl"] * 3 + ["keytokens"] + ["longppl"] * 3
+
+
+def test_a_rerun_recomputes_nothing_and_shows_the_table(folder: Path, study: Path) -> None:
+    lines = (study / "results.jsonl").read_text().splitlines()
+    again = _cli(*_args(folder, study))
+    assert again.exit_code == 0, again.output
+    assert (study / "results.jsonl").read_text().splitlines() == lines
+    assert "LongPPL@128" in again.output and "evaluator yarn" in again.output
+    # without --longppl the folder's LongPPL rows are still reported; nothing is recomputed
+    plain = _cli("extend", str(folder), "--methods", METHODS, "--lengths", "32,64,128",
+                 "--bin-size", "16", "--out", str(study))  # fmt: skip
+    assert plain.exit_code == 0 and "LongPPL@64" in plain.output, plain.output
+    assert (study / "results.jsonl").read_text().splitlines() == lines
+
+
+def test_report_shows_longppl_beside_plain_perplexity(study: Path) -> None:
+    md = _cli("extend", "report", str(study), "--markdown")
+    assert md.exit_code == 0, md.output
+    assert (
+        "| method | LongPPL@32 | PPL@32 | LongPPL@64 | PPL@64 | LongPPL@128 | PPL@128 |"
+        in md.output
+    )
+    assert "evaluator yarn" in md.output and "Fang et al., ICLR 2025" in md.output
+    assert "| key tokens / tokens | 0 | 31 |" in md.output
+    assert "| method | ppl@32 | ppl@64 | ppl@128 | s / forward |" in md.output  # unchanged
+    term = _cli("extend", "report", str(study))
+    assert term.exit_code == 0 and "LongPPL@128" in term.output, term.output
+
+
+def test_longppl_of_stored_key_tokens_by_hand(folder: Path, study: Path, tmp_path: Path) -> None:
+    """A ``longppl`` cell's numbers from a keytokens row with chosen positions: exp of the mean
+    loss of those tokens below each length, from a forward computed here."""
+    lines = (study / "results.jsonl").read_text().splitlines()
+    row = json.loads(next(x for x in lines if '"kind": "keytokens"' in x))
+    row.update(positions=[40, 70, 100], count=3)
+    (tmp_path / "results.jsonl").write_text(json.dumps(row) + "\n")
+    model, tok = load_model(resolve_source(str(folder)))
+    cfg = StudyConfig(methods=tuple(parse_methods(METHODS)), lengths=LENGTHS,
+                      documents=(str(default_documents(1)[0]),), bin_size=16, longppl=True,
+                      longppl_trunc=TRUNC, longppl_window=WINDOW)  # fmt: skip
+    got = longppl_cells.measure_longppl_cell(model, tok, "longppl", cfg.documents[0], cfg,
+                                             tmp_path)  # fmt: skip
+    nll = token_nll(model, document_ids(tok, Path(cfg.documents[0]), 128)).double()
+    assert got["longppl"]["32"] is None
+    assert got["longppl"]["64"] == pytest.approx(math.exp(float(nll[39])), rel=1e-5)
+    assert got["longppl"]["128"] == pytest.approx(
+        math.exp(float(nll[[39, 69, 99]].mean())), rel=1e-5
+    )
+    assert got["key_count"] == {"32": 0, "64": 1, "128": 3}
+    assert got["plain_ppl"]["64"] == pytest.approx(math.exp(float(nll[:63].mean())), rel=1e-5)
+    # without the keytokens row there is nothing to average over: one line, no guess
+    (tmp_path / "results.jsonl").unlink()
+    with pytest.raises(ValueError, match="keytokens cell runs first"):
+        longppl_cells.measure_longppl_cell(model, tok, "longppl", cfg.documents[0], cfg, tmp_path)
+
+
+def test_every_token_past_the_truncated_context_is_key_with_loose_thresholds(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With alpha and beta that every finite loss meets, the key tokens are exactly the positions
+    with a truncated loss: ``trunc_len .. L - 1``; ``none``'s LongPPL is then the perplexity of
+    those tokens, computed here from a forward of the model as trained."""
+    monkeypatch.setattr(longppl_cells, "ALPHA", -1e9)
+    monkeypatch.setattr(longppl_cells, "BETA", 1e9)
+    out = tmp_path / "loose"
+    result = _cli(*_args(folder, out))
+    assert result.exit_code == 0, result.output
+    rows = read_study_rows(out / "results.jsonl")
+    (keys,) = [r for r in rows if r["kind"] == "keytokens"]
+    assert keys["positions"] == list(range(TRUNC, 128)) and keys["alpha"] == -1e9
+    none = next(r for r in rows if r["kind"] == "longppl" and r["method"] == "none")
+    assert none["key_count"] == {"32": 0, "64": 32, "128": 96}
+    model, tok = load_model(resolve_source(str(folder)))
+    nll = token_nll(model, document_ids(tok, default_documents(1)[0], 128)).double()
+    assert none["longppl"]["64"] == pytest.approx(math.exp(float(nll[31:63].mean())), rel=1e-5)
+    assert none["longppl"]["128"] == pytest.approx(math.exp(float(nll[31:].mean())), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--lengths", "64,128", "--longppl-trunc", "128"], "is not above --longppl-trunc 128"),
+        (["--longppl-evaluator", "ntk"], "the LongPPL evaluator 'ntk' is not among the methods"),
+        (["--longppl-trunc", "0"], "--longppl-trunc"),
+    ],
+)
+def test_bad_longppl_options_are_one_line_and_write_nothing(
+    folder: Path, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    base = ["extend", str(folder), "--methods", "none,yarn", "--lengths", "64,128",
+            "--bin-size", "16", "--longppl", "--out", str(out)]  # fmt: skip
+    result = _cli(*base, *extra)
+    assert result.exit_code != 0
+    assert message in result.output and "Traceback" not in result.output, result.output
+    assert not out.exists()
+
+
+def test_refused_before_the_model_loads(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = _cli("extend", str(tmp_path / "no-such-model"), "--methods", "none", "--lengths",
+                  "64,128", "--longppl", "--out", str(out))  # fmt: skip
+    assert result.exit_code != 0 and "is not above --longppl-trunc 4096" in result.output
+    assert not out.exists()
+
+
+def test_another_truncated_context_in_the_folder_is_another_study(folder: Path,
+                                                                  study: Path) -> None:  # fmt: skip
+    result = _cli(*_args(folder, study, "--longppl-window", "4"))
+    assert result.exit_code != 0 and "another study" in result.output, result.output
+    result = _cli(*_args(folder, study, "--longppl-evaluator", "none"))
+    assert result.exit_code != 0 and "longppl_evaluator" in result.output, result.output
+
+
+def test_a_keytokens_row_with_a_field_missing_is_skipped_with_a_warning(study: Path,
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    lines = (study / "results.jsonl").read_text().splitlines()
+    row = json.loads(next(x for x in lines if '"kind": "keytokens"' in x))
+    del row["positions"]
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join([*lines, json.dumps(row)]) + "\n")
+    with pytest.warns(UserWarning, match=r"no row\.positions \(a keytokens row\)"):
+        rows = read_study_rows(path)
+    assert len(rows) == len(lines)
+
+
+def test_dry_run_counts_the_short_forwards(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dry"
+    result = _cli(*_args(folder, out, "--dry-run"))
+    assert result.exit_code == 0, result.output
+    # 128 tokens, trunc 32, window 8 (a quarter of trunc): range(0, 96, 8) is 12 windows
+    assert "1 key-token cells (12 short forwards), 3 LongPPL cells" in result.output
+    assert not out.exists()
+
+
+def test_the_evaluator_is_yarn_if_there_else_the_first_method() -> None:
+    def cfg(methods: str, **kw: Any) -> StudyConfig:
+        return StudyConfig(methods=tuple(parse_methods(methods)), lengths=(64, 128),
+                           documents=("d",), bin_size=16, longppl=True, longppl_trunc=32, **kw)  # fmt: skip
+
+    assert cfg("none,yarn:factor=4,yarn").evaluator == "yarn"
+    assert cfg("none,yarn:factor=4").evaluator == "yarn:factor=4"
+    assert cfg("ntk,none").evaluator == "ntk"
+    assert cfg("ntk,none", longppl_evaluator="none").evaluator == "none"
+    got = [(c.kind, c.method.label) for c in cells(cfg("none,yarn"))]
+    assert got == [("ppl", "none"), ("ppl", "yarn"), ("keytokens", "yarn"), ("longppl", "none"),
+                   ("longppl", "yarn")]  # fmt: skip

@@ -88,6 +88,10 @@ def _study_config(options: dict[str, Any]) -> Any:
         task_depths=_depths(options["task_depths"], "--task-depths"),
         task_samples=options["samples"],
         task_seed=options["task_seed"],
+        longppl=options["longppl"],
+        longppl_evaluator=options["longppl_evaluator"],
+        longppl_trunc=options["longppl_trunc"],
+        longppl_window=options["longppl_window"] or max(1, options["longppl_trunc"] // 4),
     )
 
 
@@ -212,15 +216,19 @@ def _run(model: str, options: dict[str, Any]) -> None:
 
 
 def _print_tables(rows: list[dict[str, Any]], title: str | None = None) -> None:
-    """The study's table (perplexity, passkey) and, where it has task rows, the task table with
-    the effective lengths: which method, up to which length."""
+    """The study's table (perplexity, passkey), the LongPPL table where it has LongPPL rows, and,
+    where it has task rows, the task table with the effective lengths: which method, up to which
+    length."""
     from ..runs.term_table import print_table
+    from .longppl_report import longppl_rows, longppl_table, longppl_title
     from .report import study_table
     from .task_report import effective_notes, task_rows, task_table
 
-    measured = [r for r in rows if r["kind"] != "task"]
+    measured = [r for r in rows if r["kind"] in ("ppl", "passkey")]
     if measured:
         print_table(*study_table(measured), title=title)
+    if longppl_rows(rows):
+        print_table(*longppl_table(rows), title=longppl_title(rows))
     if task_rows(rows):
         print_table(*task_table(rows), title="tasks: score (%) by length, effective lengths")
         for line in effective_notes(rows):
@@ -273,21 +281,26 @@ def _dry_run(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have:
     run nothing. A task cell: its samples' prefills and at most its task's new tokens (and the
     reference's), each step at least the measured fixed cost of a step."""
     from .estimate import forward_flops, seconds_per_flop, step_seconds, task_cell_flops
+    from .longppl_cells import cell_forwards
     from .tasks import get_task
 
     per_flop, per_step = seconds_per_flop(model, shape), step_seconds(model)
     total = 0.0
     for c in todo:
-        if c.kind != "task":
-            total += forward_flops(shape, c.length, c.method.name) * per_flop
+        if c.kind != "task":  # a keytokens cell: its whole forward and its short windows'
+            forwards = cell_forwards(c.kind, c.length, cfg)
+            total += sum(forward_flops(shape, n, c.method.name) for n in forwards) * per_flop
             continue
         steps = get_task(c.task).max_new_tokens + 16  # the reference's tokens: a few
         flops = task_cell_flops(shape, c.length, c.method.name, cfg.task_samples, steps)
         total += flops * per_flop + cfg.task_samples * steps * per_step
-    kinds = {k: sum(c.kind == k for c in todo) for k in ("ppl", "passkey", "task")}
+    kinds = {k: sum(c.kind == k for c in todo) for k in ("passkey", "task", "keytokens", "longppl")}
+    short = sum(len(cell_forwards(c.kind, c.length, cfg)) - 1 for c in todo)
+    longppl = (f"{kinds['keytokens']} key-token cells ({short} short forwards), "
+               f"{kinds['longppl']} LongPPL cells; " if cfg.longppl else "")  # fmt: skip
     typer.echo(
         f"{len(todo)} cells ({len(cfg.methods)} methods; perplexity at {cfg.lengths[-1]} tokens on "
-        f"{len(cfg.documents)} document(s); {kinds['passkey']} passkey prompts; "
+        f"{len(cfg.documents)} document(s); {longppl}{kinds['passkey']} passkey prompts; "
         f"{kinds['task']} task cells of {cfg.task_samples} samples): "
         f"about {_duration(total)} on this machine at most, peak memory about "
         f"{need / 2**30:.1f} GiB of {have / 2**30:.1f} GiB available. Nothing was run."
@@ -337,6 +350,14 @@ def run_command(
     train_len: int = typer.Option(1024, "--train-len", min=2, help="Fine-tune length (tokens)."),
     finetune_method: str = typer.Option("yarn", "--finetune-method", help="Scaling trained with."),
     lr: float = typer.Option(2e-5, "--lr", help="Fine-tune learning rate (AdamW)."),
+    longppl: bool = typer.Option(False, "--longppl", help="Key-token perplexity (LongPPL) too."),
+    longppl_evaluator: str = typer.Option(
+        None, "--longppl-evaluator", help="The method that finds key tokens (default: yarn)."
+    ),
+    longppl_trunc: int = typer.Option(4096, "--longppl-trunc", min=1, help="LongPPL context."),
+    longppl_window: int = typer.Option(
+        None, "--longppl-window", min=1, help="Tokens per short forward (default: trunc / 4)."
+    ),
 ) -> None:
     """Perplexity by length, passkey retrieval and RULER-style tasks of MODEL under each
     method."""

@@ -29,7 +29,7 @@ from typing import Any
 from ..runs.atomic import write_file_atomically
 from ..runs.identity import config_diff, stable_hash
 from ..runs.lock import FolderLocked, folder_lock
-from .rows import PASSKEY, PPL, TASK, read_study_rows
+from .rows import KEYTOKENS, LONGPPL, PASSKEY, PPL, TASK, read_study_rows
 
 RUN_FILE, RESULTS = "run.json", "results.jsonl"
 
@@ -50,8 +50,10 @@ def study_lock(out: Path) -> Iterator[None]:
 #: rows of: a run may add to them, each new row measured like the others.)
 FIXED = ("lengths", "bin_size", "target", "passkey_seed")
 #: Fixed like :data:`FIXED` once a study has recorded them (a folder from before task cells
-#: existed takes whatever a first task run sets): every task row's seed and sample count.
-FIXED_ONCE_SET = ("task_seed", "task_samples")
+#: existed takes whatever a first task run sets): every task row's seed and sample count, and
+#: how the LongPPL rows find their key tokens (evaluator, truncated context, window).
+FIXED_ONCE_SET = ("task_seed", "task_samples", "longppl_evaluator", "longppl_trunc",
+                  "longppl_window")  # fmt: skip
 #: What a study has rows of: a run may add to these (each new row measured like the others).
 GROWING = ("passkey_lengths", "passkey_depths", "tasks", "task_lengths", "task_depths")
 
@@ -83,6 +85,9 @@ def study_settings(cfg: Any) -> dict[str, Any]:
         "task_depths": list(cfg.task_depths) if cfg.tasks else [],
         "task_seed": cfg.task_seed if cfg.tasks else None,
         "task_samples": cfg.task_samples if cfg.tasks else None,
+        "longppl_evaluator": cfg.evaluator if cfg.longppl else None,
+        "longppl_trunc": cfg.longppl_trunc if cfg.longppl else None,
+        "longppl_window": cfg.longppl_window if cfg.longppl else None,
     }
 
 
@@ -161,7 +166,21 @@ def _row_differences(rows: list[dict[str, Any]], settings: dict[str, Any],
             settings.get("task_samples", r["n"]),
         ):
             return [f"a row's task seed {r['task_seed']} and samples {r['n']}"]
+        if r["kind"] in (KEYTOKENS, LONGPPL) and _longppl_differs(r, settings, lengths):
+            return [f"a {r['kind']} row's evaluator {r['evaluator']}, trunc_len {r['trunc_len']}, "
+                    f"window {r['window']} or lengths"]  # fmt: skip
     return []
+
+
+def _longppl_differs(row: dict[str, Any], settings: dict[str, Any], lengths: set[str]) -> bool:
+    """A LongPPL row found its key tokens otherwise than the study's recorded settings, or (a
+    ``longppl`` row) holds other lengths."""
+    recorded = (settings.get("longppl_evaluator"), settings.get("longppl_trunc"),
+                settings.get("longppl_window"))  # fmt: skip
+    own = (row["evaluator"], row["trunc_len"], row["window"])
+    return (None not in recorded and own != recorded) or (
+        row["kind"] == LONGPPL and set(row["longppl"]) != lengths
+    )
 
 
 def check_study(out: Path, cfg: Any, model_id: dict[str, Any] | None = None) -> dict[str, Any]:

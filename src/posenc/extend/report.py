@@ -78,7 +78,7 @@ def markdown_report(
     if not rows:
         raise ValueError("no study rows to report")
     model = rows[0]["model"]
-    measured = [r for r in rows if r["kind"] != "task"]  # the task rows have their own tables
+    measured = [r for r in rows if r["kind"] in ("ppl", "passkey")]  # others: own tables
     header, body = study_table(measured)
     docs = sorted({r["document"] for r in rows if r["kind"] == "ppl"})
     out = [
@@ -110,9 +110,10 @@ def markdown_report(
             [[r["method"], str(r["length"]), f"{r['depth']:.0%}", f"{r['key_logprob']:.2f}",
               " ".join(map(str, r["ranks"])), "yes" if r["exact"] else "no"] for r in keys],
         ))  # fmt: skip
+    from .longppl_report import longppl_markdown
     from .task_report import task_markdown
 
-    out += task_markdown(rows)
+    out += longppl_markdown(rows) + task_markdown(rows)
     total = sum(r["seconds"] for r in rows)
     threads = rows[0]["threads"]
     timing = (

@@ -1,5 +1,5 @@
 """A study's rows read by one schema: what the table, the report and the figure read in a ``ppl``,
-``passkey`` or ``task`` row, checked when the row is read.
+``passkey``, ``task``, ``keytokens`` or ``longppl`` row, checked when the row is read.
 
 A row of a known kind with a field missing or of the wrong type (a hand edit, a row of another
 posenc) is skipped with one warning naming the file and the line, like a torn line, never a
@@ -19,7 +19,8 @@ from ..runs.rows import nan_at_floats as _nan_at_floats
 from ..runs.store import ResultStore
 
 PPL, PASSKEY, TASK = "ppl", "passkey", "task"
-KINDS = (PPL, PASSKEY, TASK)
+KEYTOKENS, LONGPPL = "keytokens", "longppl"  # key-token perplexity (posenc.extend.longppl)
+KINDS = (PPL, PASSKEY, TASK, KEYTOKENS, LONGPPL)
 
 #: What names the model in a row (:func:`posenc.extend.model.model_identity`), as read.
 MODEL_SHAPE = Keys({"source": str, "model_type": str, "parameters": int, "trained_length": int,
@@ -28,6 +29,12 @@ MODEL_SHAPE = Keys({"source": str, "model_type": str, "parameters": int, "traine
 _COMMON: dict[str, Any] = {
     "kind": str, "method": str, "settings": Each(Any), "model": MODEL_SHAPE, "seconds": float,
     "versions": Each(str), "threads": int,
+}  # fmt: skip
+
+#: How a document's key tokens were found (:mod:`posenc.extend.longppl`): both LongPPL kinds.
+_KEY_SETTINGS: dict[str, Any] = {
+    "document": str, "tokens": int, "evaluator": str, "trunc_len": int, "window": int,
+    "alpha": float, "beta": float,
 }  # fmt: skip
 
 #: Every field a study row of each kind is read with (others are allowed and not looked at).
@@ -43,6 +50,14 @@ STUDY_ROWS: dict[str, Keys] = {
                 "scores": ListOf(float), "outputs": ListOf(str), "references": ListOf(ListOf(str)),
                 "target_logprobs": ListOf(NUMBER_OR_NULL), "new_tokens": ListOf(int),
                 "digests": ListOf(str)}),
+    # a document's key tokens by the evaluator (the row's method): their positions in the ids
+    KEYTOKENS: Keys({**_COMMON, **_KEY_SETTINGS, "positions": ListOf(int), "count": int}),
+    # a method's LongPPL (null: no key token below that length), plain perplexity over every
+    # token below each length, key tokens below each length; keytokens: that row's config_hash
+    LONGPPL: Keys({**_COMMON, **_KEY_SETTINGS, "keytokens": str,
+                   "longppl": Each(NUMBER_OR_NULL, int_keys=True),
+                   "plain_ppl": Each(NUMBER_OR_NULL, int_keys=True),
+                   "key_count": Each(int, int_keys=True)}),
 }  # fmt: skip
 
 

@@ -5,7 +5,10 @@ A study is a grid of cells, each one forward of the model with one method applie
 * ``ppl`` cells, one per (method, document): a forward of the longest length gives the loss
   at every position; the row holds it in bins and as perplexity at each ``--lengths`` entry;
 * ``passkey`` cells, one per (method, length, depth): the key's log-probability, ranks and
-  greedy exact match.
+  greedy exact match;
+* with ``longppl``, a ``keytokens`` cell per document (the evaluator method's whole-context and
+  truncated-context losses pick the key tokens) and a ``longppl`` cell per (method, document):
+  key-token perplexity at each length (:mod:`posenc.extend.longppl`).
 
 Rows go to ``<out>/results.jsonl`` through the lab's append-only store (one fsynced line per
 finished cell), keyed by the cell's identity, so a run killed at any point resumes without
@@ -66,6 +69,10 @@ class StudyConfig:
     task_depths: tuple[float, ...] = (0.5,)  # for the tasks that take a depth
     task_samples: int = 4
     task_seed: int = 0
+    longppl: bool = False  # key-token perplexity cells (posenc.extend.longppl)
+    longppl_evaluator: str | None = None  # a method's label; None: yarn if there, else the first
+    longppl_trunc: int = 4096  # the truncated context that finds key tokens (tokens)
+    longppl_window: int = 1024  # tokens scored per truncated forward
 
     def __post_init__(self) -> None:
         if not self.methods:
@@ -94,6 +101,7 @@ class StudyConfig:
         if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
             raise ValueError(f"passkey depths must be in [0, 1], got {list(self.passkey_depths)}")
         self._check_tasks()
+        self._check_longppl()
 
     def _check_tasks(self) -> None:
         from .tasks import get_task
@@ -113,6 +121,36 @@ class StudyConfig:
         if self.task_samples < 1:
             raise ValueError(f"task samples must be at least 1, got {self.task_samples}")
 
+    def _check_longppl(self) -> None:
+        for name, value in (("LongPPL trunc", self.longppl_trunc),
+                            ("LongPPL window", self.longppl_window)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number of tokens >= 1, got {value!r}")
+        if not self.longppl:
+            return
+        labels = [m.label for m in self.methods]
+        if self.longppl_evaluator is not None and self.longppl_evaluator not in labels:
+            raise ValueError(
+                f"the LongPPL evaluator {self.longppl_evaluator!r} is not among the methods "
+                f"{labels}: name one of them with --longppl-evaluator"
+            )
+        if self.lengths[-1] <= self.longppl_trunc:
+            raise ValueError(
+                f"LongPPL needs a length longer than its truncated context: the longest length "
+                f"{self.lengths[-1]} is not above --longppl-trunc {self.longppl_trunc}; lower "
+                "--longppl-trunc or add a longer length"
+            )
+
+    @property
+    def evaluator(self) -> str:
+        """The label of the method whose losses pick the key tokens: ``longppl_evaluator``, else
+        ``yarn`` (as named, else the first yarn with options), else the first method."""
+        labels = [m.label for m in self.methods]
+        if self.longppl_evaluator is not None:
+            return self.longppl_evaluator
+        yarns = [m.label for m in self.methods if m.name == "yarn"]
+        return "yarn" if "yarn" in labels else (yarns or labels)[0]
+
     @property
     def target(self) -> int:
         """The length the methods' factors are set for: the longest of every kind of cell."""
@@ -121,7 +159,7 @@ class StudyConfig:
 
 @dataclass(frozen=True)
 class Cell:
-    kind: str  # "ppl" | "passkey" | "task"
+    kind: str  # "ppl" | "passkey" | "task" | "keytokens" | "longppl"
     method: Method
     document: str | None = None
     length: int = 0
@@ -134,13 +172,14 @@ class Cell:
 
 
 def cells(cfg: StudyConfig) -> list[Cell]:
-    """Every cell in the order they run: perplexity method by method, then passkey (so a run
-    stopped early has every method's perplexity first)."""
+    """Every cell in the order they run: perplexity method by method, then the key tokens and
+    LongPPL, then passkey (so a run stopped early has every method's perplexity first)."""
     out = [
         Cell("ppl", m, document=d, length=cfg.lengths[-1])
         for m in cfg.methods
         for d in cfg.documents
     ]
+    out += longppl_cells(cfg)
     keys = [m for m in cfg.methods if cfg.passkey_methods is None or m.label in cfg.passkey_methods]
     out += [
         Cell("passkey", m, length=n, depth=d)
@@ -149,6 +188,18 @@ def cells(cfg: StudyConfig) -> list[Cell]:
         for d in cfg.passkey_depths
     ]
     return out + task_cells(cfg)
+
+
+def longppl_cells(cfg: StudyConfig) -> list[Cell]:
+    """With ``cfg.longppl``: each document's ``keytokens`` cell (the evaluator's forwards),
+    then a ``longppl`` cell per (method, document), every one at the longest length."""
+    if not cfg.longppl:
+        return []
+    evaluator = next(m for m in cfg.methods if m.label == cfg.evaluator)
+    n = cfg.lengths[-1]
+    out = [Cell("keytokens", evaluator, document=d, length=n) for d in cfg.documents]
+    return out + [Cell("longppl", m, document=d, length=n) for m in cfg.methods
+                  for d in cfg.documents]  # fmt: skip
 
 
 def task_cells(cfg: StudyConfig) -> list[Cell]:
@@ -185,6 +236,12 @@ def cell_identity(
         )
     elif cell.kind == "task":
         ident.update(task=cell.task, depth=cell.depth, seed=cfg.task_seed, n=cfg.task_samples)
+    elif cell.kind in ("keytokens", "longppl"):
+        from .longppl_cells import longppl_settings
+
+        ident.update(document=document_id(cell.document or ""), longppl=longppl_settings(cfg))
+        if cell.kind == "longppl":
+            ident["lengths"] = list(cfg.lengths)
     else:
         ident.update(depth=cell.depth, seed=cfg.passkey_seed)
     return ident
@@ -251,12 +308,17 @@ def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, *,
     """The measured numbers of one cell (the method already applied), with attention in memory
     linear in the length (:func:`~posenc.hf.linear_memory.linear_memory`: no ``[s, t]`` mask
     for a sliding-window or soft-capped layer). A task cell's prompts are cached in
-    ``folder`` (:func:`~posenc.extend.tasks.prompts.cached_samples`, keyed by ``tokenizer_id``)."""
+    ``folder`` (:func:`~posenc.extend.tasks.prompts.cached_samples`, keyed by ``tokenizer_id``);
+    a ``longppl`` cell reads its document's key tokens from ``folder``'s ``keytokens`` row."""
     from ..hf.linear_memory import linear_memory
 
     with linear_memory(model):
         if cell.kind == "task":
             return _answer_task(model, tokenizer, cell, cfg, folder, tokenizer_id)
+        if cell.kind in ("keytokens", "longppl"):
+            from .longppl_cells import measure_longppl_cell as measure
+
+            return measure(model, tokenizer, cell.kind, str(cell.document), cfg, folder)
         return _measure(model, tokenizer, cell, cfg)
 
 
