@@ -67,7 +67,8 @@ def longppl_title(rows: Sequence[dict[str, Any]]) -> str:
     return (
         f"LongPPL: perplexity over the key tokens only (evaluator {evaluators}: loss < "
         f"{r['beta']:g} with the whole context and more than {r['alpha']:g} lower than with the "
-        f"last {r['trunc_len']} tokens, window {r['window']}); PPL: every token below the length"
+        f"last {r['trunc_len']} tokens, window {r['window']}); PPL: every token below the length; "
+        "–: no key token below the length"
     )
 
 
@@ -79,8 +80,7 @@ def longppl_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
         return []
     return [
         "",
-        longppl_title(rows)
-        + " (Fang et al., ICLR 2025; – where no key token lies below the length):",
+        f"{longppl_title(rows)} (Fang et al., ICLR 2025):",
         "",
         markdown_table(*longppl_table(rows)),
     ]
