@@ -77,6 +77,10 @@ def test_task_cells_are_rows_every_method_on_the_same_prompts(study: Path) -> No
         own = get_task(task).samples(_tokenizer(), length, depth, 2, 0)
         assert group[0]["digests"] == [sample_digest(s) for s in own]
     assert len(list((study / "prompts").glob("*.json"))) == 3 * 2  # one file per cell
+    spec = json.loads((study / "run.json").read_text())  # one JSON per run, lm-eval's habit
+    assert spec["settings"]["tasks"] == ["niah_single_1", "fwe"]
+    assert spec["settings"]["task_samples"] == 2 and spec["model"] == rows[0]["model"]
+    assert set(spec["versions"]) >= {"posenc", "torch", "transformers", "python"}
 
 
 def test_a_rerun_recomputes_nothing_and_rebuilds_no_prompt(folder: Path, study: Path) -> None:

@@ -390,9 +390,9 @@ def run_study(
     out.mkdir(parents=True, exist_ok=True)
     with study_lock(out):
         settings = check_study(out, cfg, model_id)  # one study per folder, before any write
-        write_run_file(out, {
+        write_run_file(out, {  # lm-eval's habit: the model, every setting and the versions
             "source": asdict(source), "dtype": dtype, "study": _config_dict(cfg), "model": model_id,
-            "settings": settings,
+            "settings": settings, "versions": versions(), "threads": torch.get_num_threads(),
         })  # fmt: skip
         store = ResultStore(out / "results.jsonl")
         stored = store.keys()  # a key whose row cannot be read is not done: its row is replaced
