@@ -194,3 +194,22 @@ def test_lab_labels_take_the_registry_spelling() -> None:
     assert cfg.encodings == ("sinusoidal", "alibi:x=1", "rope")
     # the preset's sinusoidal options (scale_input) still apply to the spelling given
     assert model_config(cfg, cfg.encodings[0], 256).encoding_kwargs == {"scale_input": True}
+
+
+def test_a_full_disk_is_refused_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``check_can_write`` (every ``--out``) refuses a disk with less than 16 MiB free, naming
+    the option, the folder and the space, before anything is written."""
+    import shutil
+    from collections import namedtuple
+
+    from posenc import cli_errors
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 2**20, 2**20))
+    with pytest.raises(ValueError, match=r"--out .*new: its disk has 1\.0 MiB free, under the 16"):
+        cli_errors.check_can_write(tmp_path / "new", "--out")
+    assert not (tmp_path / "new").exists()
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 0, 10**9))
+    cli_errors.check_can_write(tmp_path / "new", "--out")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import NoReturn
@@ -86,6 +87,23 @@ def _probe(folder: Path) -> None:
     probe.unlink()
 
 
+#: The free space :func:`check_can_write` and :func:`check_writable` ask of a disk before a run
+#: writes there.
+MIN_FREE_BYTES = 16 * 2**20
+
+
+def _check_free(here: Path, folder: Path, option: str) -> None:
+    """ValueError when the disk of ``here`` has under :data:`MIN_FREE_BYTES` free: a full disk
+    found before the run, not by its first row."""
+    free = shutil.disk_usage(here).free
+    if free < MIN_FREE_BYTES:
+        raise ValueError(
+            f"{option} {folder}: its disk has {free / 2**20:.1f} MiB free, under the "
+            f"{MIN_FREE_BYTES // 2**20} MiB a run needs for its rows and files; free some space "
+            "or choose a folder on another disk"
+        )
+
+
 def check_writable(folder: Path, option: str = "--out", *, create: bool = True) -> None:
     """ValueError naming ``option`` when ``folder`` cannot be created or written (read-only,
     not a folder, no permission, no space), before any work is done; ``create=False`` leaves
@@ -102,12 +120,14 @@ def check_writable(folder: Path, option: str = "--out", *, create: bool = True) 
         raise ValueError(
             f"{option} {folder}: cannot write there ({what}); choose a writable folder"
         ) from None
+    _check_free(folder, folder, option)
 
 
 def check_can_write(folder: Path, option: str = "--out") -> None:
     """ValueError naming ``option`` when ``folder`` could not be created and written (a file in
-    its place or above it, a read-only file system, no permission), checked without creating
-    anything: the nearest folder that exists gets an anonymous temporary file, gone at once."""
+    its place or above it, a read-only file system, no permission, a full disk: under
+    :data:`MIN_FREE_BYTES` free), checked without creating anything: the nearest folder that
+    exists gets an anonymous temporary file, gone at once."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{option} {folder}: not a folder; give a folder to write into")
@@ -124,3 +144,4 @@ def check_can_write(folder: Path, option: str = "--out") -> None:
         raise ValueError(
             f"{option} {folder}: cannot write there ({what}); choose a writable folder"
         ) from None
+    _check_free(here, folder, option)
