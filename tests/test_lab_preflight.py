@@ -182,7 +182,7 @@ def test_state_counts_what_adamw_holds_after_a_step(label: str) -> None:
 
     from posenc.lab.cells import presets as P
     from posenc.lab.grid.estimate import count_state
-    from posenc.lab.training.train import make_optimizer
+    from posenc.lab.training.schedule import make_optimizer
     from posenc.model import TransformerLM
 
     cfg = P.preset("cpu-small")

@@ -28,13 +28,8 @@ from ..evaluation.evaluate import evaluate_model
 from ..reports.rows import GridRow, GridRuntime, runtime_dict
 from ..training.checkpoint import FINAL, LAST, CheckpointError, load_checkpoint_identity
 from ..training.data import LabData
-from ..training.train import (
-    Interrupted,
-    ResumeRequired,
-    TrainResult,
-    compiles,
-    train_model,
-)
+from ..training.schedule import compiles
+from ..training.train import Interrupted, ResumeRequired, TrainResult, train_model
 from .jobs import encoding_modules
 from .run import RunContext, cell_dir, versions
 

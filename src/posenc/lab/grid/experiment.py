@@ -40,10 +40,8 @@ from ..cells.options import resolve_options
 from ..cells.presets import GPU_PRESETS
 from ..training.data import LabData, corpus_note, load_data
 from ..training.dist import Dist, init_distributed
-from ..training.train import (
-    Interrupted,
-    compiles,
-)
+from ..training.schedule import compiles
+from ..training.train import Interrupted
 from .cell_work import GridCells, GridPlan, GridSummary, check_resumable
 from .run import RunOptions, cell_dir, check_run, make_log, open_run, resolve_jobs
 from .run import versions as versions
