@@ -145,7 +145,7 @@ def test_report_to_is_checked_and_a_missing_tensorboard_is_one_line(monkeypatch)
     with pytest.raises(ValueError, match="--report-to must be one of none, tensorboard"):
         check_report_to("wandb")
     monkeypatch.setitem(__import__("sys").modules, "tensorboard", None)
-    with pytest.raises(ValueError, match=r"pip install 'posenc\[tensorboard\]'"):
+    with pytest.raises(ValueError, match=r"pip install -e '\.\[tensorboard\]' in the posenc clone"):
         check_report_to("tensorboard")
 
 
