@@ -123,8 +123,8 @@ def test_report_gives_effective_lengths_heatmap_and_task_figure(study: Path,
 
 def test_effective_lengths_from_rows_use_none_as_the_reference() -> None:
     def row(method: str, length: int, scores: list[float]) -> dict[str, Any]:
-        return {"kind": "task", "method": method, "task": "t", "length": length, "n": len(scores),
-                "scores": scores, "seconds": 1.0}  # fmt: skip
+        return {"kind": "task", "method": method, "task": "t", "depth": 0.5, "length": length,
+                "n": len(scores), "scores": scores, "seconds": 1.0}  # fmt: skip
 
     rows = [row("none", 1024, [1, 1, 1, 1]), row("none", 2048, [0, 0, 0, 0]),
             row("yarn", 1024, [1, 1, 1, 0]), row("yarn", 2048, [1, 1, 1, 1])]  # fmt: skip
@@ -191,3 +191,18 @@ def test_dry_run_counts_the_task_cells(folder: Path, tmp_path: Path) -> None:
     result = _cli(*_args(folder, out, "--dry-run"))
     assert result.exit_code == 0, result.output
     assert "18 task cells of 2 samples" in result.output and not out.exists()
+
+
+def test_a_length_answered_in_part_is_marked_and_left_out_of_effective_lengths() -> None:
+    """A study run in pieces: at 2048 only one of two tasks is answered so far. Its average would
+    be that task's alone (100), so it is shown with its share and read by no effective length."""
+
+    def row(task: str, length: int, scores: list[float]) -> dict[str, Any]:
+        return {"kind": "task", "method": "none", "task": task, "depth": 0.5, "length": length,
+                "n": len(scores), "scores": scores, "seconds": 1.0}  # fmt: skip
+
+    rows = [row("a", 1024, [1, 1]), row("b", 1024, [1, 0]), row("a", 2048, [1, 1])]
+    _, body = task_table(rows)
+    assert body[0][1:3] == ["75.0", "100.0 (1/2 cells)"]
+    got = method_lengths(rows)["none"]
+    assert got["relative"].length == 1024 and got["relative"].censored  # 2048 not read

@@ -32,6 +32,29 @@ def _methods(rows: Sequence[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(r["method"] for r in rows))
 
 
+def _cell(r: dict[str, Any]) -> tuple[str, float | None]:
+    return str(r["task"]), r["depth"]
+
+
+def coverage(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(method, length) -> (cells done, cells the study has): a study run in pieces has lengths
+    where a method has answered only some of its (task, depth) cells so far."""
+    tasks = task_rows(rows)
+    every = {_cell(r) for r in tasks}
+    done: dict[tuple[str, int], set[tuple[str, float | None]]] = defaultdict(set)
+    for r in tasks:
+        done[(r["method"], int(r["length"]))].add(_cell(r))
+    return {key: (len(cells), len(every)) for key, cells in done.items()}
+
+
+def complete_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The task rows of the (method, length) pairs with every cell of the study answered: an
+    average over the tasks done so far is no RULER score, so effective lengths read only these."""
+    cover = coverage(rows)
+    return [r for r in task_rows(rows)
+            if len(set(cover[(r["method"], int(r["length"]))])) == 1]  # fmt: skip
+
+
 def _reference(rows: Sequence[dict[str, Any]]) -> float | None:
     """The model as trained at the shortest length (``none``'s score there), or None."""
     mine = [r for r in rows if r["method"] == "none"]
@@ -40,8 +63,9 @@ def _reference(rows: Sequence[dict[str, Any]]) -> float | None:
 
 
 def method_lengths(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, EffectiveLength]]:
-    """Method -> ``{"absolute": ..., "relative": ...}`` effective lengths from its task rows."""
-    tasks = task_rows(rows)
+    """Method -> ``{"absolute": ..., "relative": ...}`` effective lengths from its task rows at
+    the lengths where it has answered every cell (:func:`complete_rows`)."""
+    tasks = complete_rows(rows)
     reference = _reference(tasks)
     return {
         m: effective_lengths([r for r in tasks if r["method"] == m], RELATIVE_FRACTION, reference)
@@ -49,7 +73,18 @@ def method_lengths(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Effect
     }
 
 
+def _score_text(scores: dict[int, float], cover: dict[tuple[str, int], tuple[int, int]],
+                method: str, n: int) -> str:  # fmt: skip
+    """A score in %, with ``(k/N cells)`` where the method has answered only some so far."""
+    if n not in scores:
+        return ""
+    done, total = cover[(method, n)]
+    return f"{100 * scores[n]:.1f}" + (f" ({done}/{total} cells)" if done < total else "")
+
+
 def _length_text(e: EffectiveLength) -> str:
+    if e.how == "no length answered in full yet":
+        return ""
     if e.length is None:
         return "< shortest"
     text = f"{e.length / 1024:g}k" if e.length % 1024 == 0 else str(e.length)
@@ -63,15 +98,17 @@ def task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
     lengths = sorted({int(r["length"]) for r in tasks})
     header = ["method", *(f"score@{n}" for n in lengths), "effective (85.6%)", "effective (rel.)",
               "s / sample"]  # fmt: skip
-    eff = method_lengths(tasks)
+    eff, cover = method_lengths(tasks), coverage(tasks)
+    none = EffectiveLength(None, 0.0, "", None, False, (), "no length answered in full yet")
     body = []
     for method in _methods(tasks):
         mine = [r for r in tasks if r["method"] == method]
         scores = scores_by_length(mine)
         per_sample = [r["seconds"] / r["n"] for r in mine]
+        mark = eff.get(method, {"absolute": none, "relative": none})
         body.append([
-            method, *(f"{100 * scores[n]:.1f}" if n in scores else "" for n in lengths),
-            _length_text(eff[method]["absolute"]), _length_text(eff[method]["relative"]),
+            method, *(_score_text(scores, cover, method, n) for n in lengths),
+            _length_text(mark["absolute"]), _length_text(mark["relative"]),
             f"{statistics.median(per_sample):.1f}",
         ])  # fmt: skip
     return header, body
