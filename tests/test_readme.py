@@ -138,7 +138,8 @@ def generated_blocks(path: Path) -> dict[str, str]:
 def test_generated_blocks_found() -> None:
     """The README holds the headline alone; the four lab tables are on the lab's results page
     and the real-model study on its own page, where their commands write them."""
-    pages = {READMES[0]: {"lab:headline"}, REAL_MODEL: {"extend:real", "extend:gemma3"},
+    pages = {READMES[0]: {"lab:headline"},
+             REAL_MODEL: {"extend:real", "extend:gemma3", "extend:smollm2-tasks"},
              LAB_RESULTS: {"lab:table", "lab:length", "lab:extend", "lab:passkey"}}  # fmt: skip
     for path, names in pages.items():
         blocks = generated_blocks(path)
@@ -156,6 +157,19 @@ def test_the_gemma3_block_is_the_committed_rows_table() -> None:
 
     rows = study_rows(ROOT / "benchmarks" / "studies" / "gemma3-270m")
     assert markdown_table(*study_table(rows)) in generated_blocks(REAL_MODEL)["extend:gemma3"]
+
+
+def test_the_smollm2_task_block_is_the_committed_rows_tables() -> None:
+    """The SmolLM2 task study runs in pieces by length whose rows are committed: its block must
+    hold the task tables ``posenc extend report`` makes of exactly those rows."""
+    from posenc._markdown import markdown_table
+    from posenc.extend.study import study_rows
+    from posenc.extend.task_report import per_task_table, task_table
+
+    rows = study_rows(ROOT / "benchmarks" / "studies" / "smollm2-135m")
+    block = generated_blocks(REAL_MODEL)["extend:smollm2-tasks"]
+    assert markdown_table(*task_table(rows)) in block
+    assert markdown_table(*per_task_table(rows)) in block
 
 
 def test_readme_headline_is_the_results_pages_table() -> None:

@@ -144,8 +144,11 @@ def effective_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def needle_data(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What :func:`posenc.plots.needle.draw_needle_heatmap` draws: per method, the mean score
-    of the depth-taking tasks at each (depth, length), and ``trained``."""
-    tasks = [r for r in task_rows(rows) if r["depth"] is not None]
+    of the needle tasks (RULER's ``niah`` family) at each (depth, length), and ``trained``."""
+    from .tasks import TASKS
+
+    tasks = [r for r in task_rows(rows) if r["depth"] is not None
+             and r["task"] in TASKS and TASKS[r["task"]].family == "niah"]  # fmt: skip
     grid: dict[str, dict[tuple[float, int], list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in tasks:
         grid[r["method"]][(float(r["depth"]), int(r["length"]))].extend(r["scores"])
@@ -160,7 +163,8 @@ def needle_data(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def task_curves(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What :func:`posenc.plots.needle.draw_task_scores` draws: per task, per method, the
-    mean score at each length (depths pooled), and the trained length."""
+    mean score at each length (depths pooled), the average over tasks where every cell is
+    answered (:func:`complete_rows`), and the trained length."""
     pooled: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list))
     )
@@ -171,8 +175,8 @@ def task_curves(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "trained": rows[0]["model"]["trained_length"] if rows else 0,
         "scores": {t: {m: {n: statistics.fmean(v) for n, v in sorted(by.items())}
                        for m, by in methods.items()} for t, methods in pooled.items()},
-        "average": {m: scores_by_length([r for r in task_rows(rows) if r["method"] == m])
-                    for m in _methods(task_rows(rows))},
+        "average": {m: scores_by_length([r for r in complete_rows(rows) if r["method"] == m])
+                    for m in _methods(task_rows(rows))},  # only the lengths answered in full
     }  # fmt: skip
 
 

@@ -25,7 +25,7 @@ def draw_needle_heatmap(data: dict[str, Any]) -> Any:
     (columns), green where the needle is found, red where not, each cell's score written."""
     methods = [m for m in data["scores"] if data["scores"][m]]
     if not methods:
-        raise ValueError("no needle cells to draw (the study has no task with a depth)")
+        raise ValueError("no needle cells to draw: the study has no needle task (niah_*) yet")
     depths = sorted({d for m in methods for d, _ in data["scores"][m]})
     lengths = sorted({n for m in methods for _, n in data["scores"][m]})
     cols = min(3, len(methods))
