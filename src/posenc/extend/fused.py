@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ..kernels.reference import apply_rotary_reference
+from ..rotary.table_cache import TableCache, grown
 from . import attention as explicit
 from .attention import key_positions
 
@@ -97,23 +98,19 @@ def _until(
 
 # --- rotation by a cached table ---------------------------------------------------------------
 
-_TABLES: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+#: ``(device, dtype, frequency values, factor) -> (cos, sin, first rows)``: tables of positions
+#: ``0 ..`` (:func:`posenc.rotary.table_cache.grown`, the rotary modules' mechanism).
+_TABLES = TableCache()
 
 
 def _table(inv_freq: torch.Tensor, scaling: float, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 ``cos, sin [>= n, r/2]`` of positions ``0, 1, ...``: the same products as
-    :func:`~posenc.functional.rotary.angles_cos_sin` computes per call, kept and grown."""
-    key = (inv_freq.data_ptr(), inv_freq.device, inv_freq.numel(), float(scaling))
-    hit = _TABLES.get(key)
-    if hit is not None and hit[1].shape[0] >= n and torch.equal(hit[0], inv_freq):
-        return hit[1], hit[2]
-    size = max(4096, 1 << max(0, n - 1).bit_length())
-    from ..functional.rotary import angles_cos_sin
-
-    pos = torch.arange(size, device=inv_freq.device)[:, None]
-    cos, sin = angles_cos_sin(pos, inv_freq, scaling)  # [size, r/2]
-    _TABLES[key] = (inv_freq.clone(), cos, sin)
-    return cos, sin
+    :func:`~posenc.functional.rotary.angles_cos_sin` computes per call, kept and grown. Keyed
+    by the frequencies' values (a host read: the fused path runs on CPU tensors only)."""
+    freqs = inv_freq.detach()
+    key = (freqs.device, freqs.dtype, freqs.cpu().numpy().tobytes(), float(scaling))
+    cos, sin = grown(_TABLES, key, freqs, float(scaling), n - 1, first=4096)  # [1, N, r/2]
+    return cos[0], sin[0]
 
 
 def _rotate(x: torch.Tensor, pos: torch.Tensor, rope: dict[str, Any]) -> torch.Tensor:

@@ -91,6 +91,22 @@ def fill(
     return cos, sin
 
 
+def grown(
+    cache: TableCache, key: tuple, inv_freq: torch.Tensor, factor: float, top: int, first: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos/sin ``[1, N, n]`` of positions ``0 .. N-1`` with ``N > top``: ``cache[key]``'s
+    table (``(cos, sin, first)``), grown where it is short (``first`` doubled as often as
+    needed, its rows kept) -- the table of :class:`~posenc.rotary.RotaryEmbedding`, for callers
+    without one (:mod:`posenc.extend.fused`, whose key names the frequency set's values)."""
+    entry = cache.get(key)
+    if entry is None or entry[0].shape[1] <= top:
+        rows = table_rows(first, 1 << 62, top)
+        keep = None if entry is None else (entry[0], entry[1])
+        cos, sin = fill(inv_freq, factor, rows, keep=keep)
+        entry = cache[key] = (cos, sin, first)
+    return entry[0], entry[1]
+
+
 def value_span(*positions: torch.Tensor) -> tuple[int, int]:
     """``(min, max)`` over non-empty integer tensors (``(0, -1)`` when all are empty): a host
     read, for eager CPU tensors only."""
