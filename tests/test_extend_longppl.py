@@ -36,6 +36,7 @@ from posenc.extend.model import load_model, resolve_source
 from posenc.extend.rows import read_study_rows
 from posenc.extend.study import StudyConfig, cells, study_rows
 from test_extend_study import _tokenizer
+from test_extend_task_study import assert_a_row_without_is_skipped
 
 TRUNC, WINDOW = 32, 8
 
@@ -314,14 +315,7 @@ def test_another_truncated_context_in_the_folder_is_another_study(folder: Path,
 
 def test_a_keytokens_row_with_a_field_missing_is_skipped_with_a_warning(study: Path,
                                                                         tmp_path: Path) -> None:  # fmt: skip
-    lines = (study / "results.jsonl").read_text().splitlines()
-    row = json.loads(next(x for x in lines if '"kind": "keytokens"' in x))
-    del row["positions"]
-    path = tmp_path / "results.jsonl"
-    path.write_text("\n".join([*lines, json.dumps(row)]) + "\n")
-    with pytest.warns(UserWarning, match=r"no row\.positions \(a keytokens row\)"):
-        rows = read_study_rows(path)
-    assert len(rows) == len(lines)
+    assert_a_row_without_is_skipped(study, tmp_path, "keytokens", "positions")
 
 
 def test_dry_run_counts_the_short_forwards(folder: Path, tmp_path: Path) -> None:
