@@ -187,3 +187,24 @@ def test_deepcopy_and_tables_keep_their_values() -> None:
         common = {"inv_freq": inv, "scale": 0.25, "group_size": 3, "neighbor_window": 7}
         got = fused.self_extend_fused(q, k, v, pos, **common)
         assert float((got - self_extend_attention(q, k, v, pos, **common)).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head", [16, 20])  # 20: four dims past the rotary ones, passed through
+def test_native_rotation_equals_the_reference(layout: str, dtype: torch.dtype, head: int) -> None:
+    """The native CPU kernel's rotation (keys of a decode step: grouped, chunk-relative
+    positions) is the reference's to the bit; with a gradient to record the reference runs."""
+    if fused.cpu_kernel_status():
+        pytest.skip(f"no native CPU kernel: {fused.cpu_kernel_status()}")
+    x = torch.randn(2, 3, 300, head, generator=torch.Generator().manual_seed(1)).to(dtype)
+    pos = torch.stack([torch.arange(300) // 3, torch.arange(300) % 37 + 5000])  # [2, 300]
+    rope = {"inv_freq": INV_FREQ, "attention_scaling": 0.8, "layout": layout}
+    cos, sin = fused._table(INV_FREQ, 0.8, 5037)
+    want = fused.apply_rotary_reference(x, cos[0][pos][:, None], sin[0][pos][:, None], layout)
+    assert fused._native(x)
+    assert torch.equal(fused._rotate(x, pos, rope), want)
+    leaf = x.float().requires_grad_()
+    assert not fused._native(leaf)
+    fused._rotate(leaf, pos, rope).sum().backward()
+    assert leaf.grad is not None
