@@ -35,8 +35,7 @@ from posenc.extend.methods import parse_methods
 from posenc.extend.model import load_model, resolve_source
 from posenc.extend.rows import read_study_rows
 from posenc.extend.study import StudyConfig, cells, study_rows
-from test_extend_study import _tokenizer
-from test_extend_task_study import assert_a_row_without_is_skipped
+from test_extend_task_study import assert_a_row_without_is_skipped, tiny_llama_folder
 
 TRUNC, WINDOW = 32, 8
 
@@ -148,17 +147,7 @@ LENGTHS = (32, 64, 128)  # 32: no key token can lie below it (it is the truncate
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    tok = _tokenizer()
-    cfg = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("llama")
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return tiny_llama_folder(tmp_path_factory.mktemp("llama"), 64)
 
 
 def _cli(*args: str) -> Any:

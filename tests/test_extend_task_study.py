@@ -28,14 +28,19 @@ METHODS = "none,self_extend"  # a rescaling and the extension path: the pairing 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama_folder(tmp_path_factory.mktemp("llama"), TRAINED)
+
+
+def tiny_llama_folder(path: Path, trained: int) -> Path:
+    """A random two-layer Llama trained at ``trained`` tokens, with the BPE tokenizer, saved in
+    ``path`` as ``posenc extend`` reads a model folder."""
     torch.manual_seed(0)
     tok = _tokenizer()
     cfg = transformers.LlamaConfig(
         vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TRAINED,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=trained,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
     )  # fmt: skip
-    path = tmp_path_factory.mktemp("llama")
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
