@@ -270,7 +270,7 @@ def test_a_gguf_of_an_unsupported_architecture_is_one_line(tmp_path: Path) -> No
 
 def test_gguf_read_once_shares_readers_by_path_and_restores_the_names() -> None:
     gguf = pytest.importorskip("gguf")
-    from posenc.extend.model import gguf_read_once
+    from posenc.hf.gguf_read import gguf_read_once
 
     made: list[str] = []
 

@@ -10,18 +10,16 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import struct
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..hf.gguf_read import gguf_read_once
 from .remote_code import refuse_folder_code
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -123,62 +121,6 @@ def load_model(
     if not device_map:
         model = model.to(device)  # type: ignore[arg-type]
     return model.eval(), tokenizer
-
-
-# One GGUF load at a time shares gguf's names (another thread's load waits for it).
-_GGUF_LOCK = threading.RLock()
-
-
-@contextmanager
-def gguf_read_once() -> Iterator[None]:
-    """One ``gguf.GGUFReader`` per file, and one tensor-name map per architecture, while inside.
-
-    transformers builds a new reader for each read of a GGUF file's metadata or weights: three
-    per load of SmolLM2 at 5.24 (the tokenizer's config, the model's config, the weights), four
-    at 4.56; each parses every field element by element (~4 s for SmolLM2's 49K-token
-    vocabulary on one core here). It also builds gguf's tensor-name map once per submodule of the
-    model (397 times for SmolLM2, ~6 s). Both objects are only read from (the file is mapped
-    read-only), so one of each serves the whole load: 22-23 s -> 8.6-8.7 s for SmolLM2 here,
-    the same weights. transformers' own vocabulary reader is not one of them and runs as before.
-    transformers imports the names inside its functions (``from gguf import GGUFReader``), so
-    they are replaced where they are looked up, and restored on the way out; loads in other
-    threads wait for the lock."""
-    try:
-        import gguf
-    except ImportError:  # transformers will say that GGUF files need it
-        yield
-        return
-    with _GGUF_LOCK:
-        names = [n for n in ("GGUFReader", "get_tensor_name_map") if hasattr(gguf, n)]
-        originals = {n: getattr(gguf, n) for n in names}
-        for name, fn in originals.items():
-            setattr(gguf, name, _memoized(fn))
-        try:
-            yield
-        finally:
-            for name, fn in originals.items():
-                setattr(gguf, name, fn)
-
-
-def _memoized(fn: Any) -> Any:
-    """``fn`` called once per distinct arguments (paths by their text); arguments that cannot
-    be a key call ``fn`` every time."""
-    made: dict[tuple, Any] = {}
-
-    def text(a: Any) -> Any:
-        return os.fspath(a) if isinstance(a, os.PathLike) else a
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        key = (tuple(map(text, args)), tuple(sorted((k, text(v)) for k, v in kwargs.items())))
-        try:
-            hash(key)
-        except TypeError:  # an unhashable argument: no sharing
-            return fn(*args, **kwargs)
-        if key not in made:
-            made[key] = fn(*args, **kwargs)
-        return made[key]
-
-    return call
 
 
 def trained_length(config: Any) -> int:

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .gguf_read import gguf_read_once
+
 _DEFAULT_CACHE = Path("~/.cache/huggingface/hub")
 
 
@@ -176,9 +178,11 @@ def gguf_config(path: Path) -> Any:
             f"reading {path.name!r} needs transformers and gguf: pip install -e '.[real]'"
         ) from err
     try:
-        return AutoConfig.from_pretrained(
-            str(path.parent), gguf_file=path.name, local_files_only=True, trust_remote_code=False
-        )
+        with gguf_read_once():
+            return AutoConfig.from_pretrained(
+                str(path.parent), gguf_file=path.name, local_files_only=True,
+                trust_remote_code=False,
+            )  # fmt: skip
     # a file cut short or not GGUF at all: gguf's parser fails with struct.error or IndexError
     except (ValueError, OSError, KeyError, TypeError, IndexError, struct.error) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
