@@ -193,7 +193,6 @@ def test_patched_model_flex_equals_explicit(
     """A patched model's attention swapped for the flex functions against the explicit path:
     a left-padded batch (transformers' own masks), prefill then decode; Gemma-2's soft cap."""
     import posenc.extend.fused as fused
-    import posenc.hf.extension as hf_extension
     from posenc.hf import apply_posenc
     from test_extend_attention import EXTENSIONS, tiny
     from test_extend_hybrid import EXTENSIONS as HYBRID_EXTENSIONS
@@ -208,10 +207,25 @@ def test_patched_model_flex_equals_explicit(
     mask[1, :9] = 0
     monkeypatch.setattr(fused, "PATH", "explicit")
     want = prefill_and_decode(model, ids, mask)
-    monkeypatch.setattr(hf_extension, "self_extend", flex.self_extend_flex)
-    monkeypatch.setattr(hf_extension, "dual_chunk", flex.dual_chunk_flex)
+    monkeypatch.setattr(fused, "PATH", "flex")  # the patch's own dispatch chooses flex
+    calls: list[str] = []
+    for name in ("self_extend_flex", "dual_chunk_flex"):
+        fn = getattr(flex, name)
+        monkeypatch.setattr(
+            flex, name, lambda *a, _fn=fn, _n=name, **kw: calls.append(_n) or _fn(*a, **kw)
+        )
     got = prefill_and_decode(model, ids, mask)
-    assert float((got - want).abs().max()) <= TOL
+    assert calls and float((got - want).abs().max()) <= TOL
+
+
+def test_a_path_that_is_not_one_says_which_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    import posenc.extend.fused as fused
+
+    q, k, v = qkv(8, 8)
+    monkeypatch.setattr(fused, "PATH", "flash")
+    with pytest.raises(ValueError, match="must be one of auto, fused, explicit, flex, got 'flash'"):
+        fused.self_extend(q, k, v, torch.arange(8)[None], inv_freq=INV_FREQ, scale=0.25,
+                          **OPTIONS["self_extend"])  # fmt: skip
 
 
 # --- compiled -------------------------------------------------------------------------------------

@@ -48,8 +48,11 @@ from ..rotary.table_cache import TableCache, grown
 from . import attention as explicit
 from .attention import key_positions
 
-#: ``"auto"`` (fused where it applies), ``"fused"`` (raise where it does not) or ``"explicit"``.
+#: ``"auto"`` (fused where it applies, else explicit), ``"fused"`` (raise where it does not),
+#: ``"explicit"``, or ``"flex"`` (:mod:`posenc.extend.flex`: one FlexAttention call per key set,
+#: on any device, compiled on CUDA; chosen, not automatic, until a GPU run has timed it).
 PATH = "auto"
+PATHS = ("auto", "fused", "explicit", "flex")
 
 #: Query rows per Self-Extend block.
 BLOCK = 512
@@ -290,10 +293,25 @@ def _choose(q: torch.Tensor, t: int, q_pos: torch.Tensor, options: dict[str, Any
     return True
 
 
+def _flex() -> Any:
+    """The flex module where :data:`PATH` chooses it, else None (a wrong PATH says which are)."""
+    if PATH not in PATHS:
+        raise ValueError(
+            f"posenc.extend.fused.PATH must be one of {', '.join(PATHS)}, got {PATH!r}"
+        )
+    if PATH != "flex":
+        return None
+    from . import flex
+
+    return flex
+
+
 def self_extend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, **options: Any
 ) -> torch.Tensor:
     """:func:`posenc.extend.attention.self_extend_attention`'s signature; fused where it applies."""
+    if (flex := _flex()) is not None:
+        return flex.self_extend_flex(q, k, v, q_pos, **options)
     if _choose(q, k.shape[2], q_pos, options):
         return self_extend_fused(q, k, v, q_pos, **options)
     return explicit.self_extend_attention(q, k, v, q_pos, **options)
@@ -304,6 +322,8 @@ def dual_chunk(
 ) -> torch.Tensor:
     """:func:`posenc.extend.attention.dual_chunk_attention`'s signature; fused where it applies
     (batch rows whose positions start at different slots run one at a time)."""
+    if (flex := _flex()) is not None:
+        return flex.dual_chunk_flex(q, k, v, q_pos, **options)
     if not _choose(q, k.shape[2], q_pos, options):
         return explicit.dual_chunk_attention(q, k, v, q_pos, **options)
     last = q_pos[:, -1]
