@@ -122,12 +122,23 @@ def _kernels(device: torch.device) -> tuple[Callable[..., Any], Callable[..., An
     through the cached wrappers, with a warning)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from ..attention.paths import flex_attention_fn
-
     if torch.compiler.is_compiling():
         return create_block_mask, flex_attention
     compiled = _compiled(device)
-    return _block_mask_fn(compiled), flex_attention_fn(compiled)
+    kernel: Callable[..., Any] = _compiled_flex() if compiled else flex_attention
+    return _block_mask_fn(compiled), kernel
+
+
+@functools.cache
+def _compiled_flex() -> Callable[..., Any]:
+    """``torch.compile(flex_attention)`` with dynamo's automatic dynamic shapes: a decode step's
+    key length grows by one a call, so the second length compiles a kernel dynamic in it and
+    later steps reuse that one (``dynamic=False``, the lab's choice for fixed shapes in
+    :func:`posenc.attention.paths.flex_attention_fn`, would compile one per step until dynamo's
+    recompile limit, then fall back to the dense eager kernel)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
 
 
 def _call(
