@@ -125,12 +125,11 @@ def _kernels(device: torch.device) -> tuple[Callable[..., Any], Callable[..., An
     if torch.compiler.is_compiling():
         return create_block_mask, flex_attention
     compiled = _compiled(device)
-    kernel: Callable[..., Any] = _compiled_flex() if compiled else flex_attention
-    return _block_mask_fn(compiled), kernel
+    return _block_mask_fn(compiled), (_compiled_flex() if compiled else flex_attention)
 
 
 @functools.cache
-def _compiled_flex() -> Callable[..., Any]:
+def _compiled_flex() -> Any:
     """``torch.compile(flex_attention)`` with dynamo's automatic dynamic shapes: a decode step's
     key length grows by one a call, so the second length compiles a kernel dynamic in it and
     later steps reuse that one (``dynamic=False``, the lab's choice for fixed shapes in
