@@ -142,8 +142,10 @@ def test_planted_faults_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     right_mod, right_merge, right_positions = flex._mask_mod, flex.merge, flex._dca_positions
     assert diff("self_extend", 45, 45) <= TOL and diff("dual_chunk", 45, 45) <= TOL
 
-    def wide_band(q_pos, k_pos, keep, member):  # distance w counted as a neighbour
-        return right_mod(q_pos, k_pos, keep, lambda d, qp, kp: member(d - 1, qp, kp))
+    def wide_band(q_pos, k_pos, keep, unit, lo, hi):  # distance w counted as a neighbour
+        if unit == 1:  # Self-Extend's sets: near [0, w + 1), far [w + 1, ...)
+            lo, hi = (lo + 1 if lo else lo), (hi + 1 if hi < flex.UNBOUNDED else hi)
+        return right_mod(q_pos, k_pos, keep, unit, lo, hi)
 
     def log2_merge(parts: list[flex.Part]) -> torch.Tensor:
         return right_merge([(o, lse / math.log(2)) for o, lse in parts])
@@ -273,3 +275,83 @@ def test_compiled_flex_on_cuda_equals_explicit(
     assert diff(method, 64, 64, heads=(6, 1), softcap=1.0, **cuda) <= 1e-4
     q_pos, keep = left_padded(40, 40, (0, 7))
     assert diff(method, 40, 40, q_pos=q_pos, keep=keep.cuda(), **cuda) <= 1e-4
+
+
+# --- inputs, dtypes, compiles -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["self_extend", "dual_chunk"])
+def test_positions_and_mask_broadcast_as_the_explicit_path_takes_them(method: str) -> None:
+    """``q_pos [1, s]`` for a batch of 2 and a ``keep`` of one batch row: the same answer as
+    the explicit path (the kernel indexes both by batch row, so they are expanded first)."""
+    q, k, v = qkv(20, 30)
+    q_pos = torch.arange(10, 30)[None]  # [1, s]
+    keep = torch.ones(1, 1, 20, 30, dtype=torch.bool).tril(diagonal=10)  # [1, 1, s, t]
+    keep[..., :3] = False
+    common = {"inv_freq": INV_FREQ, "scale": 0.25, "keep": keep, **OPTIONS[method]}
+    got = FLEX[method](q, k, v, q_pos, **common)
+    assert float((got - EXPLICIT[method](q, k, v, q_pos, **common)).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("method", ["self_extend", "dual_chunk"])
+def test_a_per_head_mask_or_wrong_positions_are_refused_in_one_line(method: str) -> None:
+    q, k, v = qkv(8, 8)
+    common = {"inv_freq": INV_FREQ, "scale": 0.25, **OPTIONS[method]}
+    per_head = torch.ones(2, 4, 8, 8, dtype=torch.bool)
+    with pytest.raises(
+        ValueError, match=r"keep must be a bool mask \[b, 1, s, t\] = \[2, 1, 8, 8\]"
+    ):
+        FLEX[method](q, k, v, torch.arange(8)[None], keep=per_head, **common)
+    with pytest.raises(ValueError, match=r"q_pos must be \[b, s\] = \[2, 8\] or \[1, 8\]"):
+        FLEX[method](q, k, v, torch.arange(7)[None], **common)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("method", ["self_extend", "dual_chunk"])
+def test_half_precision_is_as_close_to_float32_as_the_explicit_path(
+    method: str, dtype: torch.dtype
+) -> None:
+    """In bf16/fp16 both paths round differently; each stays within a few of the dtype's steps
+    of the float32 answer, flex no farther than twice the explicit path's distance (+ a step)."""
+    q, k, v = qkv(45, 45)
+    q_pos = torch.arange(45).expand(2, -1)
+    common = {"inv_freq": INV_FREQ, "scale": 0.25, **OPTIONS[method]}
+    want = EXPLICIT[method](q, k, v, q_pos, **common)
+    half = [x.to(dtype) for x in (q, k, v)]
+    ours = float((FLEX[method](*half, q_pos, **common).float() - want).abs().max())
+    theirs = float((EXPLICIT[method](*half, q_pos, **common).float() - want).abs().max())
+    step = torch.finfo(dtype).eps
+    assert ours <= 2 * theirs + step and ours <= 8 * step, (ours, theirs)
+
+
+def test_compiled_block_masks_and_kernels_are_reused_across_sets_lengths_and_methods() -> None:
+    """Every set of both methods is one mask function: after Self-Extend's prefills at two
+    lengths (with and without a padding mask) and a few decode steps have compiled their
+    graphs, DCA's three sets and more steps at new lengths compile nothing more (separate
+    lambdas or stride-0 masks compiled one graph each, past dynamo's recompile limit of 8)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = flex._block_mask_fn(True)
+    plain = flex._kernels(torch.device("cpu"))[1]  # eager flex: the CPU kernel takes no lse
+
+    def run(method: str, shapes: list[tuple[int, int]]) -> int:
+        for s, t in shapes:
+            for padded in (False, True):
+                q, k, v = qkv(s, t)
+                q_pos = torch.arange(t - s, t).expand(2, -1)
+                keep = torch.ones(2, 1, s, t, dtype=torch.bool).tril(diagonal=t - s)
+                keep[1, ..., :3] = False
+                common = {"inv_freq": INV_FREQ, "scale": 0.25, **OPTIONS[method]}
+                got = FLEX[method](q, k, v, q_pos, keep=keep if padded else None, **common)
+                want = EXPLICIT[method](q, k, v, q_pos, keep=keep if padded else None, **common)
+                assert float((got - want).abs().max()) <= TOL
+        return counters["stats"]["unique_graphs"]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(flex, "_kernels", lambda device: (compiled, plain))
+        warm = run("self_extend", [(40, 40), (56, 56), (1, 57), (1, 58)])
+        assert 1 <= warm <= 10, warm
+        assert run("dual_chunk", [(48, 48), (64, 64), (1, 65), (1, 70)]) == warm
+        assert run("self_extend", [(1, 80), (30, 90)]) == warm

@@ -13,11 +13,12 @@ gguf = pytest.importorskip("gguf")
 from posenc.hf.gguf_read import fast_reader, gguf_read_once  # noqa: E402
 
 
-def _file(path: Path) -> Path:
+def _file(path: Path, big_endian: bool = False) -> Path:
     """A GGUF with every kind of field a model file has: a vocabulary of strings of many lengths
     (empty, multi-byte UTF-8), scores, token types, scalars of each width, and tensors."""
     rng = np.random.default_rng(0)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    order = gguf.GGUFEndian.BIG if big_endian else gguf.GGUFEndian.LITTLE
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=order)
     writer.add_context_length(8192)
     writer.add_rope_freq_base(1e5)
     writer.add_bool("test.flag", True)
@@ -31,6 +32,9 @@ def _file(path: Path) -> Path:
     writer.add_array("test.ints", [int(v) for v in rng.integers(-(2**31), 2**31, 17)])
     writer.add_tensor("token_embd.weight", rng.standard_normal((12, 8)).astype(np.float32))
     writer.add_tensor("blk.0.attn_q.weight", rng.standard_normal((8, 8)).astype(np.float16))
+    q8 = gguf.quants.quantize(rng.standard_normal((4, 64)).astype(np.float32),
+                              gguf.GGMLQuantizationType.Q8_0)  # fmt: skip
+    writer.add_tensor("blk.0.ffn_up.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -55,18 +59,23 @@ def _same(a: Any, b: Any) -> None:
         assert ta.data.dtype == tb.data.dtype and np.array_equal(ta.data, tb.data), ta.name
 
 
-def test_every_field_and_tensor_equals_the_stock_readers(tmp_path: Path) -> None:
-    path = _file(tmp_path / "m.gguf")
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_every_field_and_tensor_equals_the_stock_readers(tmp_path: Path, big_endian: bool) -> None:
+    path = _file(tmp_path / "m.gguf", big_endian)
     fast = fast_reader(gguf.GGUFReader)
     assert fast is not gguf.GGUFReader and issubclass(fast, gguf.GGUFReader)
     _same(fast(path), gguf.GGUFReader(path))
 
 
-def test_inside_the_context_the_reader_is_fast_and_shared() -> None:
+def test_inside_the_context_the_reader_is_fast_and_shared(tmp_path: Path) -> None:
+    path = _file(tmp_path / "m.gguf")
     stock = gguf.GGUFReader
     with gguf_read_once():
-        assert gguf.GGUFReader is not stock
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # a Path and its text: one file, one reader
+        assert type(first).__name__ == "FastGGUFReader" and isinstance(first, stock)
     assert gguf.GGUFReader is stock
+    assert type(gguf.GGUFReader(path)) is stock
 
 
 def test_a_reader_of_another_shape_is_left_as_it_is() -> None:

@@ -52,7 +52,9 @@ Shapes: unrotated ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` (``h % hk == 0``), 
 
 Measured (``tests/test_extend_flex.py``): equal to the explicit path within 1e-5 in float32 for
 prefill, decode, left padding, GQA, a soft cap and both rotary layouts, eager on the CPU, and
-inside patched transformers models; one dynamo graph per call (``fullgraph=True``). Speed, CPU,
+inside patched transformers models; a caller's ``torch.compile(fullgraph=True)`` traces a call
+into one graph; the compiled block-mask function serves every set, length and step after a
+few warm-up graphs (tested). Speed, CPU,
 2 busy threads, s = t = 2048, 8 query / 2 key heads of 64, float32, one call: Self-Extend
 (G 4, W 512) explicit 0.84 s, fused 0.35 s, eager flex 2.48 s; DCA (chunk 1024, local 128)
 1.16 s, 0.21 s, 3.50 s. Eager flex computes every set's full ``s x t`` scores: a reference,
@@ -78,32 +80,71 @@ COMPILED: bool | None = None
 
 #: ``mask_mod(b, h, q_idx, kv_idx) -> bool``, FlexAttention's signature (index tensors).
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-#: ``which(dist, q_pos, k_pos) -> bool``: whether a visible pair belongs to one set.
-Member = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _compiled(device: torch.device) -> bool:
     return device.type == "cuda" if COMPILED is None else COMPILED
 
 
-def _mask_mod(
-    q_pos: torch.Tensor, k_pos: torch.Tensor, keep: torch.Tensor | None, member: Member
-) -> MaskMod:
-    """The pairs of one set: visible (``dist >= 0`` by position, and ``keep``) and ``member``.
+#: The upper bound of an unbounded set (no distance or chunk count reaches it).
+UNBOUNDED = 1 << 62
 
-    ``q_pos [b, s]``, ``k_pos [b, t]``, ``keep [b, 1, s | 1, t]``: read per index inside the
-    kernel, never on the host."""
-    one_row = keep is not None and keep.shape[2] == 1  # [b, 1, 1, t]: the same keys per row
+
+def _mask_mod(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, keep: torch.Tensor, unit: int, lo: int, hi: int
+) -> MaskMod:
+    """The pairs of one set: visible (``dist >= 0`` by position, and ``keep``) and
+    ``lo <= q // unit - k // unit < hi`` (Self-Extend: ``unit`` 1, the distance; DCA: the chunk
+    length, the chunks between query and key; floor division, negative slots too).
+
+    ``q_pos [b, s]``, ``k_pos [b, t]`` int64 and ``keep [b, 1 | s, t]`` bool, contiguous
+    (:func:`_inputs`): read per index inside the kernel, never on the host. Every set of both
+    methods is this one function, its numbers in a tensor, so a compiled ``create_block_mask``
+    and flex kernel meet one code object with the same guards for every set, layer and step:
+    constants or separate lambdas would compile one kernel each, and stride-0 views (an
+    expanded mask) another, until dynamo's recompile limit (8), past which the dense eager
+    function runs."""
+    rows = 0 if keep.shape[1] == 1 else 1  # a [b, 1, t] mask: the same keys for every row
+    bounds = torch.tensor([unit, lo, hi, rows], device=q_pos.device, dtype=torch.int64)
 
     def mod(b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
         qp, kp = q_pos[b, qi], k_pos[b, ki]
-        dist = qp - kp
-        seen = (dist >= 0) & member(dist, qp, kp)
-        if keep is not None:
-            seen = seen & keep[b, 0, 0 if one_row else qi, ki]
-        return seen
+        band = torch.div(qp, bounds[0], rounding_mode="floor") - torch.div(
+            kp, bounds[0], rounding_mode="floor"
+        )
+        seen = (qp >= kp) & (band >= bounds[1]) & (band < bounds[2])
+        return seen & keep[b, qi * bounds[3], ki]
 
     return mod
+
+
+def _inputs(
+    q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, keep: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q_pos`` as a contiguous int64 ``[b, s]`` and ``keep`` as a contiguous ``[b, 1 | s, t]``
+    (all True, ``[b, 1, t]``, where None), broadcast as the explicit path broadcasts them: the
+    kernel indexes both by batch row and query. A per-head ``keep`` is refused (every head of a
+    layer sees the same keys; the explicit path would take one, the model patch never passes
+    one). int64: the bounds (up to :data:`UNBOUNDED`) compare in the positions' dtype."""
+    b, _, s, _ = q.shape
+    t = k.shape[2]
+    if q_pos.dim() != 2 or q_pos.shape[0] not in (1, b) or q_pos.shape[1] != s:
+        raise ValueError(
+            f"q_pos must be [b, s] = [{b}, {s}] or [1, {s}] (positions of the queries), "
+            f"got {list(q_pos.shape)}"
+        )
+    if keep is None:
+        keep = torch.ones(b, 1, t, dtype=torch.bool, device=q.device)
+    elif keep.dim() != 4 or keep.shape[1] != 1 or keep.shape[0] not in (1, b) or (
+        keep.shape[2] not in (1, s) or keep.shape[3] != t
+    ):  # fmt: skip
+        raise ValueError(
+            f"keep must be a bool mask [b, 1, s, t] = [{b}, 1, {s}, {t}] (or 1 for b and s: "
+            f"the same for every row), got {list(keep.shape)}"
+        )
+    else:  # a view where transformers' mask is [b, 1, s, t] already; a copy where broadcast
+        keep = keep.expand(b, 1, -1, t).reshape(b, -1, t).contiguous()
+    return q_pos.to(torch.int64).expand(b, s).contiguous(), keep
 
 
 @functools.cache
@@ -186,14 +227,14 @@ def _call(
 def _no_key_rows(v: torch.Tensor, h: int, s: int) -> torch.Tensor:
     """What the explicit path gives a row that sees no key: the mean of the values of keys
     ``0 .. t - s + r1 - 1``, ``r1`` the end of the row's block of rows (its blocks, from
-    ``BLOCK_ELEMENTS``, by shapes only): ``v [b, hk, t, d] -> [b, h, s, d]`` float32."""
-    b, hk, t, _ = v.shape
+    ``BLOCK_ELEMENTS``, by shapes only): ``v [b, hk, t, d] -> [b, hk, s, d]`` float32, one
+    row per key head (query head ``i`` reads key head ``i // (h / hk)``)."""
+    b, _, t, _ = v.shape
     rows = max(16, explicit.BLOCK_ELEMENTS // max(1, b * h * t))  # as set_attention cuts them
     r = torch.arange(s, device=v.device)
     end = t - s + torch.clamp((r // rows + 1) * rows, max=s)  # [s]: keys the row's block spans
     prefix = v.float().cumsum(2)  # [b, hk, t, d]
-    mean = prefix[:, :, end - 1] / end[:, None].to(prefix.dtype)  # [b, hk, s, d]
-    return mean.repeat_interleave(h // hk, dim=1)  # [b, h, s, d]: query head i uses i // g
+    return prefix[:, :, end - 1] / end[:, None].to(prefix.dtype)  # [b, hk, s, d]
 
 
 def _merged(parts: list[Part], v: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -206,8 +247,11 @@ def _merged(parts: list[Part], v: torch.Tensor, keep: torch.Tensor | None) -> to
     # part (output 0 there) the weight 1, so no NaN exists even where it is replaced.
     first = (parts[0][0], torch.where(empty, 0.0, parts[0][1]))
     out = merge([first, *parts[1:]])  # [b, h, s, d]
-    fallback = _no_key_rows(v, out.shape[1], out.shape[2])  # [b, h, s, d]
-    return torch.where(empty[..., None], fallback, out).to(v.dtype)
+    b, h, s, d = out.shape
+    hk = v.shape[1]
+    fallback = _no_key_rows(v, h, s)[:, :, None]  # [b, hk, 1, s, d]: no copy per query head
+    grouped = torch.where(empty.view(b, hk, h // hk, s, 1), fallback, out.view(b, hk, -1, s, d))
+    return grouped.view(b, h, s, d).to(v.dtype)
 
 
 # --- the two methods ---------------------------------------------------------------------------
@@ -232,10 +276,11 @@ def self_extend_flex(
     :func:`posenc.extend.attention.self_extend_attention`: unrotated ``q [b, h, s, d]``,
     ``k, v [b, hk, t, d]``, ``q_pos [b, s]`` -> ``[b, h, s, d]``."""
     g, w = group_size, neighbor_window
+    q_pos, seen = _inputs(q, k, q_pos, keep)
     k_pos = key_positions(q_pos, k.shape[2])  # [b, t]
     rope: dict[str, Any] = {"attention_scaling": attention_scaling, "layout": layout}
-    near = _mask_mod(q_pos, k_pos, keep, lambda dist, qp, kp: dist < w)
-    far = _mask_mod(q_pos, k_pos, keep, lambda dist, qp, kp: dist >= w)
+    near = _mask_mod(q_pos, k_pos, seen, 1, 0, w)  # distance 0 .. w - 1
+    far = _mask_mod(q_pos, k_pos, seen, 1, w, UNBOUNDED)  # distance w ..
     grouped_q = q_pos // g + (w - w // g)  # [b, s]: the paper's shift keeps distance w at w
 
     def part(qp: torch.Tensor, kp: torch.Tensor, mod: MaskMod) -> Part:
@@ -276,29 +321,23 @@ def dual_chunk_flex(
     :func:`posenc.extend.attention.dual_chunk_attention`: unrotated ``q [b, h, s, d]``,
     ``k, v [b, hk, t, d]``, ``q_pos [b, s]`` -> ``[b, h, s, d]``."""
     c = chunk_size - local_size  # the chunk length
+    q_pos, seen = _inputs(q, k, q_pos, keep)
     k_pos = key_positions(q_pos, k.shape[2])  # [b, t]
     rope: dict[str, Any] = {"attention_scaling": attention_scaling, "layout": layout}
     keys = rotate(k, k_pos % c, inv_freq, **rope)  # [b, hk, t, d]: every set's keys
-
-    def apart(qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
-        return qp // c - kp // c  # chunks between query and key (floor: negative slots too)
-
-    members: list[Member] = [
-        lambda dist, qp, kp: apart(qp, kp) == 0,  # intra
-        lambda dist, qp, kp: apart(qp, kp) == 1,  # successive
-        lambda dist, qp, kp: apart(qp, kp) >= 2,  # inter
-    ]
-    sets = zip(_dca_positions(q_pos, chunk_size, c), members, strict=True)
+    # chunks between query and key: intra 0, successive 1, inter 2 and more
+    bands = [(0, 1), (1, 2), (2, UNBOUNDED)]
+    sets = zip(_dca_positions(q_pos, chunk_size, c), bands, strict=True)
     parts = [
         _call(
             rotate(q, pos, inv_freq, **rope),
             keys,
             v,
-            _mask_mod(q_pos, k_pos, keep, member),
+            _mask_mod(q_pos, k_pos, seen, c, lo, hi),
             scale,
             softcap,
         )
-        for pos, member in sets
+        for pos, (lo, hi) in sets
     ]
     return _merged(parts, v, keep)
 

@@ -26,7 +26,8 @@ from typing import Any
 
 # One GGUF load at a time shares gguf's names (another thread's load waits for it).
 _GGUF_LOCK = threading.RLock()
-#: The parameters of ``GGUFReader._get`` that :func:`fast_reader` overrides (gguf 0.10-0.17).
+#: The parameters of ``GGUFReader._get`` that :func:`fast_reader` overrides (gguf 0.10-0.19;
+#: tests/test_gguf_read.py compares every field and tensor with the installed gguf's reader).
 _GET_PARAMS = ["self", "offset", "dtype", "count", "override_order"]
 
 
