@@ -86,6 +86,9 @@ def test_every_method_at_three_lengths_then_resumes(
     assert sorted(r["method"] for r in rows if r["kind"] == "ppl") == sorted(METHOD_NAMES)
     assert len([r for r in rows if r["kind"] == "passkey"]) == 4
     for r in rows:
+        # the cell's own CPU time beside the wall clock (one thread here: at most the wall time,
+        # plus the clock's granularity)
+        assert 0.0 <= r["cpu_seconds"] <= r["seconds"] + 0.05, r
         if r["kind"] == "ppl":
             assert set(r["ppl"]) == {"64", "128", "256"} and len(r["bins"]) == 8
             assert all(v > 1.0 for v in r["ppl"].values())
@@ -104,6 +107,8 @@ def test_every_method_at_three_lengths_then_resumes(
     assert "self_extend" in table.output and (tmp_path / "study.png").stat().st_size > 10_000
     md = _cli("extend", "report", str(out), "--markdown")
     assert "| method |" in md.output and "ppl@256" in md.output
+    assert "min of CPU time." in md.output  # every row records it: no "in the N cells"
+    assert sum(r["cpu_seconds"] for r in rows) > 0.5
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- extend:real -->\nold\n<!-- /extend:real -->\nend\n")
     wrote = _cli("extend", "report", str(out), "--readme", str(readme), "--command", "posenc extend X",

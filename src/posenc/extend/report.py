@@ -120,6 +120,10 @@ def markdown_report(
         f"{total / 60:.0f} min of forwards ({len(rows)} cells, {threads} "
         f"thread{'' if threads == 1 else 's'})"
     )
+    timed = [r["cpu_seconds"] for r in rows if isinstance(r.get("cpu_seconds"), (int, float))]
+    if timed:  # the cells' own cost, whatever else ran on the machine (rows before it lack it)
+        where = "" if len(timed) == len(rows) else f" in the {len(timed)} cells that record it"
+        timing += f"; {sum(timed) / 60:.0f} min of CPU time{where}"
     if wall_seconds is not None:
         timing += f"; wall time {wall_seconds / 60:.0f} min with loading"
     out += ["", timing + "."]

@@ -405,17 +405,21 @@ def run_study(
                 result.skipped += 1
                 continue
             undo = with_method(model, resolved)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             try:
                 numbers = run_cell(model, tokenizer, cell, cfg, folder=out, tokenizer_id=model_id)
             finally:
                 undo()
             seconds = time.perf_counter() - start
+            # the process's CPU time beside the wall clock: on a shared machine (other work, a
+            # paused run) the wall clock measures the load, the CPU time the cell's own cost
+            cpu_seconds = time.process_time() - cpu
             row = {
                 "encoding": cell.method.label, "seed": 0, "config_hash": key[2], "kind": cell.kind,
                 "method": cell.method.label, "settings": resolved.settings(), "model": model_id,
                 **({"identical_to_none": True} if resolved.identity else {}),
-                **numbers, "seconds": round(seconds, 2), "versions": versions(),
+                **numbers, "seconds": round(seconds, 2), "cpu_seconds": round(cpu_seconds, 2),
+                "versions": versions(),
                 "threads": torch.get_num_threads(),
             }  # fmt: skip
             store.append(row, replace=key in stored)
