@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -394,3 +395,21 @@ def test_dry_run_says_time_and_memory_and_writes_nothing(folder: Path, tmp_path:
     assert "8 cells (2 methods" in result.output and "6 passkey prompts" in result.output
     assert "GiB" in result.output and "Nothing was run" in result.output
     assert not out.exists()
+
+
+def test_dry_run_of_a_resumed_study_costs_what_is_left(folder: Path, study: Path) -> None:
+    """A study whose cells are all in the folder costs nothing more; a deeper passkey asked of
+    it costs its four new cells only, the others counted as done."""
+    args = _study_args(folder, study)
+    lines = (study / "results.jsonl").read_text()
+    done = len(lines.splitlines())
+    result = _cli(*args, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"(^|\s)0 cells \(", result.output), result.output
+    assert f"{done} more already in the folder" in result.output
+    deeper = [a if a != "0.5" else "0.5,0.9" for a in args]
+    result = _cli(*deeper, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"(^|\s)4 cells \(", result.output), result.output
+    assert f"{done} more already in the folder" in result.output
+    assert (study / "results.jsonl").read_text() == lines  # nothing was run

@@ -177,7 +177,7 @@ def _run(model: str, options: dict[str, Any]) -> None:
     from .estimate import available_bytes, forward_bytes, loaded_bytes, model_shape
     from .folder import check_study
     from .model import load_model
-    from .study import cells, check_methods, check_texts, run_study, study_rows
+    from .study import cells, check_methods, check_texts, pending_cells, run_study, study_rows
 
     cfg = _study_config(options)
     source = _source(model, options["gguf"])
@@ -206,7 +206,8 @@ def _run(model: str, options: dict[str, Any]) -> None:
     if options["finetune"]:
         loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
     if options["dry_run"]:
-        _dry_run(loaded, shape, cfg, todo, need, have)
+        left = pending_cells(loaded, source, cfg, out, options["dtype"])
+        _dry_run(loaded, shape, cfg, left, need, have, done=len(todo) - len(left))
         return
     run_study(loaded, tokenizer, source, cfg, out, dtype=options["dtype"])
     from .. import lab  # noqa: F401 - the store's reader warnings come from the lab package
@@ -276,9 +277,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def _dry_run(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have: int) -> None:
-    """Say what the study costs (one timed calibration forward, eight timed one-token steps);
-    run nothing. A task cell: its samples' prefills and at most its task's new tokens (and the
+def _dry_run(
+    model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have: int, done: int = 0
+) -> None:
+    """Say what the study's cells not yet in the folder cost (``todo``; ``done`` are there
+    already: a resumed study costs what is left), from one timed calibration forward and eight
+    timed one-token steps; run nothing. A task cell: its samples' prefills and at most its task's new tokens (and the
     reference's), each step at least the measured fixed cost of a step."""
     from .estimate import forward_flops, seconds_per_flop, step_seconds, task_cell_flops
     from .longppl_cells import cell_forwards
@@ -301,7 +305,8 @@ def _dry_run(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have:
     typer.echo(
         f"{len(todo)} cells ({len(cfg.methods)} methods; perplexity at {cfg.lengths[-1]} tokens on "
         f"{len(cfg.documents)} document(s); {longppl}{kinds['passkey']} passkey prompts; "
-        f"{kinds['task']} task cells of {cfg.task_samples} samples): "
+        f"{kinds['task']} task cells of {cfg.task_samples} samples"
+        f"{f'; {done} more already in the folder' if done else ''}): "
         f"about {_duration(total)} on this machine at most, peak memory about "
         f"{need / 2**30:.1f} GiB of {have / 2**30:.1f} GiB available. Nothing was run."
     )

@@ -368,6 +368,30 @@ class StudyRun:
     skipped: int = 0
 
 
+def pending_cells(
+    model: Any,
+    source: ModelSource,
+    cfg: StudyConfig,
+    out: str | os.PathLike[str],
+    dtype: str = "float32",
+) -> list[Cell]:
+    """The cells of ``cfg`` that :func:`run_study` would run: those whose row is not yet in
+    ``<out>/results.jsonl`` (what a ``--dry-run`` of a resumed study costs)."""
+    model_id = model_identity(source, model, dtype)
+    train, pairs = trained_length(model.config), rotated_pairs(model.config)
+    path = Path(out) / "results.jsonl"
+    done = {row_key(r) for r in read_study_rows(path)} if path.is_file() else set()
+    return [c for c in cells(cfg) if _cell_key(c, cfg, model_id, train, pairs) not in done]
+
+
+def _cell_key(
+    cell: Cell, cfg: StudyConfig, model_id: dict[str, Any], train: int, pairs: int
+) -> tuple[str, int, str]:
+    """The row key of a cell: (method label, seed 0, hash of everything that makes its row)."""
+    resolved = resolve(cell.method, train, cfg.target, pairs)
+    return (cell.method.label, 0, stable_hash(cell_identity(cell, cfg, model_id, resolved)))
+
+
 def run_study(
     model: Any,
     tokenizer: Any,
@@ -398,12 +422,11 @@ def run_study(
         stored = store.keys()  # a key whose row cannot be read is not done: its row is replaced
         done = {row_key(r) for r in read_study_rows(store.path)}
         for i, cell in enumerate(todo, 1):
-            resolved = resolve(cell.method, train, cfg.target, pairs)
-            ident = cell_identity(cell, cfg, model_id, resolved)
-            key = (cell.method.label, 0, stable_hash(ident))
+            key = _cell_key(cell, cfg, model_id, train, pairs)
             if key in done:
                 result.skipped += 1
                 continue
+            resolved = resolve(cell.method, train, cfg.target, pairs)
             undo = with_method(model, resolved)
             start, cpu = time.perf_counter(), time.process_time()
             try:
