@@ -159,6 +159,17 @@ def test_the_gemma3_block_is_the_committed_rows_table() -> None:
     assert markdown_table(*study_table(rows)) in generated_blocks(REAL_MODEL)["extend:gemma3"]
 
 
+def test_the_smollm2_block_is_the_committed_rows_table() -> None:
+    """The SmolLM2-135M perplexity and passkey study (rows committed in
+    benchmarks/studies/smollm2-ppl/): its block must be the table of exactly those rows."""
+    from posenc._markdown import markdown_table
+    from posenc.extend.report import study_table
+    from posenc.extend.study import study_rows
+
+    rows = study_rows(ROOT / "benchmarks" / "studies" / "smollm2-ppl")
+    assert markdown_table(*study_table(rows)) in generated_blocks(REAL_MODEL)["extend:real"]
+
+
 def test_the_smollm2_task_block_is_the_committed_rows_tables() -> None:
     """The SmolLM2 task study runs in pieces by length whose rows are committed: its block must
     hold the task tables ``posenc extend report`` makes of exactly those rows."""

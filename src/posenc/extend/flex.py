@@ -7,11 +7,11 @@ the methods' rules):
 * :mod:`posenc.extend.attention`, the explicit reference: per block of query rows, each set's
   logits on its band, chosen per key, one float32 softmax.
 * :mod:`posenc.extend.fused`, the CPU fast path: one CPU flash-kernel call per contiguous key
-  slice, merged by :func:`posenc.extend.fused.merge`; host reads of positions and masks.
+  slice, merged by :func:`posenc.extend.merge.merge`; host reads of positions and masks.
 * this module: one ``flex_attention`` call per key set, each with the set's rotated queries and
   keys (:func:`posenc.extend.attention.rotate`) and a ``BlockMask`` whose ``mask_mod`` says,
   from the positions, which (query, key) pairs belong to the set (and ``keep`` allows); the
-  partial outputs are merged by :func:`posenc.extend.fused.merge` with the log-sum-exp each
+  partial outputs are merged by :func:`posenc.extend.merge.merge` with the log-sum-exp each
   call returns. The sets:
 
   * **Self-Extend**: neighbour (``0 <= i - j < W``, positions ``i``, ``j``) and grouped
@@ -28,7 +28,7 @@ the methods' rules):
 Semantics kept from the explicit path, and why each needs care here:
 
 * ``flex_attention``'s log-sum-exp is the natural log of the sum of ``exp(score)`` over the
-  row's unmasked keys (after ``score_mod``), the base :func:`~posenc.extend.fused.merge`
+  row's unmasked keys (after ``score_mod``), the base :func:`~posenc.extend.merge.merge`
   expects (the CUDA kernel keeps log2 and the wrapper multiplies by ``ln 2``); a row that sees
   no key of a set has ``-inf`` there (and output 0; in the Triton kernel too: its row maximum
   stays ``-inf``), so it weighs nothing in the merge.
@@ -71,7 +71,7 @@ import torch
 
 from . import attention as explicit
 from .attention import key_positions, rotate
-from .fused import Part, merge
+from .merge import Part, merge
 
 #: None: ``torch.compile(flex_attention)`` on CUDA, the eager (dense) one elsewhere; True or
 #: False forces one. On the CPU torch 2.13's compiled kernel refuses ``return_lse``, which the

@@ -47,6 +47,7 @@ from ..kernels.reference import apply_rotary_reference
 from ..rotary.table_cache import TableCache, grown
 from . import attention as explicit
 from .attention import key_positions
+from .merge import Part, merge
 
 #: ``"auto"`` (fused where it applies, else explicit), ``"fused"`` (raise where it does not),
 #: ``"explicit"``, or ``"flex"`` (:mod:`posenc.extend.flex`: one FlexAttention call per key set,
@@ -56,8 +57,6 @@ PATHS = ("auto", "fused", "explicit", "flex")
 
 #: Query rows per Self-Extend block.
 BLOCK = 512
-
-Part = tuple[torch.Tensor, torch.Tensor]  # (out [b, h, r, d], lse [b, h, r] float32)
 
 
 def _call(
@@ -73,19 +72,6 @@ def _call(
         q, k, v, 0.0, causal, attn_mask=mask, scale=scale
     )
     return out, lse
-
-
-def merge(parts: list[Part]) -> torch.Tensor:
-    """The partial outputs over disjoint key sets merged into the softmax over their union:
-    each weighted by ``exp(lse - logsumexp(lses))``, in float32 -> ``[b, h, r, d]``."""
-    if len(parts) == 1:
-        return parts[0][0]
-    lse = torch.stack([p[1] for p in parts])  # [n, b, h, r]
-    weights = torch.exp(lse - torch.logsumexp(lse, dim=0))[..., None]  # [n, b, h, r, 1]
-    out = parts[0][0].float() * weights[0]
-    for (o, _), w in zip(parts[1:], weights[1:], strict=True):
-        out.addcmul_(o.float(), w)
-    return out
 
 
 def _until(
