@@ -5,9 +5,9 @@ RESULTS.md, rows in ``rows/extend-attention-cpu.json``; :mod:`posenc.bench.exten
     .venv/bin/python benchmarks/extend_attention.py            # the recorded run
     .venv/bin/python benchmarks/extend_attention.py --quick    # 512 tokens, a smoke run
 
-The recorded cases: prefill at 4k (2 rounds, every path), 8k (one round, every path) and 16k (one
-round; the explicit path, 2.5-3x the stock forward, left out for time), decode at 4k cached (9
-rounds). Every method and path of a case is timed in the same rounds as one stock forward.
+The recorded cases: prefill at 4k (2 rounds, every path), 8k (one round, every path), 16k and
+32k (one round; the explicit path, 2.5-4x the stock forward, left out for time), decode at 4k
+cached (9 rounds, every path) and 16k cached (9 rounds, fused and stock). Every method and path of a case is timed in the same rounds as one stock forward.
 torch runs one thread (the VM's other core runs other work).
 """
 
@@ -31,8 +31,10 @@ EXTENSIONS = [
 CASES = [
     ("prefill", 4096, 2, True),
     ("decode", 4096, 9, True),
+    ("decode", 16384, 9, False),
     ("prefill", 8192, 1, True),
     ("prefill", 16384, 1, False),
+    ("prefill", 32768, 1, False),
 ]
 QUICK = [("prefill", 512, 2, True), ("decode", 512, 3, True)]
 
