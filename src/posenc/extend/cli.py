@@ -454,6 +454,40 @@ def _figures(rows: list[dict[str, Any]], figure: str | None, heatmap: str | None
         typer.echo(f"figure: {path}")
 
 
+@extend_app.command("compare")
+def compare_command(
+    first: str = typer.Argument(..., help="A `posenc extend` results folder with task rows."),
+    second: str = typer.Argument(..., help="Another, that answered the same task cells."),
+    readme: str = typer.Option(
+        None, "--readme", help="Write the Markdown between <!-- extend:BLOCK --> markers there."
+    ),
+    block: str = typer.Option("compare", "--block", help="The markers' name."),
+) -> None:
+    """Pair two runs' answers to the same task cells (two dtypes, quantizations, devices): the
+    share of answers and scores that stay the same, and the paired difference per length."""
+    from .study import study_rows
+    from .task_compare import compare_markdown
+
+    try:
+        if readme and not Path(readme).is_file():
+            raise ValueError(f"--readme {readme}: no such file; give a Markdown file that holds "
+                             f"the <!-- extend:{block} --> and <!-- /extend:{block} --> lines")  # fmt: skip
+        names = (Path(first).name, Path(second).name)
+        text = compare_markdown(study_rows(first), study_rows(second), names)
+        if not readme:
+            typer.echo(text)
+            return
+        from .._markdown import replace_block
+
+        replace_block(Path(readme), f"<!-- extend:{block} -->", f"<!-- /extend:{block} -->",
+                      text + "\n")  # fmt: skip
+        typer.echo(f"wrote the comparison block of {readme}")
+    except ValueError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(os_error_message(e))
+
+
 @extend_app.command("export")
 def export_command(
     run: str = typer.Argument(..., help="A `posenc extend` results folder (its run.json)."),
