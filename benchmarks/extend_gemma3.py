@@ -14,12 +14,17 @@ model is trained at 32,768 tokens: the scalings' factor is 2 (set for 64k), and 
 
 writes the block from the rows. The task cells (``--tasks LENGTH ...``: RULER-style tasks at
 those lengths, shortest first, every method; the needle at three depths for the heatmap, the
-others at half depth, two samples each; about 3 min per 32k prompt and 8 min per 64k prompt on
-one core) go in the same folder:
+others at half depth, two samples each) run in bfloat16, as RULER runs its models (vLLM's
+dtype; about 3x faster than float32 on a CPU with AMX), in their own folder
+(``benchmarks/studies/gemma3-270m-tasks/``, block ``extend:gemma3-tasks``):
 
-    posenc extend gemma3-270m ... --tasks niah_single_2 --task-lengths 8k,16k,32k,64k \\
-        --task-depths 0.1,0.5,0.9 --samples 2
+    posenc extend gemma3-270m --methods ... --lengths 4k,8k,16k,32k,64k --dtype bfloat16 \\
+        --tasks niah_single_2 --task-lengths 8k,16k,32k,64k --task-depths 0.1,0.5,0.9 \\
+        --samples 2 --threads 1 --out benchmarks/studies/gemma3-270m-tasks
     posenc extend gemma3-270m ... --tasks niah_multikey_1,vt --task-depths 0.5 ...
+
+The first task cells, at 8k in float32, stay in the perplexity study's folder: the check that
+the dtype does not decide the answers (``posenc extend compare``).
 
     python benchmarks/extend_gemma3.py [METHOD ...] [--passkey]
     python benchmarks/extend_gemma3.py --tasks [LENGTH ...]
@@ -38,6 +43,7 @@ from posenc.extend.study import StudyConfig, parse_lengths, run_study
 
 METHODS = "none,yarn,ntk,linear,self_extend,dual_chunk"
 OUT = "benchmarks/studies/gemma3-270m"
+TASK_OUT = "benchmarks/studies/gemma3-270m-tasks"
 
 TASK_LENGTHS = "8k,16k,32k,64k"
 #: (tasks, their depths): the heatmap's needle at three depths, the others at one
@@ -50,7 +56,7 @@ def study_config(methods: str, passkey: bool = False, tasks: tuple[str, ...] = (
     return StudyConfig(
         methods=tuple(parse_methods(methods)),
         lengths=parse_lengths("4k,8k,16k,32k,64k"),
-        documents=tuple(str(p) for p in default_documents(1)),
+        documents=() if tasks else tuple(str(p) for p in default_documents(1)),
         passkey_lengths=parse_lengths("32k,64k") if passkey else (),
         passkey_depths=(0.5,),
         tasks=tasks,
@@ -65,12 +71,13 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     torch.set_num_threads(1)  # as the committed rows were measured (the other core stays free)
     source = resolve_source(str(packaged_gguf("gemma3-270m")))
-    model, tokenizer = load_model(source)
     if "--tasks" in sys.argv:  # the task cells at the lengths named, shortest first
+        model, tokenizer = load_model(source, dtype="bfloat16")
         for n in parse_lengths(",".join(args) or TASK_LENGTHS):
             for tasks, depths in TASKS:
                 cfg = study_config(METHODS, tasks=tasks, task_lengths=str(n), depths=depths)
-                run_study(model, tokenizer, source, cfg, OUT)
+                run_study(model, tokenizer, source, cfg, TASK_OUT, dtype="bfloat16")
     else:
+        model, tokenizer = load_model(source)
         cfg = study_config(",".join(args) or METHODS, passkey="--passkey" in sys.argv)
         run_study(model, tokenizer, source, cfg, OUT)
