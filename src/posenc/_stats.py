@@ -180,3 +180,18 @@ def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[floa
     centre = (p + z * z / (2 * n)) / denom
     half = z / denom * math.sqrt(p * (1.0 - p) / n + z * z / (4 * n * n))
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def sign_test_p(up: int, down: int) -> float | None:
+    """The exact two-sided sign test of ``up`` pairs that went one way against ``down`` that
+    went the other (ties left out, as the test leaves them): under the null each changed pair
+    goes up with probability 1/2, so ``p = min(1, 2 P(Binomial(up + down, 1/2) <= min(up,
+    down)))``. McNemar's exact test on a paired 2x2 table is this test on its discordant
+    cells. None where no pair changed (nothing to test)."""
+    if up < 0 or down < 0:
+        raise ValueError(f"sign_test_p needs counts >= 0, got up={up}, down={down}")
+    n = up + down
+    if n == 0:
+        return None
+    tail = sum(math.comb(n, i) for i in range(min(up, down) + 1)) / 2**n
+    return min(1.0, 2 * tail)

@@ -457,22 +457,37 @@ def _figures(rows: list[dict[str, Any]], figure: str | None, heatmap: str | None
 @extend_app.command("compare")
 def compare_command(
     first: str = typer.Argument(..., help="A `posenc extend` results folder with task rows."),
-    second: str = typer.Argument(..., help="Another, that answered the same task cells."),
+    second: str = typer.Argument(
+        ...,
+        help="Another that answered the same task cells (same tokenizer, --task-seed and "
+        "--samples); differences are SECOND minus FIRST.",
+    ),
     readme: str = typer.Option(
-        None, "--readme", help="Write the Markdown between <!-- extend:BLOCK --> markers there."
+        None,
+        "--readme",
+        help="A Markdown file: write the table between its "
+        "<!-- extend:BLOCK --> and <!-- /extend:BLOCK --> lines.",
     ),
     block: str = typer.Option("compare", "--block", help="The markers' name."),
 ) -> None:
-    """Pair two runs' answers to the same task cells (two dtypes, quantizations, devices): the
-    share of answers and scores that stay the same, and the paired difference per length."""
+    """Pair two runs' answers to the same task cells (two dtypes, quantizations, devices): per
+    method, the share of answers and scores that stay the same, each run's score, and the
+    samples whose score went up and down with their sign test."""
     from .study import study_rows
     from .task_compare import compare_markdown
 
     try:
+        for run in (first, second):
+            if not Path(run).is_dir():
+                raise ValueError(f"{run}: no such folder; give two `posenc extend` results folders")
+        if Path(first).resolve() == Path(second).resolve():
+            raise ValueError(f"{first} was given twice: compare two runs' folders")
         if readme and not Path(readme).is_file():
             raise ValueError(f"--readme {readme}: no such file; give a Markdown file that holds "
                              f"the <!-- extend:{block} --> and <!-- /extend:{block} --> lines")  # fmt: skip
-        names = (Path(first).name, Path(second).name)
+        names = (Path(first).resolve().name, Path(second).resolve().name)
+        if names[0] == names[1]:  # runs/a/out against runs/b/out: the paths as given
+            names = (first, second)
         text = compare_markdown(study_rows(first), study_rows(second), names)
         if not readme:
             typer.echo(text)
