@@ -139,12 +139,13 @@ def test_generated_blocks_found() -> None:
     """The README holds the headline alone; the four lab tables are on the lab's results page
     and the real-model study on its own page, where their commands write them."""
     pages = {READMES[0]: {"lab:headline"},
-             REAL_MODEL: {"extend:real", "extend:gemma3", "extend:smollm2-tasks"},
+             REAL_MODEL: {"extend:real", "extend:gemma3", "extend:smollm2-tasks",
+                          "extend:smollm2-dtype", "extend:gemma3-tasks", "extend:gemma3-dtype"},
              LAB_RESULTS: {"lab:table", "lab:length", "lab:extend", "lab:passkey"}}  # fmt: skip
     for path, names in pages.items():
         blocks = generated_blocks(path)
         assert set(blocks) == names, path.name
-        assert all(text.count("\n|") >= 4 for text in blocks.values())  # each holds a table
+        assert all(text.count("\n|") >= 3 for text in blocks.values())  # each holds a table
 
 
 def test_the_gemma3_block_is_the_committed_rows_table() -> None:
@@ -170,17 +171,35 @@ def test_the_smollm2_block_is_the_committed_rows_table() -> None:
     assert markdown_table(*study_table(rows)) in generated_blocks(REAL_MODEL)["extend:real"]
 
 
-def test_the_smollm2_task_block_is_the_committed_rows_tables() -> None:
-    """The SmolLM2 task study runs in pieces by length whose rows are committed: its block must
-    hold the task tables ``posenc extend report`` makes of exactly those rows."""
+@pytest.mark.parametrize("block, folder", [("smollm2-tasks", "smollm2-135m-bf16"),
+                                           ("gemma3-tasks", "gemma3-270m-tasks")])  # fmt: skip
+def test_the_task_blocks_are_the_committed_rows_tables(block: str, folder: str) -> None:
+    """The task studies run in pieces by length whose rows are committed: each block must hold
+    the task tables ``posenc extend report`` makes of exactly those rows."""
     from posenc._markdown import markdown_table
     from posenc.extend.study import study_rows
     from posenc.extend.task_report import per_task_table, task_table
 
-    rows = study_rows(ROOT / "benchmarks" / "studies" / "smollm2-135m")
-    block = generated_blocks(REAL_MODEL)["extend:smollm2-tasks"]
-    assert markdown_table(*task_table(rows)) in block
-    assert markdown_table(*per_task_table(rows)) in block
+    rows = study_rows(ROOT / "benchmarks" / "studies" / folder)
+    text = generated_blocks(REAL_MODEL)[f"extend:{block}"]
+    assert markdown_table(*task_table(rows)) in text
+    assert markdown_table(*per_task_table(rows)) in text
+
+
+@pytest.mark.parametrize("block, first, second", [
+    ("smollm2-dtype", "smollm2-135m", "smollm2-135m-bf16"),
+    ("gemma3-dtype", "gemma3-270m-f32-tasks", "gemma3-270m-tasks")])  # fmt: skip
+def test_the_dtype_blocks_are_the_committed_rows_comparison(block: str, first: str,
+                                                            second: str) -> None:  # fmt: skip
+    """The float32 task cells against the bfloat16 ones, the block ``posenc extend compare``
+    writes from exactly the committed rows of both folders."""
+    from posenc.extend.study import study_rows
+    from posenc.extend.task_compare import compare_markdown
+
+    studies = ROOT / "benchmarks" / "studies"
+    text = compare_markdown(study_rows(studies / first), study_rows(studies / second),
+                            (first, second))  # fmt: skip
+    assert generated_blocks(REAL_MODEL)[f"extend:{block}"] == text + "\n"
 
 
 def test_readme_headline_is_the_results_pages_table() -> None:
