@@ -372,6 +372,27 @@ def run_command(
         fail(str(e))
 
 
+def _check_readme(readme: str | None, block: str) -> None:
+    """``--readme``/``--block`` of ``report`` and ``compare``, checked before any work."""
+    if not readme:
+        return
+    if not Path(readme).is_file():
+        raise ValueError(
+            f"--readme {readme}: no such file; give a Markdown file that holds the "
+            f"<!-- extend:{block} --> and <!-- /extend:{block} --> lines"
+        )
+    if not block.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"--block must be a name of letters and digits, got {block!r}")
+
+
+def _write_block(readme: str, block: str, text: str) -> None:
+    """``text`` between the ``<!-- extend:BLOCK -->`` marker lines of ``readme``."""
+    from .._markdown import replace_block
+
+    replace_block(Path(readme), f"<!-- extend:{block} -->", f"<!-- /extend:{block} -->",
+                  text + "\n")  # fmt: skip
+
+
 @extend_app.command("report")
 def report_command(
     run: str = typer.Argument(..., help="A `posenc extend` results folder."),
@@ -395,11 +416,7 @@ def report_command(
     from .study import study_rows
 
     try:
-        if readme and not Path(readme).is_file():  # checked before the rows are read
-            raise ValueError(
-                f"--readme {readme}: no such file; give a Markdown file that holds the "
-                f"<!-- extend:{block} --> and <!-- /extend:{block} --> lines"
-            )
+        _check_readme(readme, block)  # before the rows are read
         rows = study_rows(run)
         if not rows:
             raise ValueError(f"{run!r} holds no study rows yet")
@@ -408,12 +425,7 @@ def report_command(
             rows, command=command or f"posenc extend ... --out {run}", wall_seconds=wall
         )
         if readme:
-            from .._markdown import replace_block
-
-            if not block.replace("-", "").replace("_", "").isalnum():
-                raise ValueError(f"--block must be a name of letters and digits, got {block!r}")
-            start, end = f"<!-- extend:{block} -->", f"<!-- /extend:{block} -->"
-            replace_block(Path(readme), start, end, text + "\n")
+            _write_block(readme, block, text)
             typer.echo(f"wrote the study block of {readme}")
         elif markdown:
             typer.echo(text)
@@ -482,9 +494,7 @@ def compare_command(
                 raise ValueError(f"{run}: no such folder; give two `posenc extend` results folders")
         if Path(first).resolve() == Path(second).resolve():
             raise ValueError(f"{first} was given twice: compare two runs' folders")
-        if readme and not Path(readme).is_file():
-            raise ValueError(f"--readme {readme}: no such file; give a Markdown file that holds "
-                             f"the <!-- extend:{block} --> and <!-- /extend:{block} --> lines")  # fmt: skip
+        _check_readme(readme, block)
         names = (Path(first).resolve().name, Path(second).resolve().name)
         if names[0] == names[1]:  # runs/a/out against runs/b/out: the paths as given
             names = (first, second)
@@ -492,10 +502,7 @@ def compare_command(
         if not readme:
             typer.echo(text)
             return
-        from .._markdown import replace_block
-
-        replace_block(Path(readme), f"<!-- extend:{block} -->", f"<!-- /extend:{block} -->",
-                      text + "\n")  # fmt: skip
+        _write_block(readme, block, text)
         typer.echo(f"wrote the comparison block of {readme}")
     except ValueError as e:
         fail(str(e))
