@@ -15,7 +15,7 @@ model is trained at 32,768 tokens: the scalings' factor is 2 (set for 64k), and 
 writes the block from the rows. The task cells (``--tasks LENGTH ...``: RULER-style tasks at
 those lengths, shortest first, every method; the needle at three depths for the heatmap, the
 others at half depth, two samples each) run in bfloat16, as RULER runs its models (vLLM's
-dtype; about 3x faster than float32 on a CPU with AMX), in their own folder
+dtype; 3.0x faster than float32 on this CPU with AMX, benchmarks/extend_dtype.py), in their own folder
 (``benchmarks/studies/gemma3-270m-tasks/``, block ``extend:gemma3-tasks``):
 
     posenc extend gemma3-270m --methods ... --lengths 4k,8k,16k,32k,64k --dtype bfloat16 \\

@@ -7,7 +7,7 @@ tasks from 2k to 32k tokens, four times the model's trained 8k, under every meth
     posenc extend smollm2 ... --tasks niah_multikey_1,vt,cwe --task-depths 0.5 ...
 
 (the needle at three depths for the heatmap, the other tasks at half depth), in bfloat16 as
-RULER runs its models (vLLM's dtype; 3-3.5x faster than float32 on a CPU with AMX). The same
+RULER runs its models (vLLM's dtype; 3.0-3.1x faster than float32 on this CPU with AMX, benchmarks/extend_dtype.py). The same
 cells in float32 (``--float32``, folder ``benchmarks/studies/smollm2-135m``, 2k-8k) are the
 check that the dtype does not decide the answers (``posenc extend compare``). Run in
 pieces: each call answers the task cells at the lengths named on its command line
