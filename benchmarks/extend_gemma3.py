@@ -23,8 +23,9 @@ dtype; 3.0x faster than float32 on this CPU with AMX, benchmarks/extend_dtype.py
         --samples 2 --threads 1 --out benchmarks/studies/gemma3-270m-tasks
     posenc extend gemma3-270m ... --tasks niah_multikey_1,vt --task-depths 0.5 ...
 
-The first task cells, at 8k in float32, stay in the perplexity study's folder: the check that
-the dtype does not decide the answers (``posenc extend compare``).
+The first task cells, at 8k in float32, stay in ``benchmarks/studies/gemma3-270m-f32-tasks/``:
+the check that the dtype does not decide the answers (``posenc extend compare``). After a
+piece, ``python benchmarks/study_docs.py`` rewrites every block and figure of the page.
 
     python benchmarks/extend_gemma3.py [METHOD ...] [--passkey]
     python benchmarks/extend_gemma3.py --tasks [LENGTH ...]

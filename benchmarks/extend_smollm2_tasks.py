@@ -20,7 +20,8 @@ perplexity cells (one forward of 32k per method). Then
     posenc extend report benchmarks/studies/smollm2-135m-bf16 --readme docs/real-model.md \\
         --block smollm2-tasks --heatmap docs/results/smollm2_needles.png
 
-writes the block and the heatmap from the rows.
+writes the block and the heatmap from the rows (``python benchmarks/study_docs.py``: every
+block and figure of the page, this one included).
 
     python benchmarks/extend_smollm2_tasks.py [LENGTH ...] [--ppl] [--float32]
 """

@@ -202,6 +202,29 @@ def test_the_dtype_blocks_are_the_committed_rows_comparison(block: str, first: s
     assert generated_blocks(REAL_MODEL)[f"extend:{block}"] == text + "\n"
 
 
+def test_study_docs_script_writes_every_block_of_the_page() -> None:
+    """benchmarks/study_docs.py, the one command that regenerates docs/real-model.md after a
+    study piece: it names each generated block of the page once, and each of its commands is one
+    the CLI takes and writes that block of that page."""
+    import importlib.util
+
+    script = ROOT / "benchmarks" / "study_docs.py"
+    spec = importlib.util.spec_from_file_location("study_docs", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names = [block for block, _ in module.COMMANDS]
+    assert sorted(f"extend:{n}" for n in names) == sorted(generated_blocks(REAL_MODEL))
+    for block, args in module.COMMANDS:
+        assert parse_command(args) in (["extend", "report"], ["extend", "compare"]), block
+        assert args[args.index("--readme") + 1] == str(REAL_MODEL.relative_to(ROOT))
+        named = args[args.index("--block") + 1] if "--block" in args else "real"  # the default
+        assert named == block
+        for path in args[2:]:
+            if path.startswith("benchmarks/studies/"):
+                assert (ROOT / path / "results.jsonl").is_file(), path
+
+
 def test_readme_headline_is_the_results_pages_table() -> None:
     """The headline is the full block's first table (both written from one grid's rows by
     posenc.lab.reports.readme.headline_table): a README regenerated from other rows than the page fails."""

@@ -1,0 +1,84 @@
+"""Every generated block and figure of docs/real-model.md, from the committed study rows.
+
+The studies run in pieces across sessions (``benchmarks/extend_smollm2_tasks.py``,
+``benchmarks/extend_gemma3.py``); after each piece this one command rewrites the page's blocks
+(``<!-- extend:NAME -->``) and figures from ``benchmarks/studies/`` so that the page says what the
+rows say. tests/test_readme.py fails on a block that differs from its rows. The commands are the
+CLI a user runs (``posenc extend report`` and ``posenc extend compare``), printed before each
+runs; the text between the blocks (the analysis) is left to be edited by hand.
+
+    python benchmarks/study_docs.py [--list]
+"""
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = "docs/real-model.md"
+STUDIES = "benchmarks/studies"
+METHODS = "none,yarn,ntk,linear,self_extend,dual_chunk"
+
+#: what each task block's reproduce line says: the piece script and the CLI it amounts to
+GEMMA_TASKS = (
+    "python benchmarks/extend_gemma3.py --tasks 8k 16k 32k 64k  # = posenc extend gemma3-270m"
+    f" --methods {METHODS} --lengths 4k,8k,16k,32k,64k --dtype bfloat16 --tasks niah_single_2"
+    " --task-lengths 8k,16k,32k,64k --task-depths 0.1,0.5,0.9 --samples 2 --threads 1"
+    f" --out {STUDIES}/gemma3-270m-tasks, then --tasks niah_multikey_1,vt --task-depths 0.5"
+)
+SMOLLM2_TASKS = (
+    "python benchmarks/extend_smollm2_tasks.py 2k 4k 8k 16k 32k  # = posenc extend smollm2"
+    f" --methods {METHODS} --lengths 2k,4k,8k,16k,32k --tasks niah_single_2"
+    " --task-depths 0.1,0.5,0.9 --samples 2 --threads 1 --dtype bfloat16"
+    f" --out {STUDIES}/smollm2-135m-bf16, then --tasks niah_multikey_1,vt,cwe --task-depths 0.5"
+)
+GEMMA_PPL = (
+    f"posenc extend gemma3-270m --methods {METHODS} --lengths 4k,8k,16k,32k,64k --documents 1"
+    f" --passkey-lengths 32k,64k --passkey-depths 0.5 --threads 1 --out {STUDIES}/gemma3-270m"
+)
+
+#: (block, posenc arguments) in the page's order
+COMMANDS: tuple[tuple[str, list[str]], ...] = (
+    ("real", ["extend", "report", f"{STUDIES}/smollm2-ppl", "--readme", PAGE,
+              "--figure", "docs/results/real_smollm2.png"]),
+    ("smollm2-tasks", ["extend", "report", f"{STUDIES}/smollm2-135m-bf16", "--readme", PAGE,
+                       "--block", "smollm2-tasks", "--command", SMOLLM2_TASKS,
+                       "--heatmap", "docs/results/smollm2_needles.png",
+                       "--task-figure", "docs/results/smollm2_tasks.png"]),
+    ("smollm2-dtype", ["extend", "compare", f"{STUDIES}/smollm2-135m",
+                       f"{STUDIES}/smollm2-135m-bf16", "--readme", PAGE,
+                       "--block", "smollm2-dtype"]),
+    ("gemma3", ["extend", "report", f"{STUDIES}/gemma3-270m", "--readme", PAGE,
+                "--block", "gemma3", "--command", GEMMA_PPL]),
+    ("gemma3-tasks", ["extend", "report", f"{STUDIES}/gemma3-270m-tasks", "--readme", PAGE,
+                      "--block", "gemma3-tasks", "--command", GEMMA_TASKS,
+                      "--heatmap", "docs/results/gemma3_needles.png",
+                      "--task-figure", "docs/results/gemma3_tasks.png"]),
+    ("gemma3-dtype", ["extend", "compare", f"{STUDIES}/gemma3-270m-f32-tasks",
+                      f"{STUDIES}/gemma3-270m-tasks", "--readme", PAGE,
+                      "--block", "gemma3-dtype"]),
+)
+
+
+def posenc_command() -> list[str]:
+    """The ``posenc`` CLI of the interpreter running this script (its venv's, not PATH's)."""
+    return [sys.executable, "-m", "posenc"]
+
+
+def main(argv: list[str]) -> int:
+    listing = "--list" in argv
+    unknown = [a for a in argv if a != "--list"]
+    if unknown:
+        print(f"unknown arguments {unknown}; usage: python benchmarks/study_docs.py [--list]",
+              file=sys.stderr)
+        return 2
+    for block, args in COMMANDS:
+        print(f"[{block}] posenc {shlex.join(args)}", flush=True)
+        if not listing:
+            subprocess.run(posenc_command() + args, cwd=ROOT, check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
