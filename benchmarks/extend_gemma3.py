@@ -28,13 +28,14 @@ the check that the dtype does not decide the answers (``posenc extend compare``)
 piece, ``python benchmarks/study_docs.py`` rewrites every block and figure of the page.
 
     python benchmarks/extend_gemma3.py [METHOD ...] [--passkey]
-    python benchmarks/extend_gemma3.py --tasks [LENGTH ...]
+    python benchmarks/extend_gemma3.py --tasks [LENGTH ...] [--threads=N]
 """
 
 import logging
 import sys
 
 import torch
+from study_args import threads  # benchmarks/, beside this script
 
 from posenc.extend.evaluate import default_documents
 from posenc.extend.methods import parse_methods
@@ -70,7 +71,7 @@ def study_config(methods: str, passkey: bool = False, tasks: tuple[str, ...] = (
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    torch.set_num_threads(1)  # as the committed rows were measured (the other core stays free)
+    torch.set_num_threads(threads(sys.argv))
     source = resolve_source(str(packaged_gguf("gemma3-270m")))
     if "--tasks" in sys.argv:  # the task cells at the lengths named, shortest first
         model, tokenizer = load_model(source, dtype="bfloat16")

@@ -23,13 +23,14 @@ perplexity cells (one forward of 32k per method). Then
 writes the block and the heatmap from the rows (``python benchmarks/study_docs.py``: every
 block and figure of the page, this one included).
 
-    python benchmarks/extend_smollm2_tasks.py [LENGTH ...] [--ppl] [--float32]
+    python benchmarks/extend_smollm2_tasks.py [LENGTH ...] [--ppl] [--float32] [--threads=N]
 """
 
 import logging
 import sys
 
 import torch
+from study_args import threads  # benchmarks/, beside this script
 
 from posenc.extend.evaluate import default_documents
 from posenc.extend.methods import parse_methods
@@ -65,7 +66,7 @@ def configs(task_lengths: str, ppl: bool) -> list[StudyConfig]:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    torch.set_num_threads(1)  # as the committed rows were measured (the other core stays free)
+    torch.set_num_threads(threads(sys.argv))
     dtype, out = ("float32", OUT_FLOAT32) if "--float32" in sys.argv else ("bfloat16", OUT)
     source = resolve_source(str(packaged_gguf("smollm2")))
     model, tokenizer = load_model(source, dtype=dtype)

@@ -413,3 +413,18 @@ def test_dry_run_of_a_resumed_study_costs_what_is_left(folder: Path, study: Path
     assert re.search(r"(^|\s)4 cells \(", result.output), result.output
     assert f"{done} more already in the folder" in result.output
     assert (study / "results.jsonl").read_text() == lines  # nothing was run
+
+
+def test_cost_line_splits_the_forwards_by_thread_count() -> None:
+    """A study resumed on another number of threads: its block says how many cells ran on each
+    and what they took, not the first row's thread count for all (hand-summed figures)."""
+    from posenc.extend.report import cost_line
+
+    one = [{"threads": 1, "seconds": 600.0, "cpu_seconds": 590.0},
+           {"threads": 1, "seconds": 300.0, "cpu_seconds": 295.0}]  # fmt: skip
+    assert cost_line(one) == "15 min of forwards (2 cells, 1 thread); 15 min of CPU time"
+    mixed = [*one, {"threads": 2, "seconds": 1200.0}]
+    assert cost_line(mixed, wall_seconds=2460.0) == (
+        "35 min of forwards (3 cells; 2 on 1 thread: 15 min, 1 on 2 threads: 20 min); "
+        "15 min of CPU time in the 2 cells that record it; wall time 41 min with loading"
+    )

@@ -114,20 +114,35 @@ def markdown_report(
     from .task_report import task_markdown
 
     out += longppl_markdown(rows) + task_markdown(rows)
-    total = sum(r["seconds"] for r in rows)
-    threads = rows[0]["threads"]
-    timing = (
-        f"{total / 60:.0f} min of forwards ({len(rows)} cells, {threads} "
-        f"thread{'' if threads == 1 else 's'})"
-    )
+    out += ["", cost_line(rows, wall_seconds) + "."]
+    return "\n".join(out)
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread{'' if n == 1 else 's'}"
+
+
+def cost_line(rows: Sequence[dict[str, Any]], wall_seconds: float | None = None) -> str:
+    """What the rows cost: their forwards' wall time, split by thread count where a study's
+    pieces ran on different numbers of threads (a resumed study may), and their CPU time."""
+    by_threads: dict[int, list[float]] = {}
+    for r in rows:
+        by_threads.setdefault(int(r["threads"]), []).append(float(r["seconds"]))
+    total = sum(sum(s) for s in by_threads.values())
+    if len(by_threads) == 1:
+        (threads,) = by_threads
+        timing = f"{total / 60:.0f} min of forwards ({len(rows)} cells, {_threads(threads)})"
+    else:
+        parts = ", ".join(f"{len(by_threads[t])} on {_threads(t)}: {sum(by_threads[t]) / 60:.0f} min"
+                          for t in sorted(by_threads))  # fmt: skip
+        timing = f"{total / 60:.0f} min of forwards ({len(rows)} cells; {parts})"
     timed = [r["cpu_seconds"] for r in rows if isinstance(r.get("cpu_seconds"), (int, float))]
     if timed:  # the cells' own cost, whatever else ran on the machine (rows before it lack it)
         where = "" if len(timed) == len(rows) else f" in the {len(timed)} cells that record it"
         timing += f"; {sum(timed) / 60:.0f} min of CPU time{where}"
     if wall_seconds is not None:
         timing += f"; wall time {wall_seconds / 60:.0f} min with loading"
-    out += ["", timing + "."]
-    return "\n".join(out)
+    return timing
 
 
 def figure_data(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
