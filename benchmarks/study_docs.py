@@ -40,24 +40,94 @@ GEMMA_PPL = (
 
 #: (block, posenc arguments) in the page's order
 COMMANDS: tuple[tuple[str, list[str]], ...] = (
-    ("real", ["extend", "report", f"{STUDIES}/smollm2-ppl", "--readme", PAGE,
-              "--figure", "docs/results/real_smollm2.png"]),
-    ("smollm2-tasks", ["extend", "report", f"{STUDIES}/smollm2-135m-bf16", "--readme", PAGE,
-                       "--block", "smollm2-tasks", "--command", SMOLLM2_TASKS,
-                       "--heatmap", "docs/results/smollm2_needles.png",
-                       "--task-figure", "docs/results/smollm2_tasks.png"]),
-    ("smollm2-dtype", ["extend", "compare", f"{STUDIES}/smollm2-135m",
-                       f"{STUDIES}/smollm2-135m-bf16", "--readme", PAGE,
-                       "--block", "smollm2-dtype"]),
-    ("gemma3", ["extend", "report", f"{STUDIES}/gemma3-270m", "--readme", PAGE,
-                "--block", "gemma3", "--command", GEMMA_PPL]),
-    ("gemma3-tasks", ["extend", "report", f"{STUDIES}/gemma3-270m-tasks", "--readme", PAGE,
-                      "--block", "gemma3-tasks", "--command", GEMMA_TASKS,
-                      "--heatmap", "docs/results/gemma3_needles.png",
-                      "--task-figure", "docs/results/gemma3_tasks.png"]),
-    ("gemma3-dtype", ["extend", "compare", f"{STUDIES}/gemma3-270m-f32-tasks",
-                      f"{STUDIES}/gemma3-270m-tasks", "--readme", PAGE,
-                      "--block", "gemma3-dtype"]),
+    (
+        "real",
+        [
+            "extend",
+            "report",
+            f"{STUDIES}/smollm2-ppl",
+            "--readme",
+            PAGE,
+            "--figure",
+            "docs/results/real_smollm2.png",
+        ],
+    ),
+    (
+        "smollm2-tasks",
+        [
+            "extend",
+            "report",
+            f"{STUDIES}/smollm2-135m-bf16",
+            "--readme",
+            PAGE,
+            "--block",
+            "smollm2-tasks",
+            "--command",
+            SMOLLM2_TASKS,
+            "--heatmap",
+            "docs/results/smollm2_needles.png",
+            "--task-figure",
+            "docs/results/smollm2_tasks.png",
+        ],
+    ),
+    (
+        "smollm2-dtype",
+        [
+            "extend",
+            "compare",
+            f"{STUDIES}/smollm2-135m",
+            f"{STUDIES}/smollm2-135m-bf16",
+            "--readme",
+            PAGE,
+            "--block",
+            "smollm2-dtype",
+        ],
+    ),
+    (
+        "gemma3",
+        [
+            "extend",
+            "report",
+            f"{STUDIES}/gemma3-270m",
+            "--readme",
+            PAGE,
+            "--block",
+            "gemma3",
+            "--command",
+            GEMMA_PPL,
+        ],
+    ),
+    (
+        "gemma3-tasks",
+        [
+            "extend",
+            "report",
+            f"{STUDIES}/gemma3-270m-tasks",
+            "--readme",
+            PAGE,
+            "--block",
+            "gemma3-tasks",
+            "--command",
+            GEMMA_TASKS,
+            "--heatmap",
+            "docs/results/gemma3_needles.png",
+            "--task-figure",
+            "docs/results/gemma3_tasks.png",
+        ],
+    ),
+    (
+        "gemma3-dtype",
+        [
+            "extend",
+            "compare",
+            f"{STUDIES}/gemma3-270m-f32-tasks",
+            f"{STUDIES}/gemma3-270m-tasks",
+            "--readme",
+            PAGE,
+            "--block",
+            "gemma3-dtype",
+        ],
+    ),
 )
 
 
@@ -70,8 +140,10 @@ def main(argv: list[str]) -> int:
     listing = "--list" in argv
     unknown = [a for a in argv if a != "--list"]
     if unknown:
-        print(f"unknown arguments {unknown}; usage: python benchmarks/study_docs.py [--list]",
-              file=sys.stderr)
+        print(
+            f"unknown arguments {unknown}; usage: python benchmarks/study_docs.py [--list]",
+            file=sys.stderr,
+        )
         return 2
     for block, args in COMMANDS:
         print(f"[{block}] posenc {shlex.join(args)}", flush=True)
