@@ -38,96 +38,45 @@ GEMMA_PPL = (
     f" --passkey-lengths 32k,64k --passkey-depths 0.5 --threads 1 --out {STUDIES}/gemma3-270m"
 )
 
+
+def report(folder: str, block: str, *extra: str) -> tuple[str, list[str]]:
+    """``posenc extend report`` of one study folder into its block of the page."""
+    named = [] if block == "real" else ["--block", block]  # "real" is the CLI's default block
+    return block, ["extend", "report", f"{STUDIES}/{folder}", "--readme", PAGE, *named, *extra]
+
+
+def compare(first: str, second: str, block: str) -> tuple[str, list[str]]:
+    """``posenc extend compare`` of two study folders into its block of the page."""
+    return block, ["extend", "compare", f"{STUDIES}/{first}", f"{STUDIES}/{second}",
+                   "--readme", PAGE, "--block", block]  # fmt: skip
+
+
 #: (block, posenc arguments) in the page's order
 COMMANDS: tuple[tuple[str, list[str]], ...] = (
-    (
-        "real",
-        [
-            "extend",
-            "report",
-            f"{STUDIES}/smollm2-ppl",
-            "--readme",
-            PAGE,
-            "--figure",
-            "docs/results/real_smollm2.png",
-        ],
-    ),
-    (
+    report("smollm2-ppl", "real", "--figure", "docs/results/real_smollm2.png"),
+    report(
+        "smollm2-135m-bf16",
         "smollm2-tasks",
-        [
-            "extend",
-            "report",
-            f"{STUDIES}/smollm2-135m-bf16",
-            "--readme",
-            PAGE,
-            "--block",
-            "smollm2-tasks",
-            "--command",
-            SMOLLM2_TASKS,
-            "--heatmap",
-            "docs/results/smollm2_needles.png",
-            "--task-figure",
-            "docs/results/smollm2_tasks.png",
-        ],
+        "--command",
+        SMOLLM2_TASKS,
+        "--heatmap",
+        "docs/results/smollm2_needles.png",
+        "--task-figure",
+        "docs/results/smollm2_tasks.png",
     ),
-    (
-        "smollm2-dtype",
-        [
-            "extend",
-            "compare",
-            f"{STUDIES}/smollm2-135m",
-            f"{STUDIES}/smollm2-135m-bf16",
-            "--readme",
-            PAGE,
-            "--block",
-            "smollm2-dtype",
-        ],
-    ),
-    (
-        "gemma3",
-        [
-            "extend",
-            "report",
-            f"{STUDIES}/gemma3-270m",
-            "--readme",
-            PAGE,
-            "--block",
-            "gemma3",
-            "--command",
-            GEMMA_PPL,
-        ],
-    ),
-    (
+    compare("smollm2-135m", "smollm2-135m-bf16", "smollm2-dtype"),
+    report("gemma3-270m", "gemma3", "--command", GEMMA_PPL),
+    report(
+        "gemma3-270m-tasks",
         "gemma3-tasks",
-        [
-            "extend",
-            "report",
-            f"{STUDIES}/gemma3-270m-tasks",
-            "--readme",
-            PAGE,
-            "--block",
-            "gemma3-tasks",
-            "--command",
-            GEMMA_TASKS,
-            "--heatmap",
-            "docs/results/gemma3_needles.png",
-            "--task-figure",
-            "docs/results/gemma3_tasks.png",
-        ],
+        "--command",
+        GEMMA_TASKS,
+        "--heatmap",
+        "docs/results/gemma3_needles.png",
+        "--task-figure",
+        "docs/results/gemma3_tasks.png",
     ),
-    (
-        "gemma3-dtype",
-        [
-            "extend",
-            "compare",
-            f"{STUDIES}/gemma3-270m-f32-tasks",
-            f"{STUDIES}/gemma3-270m-tasks",
-            "--readme",
-            PAGE,
-            "--block",
-            "gemma3-dtype",
-        ],
-    ),
+    compare("gemma3-270m-f32-tasks", "gemma3-270m-tasks", "gemma3-dtype"),
 )
 
 
