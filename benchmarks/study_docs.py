@@ -1,10 +1,11 @@
-"""Every generated block and figure of docs/real-model.md, from the committed study rows.
+"""Every generated block and figure of docs/real-model.md, and the READMEs' task summary, from
+the committed study rows.
 
 The studies run in pieces across sessions (``benchmarks/extend_smollm2_tasks.py``,
 ``benchmarks/extend_gemma3.py``); after each piece this one command rewrites the page's blocks
 (``<!-- extend:NAME -->``) and figures from ``benchmarks/studies/`` so that the page says what the
 rows say. tests/test_readme.py fails on a block that differs from its rows. The commands are the
-CLI a user runs (``posenc extend report`` and ``posenc extend compare``), printed before each
+CLI a user runs (``posenc extend report``, ``compare`` and ``summary``), printed before each
 runs; the text between the blocks (the analysis) is left to be edited by hand.
 
     python benchmarks/study_docs.py [--list]
@@ -51,7 +52,13 @@ def compare(first: str, second: str, block: str) -> tuple[str, list[str]]:
                    "--readme", PAGE, "--block", block]  # fmt: skip
 
 
-#: (block, posenc arguments) in the page's order
+def summary(readme: str) -> tuple[str, list[str]]:
+    """``posenc extend summary`` of both task studies into a README's ``ruler`` block."""
+    return "ruler", ["extend", "summary", f"{STUDIES}/smollm2-135m-bf16",
+                     f"{STUDIES}/gemma3-270m-tasks", "--readme", readme, "--block", "ruler"]  # fmt: skip
+
+
+#: (block, posenc arguments) in the page's order, then the READMEs' summary
 COMMANDS: tuple[tuple[str, list[str]], ...] = (
     report("smollm2-ppl", "real", "--figure", "docs/results/real_smollm2.png"),
     report(
@@ -77,6 +84,8 @@ COMMANDS: tuple[tuple[str, list[str]], ...] = (
         "docs/results/gemma3_tasks.png",
     ),
     compare("gemma3-270m-f32-tasks", "gemma3-270m-tasks", "gemma3-dtype"),
+    summary("README.md"),
+    summary("README.zh-CN.md"),
 )
 
 

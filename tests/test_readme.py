@@ -136,9 +136,10 @@ def generated_blocks(path: Path) -> dict[str, str]:
 
 
 def test_generated_blocks_found() -> None:
-    """The README holds the headline alone; the four lab tables are on the lab's results page
-    and the real-model study on its own page, where their commands write them."""
-    pages = {READMES[0]: {"lab:headline"},
+    """The README holds the lab's headline and the real models' task summary; the four lab
+    tables are on the lab's results page and the real-model study on its own page, where their
+    commands write them."""
+    pages = {READMES[0]: {"lab:headline", "extend:ruler"},
              REAL_MODEL: {"extend:real", "extend:gemma3", "extend:smollm2-tasks",
                           "extend:smollm2-dtype", "extend:gemma3-tasks", "extend:gemma3-dtype"},
              LAB_RESULTS: {"lab:table", "lab:length", "lab:extend", "lab:passkey"}}  # fmt: skip
@@ -186,6 +187,19 @@ def test_the_task_blocks_are_the_committed_rows_tables(block: str, folder: str) 
     assert markdown_table(*per_task_table(rows)) in text
 
 
+def test_the_readme_summary_is_the_committed_task_rows() -> None:
+    """README's "which method, up to which length" table, the block ``posenc extend summary``
+    writes from exactly the committed rows of both task studies (the Chinese README carries the
+    same block: test_chinese_readme_carries_the_english_readmes_results)."""
+    from posenc.extend.study import study_rows
+    from posenc.extend.task_summary import summary_markdown
+
+    studies = ROOT / "benchmarks" / "studies"
+    text = summary_markdown([study_rows(studies / "smollm2-135m-bf16"),
+                             study_rows(studies / "gemma3-270m-tasks")])  # fmt: skip
+    assert generated_blocks(READMES[0])["extend:ruler"] == text + "\n"
+
+
 @pytest.mark.parametrize("block, first, second", [
     ("smollm2-dtype", "smollm2-135m", "smollm2-135m-bf16"),
     ("gemma3-dtype", "gemma3-270m-f32-tasks", "gemma3-270m-tasks")])  # fmt: skip
@@ -203,9 +217,9 @@ def test_the_dtype_blocks_are_the_committed_rows_comparison(block: str, first: s
 
 
 def test_study_docs_script_writes_every_block_of_the_page() -> None:
-    """benchmarks/study_docs.py, the one command that regenerates docs/real-model.md after a
-    study piece: it names each generated block of the page once, and each of its commands is one
-    the CLI takes and writes that block of that page."""
+    """benchmarks/study_docs.py, the one command that regenerates docs/real-model.md and the
+    READMEs' summary after a study piece: it names each generated block of those pages once per
+    page, and each of its commands is one the CLI takes and writes that block of that page."""
     import importlib.util
 
     script = ROOT / "benchmarks" / "study_docs.py"
@@ -213,11 +227,14 @@ def test_study_docs_script_writes_every_block_of_the_page() -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    names = [block for block, _ in module.COMMANDS]
-    assert sorted(f"extend:{n}" for n in names) == sorted(generated_blocks(REAL_MODEL))
+    written = sorted((args[args.index("--readme") + 1], f"extend:{block}")
+                     for block, args in module.COMMANDS)  # fmt: skip
+    pages = (REAL_MODEL, *READMES)
+    assert written == sorted((str(p.relative_to(ROOT)), name) for p in pages
+                             for name in generated_blocks(p) if name.startswith("extend:"))  # fmt: skip
     for block, args in module.COMMANDS:
-        assert parse_command(args) in (["extend", "report"], ["extend", "compare"]), block
-        assert args[args.index("--readme") + 1] == str(REAL_MODEL.relative_to(ROOT))
+        assert parse_command(args) in (
+            ["extend", "report"], ["extend", "compare"], ["extend", "summary"]), block  # fmt: skip
         named = args[args.index("--block") + 1] if "--block" in args else "real"  # the default
         assert named == block
         for path in args[2:]:

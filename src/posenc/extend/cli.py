@@ -510,6 +510,37 @@ def compare_command(
         fail(os_error_message(e))
 
 
+@extend_app.command("summary")
+def summary_command(
+    runs: list[str] = typer.Argument(..., help="`posenc extend` results folders with task rows."),
+    readme: str = typer.Option(
+        None, "--readme", help="Write the table between <!-- extend:BLOCK --> markers there."
+    ),
+    block: str = typer.Option("summary", "--block", help="The markers' name."),
+) -> None:
+    """Which method, up to which length: every study's task scores by length on one screen, one
+    row per (model, method), with both effective lengths and what each study cost."""
+    from .study import study_rows
+    from .task_summary import summary_markdown
+
+    try:
+        _check_readme(readme, block)
+        studies = [study_rows(run) for run in runs]
+        for run, rows in zip(runs, studies, strict=True):
+            if not any(r["kind"] == "task" for r in rows):
+                raise ValueError(f"{run} has no task rows: run its study with --tasks first")
+        text = summary_markdown(studies)
+        if not readme:
+            typer.echo(text)
+            return
+        _write_block(readme, block, text)
+        typer.echo(f"wrote the summary block of {readme}")
+    except ValueError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(os_error_message(e))
+
+
 @extend_app.command("export")
 def export_command(
     run: str = typer.Argument(..., help="A `posenc extend` results folder (its run.json)."),
