@@ -1,7 +1,7 @@
 """``posenc extend summary``: several studies' task scores on one screen (posenc.extend.
-task_summary). The scores, the bold trained length, partial lengths, the highest method and the
-missing cells are checked against values worked out by hand from the rows below; a folder without
-task rows is refused in one line."""
+task_summary). The scores, the bold trained length, partial lengths, the relative bar, the highest
+method and the missing cells are checked against values worked out by hand from the rows below;
+bad folders are refused in one line; the block is written between its markers."""
 
 from __future__ import annotations
 
@@ -9,17 +9,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from posenc.cli import app
 from posenc.extend.task_summary import study_line, summary_markdown, summary_table
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def row(model: str, trained: int, method: str, task: str, length: int,
-        scores: list[float]) -> dict[str, Any]:  # fmt: skip
+        scores: list[float], dtype: str = "bfloat16") -> dict[str, Any]:  # fmt: skip
     return {"kind": "task", "method": method, "task": task, "depth": 0.5, "length": length,
             "n": len(scores), "scores": scores, "seconds": 60.0 * len(scores), "threads": 1,
-            "model": {"source": f"/cache/{model}", "trained_length": trained}}  # fmt: skip
+            "model": {"source": f"/cache/{model}", "trained_length": trained,
+                      "dtype": dtype}}  # fmt: skip
 
 
 # model A, trained at 2048: two tasks, two methods; at 4096 yarn has answered one task of two
@@ -41,66 +45,105 @@ LARGE = [row("b.gguf", 4096, "none", "niah", 4096, [1.0, 0.0])]
 
 
 def test_table_has_every_length_of_every_study_the_trained_one_bold() -> None:
-    header, body = summary_table([SMALL, LARGE])
-    assert header == ["model (trained)", "method", "1k", "2k", "4k", "effective (rel.)",
-                      "effective (85.6%)"]  # fmt: skip
-    assert body[0] == ["a.gguf (2k)", "none", "75.0", "**25.0**", "0.0", "1k", "< shortest"]
-    # yarn: 100 and 75 % against 90 % of none's 75 % (67.5 %): it holds at 2k; 4k is partial,
-    # so the relative length is censored at 2k; RULER's 85.6 % holds only at 1k
-    assert body[1] == ["a.gguf (2k)", "yarn", "100.0", "**75.0**", "(1/2 cells)", "≥ 2k", "1k"]
-    assert body[2] == ["b.gguf (4k)", "none", "", "", "**50.0**", "≥ 4k", "< shortest"]
+    header, body = summary_table([SMALL, LARGE], ["small", "large"])
+    assert header == ["model (trained, dtype)", "method", "1k", "2k", "4k", "effective (85.6%)",
+                      "effective (rel.)"]  # fmt: skip
+    # none: 75 % at 1k is below RULER's 85.6 %; the relative bar is 90 % of its own 75 %
+    assert body[0] == ["a.gguf (2k, bfloat16)", "none", "75.0", "**25.0**", "0.0", "< 1k", "1k"]
+    # yarn: 100 and 75 % against the bar 67.5 %: it holds at 2k, and 4k is partial, so the
+    # relative length is at least 2k; RULER's 85.6 % holds only at 1k
+    assert body[1] == ["a.gguf (2k, bfloat16)", "yarn", "100.0", "**75.0**", "1 of 2 cells",
+                       "1k", "≥ 2k"]  # fmt: skip
+    assert body[2] == ["b.gguf (4k, bfloat16)", "none", "", "", "**50.0**", "< 4k", "≥ 4k"]
 
 
-def test_study_line_names_the_highest_at_the_longest_full_length_and_what_is_missing() -> None:
-    line = study_line(SMALL)
-    assert line.startswith("a.gguf, trained at 2k: at 2k (1x the trained length) the highest is "
-                           "yarn (75.0 %), the model as trained 25.0 %; 1 cell not yet answered")  # fmt: skip
+def test_a_partial_trained_length_stays_bold_and_two_runs_of_one_model_are_told_apart() -> None:
+    partial = [r for r in SMALL if (r["length"], r["method"], r["task"]) != (2048, "yarn", "vt")]
+    _, body = summary_table([partial, SMALL], ["first", "second"])
+    assert body[1][3] == "**1 of 2 cells**"  # yarn's 2k: the niah cell answered, vt not yet
+    assert body[0][0] == "a.gguf (2k, bfloat16) `first`" and body[2][0].endswith("`second`")
+
+
+def test_a_zero_reference_gives_no_relative_length() -> None:
+    rows = [row("c.gguf", 1024, "none", "niah", 1024, [0.0, 0.0]),
+            row("c.gguf", 1024, "yarn", "niah", 1024, [1.0, 0.0])]  # fmt: skip
+    _, body = summary_table([rows], ["c"])
+    assert [b[-1] for b in body] == ["n/a", "n/a"]  # a bar of 0 %: every length would pass
+    assert "no relative bar: the model as trained scores 0 at 1k" in study_line(rows, "c")
+
+
+def test_study_line_names_tasks_bar_the_highest_and_what_is_missing() -> None:
+    line = study_line(SMALL, "small")
+    assert line.startswith("`small`: a.gguf, trained at 2k; tasks niah, vt, 2 samples per cell; "
+                           "relative bar 67.5 % (90 % of the model's 75.0 % as trained at 1k); "
+                           "highest at 2k (the trained length): yarn (75.0 %), the model as "
+                           "trained 25.0 %; 1 cell of the lengths begun not yet answered")  # fmt: skip
     assert "22 min of forwards (11 cells, 1 thread)" in line  # 11 rows x 2 samples x 60 s
 
 
 def test_a_length_some_method_has_not_begun_is_not_full() -> None:
-    line = study_line(SMALL[:10])  # none has answered 4k, yarn nothing there yet
-    assert "at 2k (1x the trained length) the highest is yarn (75.0 %)" in line
-    assert "2 cells not yet answered" in line
+    line = study_line(SMALL[:10], "s")  # none has answered 4k, yarn nothing there yet
+    assert "highest at 2k (the trained length): yarn (75.0 %)" in line
+    assert "2 cells of the lengths begun not yet answered" in line
 
 
-def test_study_line_of_a_complete_study_says_nothing_is_missing() -> None:
-    line = study_line(SMALL[:8])
-    assert "the highest is yarn (75.0 %), the model as trained 25.0 %;" in line
+def test_ties_at_the_shown_precision_name_every_method() -> None:
+    rows = [row("d.gguf", 1024, m, "niah", 2048, [1.0, 0.0]) for m in ("none", "yarn")]
+    line = study_line(rows, "d")
+    assert "highest at 2k (2x the trained length): none, yarn (50.0 %)" in line
     assert "not yet answered" not in line
 
 
-def test_markdown_is_the_table_then_a_line_per_study() -> None:
-    text = summary_markdown([SMALL, LARGE])
-    assert "| a.gguf (2k) | none | 75.0 | **25.0** | 0.0 | 1k | < shortest |" in text
-    assert text.splitlines()[-2].startswith("- a.gguf") and text.splitlines()[-1].startswith(
-        "- b.gguf"
-    )
+def test_markdown_is_the_intro_the_table_then_a_line_per_study() -> None:
+    text = summary_markdown([SMALL, LARGE], ["small", "large"])
+    assert "| a.gguf (2k, bfloat16) | none | 75.0 | **25.0** | 0.0 | < 1k | 1k |" in text
+    last = text.splitlines()[-2:]
+    assert last[0].startswith("- `small`: a.gguf") and last[1].startswith("- `large`: b.gguf")
+
+
+def _folder(tmp_path: Path, name: str, rows: list[dict[str, Any]]) -> Path:
+    """A results folder of ``rows`` made whole from a committed task row (every field the store
+    reads), so the CLI reads them as it reads a study's."""
+    committed = ROOT / "benchmarks" / "studies" / "gemma3-270m-tasks" / "results.jsonl"
+    with committed.open(encoding="utf-8") as f:
+        template = json.loads(f.readline())
+    folder = tmp_path / name
+    folder.mkdir()
+    lines = [json.dumps({**template, **r, "model": {**template["model"], **r["model"]},
+                         "encoding": r["method"], "config_hash": f"cell{i}"})  # one key each
+             for i, r in enumerate(rows)]  # fmt: skip
+    (folder / "results.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
 
 
 def test_cli_writes_the_block_between_its_markers(tmp_path: Path) -> None:
-    from posenc.extend.study import study_rows
-
-    study = Path(__file__).resolve().parent.parent / "benchmarks" / "studies" / "gemma3-270m-tasks"
+    small, large = _folder(tmp_path, "small", SMALL), _folder(tmp_path, "large", LARGE)
     page = tmp_path / "page.md"
     page.write_text("# t\n\n<!-- extend:ruler -->\nold\n<!-- /extend:ruler -->\n\nafter\n")
     result = CliRunner().invoke(
-        app, ["extend", "summary", str(study), "--readme", str(page), "--block", "ruler"]
+        app,
+        ["extend", "summary", str(small), str(large), "--readme", str(page), "--block", "ruler"],
     )
     assert result.exit_code == 0, result.output
     text = page.read_text()
-    assert summary_markdown([study_rows(study)]) + "\n<!-- /extend:ruler -->\n\nafter\n" in text
-    assert "\nold\n" not in text
+    assert "| a.gguf (2k, bfloat16) | yarn | 100.0 | **75.0** |" in text
+    assert "- `large`: b.gguf, trained at 4k" in text
+    assert "\nold\n" not in text and text.endswith("<!-- /extend:ruler -->\n\nafter\n")
 
 
-def test_cli_refuses_a_folder_without_task_rows(tmp_path: Path) -> None:
-    runner = CliRunner()
-    ppl = tmp_path / "ppl"
-    ppl.mkdir()
-    ppl_row = {"kind": "ppl", "method": "none"}
-    (ppl / "results.jsonl").write_text(json.dumps(ppl_row) + "\n")
-    result = runner.invoke(app, ["extend", "summary", str(ppl)])
-    assert result.exit_code != 0 and "Traceback" not in result.output
-    assert "no task rows" in result.output or "skipped" in result.output, result.output
-    missing = runner.invoke(app, ["extend", "summary", str(tmp_path / "nothere")])
-    assert missing.exit_code != 0 and "no results.jsonl" in missing.output, missing.output
+@pytest.mark.parametrize("case", ["perplexity only", "no folder", "twice"])
+def test_cli_refuses_bad_folders_in_one_line(tmp_path: Path, case: str) -> None:
+    small = _folder(tmp_path, "small", SMALL)
+    if case == "perplexity only":
+        ppl = _folder(tmp_path, "ppl", [])
+        committed = ROOT / "benchmarks" / "studies" / "smollm2-ppl" / "results.jsonl"
+        with committed.open(encoding="utf-8") as f:
+            (ppl / "results.jsonl").write_text(f.readline())
+        args, message = [str(small), str(ppl)], "has no task rows: run its study with --tasks"
+    elif case == "no folder":
+        args, message = [str(small), str(tmp_path / "nothere")], "no such folder"
+    else:
+        args, message = [str(small), str(small)], "a folder was given twice"
+    result = CliRunner().invoke(app, ["extend", "summary", *args])
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert "Traceback" not in result.output

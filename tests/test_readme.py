@@ -195,8 +195,8 @@ def test_the_readme_summary_is_the_committed_task_rows() -> None:
     from posenc.extend.task_summary import summary_markdown
 
     studies = ROOT / "benchmarks" / "studies"
-    text = summary_markdown([study_rows(studies / "smollm2-135m-bf16"),
-                             study_rows(studies / "gemma3-270m-tasks")])  # fmt: skip
+    names = ["smollm2-135m-bf16", "gemma3-270m-tasks"]
+    text = summary_markdown([study_rows(studies / n) for n in names], names)
     assert generated_blocks(READMES[0])["extend:ruler"] == text + "\n"
 
 
@@ -268,6 +268,7 @@ def test_readme_report_writes_the_chinese_readme(tmp_path: Path) -> None:
     text = READMES[1].read_text(encoding="utf-8")
     copy.write_text(text, encoding="utf-8")
     replace_block(copy, *HEADLINE_BLOCK, "| a |\n|---|\n| 1 |\n")
-    assert generated_blocks(copy) == {"lab:headline": "| a |\n|---|\n| 1 |\n"}
+    new = "| a |\n|---|\n| 1 |\n"
+    assert generated_blocks(copy) == {**generated_blocks(READMES[1]), "lab:headline": new}
     old = generated_blocks(READMES[1])["lab:headline"]
     assert copy.read_text(encoding="utf-8") == text.replace(old, "| a |\n|---|\n| 1 |\n")

@@ -373,7 +373,7 @@ def run_command(
 
 
 def _check_readme(readme: str | None, block: str) -> None:
-    """``--readme``/``--block`` of ``report`` and ``compare``, checked before any work."""
+    """``--readme``/``--block`` of ``report``, ``compare`` and ``summary``, checked first."""
     if not readme:
         return
     if not Path(readme).is_file():
@@ -391,6 +391,15 @@ def _write_block(readme: str, block: str, text: str) -> None:
 
     replace_block(Path(readme), f"<!-- extend:{block} -->", f"<!-- /extend:{block} -->",
                   text + "\n")  # fmt: skip
+
+
+def _echo_or_write(text: str, readme: str | None, block: str, what: str) -> None:
+    """A command's Markdown: printed, or written into ``readme``'s block (and said so)."""
+    if not readme:
+        typer.echo(text)
+        return
+    _write_block(readme, block, text)
+    typer.echo(f"wrote the {what} block of {readme}")
 
 
 @extend_app.command("report")
@@ -498,12 +507,8 @@ def compare_command(
         names = (Path(first).resolve().name, Path(second).resolve().name)
         if names[0] == names[1]:  # runs/a/out against runs/b/out: the paths as given
             names = (first, second)
-        text = compare_markdown(study_rows(first), study_rows(second), names)
-        if not readme:
-            typer.echo(text)
-            return
-        _write_block(readme, block, text)
-        typer.echo(f"wrote the comparison block of {readme}")
+        _echo_or_write(compare_markdown(study_rows(first), study_rows(second), names), readme,
+                       block, "comparison")  # fmt: skip
     except ValueError as e:
         fail(str(e))
     except OSError as e:
@@ -519,22 +524,26 @@ def summary_command(
     block: str = typer.Option("summary", "--block", help="The markers' name."),
 ) -> None:
     """Which method, up to which length: every study's task scores by length on one screen, one
-    row per (model, method), with both effective lengths and what each study cost."""
+    row per (study, method), with both effective lengths and what each study cost."""
     from .study import study_rows
     from .task_summary import summary_markdown
 
     try:
+        for run in runs:
+            if not Path(run).is_dir():
+                raise ValueError(f"{run}: no such folder; give `posenc extend` results folders")
+        if len({Path(run).resolve() for run in runs}) < len(runs):
+            raise ValueError(f"a folder was given twice ({' '.join(runs)}): give each study once")
         _check_readme(readme, block)
         studies = [study_rows(run) for run in runs]
         for run, rows in zip(runs, studies, strict=True):
             if not any(r["kind"] == "task" for r in rows):
                 raise ValueError(f"{run} has no task rows: run its study with --tasks first")
-        text = summary_markdown(studies)
-        if not readme:
-            typer.echo(text)
-            return
-        _write_block(readme, block, text)
-        typer.echo(f"wrote the summary block of {readme}")
+        names = [Path(run).resolve().name for run in runs]
+        if len(set(names)) < len(names):  # runs/a/out and runs/b/out: the paths as given
+            names = list(runs)
+        text = summary_markdown(studies, names)
+        _echo_or_write(text, readme, block, "summary")
     except ValueError as e:
         fail(str(e))
     except OSError as e:

@@ -129,13 +129,14 @@ def cost_line(rows: Sequence[dict[str, Any]], wall_seconds: float | None = None)
     for r in rows:
         by_threads.setdefault(int(r["threads"]), []).append(float(r["seconds"]))
     total = sum(sum(s) for s in by_threads.values())
+    cells = f"{len(rows)} cell{'' if len(rows) == 1 else 's'}"
     if len(by_threads) == 1:
         (threads,) = by_threads
-        timing = f"{total / 60:.0f} min of forwards ({len(rows)} cells, {_threads(threads)})"
+        timing = f"{total / 60:.0f} min of forwards ({cells}, {_threads(threads)})"
     else:
         parts = ", ".join(f"{len(by_threads[t])} on {_threads(t)}: {sum(by_threads[t]) / 60:.0f} min"
                           for t in sorted(by_threads))  # fmt: skip
-        timing = f"{total / 60:.0f} min of forwards ({len(rows)} cells; {parts})"
+        timing = f"{total / 60:.0f} min of forwards ({cells}; {parts})"
     timed = [r["cpu_seconds"] for r in rows if isinstance(r.get("cpu_seconds"), (int, float))]
     if timed:  # the cells' own cost, whatever else ran on the machine (rows before it lack it)
         where = "" if len(timed) == len(rows) else f" in the {len(timed)} cells that record it"

@@ -28,7 +28,8 @@ def task_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["kind"] == "task"]
 
 
-def _methods(rows: Sequence[dict[str, Any]]) -> list[str]:
+def study_methods(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The rows' methods, in the order the study ran them."""
     return list(dict.fromkeys(r["method"] for r in rows))
 
 
@@ -55,7 +56,7 @@ def complete_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             if len(set(cover[(r["method"], int(r["length"]))])) == 1]  # fmt: skip
 
 
-def _reference(rows: Sequence[dict[str, Any]]) -> float | None:
+def reference_score(rows: Sequence[dict[str, Any]]) -> float | None:
     """The model as trained at the shortest length (``none``'s score there), or None."""
     mine = [r for r in rows if r["method"] == "none"]
     scores = scores_by_length(mine)
@@ -66,10 +67,10 @@ def method_lengths(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Effect
     """Method -> ``{"absolute": ..., "relative": ...}`` effective lengths from its task rows at
     the lengths where it has answered every cell (:func:`complete_rows`)."""
     tasks = complete_rows(rows)
-    reference = _reference(tasks)
+    reference = reference_score(tasks)
     return {
         m: effective_lengths([r for r in tasks if r["method"] == m], RELATIVE_FRACTION, reference)
-        for m in _methods(tasks)
+        for m in study_methods(tasks)
     }
 
 
@@ -82,13 +83,25 @@ def _score_text(scores: dict[int, float], cover: dict[tuple[str, int], tuple[int
     return f"{100 * scores[n]:.1f}" + (f" ({done}/{total} cells)" if done < total else "")
 
 
-def _length_text(e: EffectiveLength) -> str:
-    if e.how == "no length answered in full yet":
+def k_text(n: int) -> str:
+    """A length as the tables write it: ``8192`` -> ``8k``, ``1000`` -> ``1000``."""
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def length_text(e: EffectiveLength, shortest: int | None) -> str:
+    """An effective length as a table cell: ``4k``, ``≥ 32k`` (every length passed), ``< 2k``
+    (below the threshold at ``shortest``, the shortest length the method answered in full)."""
+    if e.how == "no length answered in full yet" or shortest is None:
         return ""
     if e.length is None:
-        return "< shortest"
-    text = f"{e.length / 1024:g}k" if e.length % 1024 == 0 else str(e.length)
-    return ("≥ " + text) if e.censored else text
+        return f"< {k_text(shortest)}"
+    return ("≥ " if e.censored else "") + k_text(e.length)
+
+
+def shortest_full(rows: Sequence[dict[str, Any]], method: str) -> int | None:
+    """The shortest length ``method`` has answered in full (:func:`complete_rows`), or None."""
+    lengths = [int(r["length"]) for r in complete_rows(rows) if r["method"] == method]
+    return min(lengths) if lengths else None
 
 
 def task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -101,14 +114,15 @@ def task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
     eff, cover = method_lengths(tasks), coverage(tasks)
     none = EffectiveLength(None, 0.0, "", None, False, (), "no length answered in full yet")
     body = []
-    for method in _methods(tasks):
+    for method in study_methods(tasks):
         mine = [r for r in tasks if r["method"] == method]
         scores = scores_by_length(mine)
         per_sample = [r["seconds"] / r["n"] for r in mine]
         mark = eff.get(method, {"absolute": none, "relative": none})
+        shortest = shortest_full(tasks, method)
         body.append([
             method, *(_score_text(scores, cover, method, n) for n in lengths),
-            _length_text(mark["absolute"]), _length_text(mark["relative"]),
+            length_text(mark["absolute"], shortest), length_text(mark["relative"], shortest),
             f"{statistics.median(per_sample):.1f}",
         ])  # fmt: skip
     return header, body
@@ -124,7 +138,7 @@ def per_task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list
         pooled[(r["task"], r["method"], int(r["length"]))].extend(r["scores"])
     body = []
     for task in dict.fromkeys(r["task"] for r in tasks):
-        for method in _methods(tasks):
+        for method in study_methods(tasks):
             cells = []
             for n in lengths:
                 got = pooled.get((task, method, n))
@@ -153,7 +167,7 @@ def needle_data(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for r in tasks:
         grid[r["method"]][(float(r["depth"]), int(r["length"]))].extend(r["scores"])
     return {
-        "model": _model_name(rows),
+        "model": model_name(rows),
         "trained": rows[0]["model"]["trained_length"] if rows else 0,
         "tasks": sorted({r["task"] for r in tasks}),
         "scores": {m: {k: statistics.fmean(v) for k, v in cells.items()}
@@ -171,16 +185,16 @@ def task_curves(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for r in task_rows(rows):
         pooled[r["task"]][r["method"]][int(r["length"])].extend(r["scores"])
     return {
-        "model": _model_name(rows),
+        "model": model_name(rows),
         "trained": rows[0]["model"]["trained_length"] if rows else 0,
         "scores": {t: {m: {n: statistics.fmean(v) for n, v in sorted(by.items())}
                        for m, by in methods.items()} for t, methods in pooled.items()},
         "average": {m: scores_by_length([r for r in complete_rows(rows) if r["method"] == m])
-                    for m in _methods(task_rows(rows))},  # only the lengths answered in full
+                    for m in study_methods(task_rows(rows))},  # only the lengths answered in full
     }  # fmt: skip
 
 
-def _model_name(rows: Sequence[dict[str, Any]]) -> str:
+def model_name(rows: Sequence[dict[str, Any]]) -> str:
     return str(rows[0]["model"]["source"]).rsplit("/", 1)[-1] if rows else ""
 
 
