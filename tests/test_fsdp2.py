@@ -127,7 +127,15 @@ def worker() -> None:
         rows.append(row)
     if rank == 0:
         print("FSDP2 " + json.dumps(rows), flush=True)
+    # Both ranks reach the teardown together, and the process leaves without the interpreter's
+    # finalization: on a loaded 2-core machine a gloo worker thread still alive while the
+    # interpreter is torn down aborted rank 0 ("terminate called without an active exception",
+    # exit -6) after it had printed every result (pytorch/pytorch#179291 describes the race).
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.mark.skipif(not _sockets_allowed(), reason="this sandbox forbids local TCP sockets (gloo)")
