@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -393,6 +395,18 @@ def _write_block(readme: str, block: str, text: str) -> None:
                   text + "\n")  # fmt: skip
 
 
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """A user's mistake (ValueError) or an unreadable/unwritable file (OSError) as one
+    ``error:`` line, as every ``extend`` subcommand reports them."""
+    try:
+        yield
+    except ValueError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(os_error_message(e))
+
+
 def _echo_or_write(text: str, readme: str | None, block: str, what: str) -> None:
     """A command's Markdown: printed, or written into ``readme``'s block (and said so)."""
     if not readme:
@@ -497,7 +511,7 @@ def compare_command(
     from .study import study_rows
     from .task_compare import compare_markdown
 
-    try:
+    with _one_line_errors():
         for run in (first, second):
             if not Path(run).is_dir():
                 raise ValueError(f"{run}: no such folder; give two `posenc extend` results folders")
@@ -509,10 +523,6 @@ def compare_command(
             names = (first, second)
         _echo_or_write(compare_markdown(study_rows(first), study_rows(second), names), readme,
                        block, "comparison")  # fmt: skip
-    except ValueError as e:
-        fail(str(e))
-    except OSError as e:
-        fail(os_error_message(e))
 
 
 @extend_app.command("summary")
@@ -528,7 +538,7 @@ def summary_command(
     from .study import study_rows
     from .task_summary import summary_markdown
 
-    try:
+    with _one_line_errors():
         for run in runs:
             if not Path(run).is_dir():
                 raise ValueError(f"{run}: no such folder; give `posenc extend` results folders")
@@ -544,10 +554,6 @@ def summary_command(
             names = list(runs)
         text = summary_markdown(studies, names)
         _echo_or_write(text, readme, block, "summary")
-    except ValueError as e:
-        fail(str(e))
-    except OSError as e:
-        fail(os_error_message(e))
 
 
 @extend_app.command("export")
