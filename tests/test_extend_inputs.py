@@ -233,6 +233,22 @@ def test_report_readme_of_a_missing_file_is_one_line(tmp_path: Path) -> None:
     assert not missing.exists()
 
 
+def test_export_a_file_it_cannot_read_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError inside ``export`` (here the run's folder unreadable) is the one ``error:``
+    line every ``extend`` subcommand gives, not a traceback."""
+
+    def unreadable(*a: Any, **k: Any) -> None:
+        raise PermissionError(13, "Permission denied", str(tmp_path / "rows.jsonl"))
+
+    monkeypatch.setattr("posenc.extend.folder.check_export", unreadable)
+    (tmp_path / "run.json").write_text("{}")
+    result = _cli("extend", "export", str(tmp_path), "--method", "yarn", "--out",
+                  str(tmp_path / "model"))  # fmt: skip
+    _one_line_error(result, "Permission denied", "rows.jsonl")
+
+
 def test_explore_out_under_a_file_is_one_line(tmp_path: Path) -> None:
     pytest.importorskip("plotly")
     a_file = tmp_path / "a-file"

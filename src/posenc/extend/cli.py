@@ -368,10 +368,8 @@ def run_command(
 ) -> None:
     """Perplexity by length, passkey retrieval and RULER-style tasks of MODEL under each
     method."""
-    try:
+    with _one_line_errors():
         _run(model, dict(locals()))
-    except ValueError as e:
-        fail(str(e))
 
 
 def _check_readme(readme: str | None, block: str) -> None:
@@ -438,7 +436,7 @@ def report_command(
     from .report import markdown_report
     from .study import study_rows
 
-    try:
+    with _one_line_errors():
         _check_readme(readme, block)  # before the rows are read
         rows = study_rows(run)
         if not rows:
@@ -455,10 +453,6 @@ def report_command(
         else:
             _print_tables(rows)
         _figures(rows, figure, heatmap, task_figure)
-    except ValueError as e:
-        fail(str(e))
-    except OSError as e:  # a file that cannot be read or written
-        fail(os_error_message(e))
 
 
 def _figures(rows: list[dict[str, Any]], figure: str | None, heatmap: str | None,
@@ -570,7 +564,7 @@ def export_command(
     from .methods import parse_method
     from .model import ModelSource, load_model, model_identity
 
-    try:
+    with _one_line_errors():
         path = Path(run) / "run.json"
         if not path.is_file():
             raise ValueError(f"{run!r} is no `posenc extend` folder (no run.json)")
@@ -587,7 +581,5 @@ def export_command(
         model, tokenizer = load_model(source, dtype=spec["dtype"])
         check_export(Path(run), spec, model_identity(source, model, spec["dtype"]))  # unchanged
         written = export_model(model, tokenizer, chosen, target, out)
-    except ValueError as e:
-        fail(str(e))
     typer.echo(f"wrote {written} ({chosen.label} for {target} tokens); load it with "
                f"AutoModelForCausalLM.from_pretrained({str(written)!r})")  # fmt: skip
