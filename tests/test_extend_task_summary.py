@@ -147,3 +147,21 @@ def test_cli_refuses_bad_folders_in_one_line(tmp_path: Path, case: str) -> None:
     result = CliRunner().invoke(app, ["extend", "summary", *args])
     assert result.exit_code != 0 and message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("scores", "want"),
+    [
+        ({8192: 0.2, 16384: 0.5, 32768: 0.6}, "< 8k (again at 16k, 32k)"),  # Gemma's YaRN
+        ({8192: 0.5, 16384: 0.2, 32768: 0.6}, "8k (again at 32k)"),
+        ({8192: 0.5, 16384: 0.5}, "≥ 16k"),
+        ({8192: 0.2, 16384: 0.2}, "< 8k"),
+    ],
+)
+def test_an_effective_length_cell_shows_a_recovery_past_the_first_failure(
+    scores: dict[int, float], want: str
+) -> None:
+    from posenc.extend.task_report import length_text
+    from posenc.extend.tasks import effective_length
+
+    assert length_text(effective_length(scores, 0.3), min(scores)) == want

@@ -397,6 +397,23 @@ def test_effective_length_is_the_longest_length_that_stays_above_rulers_threshol
     assert ruler_effective_length({1024: 0.856, 2048: 0.86}).censored  # at the threshold passes
     none = ruler_effective_length({1024: 0.5, 2048: 0.9})
     assert none.length is None and none.first_failure == 1024 and "shortest" in none.how
+    # A recovery after a failing shortest length is said too (YaRN's case on Gemma-3-270M).
+    assert none.passes_after == (2048,) and "above again at 2048" in none.how
+
+
+@pytest.mark.parametrize(
+    "scores", [{4096: 94, 8192: 91}, {4096: 0.9, 8192: -0.1}, {4096: float("nan")}, {}]
+)
+def test_effective_length_refuses_scores_that_are_no_fractions(scores: dict[int, float]) -> None:
+    with pytest.raises(ValueError, match=r"fractions in \[0, 1\]|at least one"):
+        ruler_effective_length(scores)
+    with pytest.raises(ValueError, match=r"fractions in \[0, 1\]|at least one"):
+        relative_effective_length(scores)
+
+
+def test_relative_effective_length_refuses_a_percentage_reference() -> None:
+    with pytest.raises(ValueError, match=r"reference must be a fraction in \[0, 1\].*got 80"):
+        relative_effective_length({4096: 0.9}, reference=80)
 
 
 def test_relative_effective_length_keeps_a_share_of_the_shortest_length_score() -> None:

@@ -90,12 +90,17 @@ def k_text(n: int) -> str:
 
 def length_text(e: EffectiveLength, shortest: int | None) -> str:
     """An effective length as a table cell: ``4k``, ``≥ 32k`` (every length passed), ``< 2k``
-    (below the threshold at ``shortest``, the shortest length the method answered in full)."""
+    (below the threshold at ``shortest``, the shortest length the method answered in full);
+    ``< 8k (again at 16k, 32k)``: longer lengths at or above it again after the first failure,
+    which the rule does not count but a reader must not miss."""
     if e.how == "no length answered in full yet" or shortest is None:
         return ""
-    if e.length is None:
-        return f"< {k_text(shortest)}"
-    return ("≥ " if e.censored else "") + k_text(e.length)
+    text = f"< {k_text(shortest)}" if e.length is None else k_text(e.length)
+    if e.censored:
+        text = "≥ " + text
+    if e.passes_after:
+        text += f" (again at {', '.join(k_text(n) for n in e.passes_after)})"
+    return text
 
 
 def shortest_full(rows: Sequence[dict[str, Any]], method: str) -> int | None:
@@ -198,6 +203,14 @@ def model_name(rows: Sequence[dict[str, Any]]) -> str:
     return str(rows[0]["model"]["source"]).rsplit("/", 1)[-1] if rows else ""
 
 
+def _task_with_depths(tasks: Sequence[dict[str, Any]], task: str) -> str:
+    """``niah_single_2 at depths 10%, 50%, 90%`` (the name in backticks): each task with the depths it was asked at
+    (a study may ask the needle at three depths and the other tasks at one)."""
+    depths = sorted({r["depth"] for r in tasks if r["task"] == task and r["depth"] is not None})
+    at = f" at depth{'s' if len(depths) > 1 else ''} {', '.join(f'{d:.0%}' for d in depths)}"
+    return f"`{task}`" + (at if depths else "")
+
+
 def task_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The task section of a study's Markdown block (lines): the average table with effective
     lengths, how each was found, then every task's scores with their intervals."""
@@ -207,16 +220,15 @@ def task_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     if not tasks:
         return []
     first = tasks[0]
-    names = ", ".join(f"`{t}`" for t in dict.fromkeys(r["task"] for r in tasks))
-    depths = sorted({r["depth"] for r in tasks if r["depth"] is not None})
+    names = ", ".join(_task_with_depths(tasks, t) for t in dict.fromkeys(r["task"] for r in tasks))
     out = [
         "",
         f"RULER-style tasks ({names}; {first['n']} samples per cell, seed {first['task_seed']}"
-        + (f", needle depths {', '.join(f'{d:.0%}' for d in depths)}" if depths else "")
         + "; greedy answers through the KV cache, scored as RULER scores them). Score: each "
         "task's mean, then the mean over tasks, in %; effective length: the longest length up "
         "to which the score stays at or above RULER's 85.6 % (absolute) or 90 % of the model's "
-        "own score as trained at the shortest length (rel.):",
+        "own score as trained at the shortest length (rel.); (again at ...): longer lengths "
+        "above the bar again after the first one below it:",
         "",
         markdown_table(*task_table(tasks)),
         "",

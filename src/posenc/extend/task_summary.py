@@ -158,7 +158,8 @@ def summary_markdown(studies: Sequence[Rows], names: Sequence[str]) -> str:
         "tasks, in %; **bold**: the trained length; `k of N cells`: a length a method has "
         "answered only in part (no score yet). Effective length: the longest length up to which "
         "the score stays at or above RULER's 85.6 %, or the study's relative bar (90 % of the "
-        "model's own score as trained at the study's shortest length). The studies' tasks and "
+        "model's own score as trained at the study's shortest length); (again at ...): longer "
+        "lengths above the bar again after the first one below it. The studies' tasks and "
         "bars differ (their lines say how), so compare methods within a study.",
         "",
         markdown_table(*summary_table(studies, names)),

@@ -49,8 +49,7 @@ def effective_length(scores: Mapping[int, float], threshold: float,
                      rule: str = "absolute") -> EffectiveLength:  # fmt: skip
     """``scores`` (tested length -> score in ``[0, 1]``) held to ``threshold``: the longest length
     up to which every score is at or above it (:class:`EffectiveLength`)."""
-    if not scores:
-        raise ValueError("effective_length needs at least one length's score")
+    _check_fractions(scores)
     lengths = sorted(scores)
     failing = [n for n in lengths if scores[n] < threshold]
     first = failing[0] if failing else None
@@ -64,10 +63,22 @@ def effective_length(scores: Mapping[int, float], threshold: float,
         how = f"at or above {pct} at every length tested, up to {length}: at least {length}"
     else:
         how = f"at or above {pct} up to {length}; {scores[first]:.1%} at {first}"
-        if after:
-            how += f" (above again at {', '.join(map(str, after))})"
+    if after:  # a recovery past the first failure: the rule ends at the dip, the reader sees both
+        how += f" (above again at {', '.join(map(str, after))})"
     return EffectiveLength(length, threshold, rule, first, first is None, after,
                            f"{rule} threshold: {how}")  # fmt: skip
+
+
+def _check_fractions(scores: Mapping[int, float]) -> None:
+    """Scores as fractions in ``[0, 1]``: a percentage (``94`` for 94 %) would pass any bar."""
+    if not scores:
+        raise ValueError("effective_length needs at least one length's score")
+    for n, score in scores.items():
+        if not 0.0 <= float(score) <= 1.0:  # NaN fails too
+            raise ValueError(
+                f"the score at {n} is {score}: scores are fractions in [0, 1] "
+                f"(0.94 for 94 %), not percentages"
+            )
 
 
 def ruler_effective_length(scores: Mapping[int, float]) -> EffectiveLength:
@@ -82,8 +93,9 @@ def relative_effective_length(scores: Mapping[int, float], fraction: float = REL
     every length passes; the sentence says so."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    if not scores:
-        raise ValueError("effective_length needs at least one length's score")
+    _check_fractions(scores)
+    if reference is not None and not 0.0 <= float(reference) <= 1.0:
+        raise ValueError(f"reference must be a fraction in [0, 1] (0.8 for 80 %), got {reference}")
     base = scores[min(scores)] if reference is None else reference
     result = effective_length(scores, fraction * base, "relative")
     whose = f"the score at {min(scores)}" if reference is None else "the reference score"
