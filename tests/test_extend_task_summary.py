@@ -165,3 +165,22 @@ def test_an_effective_length_cell_shows_a_recovery_past_the_first_failure(
     from posenc.extend.tasks import effective_length
 
     assert length_text(effective_length(scores, 0.3), min(scores)) == want
+
+
+@pytest.mark.parametrize(
+    ("option", "name", "needles"),
+    [
+        ("--figure", "f.png", ["--figure", "no perplexity rows", "--heatmap"]),  # task rows only
+        ("--heatmap", "h.jpg", [".jpg", ".png"]),  # a suffix no figure has
+    ],
+)
+def test_report_checks_its_figures_before_it_prints_the_table(
+    tmp_path: Path, option: str, name: str, needles: list[str]
+) -> None:
+    study = ROOT / "benchmarks" / "studies" / "gemma3-270m-tasks"
+    result = CliRunner().invoke(app, ["extend", "report", str(study), option, str(tmp_path / name)])
+    assert result.exit_code != 0
+    assert result.output.startswith("error:") and len(result.output.strip().splitlines()) == 1
+    for needle in needles:
+        assert needle in result.output, result.output
+    assert not (tmp_path / name).exists()

@@ -433,6 +433,7 @@ def report_command(
     wall_minutes: float = typer.Option(None, "--wall-minutes", help="Its wall time (shown)."),
 ) -> None:
     """Print a study's table (or Markdown), draw its figure, or write its README block."""
+    from .figures import draw_figures, figure_paths
     from .report import markdown_report
     from .study import study_rows
 
@@ -441,6 +442,7 @@ def report_command(
         rows = study_rows(run)
         if not rows:
             raise ValueError(f"{run!r} holds no study rows yet")
+        paths = figure_paths(rows, figure, heatmap, task_figure)  # before the table prints
         wall = None if wall_minutes is None else 60 * wall_minutes
         text = markdown_report(
             rows, command=command or f"posenc extend ... --out {run}", wall_seconds=wall
@@ -452,35 +454,8 @@ def report_command(
             typer.echo(text)
         else:
             _print_tables(rows)
-        _figures(rows, figure, heatmap, task_figure)
-
-
-def _figures(rows: list[dict[str, Any]], figure: str | None, heatmap: str | None,
-             task_figure: str | None) -> None:  # fmt: skip
-    """``report``'s figures, each path checked before any is drawn."""
-    from ..plots.common import check_figure_path, save_figure
-
-    paths = {k: check_figure_path(p) for k, p in
-             (("figure", figure), ("heatmap", heatmap), ("tasks", task_figure)) if p}  # fmt: skip
-    if "figure" in paths:
-        from ..plots.real_model import draw_real_study
-        from .report import figure_data
-
-        save_figure(draw_real_study(figure_data(rows)), paths["figure"])
-    if ("heatmap" in paths or "tasks" in paths) and not any(r["kind"] == "task" for r in rows):
-        raise ValueError("the study has no task rows: run it with --tasks first")
-    if "heatmap" in paths:
-        from ..plots.needle import draw_needle_heatmap
-        from .task_report import needle_data
-
-        save_figure(draw_needle_heatmap(needle_data(rows)), paths["heatmap"])
-    if "tasks" in paths:
-        from ..plots.needle import draw_task_scores
-        from .task_report import task_curves
-
-        save_figure(draw_task_scores(task_curves(rows)), paths["tasks"])
-    for path in paths.values():
-        typer.echo(f"figure: {path}")
+        for path in draw_figures(rows, paths):
+            typer.echo(f"figure: {path}")
 
 
 @extend_app.command("compare")
