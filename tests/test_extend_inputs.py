@@ -270,3 +270,21 @@ def test_a_partial_or_boolean_dual_chunk_config_is_one_line(dca: Any) -> None:
         )
     for none in (None, False, {}):
         assert extension_from_config({"dual_chunk_attention_config": none}) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "option"),
+    [
+        ([], "lower --lengths or"),  # the perplexity lengths are the longest forward
+        (["--tasks", "niah_single_1", "--task-lengths", "4096"], "lower --task-lengths or"),
+    ],
+)
+def test_a_forward_too_large_names_the_option_that_asked_for_it(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], option: str
+) -> None:
+    monkeypatch.setattr("posenc.extend.estimate.available_bytes", lambda device: 1)
+    out = tmp_path / "out"
+    result = _cli("extend", str(folder), *STUDY, "--out", str(out), *extra)
+    message = _one_line_error(result, "GiB is available", option)
+    assert ("4096 tokens" in message) == bool(extra), message
+    assert not out.exists()

@@ -158,8 +158,20 @@ def test_task_cell_order_is_length_first_every_method_together() -> None:
         (["--tasks", "niah_single_9"], "unknown task 'niah_single_9'"),
         (["--tasks", "vt", "--task-depths", "1.5"], "--task-depths: '1.5'"),
         (["--tasks", "vt", "--task-lengths", "2k,inf"], "--task-lengths: 'inf'"),
-        (["--tasks", "vt", "--task-lengths", "512,256"], "task lengths must increase"),
-        (["--tasks", "niah_multikey_3", "--task-lengths", "40"], "too short for this task"),
+        (["--tasks", "vt", "--task-lengths", "512,256"], "(--task-lengths) must increase"),
+        (["--tasks", "vt", "--task-lengths", "256,256"], "each given once"),
+        (
+            ["--tasks", "niah_multikey_3", "--task-lengths", "40"],
+            "task niah_multikey_3 at --task-lengths 40: a prompt of 40 tokens is too short",
+        ),
+        (["--tasks", ""], "--tasks names no task"),
+        (["--tasks", " , "], "--tasks names no task"),
+        (["--task-lengths", "256"], "--task-lengths is set but no --tasks"),
+        (["--task-depths", "0.1"], "--task-depths is set but no --tasks"),
+        (["--samples", "2"], "--samples is set but no --tasks"),
+        (["--task-seed", "3"], "--task-seed is set but no --tasks"),
+        (["--tasks", "vt", "--task-depths", ""], "(--task-depths) name no depth"),
+        (["--tasks", "vt", "--task-depths", "0.5,0.5"], "given more than once: [0.5, 0.5]"),
     ],
 )
 def test_bad_task_options_are_one_line_and_write_nothing(

@@ -75,7 +75,8 @@ def _study_config(options: dict[str, Any]) -> Any:
     )
     lengths = parse_lengths(options["lengths"])
     keys = options["passkey_lengths"]
-    tasks = parse_tasks(options["tasks"])
+    tasks = parse_tasks(options["tasks"] or "")
+    _check_task_options(options, tasks)
     task_lengths = options["task_lengths"]
     return StudyConfig(
         methods=methods,
@@ -95,6 +96,28 @@ def _study_config(options: dict[str, Any]) -> Any:
         longppl_trunc=options["longppl_trunc"],
         longppl_window=options["longppl_window"] or max(1, options["longppl_trunc"] // 4),
     )
+
+
+def _length_options(cfg: Any, n: int) -> str:
+    """The options that asked for length ``n``: what a user lowers when it does not fit."""
+    named = [opt for opt, have in (("--lengths", cfg.lengths), ("--task-lengths", cfg.task_lengths),
+             ("--passkey-lengths", cfg.passkey_lengths)) if n in have]  # fmt: skip
+    return " and ".join(named) or "--lengths"
+
+
+def _check_task_options(options: dict[str, Any], tasks: tuple[str, ...]) -> None:
+    """Task settings without a task would be ignored in silence: refused, as ``--tasks ""``."""
+    if options["tasks"] is not None and not tasks:
+        raise ValueError("--tasks names no task: give task names (niah_single_2,vt), "
+                         "ruler (every task) or niah (the needles)")  # fmt: skip
+    if tasks:
+        return
+    defaults = {"task_lengths": "", "task_depths": "0.5", "samples": 4, "task_seed": 0}
+    for key, default in defaults.items():
+        if options[key] not in (default, None):
+            option = "--" + key.replace("_", "-")
+            raise ValueError(f"{option} is set but no --tasks: name the tasks it is for "
+                             "(--tasks niah_single_2,vt, or ruler)")  # fmt: skip
 
 
 def _task_lengths(text: str, lengths: tuple[int, ...]) -> tuple[int, ...]:
@@ -196,12 +219,14 @@ def _run(model: str, options: dict[str, Any]) -> None:
     shape = model_shape(loaded)
     device = next(loaded.parameters()).device
     todo = cells(cfg)
-    peak = max(forward_bytes(shape, c.length, c.method.name) for c in todo)
-    need, have = loaded_bytes(loaded) + peak, available_bytes(device)
+    big = max(todo, key=lambda c: forward_bytes(shape, c.length, c.method.name))
+    need = loaded_bytes(loaded) + forward_bytes(shape, big.length, big.method.name)
+    have = available_bytes(device)
     if need > have:
         raise ValueError(
-            f"one forward of {cfg.target} tokens needs about {need / 2**30:.1f} GiB and "
-            f"{have / 2**30:.1f} GiB is available: lower --lengths or use a larger device"
+            f"one forward of {big.length} tokens needs about {need / 2**30:.1f} GiB and "
+            f"{have / 2**30:.1f} GiB is available: lower {_length_options(cfg, big.length)} "
+            f"or use a larger device"
         )
     check_texts(tokenizer, cfg)  # the documents and passkey prompts fit, in its tokens
     out = Path(options["out"])
@@ -338,7 +363,7 @@ def run_command(
     passkey_depths: str = typer.Option("0.1,0.5,0.9", "--passkey-depths", help="Key depths 0..1."),
     passkey_methods: str = typer.Option("", "--passkey-methods", help="Passkey only for these."),
     tasks: str = typer.Option(
-        "", "--tasks", help="RULER-style tasks, comma-separated (ruler: all; niah: the needles)."
+        None, "--tasks", help="RULER-style tasks, comma-separated (ruler: all; niah: the needles)."
     ),
     task_lengths: str = typer.Option(
         "", "--task-lengths", help="Task lengths (default --lengths)."

@@ -112,9 +112,16 @@ class StudyConfig:
         if self.tasks and not self.task_lengths:
             raise ValueError("tasks need at least one task length")
         if list(self.task_lengths) != sorted(set(self.task_lengths)):
-            raise ValueError(f"task lengths must increase, got {list(self.task_lengths)}")
-        if not self.task_depths or any(not 0.0 <= d <= 1.0 for d in self.task_depths):
+            raise ValueError(f"task lengths (--task-lengths) must increase, each given once, "
+                             f"got {list(self.task_lengths)}")  # fmt: skip
+        if not self.task_depths:
+            raise ValueError("task depths (--task-depths) name no depth: give fractions in "
+                             "[0, 1], e.g. 0.1,0.5,0.9")  # fmt: skip
+        if any(not 0.0 <= d <= 1.0 for d in self.task_depths):
             raise ValueError(f"task depths must be in [0, 1], got {list(self.task_depths)}")
+        if len(set(self.task_depths)) != len(self.task_depths):  # the same cells twice
+            raise ValueError(f"task depths (--task-depths) are given more than once: "
+                             f"{list(self.task_depths)}")  # fmt: skip
         for name, value in (("task samples", self.task_samples), ("task seed", self.task_seed)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
@@ -298,9 +305,12 @@ def check_texts(tokenizer: Any, cfg: StudyConfig) -> None:
     from .tasks import get_task
 
     for name in cfg.tasks:  # one sample at the shortest length: a task too long for it refused
-        task = get_task(name)
-        task.sample(tokenizer, cfg.task_lengths[0], cfg.task_depths[0] if task.uses_depth else None,
-                    cfg.task_seed)  # fmt: skip
+        task, shortest = get_task(name), cfg.task_lengths[0]
+        try:
+            task.sample(tokenizer, shortest, cfg.task_depths[0] if task.uses_depth else None,
+                        cfg.task_seed)  # fmt: skip
+        except ValueError as err:  # which task and which option, beside the tokens it needs
+            raise ValueError(f"task {name} at --task-lengths {shortest}: {err}") from err
 
 
 def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, *,
