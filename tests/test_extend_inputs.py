@@ -288,3 +288,17 @@ def test_a_forward_too_large_names_the_option_that_asked_for_it(
     message = _one_line_error(result, "GiB is available", option)
     assert ("4096 tokens" in message) == bool(extra), message
     assert not out.exists()
+
+
+def test_a_scaling_within_the_trained_length_is_named_before_it_runs(
+    folder: Path, tmp_path: Path
+) -> None:
+    """YaRN set for a target inside the trained length has factor 1: the model as trained. The
+    dry run says so (and still counts its cells: the user may want the control)."""
+    out = tmp_path / "out"
+    result = _cli("extend", str(folder), "--methods", "none,yarn,linear", "--lengths", "64",
+                  "--bin-size", "32", "--out", str(out), "--dry-run")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "note: yarn, linear at 64 tokens" in result.output, result.output
+    assert "have factor 1: the model as trained" in result.output
+    assert "3 cells (3 methods" in result.output and "task cell" not in result.output

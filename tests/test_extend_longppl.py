@@ -312,7 +312,7 @@ def test_dry_run_counts_the_short_forwards(folder: Path, tmp_path: Path) -> None
     result = _cli(*_args(folder, out, "--dry-run"))
     assert result.exit_code == 0, result.output
     # 128 tokens, trunc 32, window 8 (a quarter of trunc): range(0, 96, 8) is 12 windows
-    assert "1 key-token cells (12 short forwards), 3 LongPPL cells" in result.output
+    assert "1 key-token cell (12 short forwards, evaluator yarn), 3 LongPPL cells" in result.output
     assert not out.exists()
 
 

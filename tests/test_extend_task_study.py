@@ -213,7 +213,8 @@ def test_dry_run_counts_the_task_cells(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "dry"
     result = _cli(*_args(folder, out, "--dry-run"))
     assert result.exit_code == 0, result.output
-    assert "12 task cells of 2 samples" in result.output and not out.exists()
+    assert "12 task cells of 2 samples at 384, 512 tokens" in result.output, result.output
+    assert "each answer at most" in result.output and not out.exists()
 
 
 def test_a_length_answered_in_part_is_marked_and_left_out_of_effective_lengths() -> None:

@@ -184,3 +184,11 @@ def test_report_checks_its_figures_before_it_prints_the_table(
     for needle in needles:
         assert needle in result.output, result.output
     assert not (tmp_path / name).exists()
+
+
+def test_the_task_table_marks_a_scaling_of_factor_one() -> None:
+    from posenc.extend.task_report import task_table
+
+    rows = [dict(r, identical_to_none=True) if r["method"] == "yarn" else r for r in SMALL]
+    _, body = task_table(rows)
+    assert [line[0] for line in body] == ["none", "yarn (= none: within the trained length)"]

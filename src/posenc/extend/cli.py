@@ -98,6 +98,17 @@ def _study_config(options: dict[str, Any]) -> Any:
     )
 
 
+def _say_identities(resolved: list[Any], cfg: Any) -> None:
+    """A scaling set for a target within the trained length has factor 1: its cells repeat the
+    model as trained's, which a user asking for it should hear before paying for them."""
+    same = [r.label for r in resolved if r.identity]
+    if same:
+        typer.echo(f"note: {', '.join(same)} at {cfg.target} tokens, within the model's trained "
+                   f"length, {'has' if len(same) == 1 else 'have'} factor 1: the model as trained "
+                   f"(none); set a longer target with --lengths or --task-lengths to measure "
+                   f"{'it' if len(same) == 1 else 'them'}", err=True)  # fmt: skip
+
+
 def _length_options(cfg: Any, n: int) -> str:
     """The options that asked for length ``n``: what a user lowers when it does not fit."""
     named = [opt for opt, have in (("--lengths", cfg.lengths), ("--task-lengths", cfg.task_lengths),
@@ -215,7 +226,7 @@ def _run(model: str, options: dict[str, Any]) -> None:
     loaded, tokenizer = load_model(
         source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
     )
-    check_methods(loaded, cfg)  # every method resolves and applies before anything runs
+    _say_identities(check_methods(loaded, cfg), cfg)  # every method resolves and applies
     shape = model_shape(loaded)
     device = next(loaded.parameters()).device
     todo = cells(cfg)
@@ -234,7 +245,9 @@ def _run(model: str, options: dict[str, Any]) -> None:
         loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
     if options["dry_run"]:
         left = pending_cells(loaded, source, cfg, out, options["dtype"])
-        _dry_run(loaded, shape, cfg, left, need, have, done=len(todo) - len(left))
+        from .dry_run import dry_run_text
+
+        typer.echo(dry_run_text(loaded, shape, cfg, left, need, have, done=len(todo) - len(left)))
         return
     run_study(loaded, tokenizer, source, cfg, out, dtype=options["dtype"])
     from .. import lab  # noqa: F401 - the store's reader warnings come from the lab package
@@ -298,45 +311,6 @@ def _finetune(
     source = resolve_source(str(folder))
     model, tokenizer = load_model(source, dtype=options["dtype"], device=options["device"])
     return model, tokenizer, source
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-def _dry_run(
-    model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have: int, done: int = 0
-) -> None:
-    """Say what the study's cells not yet in the folder cost (``todo``; ``done`` are there
-    already: a resumed study costs what is left), from one timed calibration forward and eight
-    timed one-token steps; run nothing. A task cell: its samples' prefills and at most its task's new tokens (and the
-    reference's), each step at least the measured fixed cost of a step."""
-    from .estimate import forward_flops, seconds_per_flop, step_seconds, task_cell_flops
-    from .longppl_cells import cell_forwards
-    from .tasks import get_task
-
-    per_flop, per_step = seconds_per_flop(model, shape), step_seconds(model)
-    total = 0.0
-    for c in todo:
-        if c.kind != "task":  # a keytokens cell: its whole forward and its short windows'
-            forwards = cell_forwards(c.kind, c.length, cfg)
-            total += sum(forward_flops(shape, n, c.method.name) for n in forwards) * per_flop
-            continue
-        steps = get_task(c.task).max_new_tokens + 16  # the reference's tokens: a few
-        flops = task_cell_flops(shape, c.length, c.method.name, cfg.task_samples, steps)
-        total += flops * per_flop + cfg.task_samples * steps * per_step
-    kinds = {k: sum(c.kind == k for c in todo) for k in ("passkey", "task", "keytokens", "longppl")}
-    short = sum(len(cell_forwards(c.kind, c.length, cfg)) - 1 for c in todo)
-    longppl = (f"{kinds['keytokens']} key-token cells ({short} short forwards), "
-               f"{kinds['longppl']} LongPPL cells; " if cfg.longppl else "")  # fmt: skip
-    typer.echo(
-        f"{len(todo)} cells ({len(cfg.methods)} methods; perplexity at {cfg.lengths[-1]} tokens on "
-        f"{len(cfg.documents)} document(s); {longppl}{kinds['passkey']} passkey prompts; "
-        f"{kinds['task']} task cells of {cfg.task_samples} samples"
-        f"{f'; {done} more already in the folder' if done else ''}): "
-        f"about {_duration(total)} on this machine at most, peak memory about "
-        f"{need / 2**30:.1f} GiB of {have / 2**30:.1f} GiB available. Nothing was run."
-    )
 
 
 @extend_app.command("run")

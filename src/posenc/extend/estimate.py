@@ -1,7 +1,7 @@
 """What a study will cost before it runs: peak memory of one forward and the time of every cell.
 
-Time: one timed forward of ``CALIBRATION_TOKENS`` tokens of the model as loaded gives seconds
-per floating-point operation on this machine; each cell's forward is its operation count times
+Time: timed forwards of ``CALIBRATION_TOKENS`` tokens of the model as loaded (the median of
+three after a warm-up) give seconds per floating-point operation on this machine; each cell's forward is its operation count times
 that. Operations of a forward of ``L`` tokens: ``2 P L`` for the weights (``P`` parameters
 outside the embedding), ``2 vocab hidden L`` for the logits, and ``2 layers heads head_dim L^2``
 for causal attention (``q k^T`` and ``p v`` over half the matrix), the last times the method's
@@ -119,17 +119,22 @@ def available_bytes(device: torch.device) -> int:
 
 @torch.inference_mode()
 def seconds_per_flop(model: Any, shape: Shape) -> float:
-    """Time one forward of :data:`CALIBRATION_TOKENS` tokens (after one warm-up) and divide by
-    its operation count."""
+    """The median of three timed forwards of :data:`CALIBRATION_TOKENS` tokens (after a warm-up
+    of the same shape) divided by its operation count. One timed forward swung the estimate
+    twenty-fold between runs of one command: the first call of a shape pays for kernel choice
+    and page faults, and a busy neighbour for a moment inflates any single time."""
     device = next(model.parameters()).device
     ids = torch.randint(0, shape.vocab, (1, CALIBRATION_TOKENS), device=device)
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    decoder(input_ids=ids[:, :128], use_cache=False)
-    start = time.perf_counter()
-    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
-    model.get_output_embeddings()(hidden[0, :LOGIT_CHUNK])
-    seconds = time.perf_counter() - start
-    return seconds / forward_flops(shape, CALIBRATION_TOKENS)
+    head = model.get_output_embeddings()
+    times = []
+    for i in range(4):  # the first is the warm-up
+        start = time.perf_counter()
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        head(hidden[0, :LOGIT_CHUNK])
+        if i:
+            times.append(time.perf_counter() - start)
+    return sorted(times)[1] / forward_flops(shape, CALIBRATION_TOKENS)
 
 
 def task_cell_flops(shape: Shape, length: int, method: str, samples: int, steps: int) -> float:

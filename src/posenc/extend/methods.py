@@ -22,6 +22,10 @@ from ..functional.rope_scaling import KEY_CHECKS, ROPE_SCALING, extension_scalin
 from ..hf.extension import EXTENSION_METHODS, extension_option, normalize_extension
 from ..hf.scaling import check_layers, is_keyed, scaling_by_layer_type
 
+#: Beside a scaling whose every length is within the trained length: its factor is 1, so it is
+#: the model as trained (the same numbers as ``none``, not a measurement of the method).
+IDENTITY_NOTE = " (= none: within the trained length)"
+
 #: The RoPE scaling types a method may name (``default`` is ``none``; ``proportional`` keeps
 #: the trained length by construction and extends nothing).
 SCALING_METHODS: tuple[str, ...] = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")

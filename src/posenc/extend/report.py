@@ -10,10 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._markdown import markdown_table
-
-#: Beside a scaling whose every length is within the trained length: its factor is 1, so it is
-#: the model as trained (the same numbers as ``none``, not a measurement of the method).
-IDENTITY_NOTE = " (= none: within the trained length)"
+from .methods import IDENTITY_NOTE
 
 
 def _methods(rows: Sequence[dict[str, Any]]) -> list[str]:

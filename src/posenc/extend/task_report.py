@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from .methods import IDENTITY_NOTE
 from .tasks import (
     RELATIVE_FRACTION,
     EffectiveLength,
@@ -125,8 +126,10 @@ def task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
         per_sample = [r["seconds"] / r["n"] for r in mine]
         mark = eff.get(method, {"absolute": none, "relative": none})
         shortest = shortest_full(tasks, method)
+        same = all(r.get("identical_to_none") for r in mine)  # its factor is 1 at every length
         body.append([
-            method, *(_score_text(scores, cover, method, n) for n in lengths),
+            method + (IDENTITY_NOTE if same else ""),
+            *(_score_text(scores, cover, method, n) for n in lengths),
             length_text(mark["absolute"], shortest), length_text(mark["relative"], shortest),
             f"{statistics.median(per_sample):.1f}",
         ])  # fmt: skip
