@@ -18,8 +18,8 @@ others at half depth, two samples each) run in bfloat16, as RULER runs its model
 dtype; 3.0x faster than float32 on this CPU with AMX, benchmarks/extend_dtype.py), in their own folder
 (``benchmarks/studies/gemma3-270m-tasks/``, block ``extend:gemma3-tasks``):
 
-    posenc extend gemma3-270m --methods ... --lengths 4k,8k,16k,32k,64k --dtype bfloat16 \\
-        --tasks niah_single_2 --task-lengths 8k,16k,32k,64k --task-depths 0.1,0.5,0.9 \\
+    posenc extend gemma3-270m --methods ... --lengths 4k,8k,16k,32k,64k --documents 0 \\
+        --dtype bfloat16 --tasks niah_single_2 --task-lengths 8k,16k,32k,64k --task-depths 0.1,0.5,0.9 \\
         --samples 2 --threads 1 --out benchmarks/studies/gemma3-270m-tasks
     posenc extend gemma3-270m ... --tasks niah_multikey_1,vt --task-depths 0.5 ...
 

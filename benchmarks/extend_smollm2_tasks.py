@@ -2,7 +2,7 @@
 tasks from 2k to 32k tokens, four times the model's trained 8k, under every method; the cells of
 
     posenc extend smollm2 --methods none,yarn,ntk,linear,self_extend,dual_chunk \\
-        --lengths 2k,4k,8k,16k,32k --documents 1 --tasks niah_single_2 --task-depths 0.1,0.5,0.9 \\
+        --lengths 2k,4k,8k,16k,32k --documents 0 --tasks niah_single_2 --task-depths 0.1,0.5,0.9 \\
         --samples 2 --threads 1 --dtype bfloat16 --out benchmarks/studies/smollm2-135m-bf16
     posenc extend smollm2 ... --tasks niah_multikey_1,vt,cwe --task-depths 0.5 ...
 

@@ -24,13 +24,14 @@ METHODS = "none,yarn,ntk,linear,self_extend,dual_chunk"
 #: what each task block's reproduce line says: the piece script and the CLI it amounts to
 GEMMA_TASKS = (
     "python benchmarks/extend_gemma3.py --tasks 8k 16k 32k 64k  # = posenc extend gemma3-270m"
-    f" --methods {METHODS} --lengths 4k,8k,16k,32k,64k --dtype bfloat16 --tasks niah_single_2"
+    f" --methods {METHODS} --lengths 4k,8k,16k,32k,64k --documents 0 --dtype bfloat16"
+    " --tasks niah_single_2"
     " --task-lengths 8k,16k,32k,64k --task-depths 0.1,0.5,0.9 --samples 2 --threads 1"
     f" --out {STUDIES}/gemma3-270m-tasks, then --tasks niah_multikey_1,vt --task-depths 0.5"
 )
 SMOLLM2_TASKS = (
     "python benchmarks/extend_smollm2_tasks.py 2k 4k 8k 16k 32k  # = posenc extend smollm2"
-    f" --methods {METHODS} --lengths 2k,4k,8k,16k,32k --tasks niah_single_2"
+    f" --methods {METHODS} --lengths 2k,4k,8k,16k,32k --documents 0 --tasks niah_single_2"
     " --task-depths 0.1,0.5,0.9 --samples 2 --threads 1 --dtype bfloat16"
     f" --out {STUDIES}/smollm2-135m-bf16, then --tasks niah_multikey_1,vt,cwe --task-depths 0.5"
 )

@@ -230,3 +230,32 @@ def test_a_length_answered_in_part_is_marked_and_left_out_of_effective_lengths()
     assert body[0][1:3] == ["75.0", "100.0 (1/2 cells)"]
     got = method_lengths(rows)["none"]
     assert got["relative"].length == 1024 and got["relative"].censored  # 2048 not read
+
+
+def test_a_study_of_tasks_alone_runs_no_perplexity_forward(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tasks-only"
+    args = ["extend", str(folder), "--methods", "none", "--lengths", "384", "--documents", "0",
+            "--tasks", "niah_single_1", "--samples", "1", "--out", str(out)]  # fmt: skip
+    dry = _cli(*args, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "1 cell (1 method; 1 task cell of 1 sample at 384" in dry.output, dry.output
+    result = _cli(*args)
+    assert result.exit_code == 0, result.output
+    assert [r["kind"] for r in study_rows(out)] == ["task"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "nothing to measure"),
+        (["--tasks", "niah_single_1", "--longppl"], "--longppl measures documents"),
+    ],
+)
+def test_no_documents_needs_something_else_to_measure(
+    folder: Path, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    result = _cli("extend", str(folder), "--methods", "none", "--lengths", "384", "--documents",
+                  "0", "--out", str(out), *extra)  # fmt: skip
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert not out.exists()

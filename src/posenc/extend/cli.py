@@ -326,7 +326,9 @@ def run_command(
         "yarn, llama3, longrope, self_extend, dual_chunk.",
     ),
     lengths: str = typer.Option("2k,4k,8k,12k", "--lengths", help="Context lengths (tokens)."),
-    documents: int = typer.Option(1, "--documents", min=1, help="Standard-library documents."),
+    documents: int = typer.Option(
+        1, "--documents", min=0, help="Standard-library documents (0: tasks/passkeys only)."
+    ),
     text: list[str] = typer.Option(None, "--text", help="Your own document(s) instead."),
     bin_size: int = typer.Option(
         None, "--bin-size", min=1, help="Tokens per loss bin (default: 1024, or below --lengths)."

@@ -49,14 +49,17 @@ def dry_run_text(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, h
     from .tasks import get_task
 
     kinds = {k: sum(c.kind == k for c in todo) for k in ("passkey", "task", "keytokens", "longppl")}
-    parts = [_count(len(cfg.methods), "method"),
-             f"perplexity at {cfg.lengths[-1]} tokens on {_count(len(cfg.documents), 'document')}"]  # fmt: skip
+    parts = [_count(len(cfg.methods), "method")]
+    if cfg.documents:
+        parts.append(f"perplexity at {cfg.lengths[-1]} tokens on "
+                     f"{_count(len(cfg.documents), 'document')}")  # fmt: skip
     if cfg.longppl:
         short = sum(len(cell_forwards(c.kind, c.length, cfg)) - 1 for c in todo)
         parts.append(f"{_count(kinds['keytokens'], 'key-token cell')} "
                      f"({_count(short, 'short forward')}, evaluator {cfg.evaluator}), "
                      f"{_count(kinds['longppl'], 'LongPPL cell')}")  # fmt: skip
-    parts.append(_count(kinds["passkey"], "passkey prompt"))
+    if cfg.passkey_lengths:
+        parts.append(_count(kinds["passkey"], "passkey prompt"))
     tasks = [c for c in todo if c.kind == "task"]
     task_text = f"{_count(kinds['task'], 'task cell')} of {_count(cfg.task_samples, 'sample')}"
     if tasks:

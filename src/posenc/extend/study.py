@@ -102,6 +102,9 @@ class StudyConfig:
             raise ValueError(f"passkey depths must be in [0, 1], got {list(self.passkey_depths)}")
         self._check_tasks()
         self._check_longppl()
+        if not (self.documents or self.passkey_lengths or self.tasks):
+            raise ValueError("no document, passkey or task: nothing to measure (--documents 0 "
+                             "is for a study of --tasks or --passkey-lengths alone)")  # fmt: skip
 
     def _check_tasks(self) -> None:
         from .tasks import get_task
@@ -135,6 +138,8 @@ class StudyConfig:
                 raise ValueError(f"{name} must be a whole number of tokens >= 1, got {value!r}")
         if not self.longppl:
             return
+        if not self.documents:
+            raise ValueError("--longppl measures documents: give --documents 1 or more, or --text")
         labels = [m.label for m in self.methods]
         if self.longppl_evaluator is not None and self.longppl_evaluator not in labels:
             raise ValueError(
