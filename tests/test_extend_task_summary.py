@@ -192,3 +192,18 @@ def test_the_task_table_marks_a_scaling_of_factor_one() -> None:
     rows = [dict(r, identical_to_none=True) if r["method"] == "yarn" else r for r in SMALL]
     _, body = task_table(rows)
     assert [line[0] for line in body] == ["none", "yarn (= none: within the trained length)"]
+
+
+def test_the_heatmap_draws_only_the_needles_asked_at_every_depth() -> None:
+    """A distractor-key needle asked at 50 % alone is left out of the grid: pooled, it would
+    pull the 50 % row down and read as a depth effect."""
+    from posenc.extend.task_report import needle_data
+
+    def needle(task: str, depth: float, scores: list[float]) -> dict[str, Any]:
+        return dict(row("a.gguf", 2048, "none", task, 1024, scores), depth=depth)
+
+    rows = [needle("niah_single_2", d, [1.0, 1.0]) for d in (0.1, 0.5, 0.9)]
+    rows.append(needle("niah_multikey_1", 0.5, [0.0, 0.0]))
+    got = needle_data(rows)
+    assert got["tasks"] == ["niah_single_2"]
+    assert got["scores"]["none"] == {(0.1, 1024): 1.0, (0.5, 1024): 1.0, (0.9, 1024): 1.0}

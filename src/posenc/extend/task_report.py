@@ -166,11 +166,19 @@ def effective_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def needle_data(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What :func:`posenc.plots.needle.draw_needle_heatmap` draws: per method, the mean score
-    of the needle tasks (RULER's ``niah`` family) at each (depth, length), and ``trained``."""
+    of the needle tasks (RULER's ``niah`` family) asked at the most depths, at each (depth,
+    length), and ``trained``; ``tasks`` names those drawn."""
     from .tasks import TASKS
 
-    tasks = [r for r in task_rows(rows) if r["depth"] is not None
-             and r["task"] in TASKS and TASKS[r["task"]].family == "niah"]  # fmt: skip
+    needles = [r for r in task_rows(rows) if r["depth"] is not None
+               and r["task"] in TASKS and TASKS[r["task"]].family == "niah"]  # fmt: skip
+    # Only the needle tasks asked at every depth of the grid: one asked at 50 % alone (a study's
+    # distractor-key needle) would pull that row alone down (or up) and read as a depth effect.
+    depths: dict[str, set[float]] = defaultdict(set)
+    for r in needles:
+        depths[r["task"]].add(float(r["depth"]))
+    widest = max(depths.values(), key=len, default=set())
+    tasks = [r for r in needles if depths[r["task"]] == widest]
     grid: dict[str, dict[tuple[float, int], list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in tasks:
         grid[r["method"]][(float(r["depth"]), int(r["length"]))].extend(r["scores"])
