@@ -171,4 +171,4 @@ def test_compare_refusals_are_one_line(two_runs: tuple[Path, Path], tmp_path: Pa
     result = CliRunner().invoke(app, ["extend", "compare", str(first), str(first) + "/"])
     assert result.exit_code != 0 and "was given twice" in result.output
     result = CliRunner().invoke(app, ["extend", "compare", str(tmp_path / "gone"), str(first)])
-    assert result.exit_code != 0 and "gone: no such folder" in result.output
+    assert result.exit_code != 0 and "gone': no such folder" in result.output

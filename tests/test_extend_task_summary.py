@@ -131,7 +131,7 @@ def test_cli_writes_the_block_between_its_markers(tmp_path: Path) -> None:
     assert "\nold\n" not in text and text.endswith("<!-- /extend:ruler -->\n\nafter\n")
 
 
-@pytest.mark.parametrize("case", ["perplexity only", "no folder", "twice"])
+@pytest.mark.parametrize("case", ["perplexity only", "no folder", "a file", "twice"])
 def test_cli_refuses_bad_folders_in_one_line(tmp_path: Path, case: str) -> None:
     small = _folder(tmp_path, "small", SMALL)
     if case == "perplexity only":
@@ -142,6 +142,11 @@ def test_cli_refuses_bad_folders_in_one_line(tmp_path: Path, case: str) -> None:
         args, message = [str(small), str(ppl)], "has no task rows: run its study with --tasks"
     elif case == "no folder":
         args, message = [str(small), str(tmp_path / "nothere")], "no such folder"
+    elif case == "a file":  # results.jsonl given for its folder
+        args, message = (
+            [str(small / "results.jsonl")],
+            f"is a file; give the `posenc extend` results folder that holds it ('{small}')",
+        )
     else:
         args, message = [str(small), str(small)], "a folder was given twice"
     result = CliRunner().invoke(app, ["extend", "summary", *args])

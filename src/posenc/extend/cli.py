@@ -360,7 +360,9 @@ def run_command(
     lr: float = typer.Option(2e-5, "--lr", help="Fine-tune learning rate (AdamW)."),
     longppl: bool = typer.Option(False, "--longppl", help="Key-token perplexity (LongPPL) too."),
     longppl_evaluator: str = typer.Option(
-        None, "--longppl-evaluator", help="The method that finds key tokens (default: yarn)."
+        None,
+        "--longppl-evaluator",
+        help="The method that finds key tokens (default: yarn if asked, else the first).",
     ),
     longppl_trunc: int = typer.Option(4096, "--longppl-trunc", min=1, help="LongPPL context."),
     longppl_window: int = typer.Option(
@@ -478,13 +480,12 @@ def compare_command(
     """Pair two runs' answers to the same task cells (two dtypes, quantizations, devices): per
     method, the share of answers and scores that stay the same, each run's score, and the
     samples whose score went up and down with their sign test."""
-    from .study import study_rows
+    from .study import check_run_folder, study_rows
     from .task_compare import compare_markdown
 
     with _one_line_errors():
         for run in (first, second):
-            if not Path(run).is_dir():
-                raise ValueError(f"{run}: no such folder; give two `posenc extend` results folders")
+            check_run_folder(run)
         if Path(first).resolve() == Path(second).resolve():
             raise ValueError(f"{first} was given twice: compare two runs' folders")
         _check_readme(readme, block)
@@ -505,13 +506,12 @@ def summary_command(
 ) -> None:
     """Which method, up to which length: every study's task scores by length on one screen, one
     row per (study, method), with both effective lengths and what each study cost."""
-    from .study import study_rows
+    from .study import check_run_folder, study_rows
     from .task_summary import summary_markdown
 
     with _one_line_errors():
         for run in runs:
-            if not Path(run).is_dir():
-                raise ValueError(f"{run}: no such folder; give `posenc extend` results folders")
+            check_run_folder(run)
         if len({Path(run).resolve() for run in runs}) < len(runs):
             raise ValueError(f"a folder was given twice ({' '.join(runs)}): give each study once")
         _check_readme(readme, block)

@@ -474,10 +474,22 @@ def _config_dict(cfg: StudyConfig) -> dict[str, Any]:
     return d
 
 
+def check_run_folder(out: str | os.PathLike[str]) -> None:
+    """``out`` is a folder: a path that is missing or a file (its ``results.jsonl`` given for
+    the folder) is one line saying which, and what to give instead."""
+    path = Path(out)
+    if path.is_file():
+        raise ValueError(f"{str(out)!r} is a file; give the `posenc extend` results folder "
+                         f"that holds it ({str(path.parent)!r})")  # fmt: skip
+    if not path.is_dir():
+        raise ValueError(f"{str(out)!r}: no such folder; give a `posenc extend` results folder")
+
+
 def study_rows(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The rows of a study folder, read by one schema (:mod:`posenc.extend.rows`): a torn line,
     or a row with a field missing or of the wrong type, skipped with a warning. Rows of more
     than one model are refused (:func:`~posenc.extend.folder.check_one_model`)."""
+    check_run_folder(out)
     path = Path(out) / "results.jsonl"
     if not path.exists():
         raise ValueError(f"{str(out)!r} holds no study results (no results.jsonl)")
