@@ -212,3 +212,10 @@ def test_the_heatmap_draws_only_the_needles_asked_at_every_depth() -> None:
     got = needle_data(rows)
     assert got["tasks"] == ["niah_single_2"]
     assert got["scores"]["none"] == {(0.1, 1024): 1.0, (0.5, 1024): 1.0, (0.9, 1024): 1.0}
+
+
+def test_the_study_line_says_what_length_the_scalings_are_set_for() -> None:
+    yarn = {"scaling": {"rope_type": "yarn", "factor": 2.0}, "extension": None}
+    rows = [dict(r, settings=yarn) if r["method"] == "yarn" else r for r in SMALL]
+    assert "scalings at factor 2 (set for 4k) at every length" in study_line(rows, "a")
+    assert "scalings at" not in study_line(SMALL, "a")  # no factor recorded: nothing claimed

@@ -132,6 +132,17 @@ def _bar(rows: Rows) -> str:
             f"{100 * reference:.1f} % as trained at {k_text(shortest)})")  # fmt: skip
 
 
+def _set_for(rows: Rows, trained: int) -> str:
+    """``; scalings at factor 4 (set for 32k) at every length``: the methods are set once for
+    the study's longest length, which is why a scaling can cost at the short ones."""
+    factors = {float(f) for r in rows if isinstance(scaling := (r.get("settings") or {})
+               .get("scaling"), dict) and isinstance(f := scaling.get("factor"), int | float)}  # fmt: skip
+    if len(factors) != 1:
+        return ""
+    factor = factors.pop()
+    return f"; scalings at factor {factor:g} (set for {k_text(round(factor * trained))}) at every length"
+
+
 def study_line(rows: Rows, name: str) -> str:
     """One line per study: its folder, model, tasks and samples; the relative bar; the method
     highest at its longest length answered in full; what is missing; what the rows cost."""
@@ -139,7 +150,8 @@ def study_line(rows: Rows, name: str) -> str:
     trained = _trained(rows)
     tasks = ", ".join(dict.fromkeys(str(r["task"]) for r in rows))
     out = (f"`{name}`: {model_name(rows)}, trained at {k_text(trained)}; tasks {tasks}, "
-           f"{rows[0]['n']} samples per cell; {_bar(rows)}; {_highest(rows, trained)}")  # fmt: skip
+           f"{rows[0]['n']} samples per cell{_set_for(rows, trained)}; {_bar(rows)}; "
+           f"{_highest(rows, trained)}")  # fmt: skip
     missing = _missing(rows)
     if missing:
         out += (
