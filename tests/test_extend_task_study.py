@@ -162,13 +162,15 @@ def test_task_cell_order_is_length_first_every_method_together() -> None:
         (["--tasks", "vt", "--task-lengths", "256,256"], "each given once"),
         (
             ["--tasks", "niah_multikey_3", "--task-lengths", "40"],
-            "task niah_multikey_3 at --task-lengths 40: a prompt of 40 tokens is too short",
+            "task niah_multikey_3 at 40 tokens, the shortest task length (--task-lengths",
         ),
         (["--tasks", ""], "--tasks names no task"),
         (["--tasks", " , "], "--tasks names no task"),
         (["--task-lengths", "256"], "--task-lengths is set but no --tasks"),
         (["--task-depths", "0.1"], "--task-depths is set but no --tasks"),
         (["--samples", "2"], "--samples is set but no --tasks"),
+        (["--samples", "4"], "--samples is set but no --tasks"),  # its default, but given
+        (["--task-depths", "0.5"], "--task-depths is set but no --tasks"),
         (["--task-seed", "3"], "--task-seed is set but no --tasks"),
         (["--tasks", "vt", "--task-depths", ""], "(--task-depths) name no depth"),
         (["--tasks", "vt", "--task-depths", "0.5,0.5"], "given more than once: [0.5, 0.5]"),
@@ -238,7 +240,9 @@ def test_a_study_of_tasks_alone_runs_no_perplexity_forward(folder: Path, tmp_pat
             "--tasks", "niah_single_1", "--samples", "1", "--out", str(out)]  # fmt: skip
     dry = _cli(*args, "--dry-run")
     assert dry.exit_code == 0, dry.output
-    assert "1 cell (1 method; 1 task cell of 1 sample at 384" in dry.output, dry.output
+    assert "1 cell (1 method set for 384 tokens; 1 task cell of 1 sample at 384" in dry.output, (
+        dry.output
+    )
     result = _cli(*args)
     assert result.exit_code == 0, result.output
     assert [r["kind"] for r in study_rows(out)] == ["task"]
@@ -248,6 +252,7 @@ def test_a_study_of_tasks_alone_runs_no_perplexity_forward(folder: Path, tmp_pat
     ("extra", "message"),
     [
         ([], "nothing to measure"),
+        (["--passkey-lengths", "384", "--passkey-methods", ","], "nothing to measure"),
         (["--tasks", "niah_single_1", "--longppl"], "--longppl measures documents"),
     ],
 )
@@ -259,3 +264,33 @@ def test_no_documents_needs_something_else_to_measure(
                   "0", "--out", str(out), *extra)  # fmt: skip
     assert result.exit_code != 0 and message in result.output, result.output
     assert not out.exists()
+
+
+def test_a_heatmap_of_a_study_without_needles_is_refused_before_the_table(
+    folder: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "words"
+    run = _cli("extend", str(folder), "--methods", "none", "--lengths", "384", "--documents", "0",
+               "--tasks", "fwe", "--samples", "1", "--out", str(out))  # fmt: skip
+    assert run.exit_code == 0, run.output
+    result = _cli("extend", "report", str(out), "--heatmap", str(tmp_path / "h.png"))
+    assert result.exit_code != 0 and result.output.startswith("error: --heatmap draws the needle")
+    assert not (tmp_path / "h.png").exists()
+
+
+def test_export_of_a_tasks_only_study_keeps_the_factor_it_was_measured_with(
+    folder: Path, tmp_path: Path
+) -> None:
+    """The methods' factors are set for the longest of every kind of length: a task length past
+    --lengths counts, in the study and in the exported config alike."""
+    out = tmp_path / "tasks"
+    run = _cli("extend", str(folder), "--methods", "linear", "--lengths", "64", "--documents", "0",
+               "--tasks", "niah_single_1", "--task-lengths", "384", "--samples", "1",
+               "--out", str(out))  # fmt: skip
+    assert run.exit_code == 0, run.output
+    (row,) = study_rows(out)
+    result = _cli("extend", "export", str(out), "--method", "linear", "--out", str(tmp_path / "m"))
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    rope = config.get("rope_parameters") or config.get("rope_scaling")
+    assert rope["factor"] == row["settings"]["scaling"]["factor"] == 384 / 128

@@ -217,5 +217,25 @@ def test_the_heatmap_draws_only_the_needles_asked_at_every_depth() -> None:
 def test_the_study_line_says_what_length_the_scalings_are_set_for() -> None:
     yarn = {"scaling": {"rope_type": "yarn", "factor": 2.0}, "extension": None}
     rows = [dict(r, settings=yarn) if r["method"] == "yarn" else r for r in SMALL]
-    assert "scalings at factor 2 (set for 4k) at every length" in study_line(rows, "a")
+    assert "scalings at factor 2 (set for 4k, the longest length) at every length" in study_line(
+        rows, "a"
+    )
+    eight = {"scaling": {"rope_type": "yarn", "factor": 8.0}, "extension": None}  # given by hand
+    rows = [dict(r, settings=eight) if r["method"] == "yarn" else r for r in SMALL]
+    assert "scalings at factor 8 at every length" in study_line(rows, "a")  # no target claimed
     assert "scalings at" not in study_line(SMALL, "a")  # no factor recorded: nothing claimed
+
+
+def test_needles_that_share_no_full_depth_grid_draw_the_widest_one_alone() -> None:
+    from posenc.extend.task_report import needle_data
+
+    def needle(task: str, depth: float) -> dict[str, Any]:
+        return dict(row("a.gguf", 2048, "none", task, 1024, [1.0]), depth=depth)
+
+    rows = [needle("niah_single_1", 0.1), needle("niah_single_1", 0.5),
+            needle("niah_single_2", 0.5), needle("niah_single_2", 0.9),
+            needle("niah_single_3", 0.9)]  # fmt: skip
+    got = needle_data(rows)
+    assert got["tasks"] == ["niah_single_1"]  # named: the title says which one is drawn
+    assert set(got["scores"]["none"]) == {(0.1, 1024), (0.5, 1024)}
+    assert needle_data([row("a.gguf", 2048, "none", "vt", 1024, [1.0])])["scores"] == {}

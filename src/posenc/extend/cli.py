@@ -105,7 +105,7 @@ def _say_identities(resolved: list[Any], cfg: Any) -> None:
     if same:
         typer.echo(f"note: {', '.join(same)} at {cfg.target} tokens, within the model's trained "
                    f"length, {'has' if len(same) == 1 else 'have'} factor 1: the model as trained "
-                   f"(none); set a longer target with --lengths or --task-lengths to measure "
+                   f"(none); set a longer target with --lengths, --task-lengths or --passkey-lengths to measure "
                    f"{'it' if len(same) == 1 else 'them'}", err=True)  # fmt: skip
 
 
@@ -123,9 +123,14 @@ def _check_task_options(options: dict[str, Any], tasks: tuple[str, ...]) -> None
                          "ruler (every task) or niah (the needles)")  # fmt: skip
     if tasks:
         return
+    ctx = options.get("ctx")
     defaults = {"task_lengths": "", "task_depths": "0.5", "samples": 4, "task_seed": 0}
     for key, default in defaults.items():
-        if options[key] not in (default, None):
+        # given on the command line, even as its default (click's ParameterSource, by name)
+        source = ctx.get_parameter_source(key) if ctx is not None else None
+        given = source.name in ("COMMANDLINE", "ENVIRONMENT") if source is not None else (
+            options[key] not in (default, None))  # fmt: skip
+        if given:
             option = "--" + key.replace("_", "-")
             raise ValueError(f"{option} is set but no --tasks: name the tasks it is for "
                              "(--tasks niah_single_2,vt, or ruler)")  # fmt: skip
@@ -230,6 +235,9 @@ def _run(model: str, options: dict[str, Any]) -> None:
     shape = model_shape(loaded)
     device = next(loaded.parameters()).device
     todo = cells(cfg)
+    if not todo:  # e.g. --documents 0 with --passkey-methods naming none
+        raise ValueError("the study has no cell to run: ask --tasks, --passkey-lengths (with a "
+                         "method in --passkey-methods) or --documents 1 or more")  # fmt: skip
     big = max(todo, key=lambda c: forward_bytes(shape, c.length, c.method.name))
     need = loaded_bytes(loaded) + forward_bytes(shape, big.length, big.method.name)
     have = available_bytes(device)
@@ -315,6 +323,7 @@ def _finetune(
 
 @extend_app.command("run")
 def run_command(
+    ctx: typer.Context,
     model: str = typer.Argument(
         ..., help="Model folder, .gguf file, cached model id, smollm2 or gemma3-270m."
     ),
@@ -547,7 +556,9 @@ def export_command(
         spec = json.loads(path.read_text())
         check_export(Path(run), spec)  # run.json names the model its rows were measured on
         chosen = parse_method(method)
-        target = length or max(spec["study"]["lengths"] + spec["study"]["passkey_lengths"])
+        study = spec["study"]  # the target the rows were measured with: every kind of length
+        target = length or max(study["lengths"] + study["passkey_lengths"]
+                               + study.get("task_lengths", []))  # fmt: skip
         if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
             raise ValueError(f"{out!r} exists and is not an empty folder; nothing was written")
         check_can_write(Path(out), "--out")  # under a file, a read-only disk: before the load

@@ -49,7 +49,7 @@ def dry_run_text(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, h
     from .tasks import get_task
 
     kinds = {k: sum(c.kind == k for c in todo) for k in ("passkey", "task", "keytokens", "longppl")}
-    parts = [_count(len(cfg.methods), "method")]
+    parts = [f"{_count(len(cfg.methods), 'method')} set for {cfg.target} tokens"]
     if cfg.documents:
         parts.append(f"perplexity at {cfg.lengths[-1]} tokens on "
                      f"{_count(len(cfg.documents), 'document')}")  # fmt: skip

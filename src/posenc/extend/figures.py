@@ -20,12 +20,17 @@ def figure_paths(rows: list[dict[str, Any]], figure: str | None, heatmap: str | 
              (("figure", figure), ("heatmap", heatmap), ("tasks", task_figure)) if p}  # fmt: skip
     kinds = {r["kind"] for r in rows}
     if "figure" in paths and "ppl" not in kinds:
-        raise ValueError(
-            "--figure draws perplexity by length, and the study has no perplexity rows; "
-            "draw its tasks with --heatmap or --task-figure"
-        )
+        instead = "; draw its tasks with --heatmap or --task-figure" if "task" in kinds else ""
+        raise ValueError("--figure draws perplexity by length, and the study has no perplexity "
+                         f"rows (run it with --documents 1 or more){instead}")  # fmt: skip
     if ("heatmap" in paths or "tasks" in paths) and "task" not in kinds:
         raise ValueError("the study has no task rows: run it with --tasks first")
+    if "heatmap" in paths:
+        from .task_report import needle_data
+
+        if not needle_data(rows)["scores"]:
+            raise ValueError("--heatmap draws the needle tasks (niah_*) by depth, and the study "
+                             "has none; draw its tasks with --task-figure")  # fmt: skip
     return paths
 
 

@@ -102,7 +102,8 @@ class StudyConfig:
             raise ValueError(f"passkey depths must be in [0, 1], got {list(self.passkey_depths)}")
         self._check_tasks()
         self._check_longppl()
-        if not (self.documents or self.passkey_lengths or self.tasks):
+        passkeys = self.passkey_lengths and self.passkey_methods != ()  # () asks none
+        if not (self.documents or passkeys or self.tasks):
             raise ValueError("no document, passkey or task: nothing to measure (--documents 0 "
                              "is for a study of --tasks or --passkey-lengths alone)")  # fmt: skip
 
@@ -315,7 +316,8 @@ def check_texts(tokenizer: Any, cfg: StudyConfig) -> None:
             task.sample(tokenizer, shortest, cfg.task_depths[0] if task.uses_depth else None,
                         cfg.task_seed)  # fmt: skip
         except ValueError as err:  # which task and which option, beside the tokens it needs
-            raise ValueError(f"task {name} at --task-lengths {shortest}: {err}") from err
+            raise ValueError(f"task {name} at {shortest} tokens, the shortest task length "
+                             f"(--task-lengths, default --lengths): {err}") from err  # fmt: skip
 
 
 def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, *,

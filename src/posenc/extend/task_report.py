@@ -166,8 +166,9 @@ def effective_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def needle_data(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What :func:`posenc.plots.needle.draw_needle_heatmap` draws: per method, the mean score
-    of the needle tasks (RULER's ``niah`` family) asked at the most depths, at each (depth,
-    length), and ``trained``; ``tasks`` names those drawn."""
+    of the needle tasks (RULER's ``niah`` family) asked at every depth any of them was (else
+    the one asked at the most), at each (depth, length), and ``trained``; ``tasks`` names
+    those drawn."""
     from .tasks import TASKS
 
     needles = [r for r in task_rows(rows) if r["depth"] is not None
@@ -177,17 +178,20 @@ def needle_data(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     depths: dict[str, set[float]] = defaultdict(set)
     for r in needles:
         depths[r["task"]].add(float(r["depth"]))
-    widest = max(depths.values(), key=len, default=set())
-    tasks = [r for r in needles if depths[r["task"]] == widest]
-    grid: dict[str, dict[tuple[float, int], list[float]]] = defaultdict(lambda: defaultdict(list))
+    grid = set().union(*depths.values())
+    keep = {t for t, d in depths.items() if d == grid}
+    if not keep and depths:  # no task covers every depth: the one of the most, named alone
+        keep = {max(depths, key=lambda t: len(depths[t]))}
+    tasks = [r for r in needles if r["task"] in keep]
+    cells: dict[str, dict[tuple[float, int], list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in tasks:
-        grid[r["method"]][(float(r["depth"]), int(r["length"]))].extend(r["scores"])
+        cells[r["method"]][(float(r["depth"]), int(r["length"]))].extend(r["scores"])
     return {
         "model": model_name(rows),
         "trained": rows[0]["model"]["trained_length"] if rows else 0,
         "tasks": sorted({r["task"] for r in tasks}),
-        "scores": {m: {k: statistics.fmean(v) for k, v in cells.items()}
-                   for m, cells in grid.items()},
+        "scores": {m: {k: statistics.fmean(v) for k, v in by_cell.items()}
+                   for m, by_cell in cells.items()},
     }  # fmt: skip
 
 

@@ -140,7 +140,10 @@ def _set_for(rows: Rows, trained: int) -> str:
     if len(factors) != 1:
         return ""
     factor = factors.pop()
-    return f"; scalings at factor {factor:g} (set for {k_text(round(factor * trained))}) at every length"
+    target = round(factor * trained)  # a factor given as an option need not be the study's
+    longest = max(int(r["length"]) for r in rows)
+    where = f" (set for {k_text(target)}, the longest length)" if target == longest else ""
+    return f"; scalings at factor {factor:g}{where} at every length"
 
 
 def study_line(rows: Rows, name: str) -> str:
