@@ -195,8 +195,9 @@ def test_the_task_table_marks_a_scaling_of_factor_one() -> None:
     from posenc.extend.task_report import task_table
 
     rows = [dict(r, identical_to_none=True) if r["method"] == "yarn" else r for r in SMALL]
-    _, body = task_table(rows)
+    header, body = task_table(rows)
     assert [line[0] for line in body] == ["none", "yarn (= none: within the trained length)"]
+    assert header[1:4] == ["score@1k", "score@2k (trained)", "score@4k"]  # as summary writes
 
 
 def test_the_heatmap_draws_only_the_needles_asked_at_every_depth() -> None:

@@ -115,7 +115,9 @@ def task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
     lengths and the median seconds per sample."""
     tasks = task_rows(rows)
     lengths = sorted({int(r["length"]) for r in tasks})
-    header = ["method", *(f"score@{n}" for n in lengths), "effective (85.6%)", "effective (rel.)",
+    trained = tasks[0].get("model", {}).get("trained_length") if tasks else None
+    header = ["method", *(f"score@{k_text(n)}" + (" (trained)" if n == trained else "")
+                          for n in lengths), "effective (85.6%)", "effective (rel.)",
               "s / sample"]  # fmt: skip
     eff, cover = method_lengths(tasks), coverage(tasks)
     none = EffectiveLength(None, 0.0, "", None, False, (), "no length answered in full yet")
