@@ -94,6 +94,13 @@ def test_other_prompts_are_refused_naming_the_cell() -> None:
         compare_table(FIRST, other)
 
 
+def test_two_models_prompts_are_refused_naming_the_models() -> None:
+    other = [{**row("none", "niah", 2048, ["1", "2"], [1.0, 1.0], digests=["e1", "e2"]),
+              "model": {"gguf": "other.gguf", "dtype": "float32"}}]  # fmt: skip
+    with pytest.raises(ValueError, match=r"different models, m\.gguf and other\.gguf"):
+        paired_cells(FIRST, other)
+
+
 def test_other_sample_counts_are_refused_as_such() -> None:
     more = [row("none", "niah", 2048, ["1", "2", "3"], [1.0] * 3, digests=["d1", "d2", "d3"])]
     with pytest.raises(ValueError, match="2 samples in first and 3 in second: run both with"):

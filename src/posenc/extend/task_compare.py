@@ -59,6 +59,12 @@ def _by_key(rows: Sequence[Row], name: str) -> dict[tuple[str, str, int, float |
     return out
 
 
+def _model_file(row: Row) -> str:
+    """The model file a row was measured on: its GGUF's name, else its source's last part."""
+    model = row.get("model") or {}
+    return str(model.get("gguf") or str(model.get("source", "")).rsplit("/", 1)[-1])
+
+
 def paired_cells(first: Sequence[Row], second: Sequence[Row],
                  names: tuple[str, str] = ("first", "second")) -> tuple[list[Pair], int]:  # fmt: skip
     """The task cells both runs answered, as ``(first's row, second's row)`` in ``first``'s
@@ -76,10 +82,13 @@ def paired_cells(first: Sequence[Row], second: Sequence[Row],
                 f"{len(b['digests'])} in {names[1]}: run both with the same --samples"
             )
         if list(a["digests"]) != list(b["digests"]):
+            models = [_model_file(r) for r in (a, b)]
+            why = (f"the runs are of different models, {models[0]} and {models[1]}, whose "
+                   "tokenizers build other prompts" if models[0] != models[1] else
+                   "another --task-seed, tokenizer or task generator")  # fmt: skip
             raise ValueError(
                 f"{_cell_text(key)} answered different prompts in {names[0]} and {names[1]} "
-                "(another --task-seed, tokenizer or task generator): a paired comparison needs "
-                "the same ones"
+                f"({why}): a paired comparison needs the same ones"
             )
         pairs.append((a, b))
     return pairs, len(mine.keys() ^ theirs.keys())
