@@ -123,14 +123,10 @@ def _check_task_options(options: dict[str, Any], tasks: tuple[str, ...]) -> None
                          "ruler (every task) or niah (the needles)")  # fmt: skip
     if tasks:
         return
-    ctx = options.get("ctx")
-    defaults = {"task_lengths": "", "task_depths": "0.5", "samples": 4, "task_seed": 0}
-    for key, default in defaults.items():
+    for key in ("task_lengths", "task_depths", "samples", "task_seed"):
         # given on the command line, even as its default (click's ParameterSource, by name)
-        source = ctx.get_parameter_source(key) if ctx is not None else None
-        given = source.name in ("COMMANDLINE", "ENVIRONMENT") if source is not None else (
-            options[key] not in (default, None))  # fmt: skip
-        if given:
+        source = options["ctx"].get_parameter_source(key)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
             option = "--" + key.replace("_", "-")
             raise ValueError(f"{option} is set but no --tasks: name the tasks it is for "
                              "(--tasks niah_single_2,vt, or ruler)")  # fmt: skip

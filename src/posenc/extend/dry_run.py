@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .report import counted
+
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    """``1 method``, ``2 methods``: a count with its noun in the right number."""
-    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def study_seconds(model: Any, shape: Any, cfg: Any, todo: list[Any]) -> float:
@@ -49,19 +46,19 @@ def dry_run_text(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, h
     from .tasks import get_task
 
     kinds = {k: sum(c.kind == k for c in todo) for k in ("passkey", "task", "keytokens", "longppl")}
-    parts = [f"{_count(len(cfg.methods), 'method')} set for {cfg.target} tokens"]
+    parts = [f"{counted(len(cfg.methods), 'method')} set for {cfg.target} tokens"]
     if cfg.documents:
         parts.append(f"perplexity at {cfg.lengths[-1]} tokens on "
-                     f"{_count(len(cfg.documents), 'document')}")  # fmt: skip
+                     f"{counted(len(cfg.documents), 'document')}")  # fmt: skip
     if cfg.longppl:
         short = sum(len(cell_forwards(c.kind, c.length, cfg)) - 1 for c in todo)
-        parts.append(f"{_count(kinds['keytokens'], 'key-token cell')} "
-                     f"({_count(short, 'short forward')}, evaluator {cfg.evaluator}), "
-                     f"{_count(kinds['longppl'], 'LongPPL cell')}")  # fmt: skip
+        parts.append(f"{counted(kinds['keytokens'], 'key-token cell')} "
+                     f"({counted(short, 'short forward')}, evaluator {cfg.evaluator}), "
+                     f"{counted(kinds['longppl'], 'LongPPL cell')}")  # fmt: skip
     if cfg.passkey_lengths:
-        parts.append(_count(kinds["passkey"], "passkey prompt"))
+        parts.append(counted(kinds["passkey"], "passkey prompt"))
     tasks = [c for c in todo if c.kind == "task"]
-    task_text = f"{_count(kinds['task'], 'task cell')} of {_count(cfg.task_samples, 'sample')}"
+    task_text = f"{counted(kinds['task'], 'task cell')} of {counted(cfg.task_samples, 'sample')}"
     if tasks:
         lengths = ", ".join(str(n) for n in sorted({c.length for c in tasks}))
         answer = max(get_task(str(c.task)).max_new_tokens for c in tasks)
@@ -71,6 +68,6 @@ def dry_run_text(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, h
     if done:
         parts.append(f"{done} more already in the folder")
     seconds = study_seconds(model, shape, cfg, todo)
-    return (f"{_count(len(todo), 'cell')} ({'; '.join(parts)}): about {_duration(seconds)} on "
+    return (f"{counted(len(todo), 'cell')} ({'; '.join(parts)}): about {_duration(seconds)} on "
             f"this machine at most, peak memory about {need / 2**30:.1f} GiB of "
             f"{have / 2**30:.1f} GiB available. Nothing was run.")  # fmt: skip

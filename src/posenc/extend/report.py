@@ -115,8 +115,13 @@ def markdown_report(
     return "\n".join(out)
 
 
+def counted(n: int, one: str, many: str | None = None) -> str:
+    """``1 cell``, ``2 cells``: a count with its noun in the right number."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def _threads(n: int) -> str:
-    return f"{n} thread{'' if n == 1 else 's'}"
+    return counted(n, "thread")
 
 
 def cost_line(rows: Sequence[dict[str, Any]], wall_seconds: float | None = None) -> str:
@@ -126,7 +131,7 @@ def cost_line(rows: Sequence[dict[str, Any]], wall_seconds: float | None = None)
     for r in rows:
         by_threads.setdefault(int(r["threads"]), []).append(float(r["seconds"]))
     total = sum(sum(s) for s in by_threads.values())
-    cells = f"{len(rows)} cell{'' if len(rows) == 1 else 's'}"
+    cells = counted(len(rows), "cell")
     if len(by_threads) == 1:
         (threads,) = by_threads
         timing = f"{total / 60:.0f} min of forwards ({cells}, {_threads(threads)})"

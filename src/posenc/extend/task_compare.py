@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._stats import sign_test_p
+from .task_report import model_name
 from .tasks import scores_by_length
 
 Row = dict[str, Any]
@@ -59,12 +60,6 @@ def _by_key(rows: Sequence[Row], name: str) -> dict[tuple[str, str, int, float |
     return out
 
 
-def _model_file(row: Row) -> str:
-    """The model file a row was measured on: its GGUF's name, else its source's last part."""
-    model = row.get("model") or {}
-    return str(model.get("gguf") or str(model.get("source", "")).rsplit("/", 1)[-1])
-
-
 def paired_cells(first: Sequence[Row], second: Sequence[Row],
                  names: tuple[str, str] = ("first", "second")) -> tuple[list[Pair], int]:  # fmt: skip
     """The task cells both runs answered, as ``(first's row, second's row)`` in ``first``'s
@@ -82,7 +77,7 @@ def paired_cells(first: Sequence[Row], second: Sequence[Row],
                 f"{len(b['digests'])} in {names[1]}: run both with the same --samples"
             )
         if list(a["digests"]) != list(b["digests"]):
-            models = [_model_file(r) for r in (a, b)]
+            models = [model_name([r]) for r in (a, b)]
             why = (f"the runs are of different models, {models[0]} and {models[1]}, whose "
                    "tokenizers build other prompts" if models[0] != models[1] else
                    "another --task-seed, tokenizer or task generator")  # fmt: skip

@@ -217,7 +217,9 @@ def task_curves(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def model_name(rows: Sequence[dict[str, Any]]) -> str:
-    return str(rows[0]["model"]["source"]).rsplit("/", 1)[-1] if rows else ""
+    """The model the rows were measured on: its source's last part, else its GGUF's name."""
+    model = (rows[0].get("model") or {}) if rows else {}
+    return str(model.get("source", "")).rsplit("/", 1)[-1] or str(model.get("gguf") or "")
 
 
 def _task_with_depths(tasks: Sequence[dict[str, Any]], task: str) -> str:

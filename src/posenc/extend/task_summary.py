@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .report import cost_line
+from .report import cost_line, counted
 from .task_report import (
     complete_rows,
     coverage,
@@ -157,9 +157,7 @@ def study_line(rows: Rows, name: str) -> str:
            f"{_highest(rows, trained)}")  # fmt: skip
     missing = _missing(rows)
     if missing:
-        out += (
-            f"; {missing} cell{'' if missing == 1 else 's'} of the lengths begun not yet answered"
-        )
+        out += f"; {counted(missing, 'cell')} of the lengths begun not yet answered"
     return out + f"; {cost_line(rows)}."
 
 
