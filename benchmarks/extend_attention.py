@@ -21,7 +21,7 @@ import torch
 from posenc.bench import harness
 from posenc.bench.extend_attention import extend_doc, run
 from posenc.bench.render import publish
-from posenc.extend.model import load_model, resolve_source, smollm2_gguf
+from posenc.extend.model.load import load_model, resolve_source, smollm2_gguf
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 EXTENSIONS = [

@@ -1,6 +1,6 @@
 """Self-Extend and Dual Chunk Attention decode on SmolLM2-135M: one token after 4k and 16k cached,
 the fused path with its rotations by the native CPU kernel ("after") and by the PyTorch reference
-("before", :func:`posenc.extend.fused._native` off), against the stock step, in one run.
+("before", :func:`posenc.extend.methods.fused._native` off), against the stock step, in one run.
 
     .venv/bin/python benchmarks/extend_decode.py [TOKENS ...]   # default 4096 16384
 
@@ -22,8 +22,8 @@ import torch
 
 from posenc.bench import harness
 from posenc.bench.extend_attention import _decode, _round_robin, _with_path
-from posenc.extend import fused
-from posenc.extend.model import load_model, resolve_source, smollm2_gguf
+from posenc.extend.methods import fused
+from posenc.extend.model.load import load_model, resolve_source, smollm2_gguf
 from posenc.hf import apply_posenc
 
 EXTENSIONS = {

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from posenc.extend.model import load_model, resolve_source
-from posenc.extend.packaged import packaged_gguf
+from posenc.extend.model.load import load_model, resolve_source
+from posenc.extend.model.packaged import packaged_gguf
 from posenc.hf.linear_memory import linear_memory
 
 

@@ -32,11 +32,12 @@ import sys
 import torch
 from study_args import threads  # benchmarks/, beside this script
 
-from posenc.extend.evaluate import default_documents
-from posenc.extend.methods import parse_methods
-from posenc.extend.model import load_model, resolve_source
-from posenc.extend.packaged import packaged_gguf
-from posenc.extend.study import StudyConfig, parse_lengths, run_study
+from posenc.extend.measures.perplexity import default_documents
+from posenc.extend.methods.names import parse_methods
+from posenc.extend.model.load import load_model, resolve_source
+from posenc.extend.model.packaged import packaged_gguf
+from posenc.extend.study.config import StudyConfig, parse_lengths
+from posenc.extend.study.run import run_study
 
 METHODS = "none,yarn,ntk,linear,self_extend,dual_chunk"
 LENGTHS = "2k,4k,8k,16k,32k"

@@ -12,10 +12,11 @@ import sys
 
 import torch
 
-from posenc.extend.evaluate import default_documents
-from posenc.extend.methods import parse_methods
-from posenc.extend.model import load_model, resolve_source, smollm2_gguf
-from posenc.extend.study import StudyConfig, parse_lengths, run_study
+from posenc.extend.measures.perplexity import default_documents
+from posenc.extend.methods.names import parse_methods
+from posenc.extend.model.load import load_model, resolve_source, smollm2_gguf
+from posenc.extend.study.config import StudyConfig, parse_lengths
+from posenc.extend.study.run import run_study
 
 METHODS = "none,yarn,self_extend,dual_chunk,linear,ntk,dynamic,llama3,longrope"
 

@@ -6,7 +6,7 @@ Gemma-3-270M (262K) files, in one run.
 
 Each round parses each file with each reader (round-robin, CPU time of this process, torch and
 numpy on one thread), then checks the two readers' fields are equal; medians over the rounds.
-``--load`` also times one whole ``posenc.extend.model.load_model`` per model (tokenizer, config
+``--load`` also times one whole ``posenc.extend.model.load.load_model`` per model (tokenizer, config
 and dequantized weights) with posenc's reading and with transformers' own (a new gguf reader for
 each of its three reads of the file and gguf's tensor-name map built per submodule), once each,
 after one untimed load that pays the imports.
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from posenc.extend.packaged import packaged_gguf
+from posenc.extend.model.packaged import packaged_gguf
 from posenc.hf import gguf_read
 
 
@@ -43,7 +43,7 @@ def _stock() -> Any:
     def plain() -> Any:
         yield
 
-    import posenc.extend.model as model_module
+    import posenc.extend.model.load as model_module
 
     model_module.gguf_read_once = plain  # type: ignore[assignment]
     try:
@@ -84,7 +84,7 @@ def main() -> None:
         s, f = (statistics.median(times[(name, k)]) for k in ("stock", "posenc"))
         print(f"| {path.name} | {vocab:,} | {s:.2f} | {f:.2f} | {s / f:.1f}x |")
     if args.load:
-        from posenc.extend.model import load_model, resolve_source
+        from posenc.extend.model.load import load_model, resolve_source
 
         print("\n| model | load, stock reader s | load, posenc s | ratio |\n|---|---|---|---|")
         load_model(resolve_source(str(files["smollm2"])))  # imports and first-use costs, untimed

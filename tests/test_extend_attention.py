@@ -2,7 +2,7 @@
 authors' code, at the attention level and inside transformers models (prefill, decode with a KV
 cache, left padding), with planted faults the comparison catches.
 
-The references are written independently of :mod:`posenc.extend.attention`: full ``L x L``
+The references are written independently of :mod:`posenc.extend.methods.explicit`: full ``L x L``
 matrices, transformers' own ``apply_rotary_pos_emb`` and rotary module for every rotation,
 and the authors' control flow (LongLM's merged neighbour/group logits; ChunkLlama's chunk loop
 with its log-sum-exp merge of partial attentions).
@@ -18,8 +18,8 @@ import torch
 import transformers
 from transformers.models.llama import modeling_llama
 
-import posenc.extend.attention as ext_attention
-from posenc.extend.attention import dual_chunk_attention, self_extend_attention
+import posenc.extend.methods.explicit as ext_attention
+from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
 from posenc.hf import apply_posenc, extension_from_config, normalize_extension, remove_posenc
 
 TOL = 1e-5

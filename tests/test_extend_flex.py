@@ -1,6 +1,6 @@
-"""The FlexAttention Self-Extend and Dual Chunk Attention (:mod:`posenc.extend.flex`: one
+"""The FlexAttention Self-Extend and Dual Chunk Attention (:mod:`posenc.extend.methods.flex`: one
 ``flex_attention`` call per key set, merged by log-sum-exp) against the explicit path
-(:mod:`posenc.extend.attention`, itself tested against the papers' code): prefill, decode, rows
+(:mod:`posenc.extend.methods.explicit`, itself tested against the papers' code): prefill, decode, rows
 at different positions, left padding with transformers' masks and positions (rows that see no
 key included), grouped-query heads, a soft cap, both rotary layouts, inside plain and soft-capped
 transformers models; planted faults (a neighbour band off by one, a log2 log-sum-exp, an uncapped
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-import posenc.extend.attention as explicit_module
-import posenc.extend.flex as flex
-from posenc.extend.attention import dual_chunk_attention, self_extend_attention
+import posenc.extend.methods.explicit as explicit_module
+import posenc.extend.methods.flex as flex
+from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 
@@ -194,7 +194,7 @@ def test_patched_model_flex_equals_explicit(
 ) -> None:
     """A patched model's attention swapped for the flex functions against the explicit path:
     a left-padded batch (transformers' own masks), prefill then decode; Gemma-2's soft cap."""
-    import posenc.extend.fused as fused
+    import posenc.extend.methods.fused as fused
     from posenc.hf import apply_posenc
     from test_extend_attention import EXTENSIONS, tiny
     from test_extend_hybrid import EXTENSIONS as HYBRID_EXTENSIONS
@@ -221,7 +221,7 @@ def test_patched_model_flex_equals_explicit(
 
 
 def test_a_path_that_is_not_one_says_which_are(monkeypatch: pytest.MonkeyPatch) -> None:
-    import posenc.extend.fused as fused
+    import posenc.extend.methods.fused as fused
 
     q, k, v = qkv(8, 8)
     monkeypatch.setattr(fused, "PATH", "flash")

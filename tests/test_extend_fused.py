@@ -1,6 +1,6 @@
-"""The fused Self-Extend and Dual Chunk Attention (:mod:`posenc.extend.fused`: flash-kernel calls
+"""The fused Self-Extend and Dual Chunk Attention (:mod:`posenc.extend.methods.fused`: flash-kernel calls
 over contiguous key slices merged by their log-sum-exp) against the explicit path
-(:mod:`posenc.extend.attention`, itself tested against the papers' code in
+(:mod:`posenc.extend.methods.explicit`, itself tested against the papers' code in
 ``tests/test_extend_attention.py`` and ``tests/test_extend_hybrid.py``): prefill, a prefill after
 a cache, decode, rows at different positions, inside plain and hybrid transformers models; where
 the fused path does not apply (a padding mask, a soft cap) the explicit one runs; planted faults
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-import posenc.extend.fused as fused
-from posenc.extend.attention import dual_chunk_attention, self_extend_attention
+import posenc.extend.methods.fused as fused
+from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
 from posenc.hf import apply_posenc
 from test_extend_attention import EXTENSIONS, tiny
 from test_extend_hybrid import EXTENSIONS as HYBRID_EXTENSIONS

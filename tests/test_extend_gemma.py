@@ -24,9 +24,9 @@ transformers.logging.set_verbosity_error()
 from typer.testing import CliRunner  # noqa: E402
 
 from posenc.cli import app  # noqa: E402
-from posenc.extend.evaluate import default_documents, document_ids  # noqa: E402
-from posenc.extend.model import load_model, resolve_source  # noqa: E402
-from posenc.extend.packaged import GEMMA3_PACKAGE, packaged_gguf  # noqa: E402
+from posenc.extend.measures.perplexity import default_documents, document_ids  # noqa: E402
+from posenc.extend.model.load import load_model, resolve_source  # noqa: E402
+from posenc.extend.model.packaged import GEMMA3_PACKAGE, packaged_gguf  # noqa: E402
 from posenc.hf import apply_posenc, position_plan  # noqa: E402
 
 try:
@@ -131,8 +131,8 @@ def test_extend_on_a_gguf_cut_short_is_one_line(tmp_path: Path) -> None:
 
 
 def test_export_of_a_hybrid_writes_rope_parameters_per_layer_type(tmp_path: Path) -> None:
-    from posenc.extend.export import export_model
-    from posenc.extend.methods import as_transformers, parse_method, resolve
+    from posenc.extend.methods.export import export_model
+    from posenc.extend.methods.names import as_transformers, parse_method, resolve
 
     torch.manual_seed(0)
     cfg = transformers.Gemma3TextConfig(

@@ -23,9 +23,8 @@ import torch
 import transformers
 from torch import nn
 
-import posenc.extend.finetune as ft
-from posenc.extend.attention import dual_chunk_attention, self_extend_attention
-from posenc.extend.evaluate import (
+import posenc.extend.methods.finetune as ft
+from posenc.extend.measures.perplexity import (
     PASSKEY_INTRO,
     PASSKEY_NEEDLE,
     PASSKEY_QUESTION,
@@ -36,9 +35,16 @@ from posenc.extend.evaluate import (
     perplexity_at,
     score_passkey,
 )
-from posenc.extend.export import export_model
-from posenc.extend.methods import Method, Resolved, as_transformers, parse_method, resolve
-from posenc.extend.study import StudyConfig, cell_identity, cells
+from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
+from posenc.extend.methods.export import export_model
+from posenc.extend.methods.names import (
+    Method,
+    Resolved,
+    as_transformers,
+    parse_method,
+    resolve,
+)
+from posenc.extend.study.config import StudyConfig, cell_identity, cells
 from posenc.hf import apply_posenc
 from posenc.hf.extension import ExtensionState, extension_attention
 from posenc.runs.identity import stable_hash

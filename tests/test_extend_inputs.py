@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 import posenc.cli_errors
 from posenc.cli import app
-from posenc.extend.methods import Method, parse_method, resolve
-from posenc.extend.study import StudyConfig, default_bin_size, parse_lengths, study_rows
+from posenc.extend.methods.names import Method, parse_method, resolve
+from posenc.extend.study.config import StudyConfig, default_bin_size, parse_lengths
+from posenc.extend.study.run import study_rows
 from posenc.hf.extension import extension_from_config
 from test_extend_safety import _model_folder, _one_line_error
 from test_extend_study import _tokenizer
@@ -38,7 +39,7 @@ def never_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     def load(*a: Any, **k: Any) -> Any:
         raise AssertionError("the model was loaded before the input was checked")
 
-    monkeypatch.setattr("posenc.extend.model.load_model", load)
+    monkeypatch.setattr("posenc.extend.model.load.load_model", load)
 
 
 def _cli(*args: str) -> Any:
@@ -242,7 +243,7 @@ def test_export_a_file_it_cannot_read_is_one_line(
     def unreadable(*a: Any, **k: Any) -> None:
         raise PermissionError(13, "Permission denied", str(tmp_path / "rows.jsonl"))
 
-    monkeypatch.setattr("posenc.extend.folder.check_export", unreadable)
+    monkeypatch.setattr("posenc.extend.study.folder.check_export", unreadable)
     (tmp_path / "run.json").write_text("{}")
     result = _cli("extend", "export", str(tmp_path), "--method", "yarn", "--out",
                   str(tmp_path / "model"))  # fmt: skip
@@ -282,7 +283,7 @@ def test_a_partial_or_boolean_dual_chunk_config_is_one_line(dca: Any) -> None:
 def test_a_forward_too_large_names_the_option_that_asked_for_it(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], option: str
 ) -> None:
-    monkeypatch.setattr("posenc.extend.estimate.available_bytes", lambda device: 1)
+    monkeypatch.setattr("posenc.extend.study.estimate.available_bytes", lambda device: 1)
     out = tmp_path / "out"
     result = _cli("extend", str(folder), *STUDY, "--out", str(out), *extra)
     message = _one_line_error(result, "GiB is available", option)

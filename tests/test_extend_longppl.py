@@ -20,9 +20,7 @@ import transformers
 from typer.testing import CliRunner
 
 from posenc.cli import app
-from posenc.extend import longppl_cells
-from posenc.extend.evaluate import default_documents, document_ids, token_nll
-from posenc.extend.longppl import (
+from posenc.extend.measures.longppl import (
     key_positions,
     key_token_mask,
     key_token_perplexity,
@@ -31,10 +29,13 @@ from posenc.extend.longppl import (
     short_context_nll,
     short_windows,
 )
-from posenc.extend.methods import parse_methods
-from posenc.extend.model import load_model, resolve_source
-from posenc.extend.rows import read_study_rows
-from posenc.extend.study import StudyConfig, cells, study_rows
+from posenc.extend.measures.perplexity import default_documents, document_ids, token_nll
+from posenc.extend.methods.names import parse_methods
+from posenc.extend.model.load import load_model, resolve_source
+from posenc.extend.study import longppl_cells
+from posenc.extend.study.config import StudyConfig, cells
+from posenc.extend.study.rows import read_study_rows
+from posenc.extend.study.run import study_rows
 from test_extend_task_study import assert_a_row_without_is_skipped, tiny_llama_folder
 
 TRUNC, WINDOW = 32, 8

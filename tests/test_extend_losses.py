@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from posenc.extend.evaluate import perplexity_at, token_losses, token_nll
+from posenc.extend.measures.perplexity import perplexity_at, token_losses, token_nll
 
 VOCAB, LENGTH = 96, 40
 

@@ -19,11 +19,12 @@ import transformers
 from typer.testing import CliRunner
 
 from posenc.cli import app
-from posenc.extend.evaluate import default_documents
-from posenc.extend.export import export_model
-from posenc.extend.methods import parse_method, parse_methods
-from posenc.extend.model import load_model, resolve_source
-from posenc.extend.study import StudyConfig, run_study, study_rows
+from posenc.extend.measures.perplexity import default_documents
+from posenc.extend.methods.export import export_model
+from posenc.extend.methods.names import parse_method, parse_methods
+from posenc.extend.model.load import load_model, resolve_source
+from posenc.extend.study.config import StudyConfig
+from posenc.extend.study.run import run_study, study_rows
 from posenc.runs.lock import folder_lock
 from test_extend_study import _tokenizer
 
@@ -152,7 +153,7 @@ def test_transformers_is_never_allowed_remote_code(
 ) -> None:
     """Past posenc's own check too (switched off here), transformers is told
     ``trust_remote_code=False``: it refuses, and never asks."""
-    import posenc.extend.model as M
+    import posenc.extend.model.load as M
 
     monkeypatch.setattr(M, "refuse_folder_code", lambda path: None)
     marker = tmp_path / "pwned"
@@ -213,7 +214,7 @@ def test_a_second_study_with_other_settings_is_refused(
 ) -> None:  # fmt: skip
     """Another bin size, other lengths (and so another target), or a document of the same name
     with other contents (``topics.py``, here the text of another file)."""
-    import posenc.extend.model as M
+    import posenc.extend.model.load as M
 
     before = _snapshot(study)
     (tmp_path / "topics.py").write_text(default_documents(2)[1].read_text())

@@ -19,10 +19,16 @@ import transformers
 from typer.testing import CliRunner
 
 from posenc.cli import app
-from posenc.extend.evaluate import default_documents, document_ids, perplexity_at, token_nll
-from posenc.extend.methods import METHOD_NAMES, parse_method, parse_methods, resolve
-from posenc.extend.model import load_model, resolve_source, smollm2_gguf
-from posenc.extend.study import StudyConfig, run_study, study_rows, with_method
+from posenc.extend.measures.perplexity import (
+    default_documents,
+    document_ids,
+    perplexity_at,
+    token_nll,
+)
+from posenc.extend.methods.names import METHOD_NAMES, parse_method, parse_methods, resolve
+from posenc.extend.model.load import load_model, resolve_source, smollm2_gguf
+from posenc.extend.study.config import StudyConfig
+from posenc.extend.study.run import run_study, study_rows, with_method
 
 ALL_METHODS = ",".join(METHOD_NAMES)
 TRAINED = 128
@@ -339,7 +345,7 @@ def test_pose_examples_follow_the_authors_recipe() -> None:
     with the same random draws in the same order."""
     import random
 
-    from posenc.extend.finetune import pose_example
+    from posenc.extend.methods.finetune import pose_example
 
     ids = list(range(1000, 1600))
     for seed in range(100):
@@ -418,7 +424,7 @@ def test_dry_run_of_a_resumed_study_costs_what_is_left(folder: Path, study: Path
 def test_cost_line_splits_the_forwards_by_thread_count() -> None:
     """A study resumed on another number of threads: its block says how many cells ran on each
     and what they took, not the first row's thread count for all (hand-summed figures)."""
-    from posenc.extend.report import cost_line
+    from posenc.extend.reports.tables import cost_line
 
     one = [{"threads": 1, "seconds": 600.0, "cpu_seconds": 590.0},
            {"threads": 1, "seconds": 300.0, "cpu_seconds": 295.0}]  # fmt: skip

@@ -1,5 +1,5 @@
 """``posenc extend compare``: two runs' answers to the same task cells paired sample by sample
-(posenc.extend.task_compare). The shares and the paired difference are checked against sums
+(posenc.extend.reports.compare). The shares and the paired difference are checked against sums
 written out by hand; prompts that differ, or no cell in common, are refused in one line; end to
 end, a tiny Llama's study in float32 and in bfloat16 on the same prompts."""
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from posenc._stats import sign_test_p
 from posenc.cli import app
-from posenc.extend.task_compare import compare_markdown, compare_table, paired_cells
+from posenc.extend.reports.compare import compare_markdown, compare_table, paired_cells
 from test_extend_task_study import tiny_llama_folder
 
 

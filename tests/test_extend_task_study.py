@@ -15,11 +15,12 @@ import transformers
 from typer.testing import CliRunner
 
 from posenc.cli import app
-from posenc.extend.rows import read_study_rows
-from posenc.extend.study import StudyConfig, cells, study_rows
-from posenc.extend.task_report import method_lengths, task_table
-from posenc.extend.tasks import get_task, sample_digest
-from posenc.extend.tasks.prompts import cached_samples
+from posenc.extend.measures.tasks import get_task, sample_digest
+from posenc.extend.measures.tasks.prompts import cached_samples
+from posenc.extend.reports.tasks import method_lengths, task_table
+from posenc.extend.study.config import StudyConfig, cells
+from posenc.extend.study.rows import read_study_rows
+from posenc.extend.study.run import study_rows
 from test_extend_study import _tokenizer
 
 TRAINED = 128
@@ -141,7 +142,7 @@ def test_effective_lengths_from_rows_use_none_as_the_reference() -> None:
 
 
 def test_task_cell_order_is_length_first_every_method_together() -> None:
-    from posenc.extend.methods import parse_methods
+    from posenc.extend.methods.names import parse_methods
 
     cfg = StudyConfig(methods=tuple(parse_methods("none,yarn")), lengths=(64, 128), documents=(),
                       bin_size=32, tasks=("niah_single_1", "vt"), task_lengths=(256, 512),

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc.cli import app
-from posenc.extend.task_summary import study_line, summary_markdown, summary_table
+from posenc.extend.reports.summary import study_line, summary_markdown, summary_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -166,8 +166,8 @@ def test_cli_refuses_bad_folders_in_one_line(tmp_path: Path, case: str) -> None:
 def test_an_effective_length_cell_shows_a_recovery_past_the_first_failure(
     scores: dict[int, float], want: str
 ) -> None:
-    from posenc.extend.task_report import length_text
-    from posenc.extend.tasks import effective_length
+    from posenc.extend.measures.tasks import effective_length
+    from posenc.extend.reports.tasks import length_text
 
     assert length_text(effective_length(scores, 0.3), min(scores)) == want
 
@@ -192,7 +192,7 @@ def test_report_checks_its_figures_before_it_prints_the_table(
 
 
 def test_the_task_table_marks_a_scaling_of_factor_one() -> None:
-    from posenc.extend.task_report import task_table
+    from posenc.extend.reports.tasks import task_table
 
     rows = [dict(r, identical_to_none=True) if r["method"] == "yarn" else r for r in SMALL]
     header, body = task_table(rows)
@@ -203,7 +203,7 @@ def test_the_task_table_marks_a_scaling_of_factor_one() -> None:
 def test_the_heatmap_draws_only_the_needles_asked_at_every_depth() -> None:
     """A distractor-key needle asked at 50 % alone is left out of the grid: pooled, it would
     pull the 50 % row down and read as a depth effect."""
-    from posenc.extend.task_report import needle_data
+    from posenc.extend.reports.tasks import needle_data
 
     def needle(task: str, depth: float, scores: list[float]) -> dict[str, Any]:
         return dict(row("a.gguf", 2048, "none", task, 1024, scores), depth=depth)
@@ -228,7 +228,7 @@ def test_the_study_line_says_what_length_the_scalings_are_set_for() -> None:
 
 
 def test_needles_that_share_no_full_depth_grid_draw_the_widest_one_alone() -> None:
-    from posenc.extend.task_report import needle_data
+    from posenc.extend.reports.tasks import needle_data
 
     def needle(task: str, depth: float) -> dict[str, Any]:
         return dict(row("a.gguf", 2048, "none", task, 1024, [1.0]), depth=depth)

@@ -1,4 +1,4 @@
-"""RULER-style tasks (:mod:`posenc.extend.tasks`): prompts of exact token length with the needle
+"""RULER-style tasks (:mod:`posenc.extend.measures.tasks`): prompts of exact token length with the needle
 at the depth asked, distractors apart from the answer, the same prompts for the same seed;
 RULER's scoring rules on hand-written outputs; a model that learned nothing scores 0 and the
 answer injected as the generation scores 1; the cache path's greedy answer and teacher-forced
@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from posenc._stats import wilson_interval
-from posenc.extend.tasks import (
+from posenc.extend.measures.tasks import (
     RULER_THRESHOLD,
     TASKS,
     Sample,
@@ -37,7 +37,7 @@ from posenc.extend.tasks import (
     string_match_part,
     summarize,
 )
-from posenc.extend.tasks.haystacks import NOISE, essay_sentences
+from posenc.extend.measures.tasks.haystacks import NOISE, essay_sentences
 
 DEPTH_TASKS = [n for n, t in TASKS.items() if t.uses_depth]
 NIAH = [n for n in TASKS if n.startswith("niah")]
@@ -63,7 +63,7 @@ def _bpe(vocab: int = 1000) -> Any:
 
 
 def _smollm2_tokenizer() -> Any:
-    from posenc.extend.model import gguf_read_once, smollm2_gguf
+    from posenc.extend.model.load import gguf_read_once, smollm2_gguf
 
     path = smollm2_gguf()
     if path is None:
@@ -200,7 +200,7 @@ def test_frequent_words_are_ranks_two_to_four(tok: Any) -> None:
 
 
 def test_zeta_of_frequent_words_without_scipy() -> None:
-    from posenc.extend.tasks.extraction import _zeta
+    from posenc.extend.measures.tasks.extraction import _zeta
 
     assert _zeta(2.0) == pytest.approx(math.pi**2 / 6, rel=1e-15)
     assert _zeta(3.0) == pytest.approx(1.2020569031595942, rel=1e-12)  # Apery's constant
@@ -461,7 +461,7 @@ def test_real_smollm2_retrieves_a_single_needle_at_1k() -> None:
     """RULER's niah_single_1 at 1,024 tokens, needles at depths 0.1, 0.5 and 0.9: SmolLM2-135M
     (trained at 8k) writes the number. 16 new tokens instead of RULER's 128 (it writes the
     number first, then repeats the haystack), one thread (CPU threads fight on a busy box)."""
-    from posenc.extend.model import load_model, resolve_source, smollm2_gguf
+    from posenc.extend.model.load import load_model, resolve_source, smollm2_gguf
 
     path = smollm2_gguf()
     if path is None:

@@ -20,7 +20,7 @@ transformers.logging.set_verbosity_error()
 
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM  # noqa: E402
 
-from posenc.extend.methods import as_transformers, parse_method, resolve  # noqa: E402
+from posenc.extend.methods.names import as_transformers, parse_method, resolve  # noqa: E402
 from posenc.hf import apply_posenc  # noqa: E402
 from posenc.hf.scaling import (  # noqa: E402
     FLAT_SCALING_LAYER_TYPES,

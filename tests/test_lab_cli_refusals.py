@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import posenc.cli_errors as cli_errors
-import posenc.lab.training.checkpoint as checkpoint
+import posenc.runs.checkpoint as checkpoint
 from posenc.cli import app
 from posenc.lab.cells.cell import resolve_cell
 from posenc.lab.cells.flags import INT_CAPS, Overrides, build_config

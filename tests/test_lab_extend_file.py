@@ -21,7 +21,7 @@ from posenc.lab.extension.plan import EXTEND_DIR, ExtendConfig
 from posenc.lab.grid.experiment import RunOptions, run_grid
 from posenc.lab.grid.grid_file import file_keys, read_grid_file, tomllib
 from posenc.lab.reports.rows import EXTEND, REFERENCE
-from posenc.lab.training.checkpoint import FINAL, read_checkpoint
+from posenc.runs.checkpoint import FINAL, read_checkpoint
 from posenc.runs.metrics import KEYS, METRICS_FILE
 from posenc.runs.store import RESULTS_FILE, ResultStore
 from test_lab_config_file import resolved, untimed

@@ -154,8 +154,8 @@ def test_the_gemma3_block_is_the_committed_rows_table() -> None:
     table ``posenc extend report`` makes of exactly those rows (a piece run without regenerating
     the block, or a hand edit, fails here)."""
     from posenc._markdown import markdown_table
-    from posenc.extend.report import study_table
-    from posenc.extend.study import study_rows
+    from posenc.extend.reports.tables import study_table
+    from posenc.extend.study.run import study_rows
 
     rows = study_rows(ROOT / "benchmarks" / "studies" / "gemma3-270m")
     assert markdown_table(*study_table(rows)) in generated_blocks(REAL_MODEL)["extend:gemma3"]
@@ -165,8 +165,8 @@ def test_the_smollm2_block_is_the_committed_rows_table() -> None:
     """The SmolLM2-135M perplexity and passkey study (rows committed in
     benchmarks/studies/smollm2-ppl/): its block must be the table of exactly those rows."""
     from posenc._markdown import markdown_table
-    from posenc.extend.report import study_table
-    from posenc.extend.study import study_rows
+    from posenc.extend.reports.tables import study_table
+    from posenc.extend.study.run import study_rows
 
     rows = study_rows(ROOT / "benchmarks" / "studies" / "smollm2-ppl")
     assert markdown_table(*study_table(rows)) in generated_blocks(REAL_MODEL)["extend:real"]
@@ -178,8 +178,8 @@ def test_the_task_blocks_are_the_committed_rows_tables(block: str, folder: str) 
     """The task studies run in pieces by length whose rows are committed: each block must hold
     the task tables ``posenc extend report`` makes of exactly those rows."""
     from posenc._markdown import markdown_table
-    from posenc.extend.study import study_rows
-    from posenc.extend.task_report import per_task_table, task_table
+    from posenc.extend.reports.tasks import per_task_table, task_table
+    from posenc.extend.study.run import study_rows
 
     rows = study_rows(ROOT / "benchmarks" / "studies" / folder)
     text = generated_blocks(REAL_MODEL)[f"extend:{block}"]
@@ -191,8 +191,8 @@ def test_the_readme_summary_is_the_committed_task_rows() -> None:
     """README's "which method, up to which length" table, the block ``posenc extend summary``
     writes from exactly the committed rows of both task studies (the Chinese README carries the
     same block: test_chinese_readme_carries_the_english_readmes_results)."""
-    from posenc.extend.study import study_rows
-    from posenc.extend.task_summary import summary_markdown
+    from posenc.extend.reports.summary import summary_markdown
+    from posenc.extend.study.run import study_rows
 
     studies = ROOT / "benchmarks" / "studies"
     names = ["smollm2-135m-bf16", "gemma3-270m-tasks"]
@@ -207,8 +207,8 @@ def test_the_dtype_blocks_are_the_committed_rows_comparison(block: str, first: s
                                                             second: str) -> None:  # fmt: skip
     """The float32 task cells against the bfloat16 ones, the block ``posenc extend compare``
     writes from exactly the committed rows of both folders."""
-    from posenc.extend.study import study_rows
-    from posenc.extend.task_compare import compare_markdown
+    from posenc.extend.reports.compare import compare_markdown
+    from posenc.extend.study.run import study_rows
 
     studies = ROOT / "benchmarks" / "studies"
     text = compare_markdown(study_rows(studies / first), study_rows(studies / second),

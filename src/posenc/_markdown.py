@@ -1,5 +1,6 @@
 """Markdown helpers shared by the benchmark results (``posenc bench``) and the lab's report:
-one table formatter, and one way of rewriting a generated block between marker lines."""
+one table formatter, one way of rewriting a generated block between marker lines, and a count
+with its noun in the right number."""
 
 from __future__ import annotations
 
@@ -62,3 +63,8 @@ def replace_block(path: Path, start: str, end: str, text: str) -> None:
     j = next(n for n, line in enumerate(lines) if line.strip() == end)
     new = lines[: i + 1] + text.rstrip("\n").split("\n") + lines[j:]
     path.write_text("\n".join(new), encoding="utf-8")
+
+
+def counted(n: int, one: str, many: str | None = None) -> str:
+    """``1 cell``, ``2 cells``: a count with its noun in the right number."""
+    return f"{n} {one if n == 1 else many or one + 's'}"

@@ -1,5 +1,5 @@
-"""Self-Extend and Dual Chunk Attention in a real model: the fused path (:mod:`posenc.extend.fused`)
-against the explicit one (:mod:`posenc.extend.attention`) and the stock forward, timed in one run.
+"""Self-Extend and Dual Chunk Attention in a real model: the fused path (:mod:`posenc.extend.methods.fused`)
+against the explicit one (:mod:`posenc.extend.methods.explicit`) and the stock forward, timed in one run.
 
 A prefill is one forward of ``tokens`` tokens with no cache and the logits of the last position
 only (``logits_to_keep=1``, as ``generate`` runs it), so the times are the model's body, where
@@ -63,8 +63,8 @@ def _round_robin(candidates: dict[str, Callable[[], Any]], repeats: int) -> dict
 
 
 def _with_path(model: Any, path: str, step: Callable[[Any], Any]) -> Callable[[], Any]:
-    """``step(model)`` with :data:`posenc.extend.fused.PATH` set to ``path``; keeps the output."""
-    from ..extend import fused
+    """``step(model)`` with :data:`posenc.extend.methods.fused.PATH` set to ``path``; keeps the output."""
+    from ..extend.methods import fused
 
     def call() -> Any:
         before, fused.PATH = fused.PATH, path
@@ -200,9 +200,9 @@ def block(doc: BenchRows) -> str:
     lines += [f"- command: `{doc.command}`", ""]
     lines += [
         "SmolLM2-135M (float32, SDPA) from its packaged GGUF; stock transformers and the model "
-        "patched by `apply_posenc(extension=...)`, fused path (`posenc.extend.fused`: CPU flash "
+        "patched by `apply_posenc(extension=...)`, fused path (`posenc.extend.methods.fused`: CPU flash "
         "kernel calls per key set, merged by log-sum-exp) and explicit path "
-        "(`posenc.extend.attention`), timed round-robin in one run on this thread's CPU time, "
+        "(`posenc.extend.methods.explicit`), timed round-robin in one run on this thread's CPU time, "
         f"torch threads {doc.settings.get('threads', '?')}; medians of `samples` rounds. "
         "prefill: one forward, no cache, last-position logits only; decode: one token after "
         "`tokens` cached. diff: max |fused - explicit| of the logits in the same run.",

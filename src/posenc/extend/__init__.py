@@ -1,15 +1,26 @@
-"""Long-context evaluation and extension of a user's real transformers model.
+"""Long-context evaluation and extension of a user's real transformers model, by stage.
 
-* :mod:`.attention`: Self-Extend and Dual Chunk Attention as attention over disjoint key sets
-  (pure tensor functions; :func:`posenc.hf.apply_posenc` puts them into a model with
-  ``extension=``).
-* :mod:`.methods`: the methods by name (``none``, every RoPE scaling, ``self_extend``,
-  ``dual_chunk``) with their options, as ``posenc extend --methods`` reads them.
-* :mod:`.model`: loading a model folder, GGUF file or cached model id (never the network).
-* :mod:`.evaluate`: loss by position, perplexity by length, passkey retrieval by depth.
-* :mod:`.study`: the grid of (method, document or passkey trial) cells, rows resumable.
-* :mod:`.export`: a model folder with the chosen scaling that stock transformers loads.
+A study walks through the stages in this order, and each stage is one folder:
 
-Submodules are imported where used (``from posenc.extend.study import run_study``): this
-package sits above :mod:`posenc.hf`, which imports :mod:`.attention`.
+* :mod:`.model`: the user's model, loaded from a folder, a GGUF file, a cached model id or a
+  packaged name (never the network, never a folder's own code).
+* :mod:`.methods`: what is done to the model: the methods by name (``none``, every RoPE scaling,
+  ``self_extend``, ``dual_chunk``) and their options; Self-Extend and Dual Chunk Attention as
+  attention over disjoint key sets (explicit reference, fused, FlexAttention, their merge);
+  export to a folder stock transformers loads; a PoSE fine-tune.
+* :mod:`.measures`: what is measured on the model with a method in place: loss by position,
+  perplexity and passkeys, RULER-style tasks (:mod:`.measures.tasks`), LongPPL.
+* :mod:`.study`: the grid of cells, its results folder and rows, the cost estimate and dry run,
+  the command that runs a study, the export of a study's chosen method.
+* :mod:`.reports`: the rows as tables, Markdown, a summary over studies, paired comparisons
+  and figures; nothing here computes what the rows do not hold.
+
+:mod:`.cli` only parses ``posenc extend`` and hands over to the stage that does the work.
+
+Imports go down this list, never up: ``model`` imports no other stage; ``methods`` may import
+``model``; ``measures`` may import ``methods`` and ``model``; ``study`` any stage before it;
+``reports`` the study's rows and the measures' scoring. Nothing in ``extend`` imports
+:mod:`posenc.lab` (what both need, such as checkpoints, is in :mod:`posenc.runs`).
+Submodules are imported where used (``from posenc.extend.study.run import run_study``):
+:mod:`posenc.hf` imports :mod:`.methods.fused`, so no package here imports anything on import.
 """

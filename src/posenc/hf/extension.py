@@ -7,8 +7,8 @@ globals are a shadow (:mod:`.shadow`) in which
   keys (both methods rotate a key differently for different queries), and
 * the attention function (``ALL_ATTENTION_FUNCTIONS`` / ``eager_attention_forward``, whichever
   the class reads) is :func:`extension_attention`, which rotates by the method's positions and
-  attends over its key sets (:mod:`posenc.extend.fused`, or the explicit
-  :mod:`posenc.extend.attention` where the fused calls do not apply).
+  attends over its key sets (:mod:`posenc.extend.methods.fused`, or the explicit
+  :mod:`posenc.extend.methods.explicit` where the fused calls do not apply).
 
 The method's settings and the model's RoPE frequencies live on each layer as
 ``layer.posenc_extension`` (a plain attribute: no ``state_dict`` entry). Methods:
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..extend.fused import dual_chunk, self_extend
+from ..extend.methods.fused import dual_chunk, self_extend
 
 #: method -> (required integer options, their lower bounds).
 EXTENSION_METHODS: dict[str, dict[str, int]] = {

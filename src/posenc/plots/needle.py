@@ -2,8 +2,8 @@
 length, one panel per method, one colour bar) and each task's score against length with the
 trained length marked.
 
-Pure renderers of plain data (:func:`posenc.extend.task_report.needle_data` and
-:func:`~posenc.extend.task_report.task_curves`).
+Pure renderers of plain data (:func:`posenc.extend.reports.tasks.needle_data` and
+:func:`~posenc.extend.reports.tasks.task_curves`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 method, the trained length marked; beside it the passkey grid of each method (depth x length,
 coloured by the key's log-probability, each cell marked with its mean rank).
 
-A pure renderer: it takes the numbers as plain data (:func:`posenc.extend.report.figure_data`).
+A pure renderer: it takes the numbers as plain data (:func:`posenc.extend.reports.tables.figure_data`).
 """
 
 from __future__ import annotations

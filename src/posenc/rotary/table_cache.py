@@ -97,7 +97,7 @@ def grown(
     """float32 cos/sin ``[1, N, n]`` of positions ``0 .. N-1`` with ``N > top``: ``cache[key]``'s
     table (``(cos, sin, first)``), grown where it is short (``first`` doubled as often as
     needed, its rows kept) -- the table of :class:`~posenc.rotary.RotaryEmbedding`, for callers
-    without one (:mod:`posenc.extend.fused`, whose key names the frequency set's values)."""
+    without one (:mod:`posenc.extend.methods.fused`, whose key names the frequency set's values)."""
     entry = cache.get(key)
     if entry is None or entry[0].shape[1] <= top:
         rows = table_rows(first, 1 << 62, top)

@@ -6,7 +6,7 @@ JSON value does not have a shape, recursing only as deep as the shape) and :func
 A reader declares the shape of what it indexes in a row, and a row that does not have it is
 skipped with one warning (:data:`posenc.runs.store.RowCheck`), never a ``KeyError`` in a report.
 The lab's rows (:mod:`posenc.lab.reports.rows`) and ``posenc extend``'s
-(:mod:`posenc.extend.rows`) are both declared in these shapes.
+(:mod:`posenc.extend.study.rows`) are both declared in these shapes.
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ import torch
 from ..._checks import check_positive_int
 from ...model import ModelConfig, TransformerLM
 from ...plots.attention import model_attention
+from ...runs.checkpoint import CheckpointError, read_checkpoint
 from ...runs.progress import progress_bars, step_task
 from ..cells.config import TrainConfig
 from ..grid.estimate import check_training_fits
 from ..training.batches import SPLITS, shard, step_generator
-from ..training.checkpoint import CheckpointError, read_checkpoint
 from ..training.train import train_model
 
 TINY_VOCAB = 32

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from ...model import ModelConfig, TransformerLM
+from ...runs.checkpoint import FINAL, load_checkpoint
 from ...runs.identity import stable_hash
 from ...runs.metrics import MetricsLog, logged_steps
 from ...runs.progress import step_task
@@ -57,7 +58,6 @@ from ..evaluation.evaluate import evaluate_model
 from ..grid.run import RunContext, RunOptions, cell_dir, check_run, make_log, open_run, versions
 from ..reports.results import load_rows
 from ..reports.rows import REFERENCE, ExtendRow, ExtendRuntime, GridRow, runtime_dict
-from ..training.checkpoint import FINAL, load_checkpoint
 from ..training.data import LabData, corpus_note, load_data
 from ..training.dist import init_distributed
 from ..training.train import Interrupted, train_model

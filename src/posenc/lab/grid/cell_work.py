@@ -17,6 +17,7 @@ import torch
 
 from ... import registry
 from ..._malloc import malloc_state
+from ...runs.checkpoint import FINAL, LAST, CheckpointError, load_checkpoint_identity
 from ...runs.identity import config_diff, jsonable, stable_hash
 from ...runs.metrics import MetricsLog, logged_steps
 from ...runs.progress import step_task
@@ -26,7 +27,6 @@ from ..cells.identity import eval_identity, group_identity
 from ..cells.labels import Label
 from ..evaluation.evaluate import evaluate_model
 from ..reports.rows import GridRow, GridRuntime, runtime_dict
-from ..training.checkpoint import FINAL, LAST, CheckpointError, load_checkpoint_identity
 from ..training.data import LabData
 from ..training.schedule import compiles
 from ..training.train import Interrupted, ResumeRequired, TrainResult, train_model

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._malloc import retain_freed_memory
+from ...runs.checkpoint import CheckpointError
 from ...runs.progress import ProgressRelay, RemoteProgress
 from ..cells.cell import Cell
 from ..cells.config import LabConfig
 from ..cells.labels import parse_label
-from ..training.checkpoint import CheckpointError
 from ..training.data import LabData, load_data
 from ..training.dist import Dist, resolve_device
 from ..training.train import (

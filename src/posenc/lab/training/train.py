@@ -26,10 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...model import ModelConfig, TransformerLM
-from ...runs.identity import config_diff
-from ...runs.metrics import MetricsLog, logged_steps
-from ..cells.config import TrainConfig
-from .checkpoint import (
+from ...runs.checkpoint import (
     CKPT_FORMAT,
     CKPT_VERSION,
     FINAL,
@@ -44,6 +41,9 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from ...runs.identity import config_diff
+from ...runs.metrics import MetricsLog, logged_steps
+from ..cells.config import TrainConfig
 from .data import IGNORE, LabData, shard
 from .dist import Dist, init_distributed, resolve_device
 from .schedule import compile_blocks, compiles, lr_at, make_optimizer, seed_everything

@@ -1,0 +1,98 @@
+"""One cell of a task study — a task at one length and depth, ``n`` samples answered by one
+model with one method in place — as plain numbers a row can hold; methods compared paired on
+the same samples; effective lengths from cells.
+
+Every method of a study answers the same samples (the same seed gives the same ids), and a
+cell keeps a digest of each sample's ids, so a paired comparison can check that it compares
+like with like before it subtracts. :mod:`posenc.extend.study.run` writes a cell as a ``task`` row
+(:mod:`posenc.extend.study.rows`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ...._stats import paired_mean_ci
+from .base import Sample, get_task
+from .effective import (
+    RELATIVE_FRACTION,
+    EffectiveLength,
+    relative_effective_length,
+    ruler_effective_length,
+)
+from .generation import answer, summarize
+
+
+def sample_digest(sample: Sample) -> str:
+    """12 hex digits of SHA-256 over the sample's ids: equal digests, equal prompts."""
+    return hashlib.sha256(",".join(map(str, sample.ids)).encode()).hexdigest()[:12]
+
+
+def run_cell(model: Any, tokenizer: Any, task: str, length: int, depth: float | None, n: int,
+             seed: int, *, logprob: bool = True, max_new_tokens: int | None = None,
+             samples: Sequence[Sample] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``n`` samples of ``task`` at ``length`` and ``depth`` (seed ``seed``) answered by
+    ``model`` as it stands (:func:`~.generation.answer`) -> a dict: the cell's identity
+    (``task``, ``length``, ``depth``, ``seed``, ``n``, ``metric``), ``score`` (mean in
+    ``[0, 1]``) with its Wilson ``low``/``high``, and per sample (lists of ``n``): ``scores``,
+    ``outputs``, ``references``, ``target_logprobs`` (None without ``logprob``), ``new_tokens``,
+    ``digests`` (:func:`sample_digest`); ``seconds`` all told. ``samples``: the cell's samples
+    prepared before (:func:`~.prompts.cached_samples`), else built here."""
+    t = get_task(task)
+    if samples is None:
+        samples = t.samples(tokenizer, length, depth, n, seed)
+    elif len(samples) != n or any(s.task != task or s.length != length for s in samples):
+        raise ValueError(f"the samples given are not {n} of {task} at {length} tokens")
+    answers = [answer(model, tokenizer, s, logprob=logprob, max_new_tokens=max_new_tokens,
+                      task=t) for s in samples]  # fmt: skip
+    score = summarize([a.score for a in answers])
+    return {
+        "task": task, "length": length, "depth": depth, "seed": seed, "n": n,
+        "metric": t.metric_name, "score": score.mean, "low": score.low, "high": score.high,
+        "scores": [a.score for a in answers], "outputs": [a.output for a in answers],
+        "references": [list(s.references) for s in samples],
+        "target_logprobs": [a.target_logprob for a in answers],
+        "new_tokens": [a.new_tokens for a in answers],
+        "digests": [sample_digest(s) for s in samples],
+        "seconds": round(sum(a.seconds for a in answers), 3),
+    }  # fmt: skip
+
+
+def paired_difference(cell: Mapping[str, Any], reference: Mapping[str, Any],
+                      level: float = 0.95) -> tuple[float, float | None]:  # fmt: skip
+    """``cell``'s scores minus ``reference``'s, sample by sample (two methods on the same
+    samples): the mean difference and the half-width of its Student t interval
+    (:func:`posenc._stats.paired_mean_ci`; None for one sample). ValueError where the two
+    cells did not answer the same prompts."""
+    if list(cell["digests"]) != list(reference["digests"]):
+        raise ValueError(
+            f"cells of {cell['task']} at {cell['length']} answered different samples (another "
+            "seed, tokenizer or posenc): a paired difference needs the same ones"
+        )
+    return paired_mean_ci(cell["scores"], reference["scores"], level)
+
+
+def scores_by_length(cells: Iterable[Mapping[str, Any]]) -> dict[int, float]:
+    """Length -> the mean over tasks of each task's mean score there (every depth's samples of a
+    task pooled first): RULER's average over tasks, each task weighing the same."""
+    per: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for c in cells:
+        per[int(c["length"])][str(c["task"])].extend(float(s) for s in c["scores"])
+    return {
+        n: sum(sum(v) / len(v) for v in tasks.values()) / len(tasks)
+        for n, tasks in sorted(per.items())
+    }
+
+
+def effective_lengths(cells: Sequence[Mapping[str, Any]], fraction: float = RELATIVE_FRACTION,
+                      reference: float | None = None) -> dict[str, EffectiveLength]:  # fmt: skip
+    """``{"absolute": ..., "relative": ...}`` effective lengths of one (model, method) from its
+    cells (:func:`scores_by_length`, then :mod:`.effective`)."""
+    scores = scores_by_length(cells)
+    return {
+        "absolute": ruler_effective_length(scores),
+        "relative": relative_effective_length(scores, fraction, reference),
+    }

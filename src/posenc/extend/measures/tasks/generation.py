@@ -1,0 +1,181 @@
+"""A model's answer to a sample: greedy generation through the KV cache, scored, and the
+teacher-forced log-probability of the reference beside it.
+
+One prefill of the prompt serves both: the reference's tokens are fed through the cache after
+it (their log-probabilities read as they go), the cache is cut back to the prompt, and greedy
+decoding continues from the prompt's last logits, one token a step, until an end-of-sequence
+token or the task's ``max_new_tokens`` (RULER's ``tokens_to_generate``; RULER decodes greedily,
+``TEMPERATURE="0.0"`` in ``scripts/config_models.sh``). A cache that cannot be cut back (a
+sliding-window layer that has dropped keys: Gemma 3's) is refilled by a second prefill instead.
+
+The logits are the model's head on the decoder's last hidden state only (never ``[L, vocab]``
+for a long prompt), with Gemma's final soft cap, as :mod:`posenc.extend.measures.perplexity` forms them.
+Whatever method is applied to the model (a RoPE scaling, Self-Extend, DCA) is in place for the
+prefill and every decoding step. Run long prompts inside
+:func:`posenc.hf.linear_memory.linear_memory` as the study does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...._stats import wilson_interval
+from ..perplexity import _logits
+from .base import Sample, Task, get_task
+from .scoring import postprocess
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the model wrote for a sample and how it scored: ``output`` (decoded new tokens, RULER's
+    post-processing applied), ``score`` in ``[0, 1]``, ``new_tokens``, ``target_logprob`` (the
+    reference continuation's total log-probability given the prompt, None when not asked),
+    ``target_tokens`` and ``seconds``."""
+
+    output: str
+    score: float
+    new_tokens: int
+    target_logprob: float | None
+    target_tokens: int
+    seconds: float
+
+
+def _decoder(model: Any) -> Any:
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
+
+
+def _cache_kw(decoder: Any) -> str:
+    """The decoder's name for the cache argument: ``cache`` (transformers 5) or, before it,
+    ``past_key_values`` (5 still reads the old name, with a warning each run)."""
+    params = inspect.signature(decoder.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _step(model: Any, ids: torch.Tensor, cache: Any) -> torch.Tensor:
+    """``ids [1, s]`` through the decoder, ``cache`` holding the keys before them and gaining
+    theirs -> float32 logits ``[s, vocab]``."""
+    decoder = _decoder(model)
+    out = decoder(input_ids=ids, use_cache=True, **{_cache_kw(decoder): cache})
+    return _logits(model, out.last_hidden_state[0])
+
+
+def _prefill(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """The prompt ``ids [1, L]`` through the decoder into a fresh cache -> (last position's
+    logits ``[vocab]``, cache); only the last hidden state goes through the head."""
+    from transformers.cache_utils import DynamicCache
+
+    decoder = _decoder(model)
+    cache = DynamicCache(config=model.config)
+    out = decoder(input_ids=ids, use_cache=True, **{_cache_kw(decoder): cache})
+    return _logits(model, out.last_hidden_state[0, -1:])[0], cache
+
+
+def _rollback(cache: Any, keep: int) -> bool:
+    """Cut ``cache`` back to its first ``keep`` positions where every layer is a plain growing
+    one (transformers' ``DynamicLayer``); False, untouched, where one is not (a sliding window
+    has dropped keys it would need). By hand: ``crop``'s argument changed meaning in 5.0."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = list(getattr(cache, "layers", None) or [])
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return False
+    for layer in layers:
+        if getattr(layer, "keys", None) is not None:
+            layer.keys = layer.keys[..., :keep, :]
+            layer.values = layer.values[..., :keep, :]
+    return True
+
+
+def _target_logprob(model: Any, last: torch.Tensor, target: torch.Tensor,
+                    cache: Any) -> float:  # fmt: skip
+    """The total log-probability of ``target [t]`` following the prompt whose last logits are
+    ``last [vocab]`` and whose keys are in ``cache`` (which gains ``t - 1`` positions)."""
+    logp = torch.log_softmax(last, -1)[target[0]]
+    if target.shape[0] > 1:
+        logits = _step(model, target[None, :-1], cache)  # [t - 1, vocab]
+        rest = torch.log_softmax(logits, -1).gather(1, target[1:, None])
+        logp = logp + rest.sum()
+    return float(logp)
+
+
+def _greedy(model: Any, last: torch.Tensor, cache: Any, max_new: int,
+            stop: set[int]) -> list[int]:  # fmt: skip
+    """Greedy tokens after the prompt (its last logits ``last``, its keys in ``cache``): at
+    most ``max_new``, the first of ``stop`` ending it (not kept)."""
+    out: list[int] = []
+    token = int(last.argmax())
+    device = last.device
+    while token not in stop and len(out) < max_new:
+        out.append(token)
+        if len(out) == max_new:
+            break
+        logits = _step(model, torch.tensor([[token]], device=device), cache)
+        token = int(logits[-1].argmax())
+    return out
+
+
+def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
+    """End-of-sequence ids: the tokenizer's and the generation config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen if isinstance(gen, list) else [gen] if gen is not None else [])
+    return {int(i) for i in ids}
+
+
+@torch.inference_mode()
+def answer(model: Any, tokenizer: Any, sample: Sample, *, logprob: bool = True,
+           max_new_tokens: int | None = None, task: Task | None = None) -> Answer:  # fmt: skip
+    """``sample`` answered by ``model`` (a transformers causal LM, any method applied) greedily
+    through its KV cache, at most ``max_new_tokens`` new tokens (default: the task's, RULER's),
+    scored by the task's rule, and (``logprob``) the teacher-forced log-probability of
+    ``sample.target`` from the same prefill. ``tokenizer`` decodes the new tokens; ``task``
+    defaults to the registered one of ``sample.task``."""
+    task = task or get_task(sample.task)
+    device = next(model.parameters()).device
+    ids = torch.tensor([sample.ids], device=device)  # [1, L]
+    start = time.perf_counter()
+    last, cache = _prefill(model, ids)
+    target_logprob, target_len = None, 0
+    if logprob:
+        target = tokenizer(sample.target, add_special_tokens=False)["input_ids"]
+        target_len = len(target)
+        target_logprob = _target_logprob(model, last, torch.tensor(target, device=device), cache)
+        if not _rollback(cache, len(sample.ids)):  # a cache that forgets: the prompt again
+            last, cache = _prefill(model, ids)
+    budget = sample.max_new_tokens if max_new_tokens is None else max_new_tokens
+    new = _greedy(model, last, cache, budget, _stop_ids(tokenizer, model))
+    output = postprocess(tokenizer.decode(new, skip_special_tokens=True))
+    return Answer(output, task.score(output, sample), len(new), target_logprob, target_len,
+                  time.perf_counter() - start)  # fmt: skip
+
+
+# --- scores over samples ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Score:
+    """The mean of ``n`` sample scores in ``[0, 1]`` with its Wilson interval ``[low, high]``
+    (:func:`posenc._stats.wilson_interval`, ``level``)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    level: float = 0.95
+
+
+def summarize(scores: Sequence[float], level: float = 0.95) -> Score:
+    """``scores`` (one per sample, each in ``[0, 1]``) -> their mean and Wilson interval."""
+    values = [float(s) for s in scores]
+    if not values:
+        raise ValueError("summarize needs at least one score")
+    if any(not 0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"scores must be in [0, 1], got {values}")
+    low, high = wilson_interval(sum(values), len(values), level)
+    return Score(sum(values) / len(values), low, high, len(values), level)

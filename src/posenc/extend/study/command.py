@@ -1,0 +1,162 @@
+"""``posenc extend MODEL``, the whole run: the options checked, the model loaded, every method
+resolved and applied once, the memory of the longest forward checked, an optional fine-tune,
+then the dry run's plan or the study and its tables."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from ..methods.finetune import FinetuneConfig
+    from ..model.load import ModelSource
+
+from .options import check_finetune, check_options, length_options, study_config
+
+
+def model_source(model: str, gguf: str | None) -> Any:
+    from ..model.load import resolve_source
+    from ..model.packaged import PACKAGED, packaged_gguf
+
+    if model.lower() in PACKAGED and not Path(model).exists():
+        return resolve_source(str(packaged_gguf(model)))
+    return resolve_source(model, gguf)
+
+
+def _say_identities(resolved: list[Any], cfg: Any) -> None:
+    """A scaling set for a target within the trained length has factor 1: its cells repeat the
+    model as trained's, which a user asking for it should hear before paying for them."""
+    same = [r.label for r in resolved if r.identity]
+    if same:
+        typer.echo(f"note: {', '.join(same)} at {cfg.target} tokens, within the model's trained "
+                   f"length, {'has' if len(same) == 1 else 'have'} factor 1: the model as trained "
+                   f"(none); set a longer target with --lengths, --task-lengths or --passkey-lengths to measure "
+                   f"{'it' if len(same) == 1 else 'them'}", err=True)  # fmt: skip
+
+
+def run(model: str, options: dict[str, Any]) -> None:
+    import torch
+
+    from ..model.load import load_model
+    from .config import cells
+    from .estimate import available_bytes, forward_bytes, loaded_bytes, model_shape
+    from .folder import check_study
+    from .run import check_methods, check_texts, pending_cells, run_study, study_rows
+
+    cfg = study_config(options)
+    source = model_source(model, options["gguf"])
+    check_options(options)
+    check_finetune(options, cfg)
+    if options["threads"]:
+        torch.set_num_threads(options["threads"])
+    start = time.perf_counter()
+    check_study(Path(options["out"]), cfg)  # a folder of another study: refused before the load
+    loaded, tokenizer = load_model(
+        source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
+    )
+    _say_identities(check_methods(loaded, cfg), cfg)  # every method resolves and applies
+    shape = model_shape(loaded)
+    device = next(loaded.parameters()).device
+    todo = cells(cfg)
+    if not todo:  # e.g. --documents 0 with --passkey-methods naming none
+        raise ValueError("the study has no cell to run: ask --tasks, --passkey-lengths (with a "
+                         "method in --passkey-methods) or --documents 1 or more")  # fmt: skip
+    big = max(todo, key=lambda c: forward_bytes(shape, c.length, c.method.name))
+    need = loaded_bytes(loaded) + forward_bytes(shape, big.length, big.method.name)
+    have = available_bytes(device)
+    if need > have:
+        raise ValueError(
+            f"one forward of {big.length} tokens needs about {need / 2**30:.1f} GiB and "
+            f"{have / 2**30:.1f} GiB is available: lower {length_options(cfg, big.length)} "
+            f"or use a larger device"
+        )
+    check_texts(tokenizer, cfg)  # the documents and passkey prompts fit, in its tokens
+    out = Path(options["out"])
+    if options["finetune"]:
+        loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
+    if options["dry_run"]:
+        left = pending_cells(loaded, source, cfg, out, options["dtype"])
+        from .dry_run import dry_run_text
+
+        typer.echo(dry_run_text(loaded, shape, cfg, left, need, have, done=len(todo) - len(left)))
+        return
+    run_study(loaded, tokenizer, source, cfg, out, dtype=options["dtype"])
+
+    from ..reports.commands import print_tables
+
+    print_tables(study_rows(out), f"posenc extend: {source.describe()}")
+    typer.echo(f"rows in {out / 'results.jsonl'}; {time.perf_counter() - start:.0f} s")
+
+
+def _finetune(
+    model: Any, tokenizer: Any, source: Any, cfg: Any, options: dict[str, Any], out: Path
+) -> Any:
+    """``--finetune pose``: train (resumable), write the folder, and return it loaded with its
+    source, so the study then measures the fine-tuned model (``none``: with its scaling)."""
+    from ..measures.perplexity import default_documents
+    from ..methods.finetune import FinetuneConfig, training_bytes
+    from ..model.load import load_model, resolve_source
+    from .estimate import available_bytes
+
+    if options["finetune"] != "pose":
+        raise ValueError(f"--finetune must be 'pose', got {options['finetune']!r}")
+    ft = FinetuneConfig(
+        steps=options["steps"], train_len=options["train_len"], target_len=cfg.target,
+        method=options["finetune_method"], lr=options["lr"],
+    )  # fmt: skip
+    need = training_bytes(model, ft.train_len)
+    have = available_bytes(next(model.parameters()).device)
+    if need > have:
+        raise ValueError(
+            f"a PoSE step at --train-len {ft.train_len} needs about {need / 2**30:.1f} GiB and "
+            f"{have / 2**30:.1f} GiB is available: lower --train-len"
+        )
+    if options["dry_run"]:
+        typer.echo(f"PoSE: {ft.steps} steps at {ft.train_len} tokens, about {need / 2**30:.1f} GiB")
+        return model, tokenizer, source
+    # Training text: the next longest standard-library files after the evaluation documents.
+    docs = default_documents(len(cfg.documents) + 4)[len(cfg.documents) :]
+    folder, result = pose_model(model, tokenizer, source, docs, ft, out, dtype=options["dtype"])
+    typer.echo(
+        f"PoSE: {ft.steps} steps in {result['seconds']:.0f} s, last loss {result['losses'][-1]:.3f}"
+    )
+    source = resolve_source(str(folder))
+    model, tokenizer = load_model(source, dtype=options["dtype"], device=options["device"])
+    return model, tokenizer, source
+
+
+def pose_model(
+    model: Any,
+    tokenizer: Any,
+    source: ModelSource,
+    documents: list[Path],
+    cfg: FinetuneConfig,
+    out: Path,
+    *,
+    dtype: str,
+) -> tuple[Path, dict[str, Any]]:
+    """``posenc extend --finetune pose`` into the study folder ``out``: under its lock, refused
+    where ``out`` holds a study of another model, :func:`finetune` (resumed from
+    ``out/pose/checkpoint.pt``), then ``out/pose-model`` written aside and renamed into place
+    unless a whole one is there. Returns the model folder and :func:`finetune`'s result."""
+    from ...hf import remove_posenc
+    from ...runs.atomic import remove_partials
+    from ..methods.export import export_model
+    from ..methods.finetune import finetune
+    from ..methods.names import parse_method
+    from ..model.load import model_identity
+    from .folder import check_finetune_folder, study_lock
+
+    folder = out / "pose-model"
+    with study_lock(out):
+        check_finetune_folder(out, folder)
+        model_id = model_identity(source, model, dtype)
+        result = finetune(model, tokenizer, documents, cfg, out / "pose", model_id=model_id)
+        remove_posenc(model)
+        remove_partials(folder)  # what a killed save left (no other run writes: the lock is held)
+        if not folder.exists():
+            export_model(model, tokenizer, parse_method(cfg.method), cfg.target_len, folder)
+    return folder, result
