@@ -1,7 +1,9 @@
 """The package's large-scale shape, read from the source: no import cycle among posenc's modules
 (function-level imports included), no file in ``src/`` over 600 lines (500 in ``posenc.lab`` and
 ``posenc.runs``), no function over 60 lines in ``src/`` and ``benchmarks/``, and the run machinery
-(``posenc.runs``) below the lab and ``posenc extend``: it imports neither.
+(``posenc.runs``) below the lab and ``posenc extend``: it imports neither; ``posenc extend``
+beside the lab, not on it (no import of ``posenc.lab``), its stages in folders of at most 12
+modules, each stage importing only the stages before it.
 
 Everything here is read with :mod:`ast` from the files as they stand; nothing is imported, so a
 cycle is found even where Python's lazy imports would hide it at run time.
@@ -25,7 +27,9 @@ BENCHMARKS = ROOT / "benchmarks"
 MAX_FILE_LINES = 600
 #: The experiment and its run machinery, split by stage into files a reader takes in at once.
 MAX_STAGE_FILE_LINES = 500
-STAGE_PACKAGES = ("lab", "runs")
+STAGE_PACKAGES = ("lab", "runs", "extend")
+#: Modules side by side in one folder of a stage package, at most (a reader takes a folder in).
+MAX_FOLDER_MODULES = 12
 #: What ``posenc.runs`` sits below: the commands that use it.
 ABOVE_RUNS = ("posenc.lab", "posenc.extend")
 MAX_FUNCTION_LINES = 60
@@ -308,6 +312,63 @@ def test_the_run_machinery_imports_neither_the_lab_nor_extend() -> None:
         pytest.fail(message, pytrace=False)
 
 
+def test_extend_does_not_import_the_lab() -> None:
+    found = imports_reaching(import_graph(), "posenc.extend", ("posenc.lab",))
+    if found:
+        pytest.fail("posenc.extend imports the lab:\n" + "\n".join(found), pytrace=False)
+
+
+#: The stages of ``posenc.extend`` in the order a study walks them; each may import only those
+#: before it (the study prints the reports' tables once a study is finished: the one exception).
+EXTEND_STAGES = ("model", "methods", "measures", "study", "reports")
+EXTEND_EXCEPTIONS = {("posenc.extend.study.command", "posenc.extend.reports.commands")}
+
+
+def stage_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each import from one stage of ``posenc.extend`` to a later one, as ``module:line -> target``."""
+
+    def stage(name: str) -> int | None:
+        parts = name.split(".")
+        if len(parts) > 2 and parts[:2] == ["posenc", "extend"] and parts[2] in EXTEND_STAGES:
+            return EXTEND_STAGES.index(parts[2])
+        return None
+
+    return [
+        f"{module}:{line} -> {target}"
+        for module, targets in sorted(graph.items())
+        for target, line in sorted(targets.items())
+        if (a := stage(module)) is not None
+        and (b := stage(target)) is not None
+        and b > a
+        and (module, target) not in EXTEND_EXCEPTIONS
+    ]
+
+
+def test_extend_stages_import_only_earlier_stages() -> None:
+    found = stage_violations(import_graph())
+    if found:
+        pytest.fail("a stage of posenc.extend imports a later one:\n" + "\n".join(found),
+                    pytrace=False)  # fmt: skip
+
+
+def crowded_folders(folder: Path, limit: int = MAX_FOLDER_MODULES) -> list[str]:
+    """Each folder under ``folder`` with more than ``limit`` modules side by side (``__init__``
+    aside)."""
+    found = []
+    for sub in sorted({p.parent for p in _files(folder, "*.py")}):
+        n = len([p for p in sub.glob("*.py") if p.name != "__init__.py"])
+        if n > limit:
+            found.append(f"{sub.relative_to(ROOT) if sub.is_relative_to(ROOT) else sub}: {n}")
+    return found
+
+
+def test_no_crowded_folder_in_extend() -> None:
+    found = crowded_folders(PACKAGE / "extend")
+    if found:
+        pytest.fail(f"folders of posenc.extend with over {MAX_FOLDER_MODULES} modules:\n"
+                    + "\n".join(found), pytrace=False)  # fmt: skip
+
+
 def test_no_function_over_60_lines() -> None:
     found = long_functions()
     if found:
@@ -422,3 +483,28 @@ def test_long_files_counts_lines_under_a_folder(tmp_path: Path) -> None:
     (tmp_path / "b.py").write_text("x = 1\n" * 500)
     found = long_files(tmp_path, 500)
     assert len(found) == 1 and found[0].endswith("a.py: 501 lines")
+
+
+def test_crowded_folders_counts_modules_side_by_side(tmp_path: Path) -> None:
+    for i in range(13):
+        (tmp_path / "a" / f"m{i}.py").parent.mkdir(exist_ok=True)
+        (tmp_path / "a" / f"m{i}.py").write_text("")
+    (tmp_path / "a" / "__init__.py").write_text("")
+    (tmp_path / "b").mkdir()
+    for i in range(12):
+        (tmp_path / "b" / f"m{i}.py").write_text("")
+    assert [f.rsplit("/", 1)[-1] for f in crowded_folders(tmp_path)] == ["a: 13"]
+
+
+def test_stage_violations_finds_an_import_of_a_later_stage(tmp_path: Path) -> None:
+    modules = _write_package(tmp_path, {
+        "posenc/__init__.py": "",
+        "posenc/extend/__init__.py": "",
+        "posenc/extend/model/__init__.py": "",
+        "posenc/extend/model/load.py": "def f():\n    from ..study.run import g\n",
+        "posenc/extend/study/__init__.py": "",
+        "posenc/extend/study/run.py": "from ..model.load import f\ndef g(): ...\n",
+    })  # fmt: skip
+    assert stage_violations(_graph_of(modules)) == [
+        "posenc.extend.model.load:2 -> posenc.extend.study.run"
+    ]
