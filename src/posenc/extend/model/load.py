@@ -95,6 +95,8 @@ def load_model(
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     refuse_folder_code(source.path)
+    if source.gguf:
+        _check_gguf_reader()
     from transformers.models.auto.modeling_auto import AutoModelForCausalLM
     from transformers.models.auto.tokenization_auto import AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -123,6 +125,39 @@ def load_model(
     return model.eval(), tokenizer
 
 
+#: What installs the GGUF reader transformers needs (the ``real`` extra holds it).
+GGUF_INSTALL = "pip install 'posenc[real]' (or pip install 'gguf>=0.10')"
+
+
+def _check_gguf_reader() -> None:
+    """A GGUF file is read by the ``gguf`` package: without it, one line saying how to install
+    it (transformers' own ImportError would end the command in a traceback)."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ValueError(f"reading a .gguf file needs the gguf package: {GGUF_INSTALL}") from None
+
+
+def peek_trained_length(source: ModelSource) -> int:
+    """The trained length of ``source`` from its configuration alone (no weights loaded): what a
+    study's default lengths follow before the model loads."""
+    refuse_folder_code(source.path)
+    if source.gguf:
+        _check_gguf_reader()
+    from transformers.models.auto.configuration_auto import AutoConfig
+
+    kw: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
+    try:
+        with gguf_read_once() if source.gguf else nullcontext():
+            config = AutoConfig.from_pretrained(
+                source.path, **({"gguf_file": source.gguf} if source.gguf else {}), **kw
+            )
+    except (ValueError, OSError, KeyError, IndexError, struct.error) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"cannot load {source.describe()!r}: {first}") from err
+    return trained_length(config)
+
+
 def trained_length(config: Any) -> int:
     """The length the model was trained at: the rope parameters' original length if set (a model
     already extended), else ``max_position_embeddings``."""
@@ -141,11 +176,22 @@ def rotated_pairs(config: Any) -> int:
     return int(head_dim * float(partial or 1.0)) // 2
 
 
+#: Config fields that say where the model was loaded from, not what it is: left out of its hash,
+#: so a model moved or read on another machine keeps its identity (and its study's rows their keys).
+PATH_FIELDS = ("_name_or_path",)
+
+
+def config_fields(config: Any) -> dict[str, Any]:
+    """``config.to_dict()`` without :data:`PATH_FIELDS`: what the identity's hash covers."""
+    return {k: v for k, v in config.to_dict().items() if k not in PATH_FIELDS}
+
+
 def model_identity(source: ModelSource, model: Any, dtype: str) -> dict[str, Any]:
     """What names the model in a row: where it came from, its type, sizes, trained length, and a
-    hash of its config (weights are not hashed: a GGUF file's size and name stand for them)."""
+    hash of its config without the path it was loaded from (weights are not hashed: a GGUF file's
+    size and name stand for them)."""
     config = model.config
-    config_json = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    config_json = json.dumps(config_fields(config), sort_keys=True, default=str)
     file = Path(source.path) / source.gguf if source.gguf else None
     return {
         "source": source.describe(),

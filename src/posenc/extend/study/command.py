@@ -37,56 +37,93 @@ def _say_identities(resolved: list[Any], cfg: Any) -> None:
                    f"{'it' if len(same) == 1 else 'them'}", err=True)  # fmt: skip
 
 
-def run(model: str, options: dict[str, Any]) -> None:
-    import torch
+def _config(model: str, options: dict[str, Any]) -> tuple[Any, Any]:
+    """The study's configuration and the model's source, every option checked before the model
+    loads (the default ``--lengths`` read from the model's configuration alone)."""
+    from ..model.load import peek_trained_length
 
-    from ..model.load import load_model
-    from .config import cells
-    from .estimate import available_bytes, forward_bytes, loaded_bytes, model_shape
-    from .folder import check_study
-    from .run import check_methods, check_texts, pending_cells, run_study, study_rows
-
-    cfg = study_config(options)
     source = model_source(model, options["gguf"])
+    trained = None if options["lengths"] is not None else peek_trained_length(source)
+    cfg = study_config(options, trained)
     check_options(options)
     check_finetune(options, cfg)
-    if options["threads"]:
-        torch.set_num_threads(options["threads"])
-    start = time.perf_counter()
-    check_study(Path(options["out"]), cfg)  # a folder of another study: refused before the load
-    loaded, tokenizer = load_model(
-        source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
-    )
-    _say_identities(check_methods(loaded, cfg), cfg)  # every method resolves and applies
+    if trained is not None:
+        typer.echo(f"--lengths {','.join(map(str, cfg.lengths))} (the default: 1/4, 1/2, 1 and "
+                   f"1.5 times the trained length {trained})", err=True)  # fmt: skip
+    return cfg, source
+
+
+def _memory(loaded: Any, cfg: Any, todo: list[Any]) -> tuple[Any, int, int]:
+    """The model's shape, and the memory the longest forward needs and the device has; refused
+    in one line naming the option that asked for that length where it does not fit."""
+    from .estimate import available_bytes, forward_bytes, loaded_bytes, model_shape
+
     shape = model_shape(loaded)
-    device = next(loaded.parameters()).device
-    todo = cells(cfg)
-    if not todo:  # e.g. --documents 0 with --passkey-methods naming none
-        raise ValueError("the study has no cell to run: ask --tasks, --passkey-lengths (with a "
-                         "method in --passkey-methods) or --documents 1 or more")  # fmt: skip
     big = max(todo, key=lambda c: forward_bytes(shape, c.length, c.method.name))
     need = loaded_bytes(loaded) + forward_bytes(shape, big.length, big.method.name)
-    have = available_bytes(device)
+    have = available_bytes(next(loaded.parameters()).device)
     if need > have:
         raise ValueError(
             f"one forward of {big.length} tokens needs about {need / 2**30:.1f} GiB and "
             f"{have / 2**30:.1f} GiB is available: lower {length_options(cfg, big.length)} "
             f"or use a larger device"
         )
-    check_texts(tokenizer, cfg)  # the documents and passkey prompts fit, in its tokens
+    return shape, need, have
+
+
+def run(model: str, options: dict[str, Any]) -> None:
+    """``posenc extend MODEL``: the checks, the model, then the dry run's plan or the study."""
+    import torch
+
+    from ..model.load import load_model, model_identity
+    from .config import cells
+    from .dry_run import plan_text
+    from .folder import check_study, folder_identity
+    from .run import check_methods, check_texts, pending_cells
+
+    cfg, source = _config(model, options)
+    if options["threads"]:
+        torch.set_num_threads(options["threads"])
     out = Path(options["out"])
+    check_study(out, cfg)  # a folder of another study: refused before the load
+    loaded, tokenizer = load_model(
+        source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
+    )
+    # the dry run refuses what the run would: a folder that holds another model's study
+    check_study(out, cfg, folder_identity(out, model_identity(source, loaded, options["dtype"])))
+    _say_identities(check_methods(loaded, cfg), cfg)  # every method resolves and applies
+    todo = cells(cfg)
+    if not todo:  # e.g. --documents 0 with --passkey-methods naming none
+        raise ValueError("the study has no cell to run: ask --tasks, --passkey-lengths (with a "
+                         "method in --passkey-methods) or --documents 1 or more")  # fmt: skip
+    shape, need, have = _memory(loaded, cfg, todo)
+    check_texts(tokenizer, cfg)  # the documents and passkey prompts fit, in its tokens
     if options["finetune"]:
         loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
+    left = pending_cells(loaded, source, cfg, out, options["dtype"])
+    plan = plan_text(loaded, shape, cfg, left, need, have, done=len(todo) - len(left))
     if options["dry_run"]:
-        left = pending_cells(loaded, source, cfg, out, options["dtype"])
-        from .dry_run import dry_run_text
-
-        typer.echo(dry_run_text(loaded, shape, cfg, left, need, have, done=len(todo) - len(left)))
+        typer.echo(f"{plan}. Nothing was run.")
         return
-    run_study(loaded, tokenizer, source, cfg, out, dtype=options["dtype"])
+    typer.echo(f"plan: {plan}; Ctrl-C stops it, and the same command resumes it.")
+    _study(loaded, tokenizer, source, cfg, out, options["dtype"], len(left))
 
+
+def _study(loaded: Any, tokenizer: Any, source: Any, cfg: Any, out: Path, dtype: str,
+           left: int) -> None:  # fmt: skip
+    """The study's cells, then its tables; Ctrl-C says where it stopped and how to resume."""
     from ..reports.commands import print_tables
+    from .run import run_study, study_rows
 
+    start, written = time.perf_counter(), [0]
+    try:
+        run_study(loaded, tokenizer, source, cfg, out, dtype=dtype,
+                  on_row=lambda row: written.__setitem__(0, written[0] + 1))  # fmt: skip
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: {written[0]} of the {left} cells left were written to "
+                   f"{out / 'results.jsonl'}; run the same command again to resume it "
+                   "(finished cells are kept, the rest run)", err=True)  # fmt: skip
+        raise typer.Exit(130) from None
     print_tables(study_rows(out), f"posenc extend: {source.describe()}")
     typer.echo(f"rows in {out / 'results.jsonl'}; {time.perf_counter() - start:.0f} s")
 

@@ -1,5 +1,5 @@
-"""What ``posenc extend --dry-run`` says: the cells a study has left, what they cost on this
-machine and the memory its longest forward needs, before anything runs.
+"""What ``posenc extend --dry-run`` says, and a real run prints before its first cell: the cells a
+study has left, what they cost on this machine and the memory its longest forward needs.
 
 The time is operations times the measured seconds per operation (:mod:`.estimate`: the median of
 three timed forwards after a warm-up), plus for each task sample its decode steps at the measured
@@ -37,8 +37,8 @@ def study_seconds(model: Any, shape: Any, cfg: Any, todo: list[Any]) -> float:
     return total
 
 
-def dry_run_text(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have: int,
-                 done: int = 0) -> str:  # fmt: skip
+def plan_text(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have: int,
+              done: int = 0) -> str:  # fmt: skip
     """One paragraph: the cells ``todo`` not yet in the folder (``done`` are there already: a
     resumed study costs what is left), by kind, with their lengths; their time on this machine;
     the peak memory ``need`` against ``have``."""
@@ -70,4 +70,4 @@ def dry_run_text(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, h
     seconds = study_seconds(model, shape, cfg, todo)
     return (f"{counted(len(todo), 'cell')} ({'; '.join(parts)}): about {_duration(seconds)} on "
             f"this machine at most, peak memory about {need / 2**30:.1f} GiB of "
-            f"{have / 2**30:.1f} GiB available. Nothing was run.")  # fmt: skip
+            f"{have / 2**30:.1f} GiB available")  # fmt: skip

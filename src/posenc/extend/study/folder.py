@@ -29,6 +29,7 @@ from typing import Any
 from ...runs.atomic import write_file_atomically
 from ...runs.identity import config_diff, stable_hash
 from ...runs.lock import FolderLocked, folder_lock
+from ..model.locate import same_model
 from .rows import KEYTOKENS, LONGPPL, PASSKEY, PPL, TASK, read_study_rows
 
 RUN_FILE, RESULTS = "run.json", "results.jsonl"
@@ -194,7 +195,7 @@ def check_study(out: Path, cfg: Any, model_id: dict[str, Any] | None = None) -> 
     spec = _read_run(out)
     if spec is not None:
         settings, diff = _merged(_recorded_settings(spec), settings)
-        if model_id is not None:
+        if model_id is not None and not same_model(spec.get("model"), model_id):
             diff += config_diff(spec.get("model"), model_id, "model.")
     if not diff and (out / RESULTS).is_file():
         diff = _row_differences(read_study_rows(out / RESULTS), settings, model_id)
@@ -204,6 +205,16 @@ def check_study(out: Path, cfg: Any, model_id: dict[str, Any] | None = None) -> 
             "one study: use another --out, or the same model and settings to resume it"
         )
     return settings
+
+
+def folder_identity(out: Path, model_id: dict[str, Any]) -> dict[str, Any]:
+    """The identity ``out``'s study recorded for the model ``model_id`` names, where it names the
+    same model from another path (:func:`~posenc.extend.model.locate.same_model`: the model
+    moved, or the study is resumed on another machine), so its rows keep their keys; else
+    ``model_id``."""
+    spec = _read_run(out) if out.is_dir() else None
+    recorded = spec.get("model") if spec is not None else None
+    return recorded if isinstance(recorded, dict) and same_model(recorded, model_id) else model_id
 
 
 def check_one_model(rows: list[dict[str, Any]], out: str | os.PathLike[str]) -> None:
@@ -253,7 +264,7 @@ def check_export(run: Path, spec: dict[str, Any], model_id: dict[str, Any] | Non
                 f"{run / RUN_FILE} names another model than its rows were measured on ({diff}); "
                 "export from the folder of that study, or run the study again into a new --out"
             )
-    if model_id is not None and model_id != model:
+    if model_id is not None and not same_model(model_id, model):
         diff = "; ".join(config_diff(model, model_id, "model.")[:3])
         raise ValueError(
             f"the model of {run} has changed since the study ({diff}); nothing was written: "

@@ -8,8 +8,16 @@ from pathlib import Path
 from typing import Any
 
 
-def study_config(options: dict[str, Any]) -> Any:
-    """The command's options as a :class:`~posenc.extend.study.config.StudyConfig` (checked)."""
+def default_lengths(trained: int) -> str:
+    """``--lengths`` when none is given: a quarter, a half, one and one and a half times the
+    model's trained length (SmolLM2-135M, trained at 8k: ``2048,4096,8192,12288``), so a default
+    study reaches past any model's trained length and no further than it can say something."""
+    return ",".join(str(max(2, trained * k // 4)) for k in (1, 2, 4, 6))
+
+
+def study_config(options: dict[str, Any], trained: int | None = None) -> Any:
+    """The command's options as a :class:`~posenc.extend.study.config.StudyConfig` (checked);
+    ``--lengths`` not given: :func:`default_lengths` of the model's ``trained`` length."""
     from ..measures.perplexity import default_documents
     from ..methods.names import parse_methods
     from .config import StudyConfig, default_bin_size, parse_lengths
@@ -25,7 +33,9 @@ def study_config(options: dict[str, Any]) -> Any:
         if options["passkey_methods"]
         else None
     )
-    lengths = parse_lengths(options["lengths"])
+    if options["lengths"] is None and trained is None:
+        raise ValueError("--lengths is not given and the model's trained length is unknown")
+    lengths = parse_lengths(options["lengths"] or default_lengths(int(trained or 0)))
     keys = options["passkey_lengths"]
     tasks = parse_tasks(options["tasks"] or "")
     _check_task_options(options, tasks)

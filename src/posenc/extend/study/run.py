@@ -32,9 +32,10 @@ from ..measures.perplexity import (
 )
 from ..methods.names import Resolved, as_transformers, resolve
 from ..model.load import ModelSource, model_identity, rotated_pairs, trained_length
+from ..model.locate import reference
 from .config import Cell, StudyConfig, _config_dict, cell_identity, cells, versions
 from .folder import RUN_FILE as RUN_FILE  # where `posenc extend export` reads the model
-from .folder import check_one_model, check_study, study_lock, write_run_file
+from .folder import check_one_model, check_study, folder_identity, study_lock, write_run_file
 from .rows import read_study_rows
 
 log = logging.getLogger("posenc.extend")
@@ -165,7 +166,7 @@ def pending_cells(
 ) -> list[Cell]:
     """The cells of ``cfg`` that :func:`run_study` would run: those whose row is not yet in
     ``<out>/results.jsonl`` (what a ``--dry-run`` of a resumed study costs)."""
-    model_id = model_identity(source, model, dtype)
+    model_id = folder_identity(Path(out), model_identity(source, model, dtype))
     train, pairs = trained_length(model.config), rotated_pairs(model.config)
     path = Path(out) / "results.jsonl"
     done = {row_key(r) for r in read_study_rows(path)} if path.is_file() else set()
@@ -192,7 +193,6 @@ def run_study(
 ) -> StudyRun:
     """Run every cell of ``cfg`` not yet in ``<out>/results.jsonl``; returns what it wrote."""
     out = Path(out)
-    model_id = model_identity(source, model, dtype)
     train = trained_length(model.config)
     pairs = rotated_pairs(model.config)
     todo = cells(cfg)
@@ -201,9 +201,12 @@ def run_study(
     check_texts(tokenizer, cfg)
     out.mkdir(parents=True, exist_ok=True)
     with study_lock(out):
+        # a study resumed from another path keeps the identity (and so the row keys) it recorded
+        model_id = folder_identity(out, model_identity(source, model, dtype))
         settings = check_study(out, cfg, model_id)  # one study per folder, before any write
         write_run_file(out, {  # lm-eval's habit: the model, every setting and the versions
-            "source": asdict(source), "dtype": dtype, "study": _config_dict(cfg), "model": model_id,
+            "source": asdict(source), "locate": reference(source), "dtype": dtype,
+            "study": _config_dict(cfg), "model": model_id,
             "settings": settings, "versions": versions(), "threads": torch.get_num_threads(),
         })  # fmt: skip
         store = ResultStore(out / "results.jsonl")
