@@ -22,6 +22,7 @@ def row(model: str, trained: int, method: str, task: str, length: int,
         scores: list[float], dtype: str = "bfloat16") -> dict[str, Any]:  # fmt: skip
     return {"kind": "task", "method": method, "task": task, "depth": 0.5, "length": length,
             "n": len(scores), "scores": scores, "seconds": 60.0 * len(scores), "threads": 1,
+            "digests": [f"{task}|{length}|{i}" for i in range(len(scores))],
             "model": {"source": f"/cache/{model}", "trained_length": trained,
                       "dtype": dtype}}  # fmt: skip
 
@@ -76,21 +77,25 @@ def test_study_line_names_tasks_bar_the_highest_and_what_is_missing() -> None:
     line = study_line(SMALL, "small")
     assert line.startswith("`small`: a.gguf, trained at 2k; tasks niah, vt, 2 samples per cell; "
                            "relative bar 67.5 % (90 % of the model's 75.0 % as trained at 1k); "
-                           "highest at 2k (the trained length): yarn (75.0 %), the model as "
-                           "trained 25.0 %; 1 cell of the lengths begun not yet answered")  # fmt: skip
+                           "highest at 2k (the trained length): yarn (75.0 %; not distinguishable "
+                           "from the others by the paired test), the model as trained 25.0 %; 1 "
+                           "cell of the lengths begun not yet answered")  # fmt: skip
+    # two samples per cell: no pair is told apart (4 samples paired at each full length)
+    assert ("; paired sign test, Holm over 2 comparisons: 1k: not distinguishable (4 paired); "
+            "2k: not distinguishable (4 paired); ") in line  # fmt: skip
     assert "22 min of forwards (11 cells, 1 thread)" in line  # 11 rows x 2 samples x 60 s
 
 
 def test_a_length_some_method_has_not_begun_is_not_full() -> None:
     line = study_line(SMALL[:10], "s")  # none has answered 4k, yarn nothing there yet
-    assert "highest at 2k (the trained length): yarn (75.0 %)" in line
+    assert "highest at 2k (the trained length): yarn (75.0 %;" in line
     assert "2 cells of the lengths begun not yet answered" in line
 
 
 def test_ties_at_the_shown_precision_name_every_method() -> None:
     rows = [row("d.gguf", 1024, m, "niah", 2048, [1.0, 0.0]) for m in ("none", "yarn")]
     line = study_line(rows, "d")
-    assert "highest at 2k (2x the trained length): none, yarn (50.0 %)" in line
+    assert "highest at 2k (2x the trained length): none, yarn (50.0 %;" in line
     assert "not yet answered" not in line
 
 

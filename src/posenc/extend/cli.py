@@ -57,9 +57,7 @@ def run_command(
         help="Methods, comma-separated, each `name[:key=value...]`: none, linear, ntk, dynamic, "
         "yarn, llama3, longrope, self_extend, dual_chunk.",
     ),
-    lengths: str = typer.Option(
-        None, "--lengths", help="Context lengths (default: 1/4, 1/2, 1, 1.5 x the trained length)."
-    ),
+    lengths: str = typer.Option(None, "--lengths", help="Lengths (default: 1/4 to 1.5x trained)."),
     documents: int = typer.Option(
         1, "--documents", min=0, help="Standard-library documents (0: tasks/passkeys only)."
     ),
@@ -188,9 +186,7 @@ def export_command(
     method: str = typer.Option(..., "--method", help="The method to write, e.g. yarn."),
     out: str = typer.Option(..., "--out", "-o", help="The model folder to write (new or empty)."),
     length: int = typer.Option(0, "--length", min=0, help="Target length (0: the run's longest)."),
-    model: str = typer.Option(
-        None, "--model", help="The study's model here, where its recorded path is not (checked)."
-    ),
+    model: str = typer.Option(None, "--model", help="The study's model, if not where it was."),
 ) -> None:
     """Write a model folder with METHOD as its rope_parameters that stock transformers loads."""
     with _one_line_errors():

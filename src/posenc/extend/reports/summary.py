@@ -15,6 +15,7 @@ from typing import Any
 
 from ..._markdown import counted
 from ..measures.tasks import RELATIVE_FRACTION, scores_by_length
+from .ranking import better_than, rank, ranking_line
 from .tables import cost_line
 from .tasks import (
     complete_rows,
@@ -102,11 +103,12 @@ def _highest(rows: Rows, trained: int) -> str:
     scores = {m: round(100 * scores_by_length([r for r in rows if r["method"] == m])[n], 1)
               for m in study_methods(rows)}  # fmt: skip
     best = max(scores.values())
+    top = [m for m, s in scores.items() if s == best]
     where = "the trained length" if n == trained else f"{n / trained:g}x the trained length"
-    out = (
-        f"highest at {k_text(n)} ({where}): {', '.join(m for m, s in scores.items() if s == best)}"
-    )
-    out += f" ({best:.1f} %)"
+    out = f"highest at {k_text(n)} ({where}): {', '.join(top)} ({best:.1f} %"
+    beaten = sorted({b for m in top for b in better_than(rank(rows), m, n)})
+    out += (f"; better by the paired test than {', '.join(beaten)})" if beaten
+            else "; not distinguishable from the others by the paired test)")  # fmt: skip
     return out + (f", the model as trained {scores['none']:.1f} %" if "none" in scores else "")
 
 
@@ -159,7 +161,7 @@ def study_line(rows: Rows, name: str) -> str:
     missing = _missing(rows)
     if missing:
         out += f"; {counted(missing, 'cell')} of the lengths begun not yet answered"
-    return out + f"; {cost_line(rows)}."
+    return out + f"; {ranking_line(rows)}; {cost_line(rows)}."
 
 
 def summary_markdown(studies: Sequence[Rows], names: Sequence[str]) -> str:
@@ -174,7 +176,9 @@ def summary_markdown(studies: Sequence[Rows], names: Sequence[str]) -> str:
         "the score stays at or above RULER's 85.6 %, or the study's relative bar (90 % of the "
         "model's own score as trained at the study's shortest length); (again at ...): longer "
         "lengths above the bar again after the first one below it. The studies' tasks and "
-        "bars differ (their lines say how), so compare methods within a study.",
+        "bars differ (their lines say how), so compare methods within a study; which method is "
+        "better than which is each study line's paired sign test (Holm-corrected), not the "
+        "table's difference of means.",
         "",
         markdown_table(*summary_table(studies, names)),
         "",

@@ -42,9 +42,13 @@ def _config(model: str, options: dict[str, Any]) -> tuple[Any, Any]:
     loads (the default ``--lengths`` read from the model's configuration alone)."""
     from ..model.load import peek_trained_length
 
-    source = model_source(model, options["gguf"])
-    trained = None if options["lengths"] is not None else peek_trained_length(source)
-    cfg = study_config(options, trained)
+    if options["lengths"] is not None:  # the options' own mistakes first, then the model's
+        cfg, trained = study_config(options), None
+        source = model_source(model, options["gguf"])
+    else:
+        source = model_source(model, options["gguf"])
+        trained = peek_trained_length(source)
+        cfg = study_config(options, trained)
     check_options(options)
     check_finetune(options, cfg)
     if trained is not None:
@@ -89,8 +93,6 @@ def run(model: str, options: dict[str, Any]) -> None:
     loaded, tokenizer = load_model(
         source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
     )
-    # the dry run refuses what the run would: a folder that holds another model's study
-    check_study(out, cfg, folder_identity(out, model_identity(source, loaded, options["dtype"])))
     _say_identities(check_methods(loaded, cfg), cfg)  # every method resolves and applies
     todo = cells(cfg)
     if not todo:  # e.g. --documents 0 with --passkey-methods naming none
@@ -100,6 +102,10 @@ def run(model: str, options: dict[str, Any]) -> None:
     check_texts(tokenizer, cfg)  # the documents and passkey prompts fit, in its tokens
     if options["finetune"]:
         loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
+    if not (options["finetune"] and options["dry_run"]):  # (no fine-tuned model to name yet)
+        # the dry run refuses what the run would: a folder that holds another model's study
+        model_id = folder_identity(out, model_identity(source, loaded, options["dtype"]))
+        check_study(out, cfg, model_id)
     left = pending_cells(loaded, source, cfg, out, options["dtype"])
     plan = plan_text(loaded, shape, cfg, left, need, have, done=len(todo) - len(left))
     if options["dry_run"]:

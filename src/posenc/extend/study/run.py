@@ -193,8 +193,7 @@ def run_study(
 ) -> StudyRun:
     """Run every cell of ``cfg`` not yet in ``<out>/results.jsonl``; returns what it wrote."""
     out = Path(out)
-    train = trained_length(model.config)
-    pairs = rotated_pairs(model.config)
+    train, pairs = trained_length(model.config), rotated_pairs(model.config)
     todo = cells(cfg)
     result = StudyRun()
     check_methods(model, cfg)  # every refusal before the first cell
