@@ -51,14 +51,17 @@ def tiny_lm(model_type: str = "llama", *, attn: str | None = None, **config: Any
     return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def bpe_tokenizer(vocab: int = 320) -> Any:
-    """A byte-level BPE tokenizer of ``vocab`` tokens (``<s>``, ``</s>`` among them) trained on
-    the first 20,000 characters of the default perplexity document."""
+def bpe_tokenizer(vocab: int = 320, text: str | None = None) -> Any:
+    """A byte-level BPE tokenizer of ``vocab`` tokens (``<s>``, ``</s>`` among them, as BOS and
+    EOS) trained on ``text``, default the first 20,000 characters of the default perplexity
+    document."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from posenc.extend.measures.perplexity import default_documents
+    if text is None:
+        from posenc.extend.measures.perplexity import default_documents
 
+        text = default_documents(1)[0].read_text()[:20000]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -67,7 +70,7 @@ def bpe_tokenizer(vocab: int = 320) -> Any:
         special_tokens=["<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator([default_documents(1)[0].read_text()[:20000]], trainer)
+    tok.train_from_iterator([text], trainer)
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
     )

@@ -19,6 +19,7 @@ import torch
 import transformers
 from typer.testing import CliRunner
 
+from _tiny import tiny_folder
 from posenc.cli import app
 from posenc.extend.measures.longppl import (
     key_positions,
@@ -36,7 +37,7 @@ from posenc.extend.study import longppl_cells
 from posenc.extend.study.config import StudyConfig, cells
 from posenc.extend.study.rows import read_study_rows
 from posenc.extend.study.run import study_rows
-from test_extend_task_study import assert_a_row_without_is_skipped, tiny_llama_folder
+from test_extend_task_study import assert_a_row_without_is_skipped
 
 TRUNC, WINDOW = 32, 8
 
@@ -148,7 +149,7 @@ LENGTHS = (32, 64, 128)  # 32: no key token can lie below it (it is the truncate
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_llama_folder(tmp_path_factory.mktemp("llama"), 64)
+    return tiny_folder(tmp_path_factory.mktemp("llama"), 64)
 
 
 def _cli(*args: str) -> Any:
