@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
 from typer.testing import CliRunner
 
-from _tiny import tiny_folder
+from _tiny import tiny_folder, tiny_lm
 from posenc.cli import app
 from posenc.extend.measures.longppl import (
     key_positions,
@@ -44,12 +43,7 @@ TRUNC, WINDOW = 32, 8
 
 @pytest.fixture(scope="module")
 def tiny() -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return tiny_lm(vocab_size=50, hidden_size=32, intermediate_size=48, max_position_embeddings=128)
 
 
 def _loss_after(model: torch.nn.Module, context: torch.Tensor, target: torch.Tensor) -> float:
