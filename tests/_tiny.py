@@ -1,6 +1,7 @@
-"""Tiny transformers models for the tests, written once: a random causal LM of any model type
-(:func:`tiny_lm`), the small BPE tokenizer trained on a real document (:func:`bpe_tokenizer`),
-and the two saved as a model folder ``posenc extend`` reads (:func:`tiny_folder`).
+"""Tiny models for the tests, written once: a random transformers causal LM of any model type
+(:func:`tiny_lm`; DeepSeek-V4's keys, :data:`DEEPSEEK_V4_TINY`), the small BPE tokenizer trained
+on a real document (:func:`bpe_tokenizer`), the two saved as a model folder ``posenc extend``
+reads (:func:`tiny_folder`), and a lab grid of tiny cells (:func:`tiny_lab_config`).
 
 transformers and tokenizers are imported inside the functions, so that a test file that skips
 without them (``pytest.importorskip``) may import this module first.
@@ -36,6 +37,20 @@ PARITY_SIZES: dict[str, Any] = {
     "pad_token_id": 0,
     "initializer_range": 0.3,
 }
+
+#: A tiny DeepSeek-V4 (``DeepseekV4Config`` keys): one layer of each attention kind (sliding,
+#: compressed sparse, heavily compressed), hash and routed MoE, YaRN on half of each head.
+DEEPSEEK_V4_TINY: dict[str, Any] = dict(
+    vocab_size=64, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3,
+    num_attention_heads=4, head_dim=32, q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2,
+    o_groups=2, o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4, sliding_window=8,
+    partial_rotary_factor=0.5, max_position_embeddings=256,
+    layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    mlp_layer_types=["hash_moe", "moe", "moe"], attn_implementation="eager",
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                     "beta_fast": 32, "beta_slow": 1},
+)  # fmt: skip
 
 
 def tiny_lm(model_type: str = "llama", *, attn: str | None = None, **config: Any) -> Any:
@@ -73,6 +88,31 @@ def bpe_tokenizer(vocab: int = 320, text: str | None = None) -> Any:
     tok.train_from_iterator([text], trainer)
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
+    )
+
+
+def tiny_lab_config(
+    corpus_dir: Path, encodings: tuple[str, ...] = ("none", "learned"), **kw: Any
+) -> Any:
+    """A lab grid small enough for a test (``preset="test"``): ``encodings`` on a one-layer model
+    of width 32 trained 6 steps at 16 bytes of ``corpus_dir``'s text, evaluated at 1x and 2x,
+    a checkpoint every 2 steps; ``kw``: other :class:`~posenc.lab.cells.presets.LabConfig`
+    fields."""
+    from dataclasses import replace
+
+    from posenc.lab.cells import presets as P
+
+    return replace(
+        P.LabConfig(),
+        preset="test",
+        encodings=tuple(encodings),
+        train_len=16,
+        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
+        train=P.TrainConfig(steps=6, batch_size=4, warmup_steps=2),
+        data=P.DataConfig(source="text", path=str(corpus_dir)),
+        eval=P.EvalConfig(lengths=("1x", "2x"), tokens=256, batch_tokens=128, curve_points=8),
+        ckpt_every=2,
+        **kw,
     )
 
 
