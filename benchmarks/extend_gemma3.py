@@ -31,16 +31,12 @@ piece, ``python benchmarks/study_docs.py`` rewrites every block and figure of th
     python benchmarks/extend_gemma3.py --tasks [LENGTH ...] [--threads=N]
 """
 
-import logging
 import sys
 
-import torch
-from study_args import threads  # benchmarks/, beside this script
+from study_args import packaged, run_pieces, start  # benchmarks/, beside this script
 
 from posenc.extend.measures.perplexity import default_documents
 from posenc.extend.methods.names import parse_methods
-from posenc.extend.model.load import load_model, resolve_source
-from posenc.extend.model.packaged import packaged_gguf
 from posenc.extend.study.config import StudyConfig, parse_lengths
 from posenc.extend.study.run import run_study
 
@@ -69,18 +65,20 @@ def study_config(methods: str, passkey: bool = False, tasks: tuple[str, ...] = (
     )
 
 
+def task_configs(task_lengths: str) -> list[StudyConfig]:
+    """The task settings (:data:`TASKS`), answering tasks at ``task_lengths`` only."""
+    return [
+        study_config(METHODS, tasks=tasks, task_lengths=task_lengths, depths=depths)
+        for tasks, depths in TASKS
+    ]
+
+
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    torch.set_num_threads(threads(sys.argv))
-    source = resolve_source(str(packaged_gguf("gemma3-270m")))
+    args = start(sys.argv)
     if "--tasks" in sys.argv:  # the task cells at the lengths named, shortest first
-        model, tokenizer = load_model(source, dtype="bfloat16")
-        for n in parse_lengths(",".join(args) or TASK_LENGTHS):
-            for tasks, depths in TASKS:
-                cfg = study_config(METHODS, tasks=tasks, task_lengths=str(n), depths=depths)
-                run_study(model, tokenizer, source, cfg, TASK_OUT, dtype="bfloat16")
+        lengths = ",".join(args) or TASK_LENGTHS
+        run_pieces(packaged("gemma3-270m", "bfloat16"), lengths, task_configs, TASK_OUT, "bfloat16")
     else:
-        model, tokenizer = load_model(source)
+        model, tokenizer, source = packaged("gemma3-270m")
         cfg = study_config(",".join(args) or METHODS, passkey="--passkey" in sys.argv)
         run_study(model, tokenizer, source, cfg, OUT)

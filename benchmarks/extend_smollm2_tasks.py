@@ -26,18 +26,13 @@ block and figure of the page, this one included).
     python benchmarks/extend_smollm2_tasks.py [LENGTH ...] [--ppl] [--float32] [--threads=N]
 """
 
-import logging
 import sys
 
-import torch
-from study_args import threads  # benchmarks/, beside this script
+from study_args import packaged, run_pieces, start  # benchmarks/, beside this script
 
 from posenc.extend.measures.perplexity import default_documents
 from posenc.extend.methods.names import parse_methods
-from posenc.extend.model.load import load_model, resolve_source
-from posenc.extend.model.packaged import packaged_gguf
 from posenc.extend.study.config import StudyConfig, parse_lengths
-from posenc.extend.study.run import run_study
 
 METHODS = "none,yarn,ntk,linear,self_extend,dual_chunk"
 LENGTHS = "2k,4k,8k,16k,32k"
@@ -65,12 +60,8 @@ def configs(task_lengths: str, ppl: bool) -> list[StudyConfig]:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    torch.set_num_threads(threads(sys.argv))
+    args = start(sys.argv)
     dtype, out = ("float32", OUT_FLOAT32) if "--float32" in sys.argv else ("bfloat16", OUT)
-    source = resolve_source(str(packaged_gguf("smollm2")))
-    model, tokenizer = load_model(source, dtype=dtype)
-    for n in parse_lengths(",".join(args) or LENGTHS):  # shortest first: whole columns
-        for cfg in configs(str(n), "--ppl" in sys.argv):
-            run_study(model, tokenizer, source, cfg, out, dtype=dtype)
+    ppl = "--ppl" in sys.argv
+    lengths = ",".join(args) or LENGTHS
+    run_pieces(packaged("smollm2", dtype), lengths, lambda n: configs(n, ppl), out, dtype)

@@ -6,22 +6,13 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 
+from _tiny import tiny_lm  # noqa: E402
 from posenc.bench import extend_attention as bench  # noqa: E402
 from posenc.bench import render  # noqa: E402
 from posenc.bench.rows import BenchRows  # noqa: E402
-
-
-def tiny() -> object:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-    )  # fmt: skip
-    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 
 def test_a_run_writes_rows_that_render_and_round_trip() -> None:
@@ -30,7 +21,7 @@ def test_a_run_writes_rows_that_render_and_round_trip() -> None:
         {"method": "dual_chunk", "chunk_size": 12, "local_size": 3},
     ]
     cases = [("prefill", 40, 1, True), ("decode", 30, 2, True), ("prefill", 20, 1, False)]
-    rows = bench.run(tiny(), extensions, cases)
+    rows = bench.run(tiny_lm(), extensions, cases)
     assert [(r.method, r.phase, r.tokens) for r in rows][:3] == [
         ("self_extend", "prefill", 40), ("dual_chunk", "prefill", 40),
         ("self_extend", "decode", 30),

@@ -9,6 +9,7 @@ from torch.func import functional_call
 from transformers import T5Config
 from transformers.models.t5.modeling_t5 import T5Attention
 
+from _decode import prefill_then_decode
 from posenc import Attention, KVCache
 from posenc.bias import FIRE, KERPLE, ALiBi, Sandwich, T5RelativeBias
 from posenc.functional.bias import sandwich_distance_table
@@ -154,9 +155,8 @@ def test_kv_cache_prefill_then_decode_equals_full_run(name: str) -> None:
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     full = attn(x)
     cache = KVCache()
-    parts = [attn(x[:, :4], cache=cache)]
-    parts += [attn(x[:, i : i + 1], cache=cache) for i in range(4, 9)]
-    torch.testing.assert_close(torch.cat(parts, 1), full)
+    got = prefill_then_decode(lambda part: attn(part, cache=cache), x, 4)
+    torch.testing.assert_close(got, full)
 
 
 @pytest.mark.parametrize("name", [n for n in BIASES if n != "fire"])

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from _decode import prefill_then_decode
 from posenc import Attention, KVCache
 from posenc.relative.cope import CoPE
 
@@ -94,10 +95,8 @@ def test_cached_decoding_equals_full_forward() -> None:
     x = torch.randn(2, 9, 16)
     full = attn(x)
     cache = KVCache()
-    steps = [attn(x[:, :5], cache=cache)] + [
-        attn(x[:, i : i + 1], cache=cache) for i in range(5, 9)
-    ]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-6, rtol=1e-5)
+    got = prefill_then_decode(lambda part: attn(part, cache=cache), x, 5)
+    torch.testing.assert_close(got, full, atol=1e-6, rtol=1e-5)
 
 
 def test_gradcheck_float64() -> None:

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from _decode import prefill_then_decode
 from posenc import Attention, KVCache
 
 
@@ -57,9 +58,8 @@ def test_kv_cache_decode_equals_full_run() -> None:
     x = torch.randn(1, 7, 16, dtype=torch.float64)
     full = attn(x)
     cache = KVCache()
-    parts = [attn(x[:, :4], cache=cache)]
-    parts += [attn(x[:, i : i + 1], cache=cache) for i in range(4, 7)]
-    torch.testing.assert_close(torch.cat(parts, 1), full)
+    got = prefill_then_decode(lambda part: attn(part, cache=cache), x, 4)
+    torch.testing.assert_close(got, full)
     assert cache.length == 7 and torch.equal(cache.positions, torch.arange(7))
 
 

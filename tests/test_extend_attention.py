@@ -19,6 +19,8 @@ import transformers
 from transformers.models.llama import modeling_llama
 
 import posenc.extend.methods.explicit as ext_attention
+from _decode import hf_prefill_then_decode
+from _tiny import tiny_lm
 from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
 from posenc.hf import apply_posenc, extension_from_config, normalize_extension, remove_posenc
 
@@ -192,13 +194,8 @@ EXTENSIONS = [
 
 
 def tiny(model_type: str = "llama") -> Any:
-    torch.manual_seed(0)
-    kw = dict(
-        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, pad_token_id=0,
-    )  # fmt: skip
-    cfg = transformers.CONFIG_MAPPING[model_type](**kw)
-    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    """The tiny model these tests patch (:func:`_tiny.tiny_lm`, token 0 the padding)."""
+    return tiny_lm(model_type, pad_token_id=0)
 
 
 def naive_logits(model: Any, ids: torch.Tensor, extension: dict[str, Any]) -> torch.Tensor:
@@ -233,13 +230,8 @@ def test_patched_model_prefill_and_decode_equal_naive(model_type: str, extension
         want = naive_logits(model, ids, extension)
         patched = apply_posenc(copy.deepcopy(model), extension=extension)
         assert (patched(ids).logits - want).abs().max() <= TOL
-        out = patched(ids[:, :25], use_cache=True)  # prefill 25, then decode one at a time
-        cache, steps = out.past_key_values, []
-        for i in range(25, 40):
-            out = patched(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            steps.append(out.logits[:, -1])
-        assert (torch.stack(steps, 1) - want[:, 25:]).abs().max() <= TOL
+        steps = hf_prefill_then_decode(patched, ids, 25)[:, 25:]  # prefill 25, then one a call
+        assert (steps - want[:, 25:]).abs().max() <= TOL
 
 
 @pytest.mark.parametrize("extension", EXTENSIONS, ids=lambda e: e["method"])

@@ -17,6 +17,7 @@ import torch
 
 import posenc.extend.methods.explicit as explicit_module
 import posenc.extend.methods.flex as flex
+from _decode import hf_prefill_then_decode
 from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
@@ -172,20 +173,7 @@ def prefill_and_decode(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> tor
     """Logits of a left-padded prefill of all but 4 tokens, then 4 one-token decode steps."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     n = ids.shape[1] - 4
-    with torch.no_grad():
-        out = model(ids[:, :n], attention_mask=mask[:, :n], position_ids=positions[:, :n])
-        cache, steps = out.past_key_values, [out.logits]
-        for i in range(n, ids.shape[1]):
-            out = model(
-                ids[:, i : i + 1],
-                attention_mask=mask[:, : i + 1],
-                position_ids=positions[:, i : i + 1],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = out.past_key_values
-            steps.append(out.logits)
-    return torch.cat(steps, 1)
+    return hf_prefill_then_decode(model, ids, n, mask=mask, positions=positions)
 
 
 @pytest.mark.parametrize(("model_type", "index"), [("llama", 1), ("gemma2", 0)])

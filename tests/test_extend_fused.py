@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import posenc.extend.methods.fused as fused
+from _decode import hf_prefill_then_decode
 from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
 from posenc.hf import apply_posenc
 from test_extend_attention import EXTENSIONS, tiny
@@ -127,15 +128,10 @@ def prefill_and_decode(model: Any, ids: torch.Tensor, path: str) -> torch.Tensor
     try:
         with torch.no_grad():
             whole = model(ids).logits
-            out = model(ids[:, :25], use_cache=True)
-            cache, steps = out.past_key_values, [out.logits]
-            for i in range(25, ids.shape[1]):
-                out = model(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-                cache = out.past_key_values
-                steps.append(out.logits)
+        steps = hf_prefill_then_decode(model, ids, 25)
     finally:
         fused.PATH = "auto"
-    return torch.cat([whole, torch.cat(steps, 1)], 1)
+    return torch.cat([whole, steps], 1)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])

@@ -64,18 +64,9 @@ def test_real_gemma3_patched_equals_stock_and_extends_only_its_full_layers() -> 
 
 
 def _tiny_folder(path: Path, model_type: str, **kw: Any) -> Path:
-    from test_extend_study import _tokenizer
+    from _tiny import tiny_folder
 
-    torch.manual_seed(0)
-    tok = _tokenizer()
-    cfg = transformers.CONFIG_MAPPING[model_type](
-        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, head_dim=16, **kw,
-    )  # fmt: skip
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return tiny_folder(path, 128, model_type, head_dim=16, **kw)
 
 
 @pytest.mark.parametrize("dry_run", [True, False])

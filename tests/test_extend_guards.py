@@ -24,6 +24,7 @@ import transformers
 from torch import nn
 
 import posenc.extend.methods.finetune as ft
+from _tiny import bpe_tokenizer, tiny_lm
 from posenc.extend.measures.perplexity import (
     PASSKEY_INTRO,
     PASSKEY_NEEDLE,
@@ -49,21 +50,16 @@ from posenc.hf import apply_posenc
 from posenc.hf.extension import ExtensionState, extension_attention
 from posenc.runs.identity import stable_hash
 from test_extend_attention import hf_rot, hf_rotary, naive_dual_chunk, qkv, repeat
-from test_extend_study import _tokenizer
 
 TOL = 1e-5
 
 
 def _llama(**rope: Any) -> Any:
     """A tiny Llama (head_dim 16, trained at 32 tokens), with ``rope_parameters`` if given."""
-    torch.manual_seed(0)
-    kw: dict[str, Any] = dict(
-        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, pad_token_id=0,
-    )  # fmt: skip
     if rope:
-        kw.update(max_position_embeddings=128, rope_parameters={"rope_theta": 10000.0, **rope})
-    return transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**kw)).eval()
+        params = {"rope_theta": 10000.0, **rope}
+        return tiny_lm(pad_token_id=0, max_position_embeddings=128, rope_parameters=params)
+    return tiny_lm(pad_token_id=0)
 
 
 # --- attention ---------------------------------------------------------------------------------
@@ -180,7 +176,7 @@ def test_perplexity_at_a_length_reads_the_bin_just_before_it() -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    return _tokenizer()
+    return bpe_tokenizer()
 
 
 def _find(ids: list[int], part: list[int]) -> int:

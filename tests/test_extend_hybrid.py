@@ -24,9 +24,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-from transformers import AttentionInterface, AutoModelForCausalLM  # noqa: E402
+from transformers import AttentionInterface  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
+from _decode import hf_prefill_then_decode  # noqa: E402
+from _tiny import PARITY_SIZES, tiny_lm  # noqa: E402
 from posenc.hf import apply_posenc  # noqa: E402
 
 TOL = 1e-5
@@ -34,17 +36,6 @@ EXTENSIONS = [
     {"method": "self_extend", "group_size": 3, "neighbor_window": 4},
     {"method": "dual_chunk", "chunk_size": 12, "local_size": 3},
 ]
-COMMON: dict[str, Any] = {
-    "vocab_size": 97,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 64,
-    "pad_token_id": 0,
-    "initializer_range": 0.3,
-}
 MODELS: dict[str, dict[str, Any]] = {
     # sliding window 16 > the neighbour window 4: a method put on a sliding layer shows
     "gemma3_text": {
@@ -61,10 +52,7 @@ MODELS: dict[str, dict[str, Any]] = {
 
 
 def tiny(model_type: str) -> Any:
-    torch.manual_seed(0)
-    cfg = transformers.CONFIG_MAPPING[model_type](**{**COMMON, **MODELS[model_type]})
-    cfg._attn_implementation = "eager"
-    return AutoModelForCausalLM.from_config(cfg).eval()
+    return tiny_lm(model_type, attn="eager", **{**PARITY_SIZES, **MODELS[model_type]})
 
 
 def repeat(x: torch.Tensor, h: int) -> torch.Tensor:
@@ -204,13 +192,8 @@ def test_hybrid_prefill_and_decode_equal_the_papers(
         assert (stock - want).abs().max() > 1e-3  # the method changes this model
         patched = apply_posenc(copy.deepcopy(model), extension=extension)
         assert (patched(ids).logits - want).abs().max() <= TOL
-        out = patched(ids[:, :25], use_cache=True)  # prefill 25, then decode one at a time
-        cache, steps = out.past_key_values, []
-        for i in range(25, 40):
-            out = patched(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            steps.append(out.logits[:, -1])
-        assert (torch.stack(steps, 1) - want[:, 25:]).abs().max() <= TOL
+        steps = hf_prefill_then_decode(patched, ids, 25)[:, 25:]  # prefill 25, then one a call
+        assert (steps - want[:, 25:]).abs().max() <= TOL
 
 
 def test_only_the_full_rope_layers_are_patched() -> None:
@@ -241,14 +224,10 @@ def test_left_padding_on_a_hybrid_gives_each_row_its_own_logits() -> None:
 
 
 def test_models_with_nothing_to_extend_are_refused_by_name() -> None:
-    mistral = AutoModelForCausalLM.from_config(
-        transformers.MistralConfig(**{**COMMON, "num_hidden_layers": 2, "sliding_window": 8})
-    )
+    mistral = tiny_lm("mistral", **{**PARITY_SIZES, "num_hidden_layers": 2, "sliding_window": 8})
     with pytest.raises(ValueError, match=r"this mistral has none \(sliding window 8\)"):
         apply_posenc(mistral, extension=EXTENSIONS[0])
-    cohere2 = AutoModelForCausalLM.from_config(
-        transformers.Cohere2Config(**{**COMMON, "num_hidden_layers": 4, "sliding_window": 8})
-    )
+    cohere2 = tiny_lm("cohere2", **{**PARITY_SIZES, "num_hidden_layers": 4, "sliding_window": 8})
     with pytest.raises(ValueError, match="supports half-split RoPE models"):
         apply_posenc(cohere2, extension=EXTENSIONS[0])
     assert getattr(mistral, "posenc_patch", None) is None

@@ -16,20 +16,20 @@ import transformers
 from typer.testing import CliRunner
 
 import posenc.cli_errors
+from _tiny import bpe_tokenizer, tiny_folder
 from posenc.cli import app
 from posenc.extend.methods.names import Method, parse_method, resolve
 from posenc.extend.study.config import StudyConfig, default_bin_size, parse_lengths
 from posenc.extend.study.run import study_rows
 from posenc.hf.extension import extension_from_config
-from test_extend_safety import _model_folder, _one_line_error
-from test_extend_study import _tokenizer
+from test_extend_safety import TRAINED, _one_line_error
 
 STUDY = ["--methods", "none", "--lengths", "64,256", "--bin-size", "32"]
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _model_folder(tmp_path_factory.mktemp("llama"))
+    return tiny_folder(tmp_path_factory.mktemp("llama"), TRAINED)
 
 
 @pytest.fixture
@@ -213,7 +213,7 @@ def test_texts_too_short_are_refused_before_any_cell(folder: Path, tmp_path: Pat
 def test_a_model_without_rope_is_refused_before_any_cell(tmp_path: Path) -> None:
     """gpt2 (learned absolute positions): a scaling is refused in one line naming the method,
     before the first cell and before anything is written."""
-    tok = _tokenizer()
+    tok = bpe_tokenizer()
     cfg = transformers.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2,
                                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
     model_dir = tmp_path / "gpt2"

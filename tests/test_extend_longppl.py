@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
 from typer.testing import CliRunner
 
+from _tiny import tiny_folder, tiny_lm
 from posenc.cli import app
 from posenc.extend.measures.longppl import (
     key_positions,
@@ -36,19 +36,14 @@ from posenc.extend.study import longppl_cells
 from posenc.extend.study.config import StudyConfig, cells
 from posenc.extend.study.rows import read_study_rows
 from posenc.extend.study.run import study_rows
-from test_extend_task_study import assert_a_row_without_is_skipped, tiny_llama_folder
+from test_extend_task_study import assert_a_row_without_is_skipped
 
 TRUNC, WINDOW = 32, 8
 
 
 @pytest.fixture(scope="module")
 def tiny() -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return tiny_lm(vocab_size=50, hidden_size=32, intermediate_size=48, max_position_embeddings=128)
 
 
 def _loss_after(model: torch.nn.Module, context: torch.Tensor, target: torch.Tensor) -> float:
@@ -148,7 +143,7 @@ LENGTHS = (32, 64, 128)  # 32: no key token can lie below it (it is the truncate
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_llama_folder(tmp_path_factory.mktemp("llama"), 64)
+    return tiny_folder(tmp_path_factory.mktemp("llama"), 64)
 
 
 def _cli(*args: str) -> Any:

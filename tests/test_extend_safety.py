@@ -18,6 +18,7 @@ import torch
 import transformers
 from typer.testing import CliRunner
 
+from _tiny import tiny_folder
 from posenc.cli import app
 from posenc.extend.measures.perplexity import default_documents
 from posenc.extend.methods.export import export_model
@@ -26,34 +27,20 @@ from posenc.extend.model.load import load_model, resolve_source
 from posenc.extend.study.config import StudyConfig
 from posenc.extend.study.run import run_study, study_rows
 from posenc.runs.lock import folder_lock
-from test_extend_study import _tokenizer
 
 TRAINED = 128
 STUDY = ["--methods", "none", "--lengths", "64,256", "--bin-size", "32"]
 
 
-def _model_folder(path: Path, layers: int = 2) -> Path:
-    torch.manual_seed(0)
-    tok = _tokenizer()
-    cfg = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TRAINED,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _model_folder(tmp_path_factory.mktemp("llama"))
+    return tiny_folder(tmp_path_factory.mktemp("llama"), TRAINED)
 
 
 @pytest.fixture(scope="module")
 def other(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Another model (three layers): the same tokenizer, a different config."""
-    return _model_folder(tmp_path_factory.mktemp("llama3l"), layers=3)
+    return tiny_folder(tmp_path_factory.mktemp("llama3l"), TRAINED, num_hidden_layers=3)
 
 
 def _cli(*args: str) -> Any:

@@ -18,6 +18,7 @@ import torch
 import transformers
 from typer.testing import CliRunner
 
+from _tiny import tiny_folder
 from posenc.cli import app
 from posenc.extend.measures.perplexity import (
     default_documents,
@@ -34,36 +35,9 @@ ALL_METHODS = ",".join(METHOD_NAMES)
 TRAINED = 128
 
 
-def _tokenizer(vocab: int = 320) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator([default_documents(1)[0].read_text()[:20000]], trainer)
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
-    )
-
-
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    tok = _tokenizer()
-    cfg = transformers.CONFIG_MAPPING[request.param](
-        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TRAINED,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp(request.param)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return tiny_folder(tmp_path_factory.mktemp(request.param), TRAINED, request.param)
 
 
 def _cli(*args: str) -> Any:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from _tiny import tiny_folder
 from posenc._stats import sign_test_p
 from posenc.cli import app
 from posenc.extend.reports.compare import compare_markdown, compare_table, paired_cells
-from test_extend_task_study import tiny_llama_folder
 
 
 def row(method: str, task: str, length: int, outputs: list[str], scores: list[float],
@@ -138,7 +138,7 @@ def test_markdown_says_where_and_in_what_the_runs_differ() -> None:
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny Llama's task cells in float32 and in bfloat16, the same prompts."""
-    folder = tiny_llama_folder(tmp_path_factory.mktemp("llama"), 128)
+    folder = tiny_folder(tmp_path_factory.mktemp("llama"), 128)
     outs = []
     for dtype in ("float32", "bfloat16"):
         out = tmp_path_factory.mktemp(dtype)

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-import transformers
 from typer.testing import CliRunner
 
+from _tiny import bpe_tokenizer, tiny_folder
 from posenc.cli import app
 from posenc.extend.measures.tasks import get_task, sample_digest
 from posenc.extend.measures.tasks.prompts import cached_samples
@@ -21,7 +20,6 @@ from posenc.extend.reports.tasks import method_lengths, task_table
 from posenc.extend.study.config import StudyConfig, cells
 from posenc.extend.study.rows import read_study_rows
 from posenc.extend.study.run import study_rows
-from test_extend_study import _tokenizer
 
 TRAINED = 128
 METHODS = "none,self_extend"  # a rescaling and the extension path: the pairing is the point
@@ -29,22 +27,7 @@ METHODS = "none,self_extend"  # a rescaling and the extension path: the pairing 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_llama_folder(tmp_path_factory.mktemp("llama"), TRAINED)
-
-
-def tiny_llama_folder(path: Path, trained: int) -> Path:
-    """A random two-layer Llama trained at ``trained`` tokens, with the BPE tokenizer, saved in
-    ``path`` as ``posenc extend`` reads a model folder."""
-    torch.manual_seed(0)
-    tok = _tokenizer()
-    cfg = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=trained,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return tiny_folder(tmp_path_factory.mktemp("llama"), TRAINED)
 
 
 def _cli(*args: str) -> Any:
@@ -80,7 +63,7 @@ def test_task_cells_are_rows_every_method_on_the_same_prompts(study: Path) -> No
         assert len(group) == 2
         assert len({tuple(r["digests"]) for r in group}) == 1, (task, length, depth)
         # the digests are those of the task's own samples for the seed
-        own = get_task(task).samples(_tokenizer(), length, depth, 2, 0)
+        own = get_task(task).samples(bpe_tokenizer(), length, depth, 2, 0)
         assert group[0]["digests"] == [sample_digest(s) for s in own]
     assert len(list((study / "prompts").glob("*.json"))) == 3 * 2  # one file per cell
     spec = json.loads((study / "run.json").read_text())  # one JSON per run, lm-eval's habit
@@ -101,7 +84,7 @@ def test_a_rerun_recomputes_nothing_and_rebuilds_no_prompt(folder: Path, study: 
 
 def test_a_damaged_prompt_file_is_built_again_with_the_same_ids(tmp_path: Path,
                                                                 caplog: Any) -> None:  # fmt: skip
-    tok = _tokenizer()
+    tok = bpe_tokenizer()
     first = cached_samples(tmp_path, tok, "niah_single_1", 384, 0.5, 2, 0, {"m": 1})
     (path,) = (tmp_path / "prompts").glob("*.json")
     path.write_text(json.dumps([{"task": "x"}]))

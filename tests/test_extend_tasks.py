@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
 
+from _tiny import bpe_tokenizer, tiny_lm
 from posenc._stats import wilson_interval
 from posenc.extend.measures.tasks import (
     RULER_THRESHOLD,
@@ -46,20 +46,8 @@ NIAH = [n for n in TASKS if n.startswith("niah")]
 def _bpe(vocab: int = 1000) -> Any:
     """A byte-level BPE tokenizer trained on the tasks' own kinds of text (as
     ``tests/test_extend_study.py`` builds one), with BOS and EOS."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab, special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
     text = " ".join(essay_sentences()[:400]) + (NOISE + "\n") * 50
-    tok.train_from_iterator([text], trainer)
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
-    )
+    return bpe_tokenizer(vocab, text)
 
 
 def _smollm2_tokenizer() -> Any:
@@ -256,13 +244,8 @@ def test_the_oracle_scores_one_and_the_wrong_answer_zero(bpe: Any) -> None:
 @pytest.fixture(scope="module")
 def tiny(bpe: Any) -> Any:
     """A two-layer Llama that has learned nothing."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=len(bpe), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-        bos_token_id=bpe.bos_token_id, eos_token_id=bpe.eos_token_id,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(cfg).eval()
+    ids = {"bos_token_id": bpe.bos_token_id, "eos_token_id": bpe.eos_token_id}
+    return tiny_lm(vocab_size=len(bpe), max_position_embeddings=8192, **ids)
 
 
 def test_a_model_that_learned_nothing_scores_near_zero(tiny: Any, bpe: Any) -> None:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from _net import sockets_allowed
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -30,16 +31,6 @@ FIRE_LIMIT = (
     "ValueError: fully_shard doesn't support scalar parameters. "
     "Change c to a 1D tensor with numel equal to 1."
 )
-
-
-def _sockets_allowed() -> bool:
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            s.listen(1)
-        return True
-    except OSError:
-        return False
 
 
 def _shard(model, mesh, fully_shard) -> str:  # type: ignore[no-untyped-def]
@@ -138,7 +129,7 @@ def worker() -> None:
     os._exit(0)
 
 
-@pytest.mark.skipif(not _sockets_allowed(), reason="this sandbox forbids local TCP sockets (gloo)")
+@pytest.mark.skipif(not sockets_allowed(), reason="this sandbox forbids local TCP sockets (gloo)")
 def test_fully_shard_trains_to_the_single_process_losses() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [

@@ -19,6 +19,8 @@ from packaging.version import Version  # noqa: E402
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 import posenc.hf.rotary as hf_rotary  # noqa: E402
+from _decode import hf_prefill_then_decode  # noqa: E402
+from _tiny import PARITY_SIZES  # noqa: E402
 from posenc.hf.patch import (  # noqa: E402
     SUPPORTED,
     apply_posenc,
@@ -29,20 +31,7 @@ from posenc.hf.patch import (  # noqa: E402
 TOL = 1e-6
 # transformers 5 configs take rope_parameters; 4.x ones rope_theta and rope_scaling (rope_kwargs).
 TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
-COMMON: dict[str, Any] = {
-    "vocab_size": 97,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    "head_dim": 16,
-    "pad_token_id": 0,
-    # Large weights make attention scores large, so a wrong rotation moves the logits.
-    "initializer_range": 0.3,
-    "attn_implementation": "eager",
-}
+COMMON: dict[str, Any] = {**PARITY_SIZES, "attn_implementation": "eager"}
 SLIDING = {"sliding_window": 4}
 EXTRA: dict[str, dict[str, Any]] = {
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
@@ -208,18 +197,10 @@ def test_decode_with_cache_gives_stock_logits(model_type: str) -> None:
     fused = patched(stock)
     ids, _, _ = left_padded(batch=2, seq=9)
 
-    def run(model: torch.nn.Module) -> list[torch.Tensor]:
-        cache, out = DynamicCache(config=model.config), []
-        with torch.no_grad():
-            step = model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
-            out.append(step.logits)
-            for i in range(5, 9):
-                step = model(input_ids=ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-                out.append(step.logits)
-        return out
+    def run(model: torch.nn.Module) -> torch.Tensor:
+        return hf_prefill_then_decode(model, ids, 5, cache=DynamicCache(config=model.config))
 
-    for want, got in zip(run(stock), run(fused), strict=True):
-        assert float((want - got).abs().max()) <= TOL
+    assert float((run(stock) - run(fused)).abs().max()) <= TOL
 
 
 @pytest.mark.parametrize("model_type", ARCHS)

@@ -18,6 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 ds4 = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 
+from _tiny import DEEPSEEK_V4_TINY as TINY  # noqa: E402
 from posenc.hf import hf_rope_kwargs, position_plan, rope_from_hf  # noqa: E402
 from posenc.hf.rotary import HFRotaryEmbedding  # noqa: E402
 from posenc.kernels import apply_rotary_reference  # noqa: E402
@@ -128,18 +129,6 @@ def test_rotate_trailing_inverse_and_checks() -> None:
 
 
 # --- a tiny model: transformers' against the same weights with posenc doing the positions --------
-
-TINY = dict(
-    vocab_size=64, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3,
-    num_attention_heads=4, head_dim=32, q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2,
-    o_groups=2, o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4, sliding_window=8,
-    partial_rotary_factor=0.5, max_position_embeddings=256,
-    layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
-    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-    mlp_layer_types=["hash_moe", "moe", "moe"], attn_implementation="eager",
-    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                     "beta_fast": 32, "beta_slow": 1},
-)  # fmt: skip
 
 
 def _trailing(layout: str, undo: bool, leading: bool = False) -> Any:

@@ -28,23 +28,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 ds4 = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 
+from _tiny import DEEPSEEK_V4_TINY as TINY  # noqa: E402
 from posenc.hf import apply_posenc, remove_posenc, rope_from_hf  # noqa: E402
 from posenc.hf import patch as hf_patch  # noqa: E402
 from posenc.hf import shadow as hf_shadow  # noqa: E402
 from posenc.hf.rotary import HFRotaryEmbedding, apply_rotary_emb  # noqa: E402
 from posenc.rotary import rotate_trailing  # noqa: E402
 
-TINY = dict(
-    vocab_size=64, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3,
-    num_attention_heads=4, head_dim=32, q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2,
-    o_groups=2, o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4, sliding_window=8,
-    partial_rotary_factor=0.5, max_position_embeddings=256,
-    layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
-    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-    mlp_layer_types=["hash_moe", "moe", "moe"], attn_implementation="eager",
-    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                     "beta_fast": 32, "beta_slow": 1},
-)  # fmt: skip
 SEQ = 40  # 10 CSA windows (index_topk 4 picks among them), 5 HCA windows
 
 

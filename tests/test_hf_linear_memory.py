@@ -17,14 +17,12 @@ transformers.logging.set_verbosity_error()
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS  # noqa: E402
 
 import posenc.hf.linear_memory as lm  # noqa: E402
+from _tiny import tiny_lm  # noqa: E402
 from posenc.hf import apply_posenc  # noqa: E402
 
+# _tiny.TINY_SIZES with head_dim 16 and large weights (no padding token: all 97 rows drawn)
 COMMON: dict[str, Any] = {
     "vocab_size": 97,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
     "head_dim": 16,
     "max_position_embeddings": 128,
     "initializer_range": 0.3,
@@ -44,10 +42,7 @@ CASES = [(t, impl) for t in MODELS for impl in ("eager", "sdpa") if (t, impl) !=
 
 
 def tiny(model_type: str, impl: str) -> Any:
-    torch.manual_seed(0)
-    cfg = transformers.CONFIG_MAPPING[model_type](**{**COMMON, **MODELS[model_type]})
-    cfg._attn_implementation = impl
-    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    return tiny_lm(model_type, attn=impl, **{**COMMON, **MODELS[model_type]})
 
 
 @pytest.fixture(autouse=True)

@@ -18,8 +18,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM  # noqa: E402
+from transformers import CONFIG_MAPPING  # noqa: E402
 
+from _tiny import PARITY_SIZES, tiny_lm  # noqa: E402
 from posenc.extend.methods.names import as_transformers, parse_method, resolve  # noqa: E402
 from posenc.hf import apply_posenc  # noqa: E402
 from posenc.hf.scaling import (  # noqa: E402
@@ -31,16 +32,8 @@ from posenc.hf.scaling import (  # noqa: E402
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
 COMMON: dict[str, Any] = {
-    "vocab_size": 97,
-    "hidden_size": 64,
-    "intermediate_size": 96,
+    **PARITY_SIZES,
     "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    "head_dim": 16,
-    "pad_token_id": 0,
-    "initializer_range": 0.3,  # large scores: a wrong rotation moves the logits
     "attn_implementation": "eager",
     "sliding_window": 4,
 }
@@ -59,9 +52,7 @@ HYBRIDS: list[tuple[str, dict[str, Any]]] = [
 def build(model_type: str, extra: dict[str, Any], **rope: Any) -> Any:
     """A tiny model of ``model_type``; ``rope``: ``rope_scaling=`` as a user's config.json gives
     it, read by the config class itself."""
-    torch.manual_seed(0)
-    cfg = CONFIG_MAPPING[model_type](**{**COMMON, **extra, **rope})
-    return AutoModelForCausalLM.from_config(cfg).eval()
+    return tiny_lm(model_type, **{**COMMON, **extra, **rope})
 
 
 def logits(model: Any, ids: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from _tiny import tiny_lab_config
 from posenc.cli import app
 from posenc.lab import cli as lab_cli
 from posenc.lab.extension.extend import run_extend
@@ -25,7 +26,6 @@ from posenc.runs.checkpoint import FINAL, read_checkpoint
 from posenc.runs.metrics import KEYS, METRICS_FILE
 from posenc.runs.store import RESULTS_FILE, ResultStore
 from test_lab_config_file import resolved, untimed
-from test_lab_grid import tiny_config
 from test_lab_metrics import strict_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def grid(tmp_path_factory, write_corpus):
     corpus = write_corpus(tmp, limit=6)
     out = tmp / "grid"
     assert not run_grid(
-        tiny_config(corpus, ("rope", "alibi")), RunOptions(out=out, quiet=True, jobs=1)
+        tiny_lab_config(corpus, ("rope", "alibi")), RunOptions(out=out, quiet=True, jobs=1)
     ).failed
     yield out
     mp.undo()

@@ -17,6 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from _cli_here import posenc_here
+from _net import sockets_allowed
+from _tiny import tiny_lab_config
 from posenc.cli import app
 from posenc.lab.cells import presets as P
 from posenc.lab.grid.experiment import RunOptions, check_config, resolve_encodings, run_grid
@@ -30,21 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def corpus_dir(tmp_path, monkeypatch, write_corpus):
     monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
     return write_corpus(tmp_path)
-
-
-def tiny_config(corpus_dir, encodings=("none", "learned"), **kw) -> P.LabConfig:
-    return replace(
-        P.LabConfig(),
-        preset="test",
-        encodings=tuple(encodings),
-        train_len=16,
-        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
-        train=P.TrainConfig(steps=6, batch_size=4, warmup_steps=2),
-        data=P.DataConfig(source="text", path=str(corpus_dir)),
-        eval=P.EvalConfig(lengths=("1x", "2x"), tokens=256, batch_tokens=128, curve_points=8),
-        ckpt_every=2,
-        **kw,
-    )
 
 
 # --- store ---------------------------------------------------------------------------------
@@ -155,7 +142,7 @@ def test_compile_changes_no_hash_and_gpu_small_compiles():
 
 
 def test_grid_runs_skips_finished_cells_and_reports(corpus_dir, tmp_path):
-    cfg = tiny_config(corpus_dir)
+    cfg = tiny_lab_config(corpus_dir)
     out = tmp_path / "out"
     first = run_grid(cfg, RunOptions(out=out, quiet=True))
     assert first.trained == ["none (seed 0)", "learned (seed 0)"] and not first.failed
@@ -226,14 +213,14 @@ def naive_bits(out, cfg, row, n):
 
 
 def test_a_failing_cell_does_not_stop_the_grid(corpus_dir, tmp_path):
-    cfg = tiny_config(corpus_dir, encodings=("sinusoidal:layout=nope", "none"))
+    cfg = tiny_lab_config(corpus_dir, encodings=("sinusoidal:layout=nope", "none"))
     summary = run_grid(cfg, RunOptions(out=tmp_path / "o", quiet=True))
     assert summary.trained == ["none (seed 0)"]
     assert "layout" in summary.failed["sinusoidal:layout=nope (seed 0)"]
 
 
 def test_task_grid(corpus_dir, tmp_path):
-    cfg = tiny_config(corpus_dir, encodings=("none",))
+    cfg = tiny_lab_config(corpus_dir, encodings=("none",))
     cfg = replace(cfg, data=P.DataConfig(source="task", task="copy"))
     summary = run_grid(cfg, RunOptions(out=tmp_path / "o", quiet=True))
     row = summary.rows[0]
@@ -359,7 +346,6 @@ def test_killed_grid_resumes_to_the_uninterrupted_result(reference_run, tmp_path
 
 def test_folder_lock_refuses_a_second_holder_and_takes_over_a_stale_one(tmp_path):
     import json
-    import socket
 
     from posenc.runs import lock
 
@@ -511,18 +497,8 @@ def test_a_second_process_on_a_live_run_is_refused_and_a_killed_run_is_taken_ove
 # --- torchrun ------------------------------------------------------------------------------
 
 
-def _sockets_allowed() -> bool:
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            s.listen(1)
-        return True
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _sockets_allowed(), reason="this sandbox forbids local TCP sockets (gloo)")
+@pytest.mark.skipif(not sockets_allowed(), reason="this sandbox forbids local TCP sockets (gloo)")
 def test_torchrun_two_processes_gloo(corpus_dir, tmp_path):
     out1, out2 = tmp_path / "one", tmp_path / "two"
     common = ["-e", "none,learned", "--text", str(corpus_dir), "-L", "16", "--dim", "32",
@@ -598,7 +574,7 @@ def test_resume_with_changed_options_names_the_difference(corpus_dir, tmp_path, 
         stop.signum = signal.SIGTERM
         return real(*args, stop=stop, **kwargs)
 
-    cfg = tiny_config(corpus_dir, encodings=("none",))
+    cfg = tiny_lab_config(corpus_dir, encodings=("none",))
     opts = RunOptions(out=tmp_path / "o", quiet=True)
     monkeypatch.setattr(cell_work, "train_model", interrupted_after_one_step)
     with pytest.raises(Interrupted, match="step 1"):

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 from _cli_here import posenc_here
-from posenc.lab.cells import presets as P
+from _tiny import tiny_lab_config
 from posenc.lab.grid.experiment import RunOptions, run_grid
 from posenc.lab.grid.run import resolve_jobs, usable_cores
 from posenc.runs.store import RESULTS_FILE, ResultStore
@@ -72,17 +71,7 @@ def test_resolve_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_two_jobs_give_the_serial_run_bit_for_bit(corpus_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("POSENC_MALLOC", raising=False)  # the workers' default: keep freed memory
-    cfg = replace(
-        P.LabConfig(),
-        preset="test",
-        encodings=("none", "rope", "alibi"),
-        train_len=16,
-        model=P.ModelShape(dim=32, num_layers=1, num_heads=2),
-        train=P.TrainConfig(steps=6, batch_size=4, warmup_steps=2),
-        data=P.DataConfig(source="text", path=str(corpus_dir)),
-        eval=P.EvalConfig(lengths=("1x", "2x"), tokens=256, batch_tokens=128, curve_points=8),
-        ckpt_every=2,
-    )
+    cfg = tiny_lab_config(corpus_dir, ("none", "rope", "alibi"))
     said: list[str] = []
     serial = run_grid(cfg, RunOptions(out=tmp_path / "one", jobs=1, threads=1, quiet=True))
     pooled = run_grid(

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from _tiny import tiny_lab_config
 from posenc.lab.grid.experiment import RunOptions, run_grid
 from posenc.lab.training import train as T
 from posenc.runs.metrics import METRICS_FILE, MetricsLog, check_report_to, read_metrics
@@ -106,9 +107,7 @@ def corpus_dir(tmp_path, monkeypatch, write_corpus):
 
 
 def tiny_grid(corpus_dir):
-    from test_lab_grid import tiny_config
-
-    return tiny_config(corpus_dir, encodings=("none",))
+    return tiny_lab_config(corpus_dir, encodings=("none",))
 
 
 def test_a_grid_cell_writes_its_metrics_beside_its_checkpoints(corpus_dir, tmp_path):

@@ -20,6 +20,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from _lab_rows import fake_row as lab_row
 from posenc.cli import app
 from posenc.lab.reports import paired as P
 from posenc.lab.reports import readme as RD
@@ -81,30 +82,7 @@ T4 = 2.776445  # t_{0.975, 4}
 
 def fake_row(encoding: str, seed: int, bits: dict | None = None) -> dict:
     """One result row in the store's format (the fields the report reads)."""
-    table = bits if bits is not None else BITS[encoding]
-    variants = {
-        vname: {
-            "label": LABELS[vname],
-            "results": {
-                str(n): {"bits": values[seed], "acc": None, "tokens": 64, "note": None}
-                for n, values in per_len.items()
-            },
-        }
-        for vname, per_len in table.items()
-    }
-    return {
-        "encoding": encoding, "encoding_kwargs": {}, "seed": seed, "config_hash": f"h{seed}",
-        "group": "g0", "preset": "test", "train_len": 16, "params": 1000,
-        "data": {"name": "copy", "fingerprint": "f0"},
-        "identity": {"train": {"model": {"dim": 32, "num_layers": 1, "num_heads": 2},
-                               "train": {"steps": 2, "batch_size": 4}}},
-        "train": {"tokens_per_s": 1e4, "tokens_per_s_fast": 1.1e4, "final_loss_bits": 3.0,
-                  "train_seconds": 1.0},
-        "eval": {"unit": "byte", "mode": "sliding", "lengths": list(LENGTHS),
-                 "variants": variants},
-        "runtime": {"cell_seconds": 1.0, "threads": 1, "device": "cpu", "world_size": 1},
-        "versions": {"torch": "x"},
-    }  # fmt: skip
+    return lab_row(encoding, seed, BITS[encoding] if bits is None else bits, LABELS, LENGTHS)
 
 
 def fake_rows(seeds: int = 3) -> list[dict]:

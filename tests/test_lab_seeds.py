@@ -17,6 +17,7 @@ import statistics
 import numpy as np
 import pytest
 
+from _lab_rows import fake_row as lab_row
 from posenc.lab.reports import readme as RD
 from posenc.lab.reports import report as R
 from posenc.lab.reports.stats import intervals_overlap, mean_ci, t_critical, t_two_sided_prob
@@ -117,30 +118,7 @@ LABELS = {"base": "", "linear": "PI"}
 
 def fake_row(encoding: str, seed: int) -> dict:
     """One result row in the store's format (the fields the report and plots read)."""
-    variants = {
-        vname: {
-            "label": LABELS[vname],
-            "results": {
-                str(n): {"bits": bits[seed], "acc": None, "tokens": 64, "note": None}
-                for n, bits in per_len.items()
-            },
-        }
-        for vname, per_len in BITS[encoding].items()
-    }
-    model = {"dim": 32, "num_layers": 1, "num_heads": 2}
-    train = {"steps": 2, "batch_size": 4}
-    return {
-        "encoding": encoding, "encoding_kwargs": {}, "seed": seed, "config_hash": f"h{seed}",
-        "group": "g0", "preset": "test", "train_len": 16, "params": 1000,
-        "data": {"name": "copy", "fingerprint": "f0", "unit": "byte"},
-        "identity": {"train": {"model": model, "train": train}},
-        "train": {"tokens_per_s": 1e4, "tokens_per_s_fast": 1.1e4, "final_loss_bits": 3.0,
-                  "train_seconds": 1.0},
-        "eval": {"unit": "byte", "mode": "sliding", "lengths": list(LENGTHS),
-                 "variants": variants},
-        "runtime": {"cell_seconds": 1.0, "threads": 1, "device": "cpu", "world_size": 1},
-        "versions": {"torch": "x"},
-    }  # fmt: skip
+    return lab_row(encoding, seed, BITS[encoding], LABELS, LENGTHS)
 
 
 def fake_rows(seeds: int) -> list[dict]:

@@ -4,6 +4,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from _decode import prefill_then_decode
 from posenc import ModelConfig, TransformerLM, build, names
 from posenc.cli import app
 from posenc.demo import order_sensitivity, token_permutation
@@ -51,9 +52,8 @@ def test_model_trains_and_decodes_with_cache(encoding: str) -> None:
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     caches = model.new_caches()
     with torch.no_grad():
-        step = [model(tokens[:, :5], caches=caches)]
-        step += [model(tokens[:, i : i + 1], caches=caches) for i in range(5, 9)]
-    torch.testing.assert_close(torch.cat(step, 1), logits.detach())
+        got = prefill_then_decode(lambda part: model(part, caches=caches), tokens, 5)
+    torch.testing.assert_close(got, logits.detach())
 
 
 def test_registry_errors_name_the_choices() -> None:

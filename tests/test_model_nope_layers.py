@@ -10,6 +10,7 @@ import torch
 from transformers import Llama4TextConfig
 from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
 
+from _decode import prefill_then_decode
 from posenc import ModelConfig, TransformerLM
 from posenc.model import TemperedAttention, nope_layers
 from posenc.rotary.temperature import QueryTemperature
@@ -152,9 +153,8 @@ def test_cached_decoding_equals_full_forward() -> None:
     tokens = torch.randint(0, 11, (2, 9))
     full = model(tokens)
     caches = model.new_caches()
-    steps = [model(tokens[:, :4], caches=caches)]
-    steps += [model(tokens[:, i : i + 1], caches=caches) for i in range(4, 9)]
-    torch.testing.assert_close(torch.cat(steps, 1), full)
+    got = prefill_then_decode(lambda part: model(part, caches=caches), tokens, 4)
+    torch.testing.assert_close(got, full)
 
 
 def test_defaults_leave_config_identity_unchanged_and_options_round_trip() -> None:

@@ -10,6 +10,7 @@ from torch.func import functional_call
 from transformers import DebertaV2Config
 from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
 
+from _decode import prefill_then_decode
 from posenc import Attention, KVCache
 from posenc.functional import rel_shift
 from posenc.relative import DeBERTaRelative, ShawRelative, TransformerXLRelative
@@ -291,10 +292,8 @@ def test_kv_cache_prefill_then_decode_equals_full_run(name: str) -> None:
     x = torch.randn(2, 8, 16, dtype=F64)
     full = attn(x)
     cache = KVCache()
-    parts = [attn(x[:, :3], cache=cache)] + [
-        attn(x[:, i : i + 1], cache=cache) for i in range(3, 8)
-    ]
-    torch.testing.assert_close(torch.cat(parts, 1), full)
+    got = prefill_then_decode(lambda part: attn(part, cache=cache), x, 3)
+    torch.testing.assert_close(got, full)
 
 
 @pytest.mark.parametrize("name", list(RELATIVE))

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _decode import prefill_then_decode
 from posenc import Attention, KVCache, ModelConfig, TransformerLM
 from posenc.functional import (
     apply_rotary,
@@ -391,10 +392,8 @@ def test_transformer_lm_with_rotary_decodes_like_a_full_forward(
     with torch.no_grad():
         full = model(tokens)
         caches = model.new_caches()
-        steps = [model(tokens[:, :5], caches=caches)] + [
-            model(tokens[:, i : i + 1], caches=caches) for i in range(5, 12)
-        ]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
+        got = prefill_then_decode(lambda part: model(part, caches=caches), tokens, 5)
+    torch.testing.assert_close(got, full, rtol=1e-4, atol=1e-5)
 
 
 def test_attention_with_memory_passes_key_positions() -> None:

@@ -136,7 +136,7 @@ def test_axial_errors() -> None:
     with pytest.raises(ValueError, match="coords must be"):
         rope.rotate(q[:, :, :5], q[:, :, :5], grid_coords(2, 3))
     # Wrong types name the option (they were Python's own '<' and indexing errors).
-    with pytest.raises(ValueError, match="num_prefix_tokens must be a non-negative integer"):
+    with pytest.raises(ValueError, match="num_prefix_tokens must be an integer >= 0"):
         Axial2DRoPE(16, num_prefix_tokens="1")
     with pytest.raises(TypeError, match=r"grid_size must be a pair \(grid_h, grid_w\)"):
         Axial2DRoPE(16, grid_size=4)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 # Re-exported: they live in _ints (torch-free, for the registry).
+from ._ints import check_int_in as check_int_in
 from ._ints import check_positive_int as check_positive_int
 from ._ints import resolve_head_dim as resolve_head_dim
 

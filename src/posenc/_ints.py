@@ -10,6 +10,20 @@ def check_positive_int(name: str, value: object) -> int:
     return value
 
 
+def check_int_in(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` if it is an integer (not a bool) in ``[low, high]`` (no upper bound when
+    ``high`` is None), else a ValueError naming ``name`` and the range."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {allowed}, got {value!r}")
+    return value
+
+
 def resolve_head_dim(dim: int, num_heads: int, head_dim: int | None) -> int:
     """``head_dim`` if given, else ``dim // num_heads`` (which must divide evenly)."""
     if head_dim is None:

@@ -7,6 +7,7 @@ import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -104,6 +105,20 @@ def _check_free(here: Path, folder: Path, option: str) -> None:
         )
 
 
+def _check_write(probe: Callable[[], object], here: Path, folder: Path, option: str) -> None:
+    """Run ``probe`` (a write in ``here``, ``folder`` or the nearest folder above it that
+    exists): its OSError becomes one ValueError naming ``option``; then the free space of
+    ``here``'s disk (:func:`_check_free`)."""
+    try:
+        probe()
+    except OSError as e:
+        what = _WRITE_ERRORS.get(e.errno or 0) or e.strerror or str(e)
+        raise ValueError(
+            f"{option} {folder}: cannot write there ({what}); choose a writable folder"
+        ) from None
+    _check_free(here, folder, option)
+
+
 def check_writable(folder: Path, option: str = "--out", *, create: bool = True) -> None:
     """ValueError naming ``option`` when ``folder`` cannot be created or written (read-only,
     not a folder, no permission, no space), before any work is done; ``create=False`` leaves
@@ -113,14 +128,7 @@ def check_writable(folder: Path, option: str = "--out", *, create: bool = True) 
         return
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{option} {folder}: not a folder; give a folder to write into")
-    try:
-        _probe(folder)
-    except OSError as e:
-        what = _WRITE_ERRORS.get(e.errno or 0) or e.strerror or str(e)
-        raise ValueError(
-            f"{option} {folder}: cannot write there ({what}); choose a writable folder"
-        ) from None
-    _check_free(folder, folder, option)
+    _check_write(lambda: _probe(folder), folder, folder, option)
 
 
 def check_can_write(folder: Path, option: str = "--out") -> None:
@@ -136,12 +144,4 @@ def check_can_write(folder: Path, option: str = "--out") -> None:
         here = here.parent
     if not here.is_dir():
         raise ValueError(f"{option} {folder}: {here} is a file, not a folder; give a folder path")
-    try:
-        with tempfile.TemporaryFile(dir=here):
-            pass
-    except OSError as e:
-        what = _WRITE_ERRORS.get(e.errno or 0) or e.strerror or str(e)
-        raise ValueError(
-            f"{option} {folder}: cannot write there ({what}); choose a writable folder"
-        ) from None
-    _check_free(here, folder, option)
+    _check_write(lambda: tempfile.TemporaryFile(dir=here).close(), here, folder, option)

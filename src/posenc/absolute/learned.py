@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .._checks import INIT_STD_MAX, check_number, check_positive_int, check_values
+from .._checks import INIT_STD_MAX, check_int_in, check_number, check_positive_int, check_values
 from ..functional.resample import resample_1d, resample_2d
 from .common import check_table_size, resolve_positions
 
@@ -106,15 +106,7 @@ class Learned2D(_LearnedTable):
         super().__init__()
         self.grid = (check_positive_int("grid_h", grid_h), check_positive_int("grid_w", grid_w))
         self.dim = check_positive_int("dim", dim)
-        if (
-            isinstance(num_prefix_tokens, bool)
-            or not isinstance(num_prefix_tokens, int)
-            or num_prefix_tokens < 0
-        ):
-            raise ValueError(
-                f"num_prefix_tokens must be an integer >= 0, got {num_prefix_tokens!r}"
-            )
-        self.num_prefix_tokens = num_prefix_tokens
+        self.num_prefix_tokens = check_int_in("num_prefix_tokens", num_prefix_tokens, 0)
         init_std = check_number("init_std", init_std, low=0.0, high=INIT_STD_MAX)
         n = num_prefix_tokens + grid_h * grid_w
         check_table_size("num_prefix_tokens + grid_h * grid_w", n, dim, "the learned table")

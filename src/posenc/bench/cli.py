@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import typer
@@ -229,11 +230,7 @@ def _rope_decode_calls(
 ) -> None:
     """Time, print and publish the decode per-call table (:mod:`.decode_calls`) of the decode
     shapes among ``shape_list`` (none: nothing)."""
-    from rich.markup import escape
-    from rich.table import Table
-
     from . import decode_calls
-    from .rows import BenchRows
 
     shape_list = [s for s in shape_list if s.decode]
     if not shape_list:
@@ -241,16 +238,39 @@ def _rope_decode_calls(
 
     console.print("decode per-call table (thread CPU time) ...")
     rows = decode_calls.decode_rows(shape_list, dtype_list, max(repeats, 5))
-    table = Table(*decode_calls.HEADER, title="rope: decode, per call")
-    for row in decode_calls.table_rows(rows):
+    out = None if json_out is None else json_out.with_name(json_out.stem + "-decode.json")
+    title = "rope: decode, per call"
+    _publish_per_call(console, decode_calls, "rope-decode", title, rows, env, tag, results, out)
+
+
+def _publish_per_call(
+    console: Console,
+    bench: ModuleType,
+    name: str,
+    title: str,
+    rows: list,
+    env: dict[str, str],
+    tag: str,
+    results: Path | None,
+    json_out: Path | None,
+) -> None:
+    """Print and publish the rows of a CPU per-call bench (:mod:`.decode_calls`,
+    :mod:`.decode_positions`: its ``HEADER``, ``table_rows``, ``LEGEND``, ``CALLS_PER_SAMPLE``)
+    as block ``{name}-cpu[-tag]``."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .rows import BenchRows
+
+    table = Table(*bench.HEADER, title=title)
+    for row in bench.table_rows(rows):
         table.add_row(*map(escape, row))
     console.print(table)
-    console.print(escape(decode_calls.LEGEND))
-    name = "rope-decode-cpu" + (f"-{tag}" if tag else "")
-    settings = {"device": "cpu", "tag": tag, "calls_per_sample": decode_calls.CALLS_PER_SAMPLE}
-    doc = BenchRows("rope-decode", name, env, _command_line(), settings, rows)
-    out = None if json_out is None else json_out.with_name(json_out.stem + "-decode.json")
-    _publish(console, doc, results, out)
+    console.print(escape(bench.LEGEND))
+    block = f"{name}-cpu" + (f"-{tag}" if tag else "")
+    settings = {"device": "cpu", "tag": tag, "calls_per_sample": bench.CALLS_PER_SAMPLE}
+    doc = BenchRows(name, block, env, _command_line(), settings, rows)
+    _publish(console, doc, results, json_out)
 
 
 # --- cos-sin --------------------------------------------------------------------------------
@@ -342,11 +362,8 @@ def bench_decode_positions(
     """A decode step's rotary calls at positions deep into a long context (CPU, per call):
     RotaryEmbedding, rope_qk, the drop-in and the patched model's step against transformers."""
     import torch
-    from rich.markup import escape
-    from rich.table import Table
 
     from . import decode_positions as dp
-    from .rows import BenchRows
 
     shape_list, dtype_list, _ = _parse_cases(shapes, dtypes, "", ())
     try:
@@ -363,15 +380,8 @@ def bench_decode_positions(
     console, env = _console(dev, _PACKAGES)
     rows = dp.position_rows(shape_list, dtype_list, repeats, at)
     _note_load(env)
-    table = Table(*dp.HEADER, title="rope decode by position, per call")
-    for row in dp.table_rows(rows):
-        table.add_row(*map(escape, row))
-    console.print(table)
-    console.print(escape(dp.LEGEND))
-    name = "decode-positions-cpu" + (f"-{tag}" if tag else "")
-    settings = {"device": "cpu", "tag": tag, "calls_per_sample": dp.CALLS_PER_SAMPLE}
-    doc = BenchRows("decode-positions", name, env, _command_line(), settings, rows)
-    _publish(console, doc, results, json_out)
+    title = "rope decode by position, per call"
+    _publish_per_call(console, dp, "decode-positions", title, rows, env, tag, results, json_out)
 
 
 # --- bias -----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .._checks import check_number, check_positions, check_positive_int
+from .._checks import check_int_in, check_number, check_positions, check_positive_int
 
 # The most rows a table sized by an option may have (T5's buckets and clamped distances, Shaw's
 # and DeBERTa's relative embeddings, Sandwich's cached distances): a larger option is an error
@@ -173,14 +173,7 @@ def _check_int_tensor(name: str, x: object) -> torch.Tensor:
 
 def t5_bucket_layout(bidirectional: bool, num_buckets: int, max_distance: int) -> tuple[int, int]:
     """Validate T5 bucket options; return ``(buckets per direction, exact buckets)``."""
-    if (
-        isinstance(num_buckets, bool)
-        or not isinstance(num_buckets, int)
-        or not 2 <= num_buckets <= MAX_TABLE_ROWS
-    ):
-        raise ValueError(
-            f"num_buckets must be an integer in [2, {MAX_TABLE_ROWS}], got {num_buckets!r}"
-        )
+    check_int_in("num_buckets", num_buckets, 2, MAX_TABLE_ROWS)
     per_side = num_buckets // 2 if bidirectional else num_buckets
     if per_side < 2:
         raise ValueError(
@@ -241,14 +234,7 @@ def deberta_check_buckets(
 ) -> int:
     """Validate DeBERTa log-bucket options; return ``mid = bucket_size // 2``. ``names``: what
     the caller calls the two options (errors name them)."""
-    if (
-        isinstance(bucket_size, bool)
-        or not isinstance(bucket_size, int)
-        or not 2 <= bucket_size <= MAX_TABLE_ROWS
-    ):
-        raise ValueError(
-            f"{names[0]} must be an integer in [2, {MAX_TABLE_ROWS}], got {bucket_size!r}"
-        )
+    check_int_in(names[0], bucket_size, 2, MAX_TABLE_ROWS)
     mid = bucket_size // 2
     if (
         isinstance(max_position, bool)
@@ -407,8 +393,7 @@ def sandwich_distance_table(
     product of :func:`sandwich_embedding` s, whose cost does not depend on the position values.
     """
     inv_freq = sandwich_inv_freq(d_prime, base, device)  # [d'/2], validates d_prime
-    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
-        raise ValueError(f"max_distance must be an integer >= 0, got {max_distance!r}")
+    check_int_in("max_distance", max_distance, 0)
     limit = MAX_INTERMEDIATE // (d_prime // 2) - 1
     if max_distance > limit:
         raise ValueError(

@@ -25,6 +25,7 @@ import torch
 
 from .._checks import (
     check_choice,
+    check_int_in,
     check_number,
     check_positions,
     check_positive_int,
@@ -97,14 +98,7 @@ class Axial2DRoPE(RotaryEncoding):
         check_choice("arrangement", arrangement, AXIAL_ARRANGEMENTS)
         check_choice("backend", backend, ROTARY_BACKENDS)
         check_positive_int("head_dim", head_dim)
-        if (
-            isinstance(num_prefix_tokens, bool)
-            or not isinstance(num_prefix_tokens, int)
-            or num_prefix_tokens < 0
-        ):
-            raise ValueError(
-                f"num_prefix_tokens must be a non-negative integer, got {num_prefix_tokens!r}"
-            )
+        check_int_in("num_prefix_tokens", num_prefix_tokens, 0)
         if grid_size is not None:
             if not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2:
                 raise TypeError(f"grid_size must be a pair (grid_h, grid_w), got {grid_size!r}")

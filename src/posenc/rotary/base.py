@@ -6,7 +6,10 @@ A rotary module implements two steps, and :class:`RotaryEncoding` runs them::
     apply_tables(q, k, T) -> (q', k')                  the rotation itself
 
 ``forward(q, k, positions=None, k_positions=None)`` checks ``q``/``k``, resolves the positions
-(defaults: ``arange``, the queries at the last ``s`` key positions) and runs both.
+(defaults: ``arange``, the queries at the last ``s`` key positions) and runs both. A module with
+decode plans (eager CPU calls of a layout seen before) serves a call from its plan
+(:meth:`~RotaryEncoding.planned`) and keeps the plan of a checked one
+(:meth:`~RotaryEncoding.keep_plan`): the one stanza for every module.
 ``prepare(q, k, ctx)``, the hook :class:`~posenc.attention.Attention` calls, takes the positions
 from the forward's :class:`~posenc.attention.PositionContext` (checked there, once) and makes
 ``T`` once per forward: every layer sharing the module reuses its cos/sin.
@@ -14,7 +17,7 @@ from the forward's :class:`~posenc.attention.PositionContext` (checked there, on
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, NamedTuple, TypeAlias
 
 import torch
 from torch import nn
@@ -25,6 +28,21 @@ from ..kernels.canonical import small_range
 
 #: Positions as ``forward`` takes them (None: the defaults).
 Positions: TypeAlias = torch.Tensor | None
+#: Rotated ``(q', k')``.
+QK: TypeAlias = tuple[torch.Tensor, torch.Tensor]
+
+
+class CheckedCall(NamedTuple):
+    """A call the checked path of ``forward`` ran, for :meth:`RotaryEncoding.keep_plan`: ``q``,
+    ``k`` and the positions as the caller passed them, the :meth:`~RotaryEncoding.tables` it
+    ran on, and its result ``out``."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    tables: Any
+    positions: torch.Tensor
+    k_positions: Positions
+    out: QK
 
 
 class RotaryEncoding(nn.Module):
@@ -79,11 +97,33 @@ class RotaryEncoding(nn.Module):
         ``positions [s]`` or ``[b, s]`` and ``k_positions [t]`` or ``[b, t]``, integer. Defaults:
         ``arange``, with the queries at the last ``s`` key positions; ``k_positions`` defaults to
         ``positions`` when ``s == t``. Returns new ``(q', k')``, same shapes and dtypes.
-        Inputs are checked once, here.
+        Inputs are checked once, here; an eager call of a layout that passed them before may
+        run its decode plan instead (:meth:`planned`), whose kernel checks the positions.
         """
+        key = None
+        if not torch.compiler.is_compiling() and positions is not None:  # a traced call: no plans
+            key, out = self.planned(q, k, positions, k_positions)
+            if out is not None:
+                return out
         self.check_inputs(q, k)
-        positions, k_positions = self.resolve_positions(q, k, positions, k_positions)
-        return self.apply_tables(q, k, self.tables(q, k, positions, k_positions))
+        pos, k_pos = self.resolve_positions(q, k, positions, k_positions)
+        tables = self.tables(q, k, pos, k_pos)
+        out = self.apply_tables(q, k, tables)
+        if key is not None and positions is not None:
+            self.keep_plan(key, CheckedCall(q, k, tables, positions, k_positions, out))
+        return out
+
+    def planned(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: Positions
+    ) -> tuple[tuple | None, QK | None]:
+        """``(key, out)`` of an eager call with given positions: the key its layout's decode
+        plan is kept under (None: no plan can be kept) and, where a plan for it ran, its result
+        (None: the checked path runs, then :meth:`keep_plan`). No plans here."""
+        return None, None
+
+    def keep_plan(self, key: tuple, call: CheckedCall) -> None:
+        """After the checked path ran a ``call`` :meth:`planned` gave ``key``: keep the plan of
+        its layout for the next call. Nothing here."""
 
     def resolve_positions(
         self, q: torch.Tensor, k: torch.Tensor, positions: Positions, k_positions: Positions

@@ -30,7 +30,6 @@ from ..kernels.rope_op import (
     DirectPlan,
     OutsideTable,
     Plans,
-    direct_plan,
     lookup,
     mixed_backend,
     remember,
@@ -39,13 +38,25 @@ from ..kernels.rope_op import (
     unit_last,
 )
 from .base import (
+    QK,
+    CheckedCall,
+    Positions,
     RotaryEncoding,
     check_qk,
     max_position,
     position_range,
     resolve_qk_positions,
 )
-from .table_cache import RopeTables, TableCache, Windows, fill, table_rows, value_span
+from .table_cache import (
+    RopeTables,
+    TableCache,
+    Windows,
+    fill,
+    table_plan,
+    table_rows,
+    table_rows_of,
+    value_span,
+)
 
 __all__ = [
     "MAX_CACHE_LEN",
@@ -354,69 +365,27 @@ class RotaryEmbedding(RotaryEncoding):
         inv_freq, factor = self.frequencies(seq_len)
         return rope_cos_sin(positions, inv_freq, factor)
 
-    # --- forward: RotaryEncoding's stanza, and a plan per layout for decode steps -----------
+    # --- decode plans: the hooks of RotaryEncoding's stanza, a plan per layout -------------
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate queries and keys by their positions (:meth:`RotaryEncoding.forward`).
-
-        Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]``; ``positions [s]`` or ``[b, s]``,
-        ``k_positions [t]`` or ``[b, t]``, integer (defaults: ``arange``, queries at the last
-        ``s`` key positions). Returns new ``(q', k')``. A call with given positions whose
-        layout (shapes, strides, dtypes, device) passed the checks before skips them: the
-        kernel checks the positions index the cached table (those past it take the checked
-        path); the length-dependent types read their range to pick the frequencies.
-        """
-        key = None
-        if not torch.compiler.is_compiling() and self._plans is not None and positions is not None:
-            options = (self.span, self._interleaved_pairs, self.backend)
-            key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
-            out = None if key is None else self._fast(key, plan, q, k, positions, k_positions)
-            if out is not None:
-                return out
-        self.check_inputs(q, k)
-        pos, k_pos = self.resolve_positions(q, k, positions, k_positions)
-        tables = self.tables(q, k, pos, k_pos)
-        out = self.apply_tables(q, k, tables)
-        if key is not None and positions is not None and tables.pq is not None:
-            self._remember(key, q, k, tables, positions, k_positions, out)
-        return out
-
-    def _planned(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor,
-        k_positions: torch.Tensor | None,
-    ) -> tuple[tuple | None, tuple[torch.Tensor, torch.Tensor] | None]:
-        """``(key, out)``: the call's plan key and, where a plan for it ran, its result (None
-        where the checked path must run; it keeps the plan under ``key``)."""
-        assert self._plans is not None
+    def planned(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: Positions
+    ) -> tuple[tuple | None, QK | None]:
+        """A call of a layout seen before (shapes, strides, dtypes, device passed the checks
+        then): its plan on the table, or past the largest table one on a window
+        (:class:`.table_cache.Windows`; tried first while the calls run there). The kernel
+        checks the positions index the cached table (those past it take the checked path); the
+        length-dependent types read their range to pick the frequencies."""
+        if self._plans is None:
+            return None, None
         options = (self.span, self._interleaved_pairs, self.backend)
         key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
-        return key, None if plan is None else self._run_plan(plan, q, k, positions, k_positions)
-
-    def _fast(
-        self,
-        key: tuple,
-        plan: DirectPlan | None,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor,
-        k_positions: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A call of a layout seen before: its plan on the table, or past the largest table one
-        on a window (:class:`.table_cache.Windows`; tried first while the calls run there)."""
+        if key is None:
+            return None, None
         windows = self._windows
         if windows.hot:
             out = windows.run(key, q, k, positions, k_positions)
             if out is not None:
-                return out
+                return key, out
             windows.hot = False
         out = None if plan is None else self._run_plan(plan, q, k, positions, k_positions)
         if out is None:
@@ -424,7 +393,7 @@ class RotaryEmbedding(RotaryEncoding):
             if out is None:
                 out = windows.serve(self, key, q, k, positions, k_positions)
             windows.hot = out is not None
-        return out
+        return key, out
 
     def _run_plan(
         self,
@@ -452,42 +421,22 @@ class RotaryEmbedding(RotaryEncoding):
         except OutsideTable:  # past the plan's table: the checked path grows it (or computes)
             return None
 
-    def _plan_of(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        tables: RopeTables,
-        positions: torch.Tensor,
-        k_positions: torch.Tensor | None,
-        out: tuple[torch.Tensor, torch.Tensor],
-    ) -> DirectPlan | None:
+    def _plan_of(self, call: CheckedCall) -> DirectPlan | None:
         """The plan of a checked call that the CPU kernel ran directly (no gradient) on the
-        rows of a cached table indexed by ``positions``/``k_positions``; None where none
-        applies."""
+        rows of a cached table (:func:`.table_cache.table_plan`); None where none applies."""
+        q, k = call.q, call.k
         chosen = self._backends.get((q.device.type, q.dtype, k.dtype))
-        if chosen != "cpu" or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
-            return None
-        cos, sin, _, _, pq, pk = tables
-        a = RopeArgs(q, k, cos, sin, cos, sin, pq, pk, self.span, self._interleaved_pairs)
-        given = (q, k, cos, sin, None, None, positions, k_positions)
-        return direct_plan(a, given, out, fallback=True)
+        return table_plan(chosen, call, self.span, self._interleaved_pairs)
 
-    def _remember(
-        self,
-        key: tuple,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        tables: RopeTables,
-        positions: torch.Tensor,
-        k_positions: torch.Tensor | None,
-        out: tuple[torch.Tensor, torch.Tensor],
-    ) -> None:
+    def keep_plan(self, key: tuple, call: CheckedCall) -> None:
         """Keep the plan of a checked call served from the cached table, for the next call of
         its layout."""
+        if call.tables.pq is None:  # computed per call: no table to plan on
+            return
         assert self._plans is not None
-        plan = self._plan_of(q, k, tables, positions, k_positions, out)
+        plan = self._plan_of(call)
         if plan is not None and not self.spec.length_dependent:
-            plan.tables = (tables.cos_q, tables.sin_q)  # every length reads the one "base" set
+            plan.tables = (call.tables.cos_q, call.tables.sin_q)  # every length: the one "base" set
             plan.table_len = self.cache_len
         remember(self._plans, key, plan, limit=64)
 
@@ -511,10 +460,7 @@ class RotaryEmbedding(RotaryEncoding):
             table = None if key == "grown" else self._table(q.device, key, top)
             if table is not None:
                 cos, sin = table  # [1, N, n], N > top
-                pq = positions if positions.dim() == 2 else positions[None]  # [1 or b, s]
-                pk = pq if k_positions is positions else k_positions
-                pk = pk if pk.dim() == 2 else pk[None]  # [1 or b, t]
-                return RopeTables(cos, sin, cos, sin, pq, pk)
+                return RopeTables(cos, sin, cos, sin, *table_rows_of(positions, k_positions))
             inv_freq, factor = self.frequencies(top + 1)
             inv_freq = inv_freq.to(q.device)
         else:

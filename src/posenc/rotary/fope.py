@@ -28,7 +28,6 @@ frequencies.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +36,7 @@ from torch import nn
 from .._checks import check_even, check_positions, check_positive_int
 from ..functional.rope_scaling import rope_inv_freq
 from ..kernels.reference import apply_rotary_reference
-from .base import resolve_qk_positions
+from .base import RotaryEncoding
 
 
 def fope_inv_freq(
@@ -92,7 +91,7 @@ def apply_fope(
     )
 
 
-class FoPE(nn.Module):
+class FoPE(RotaryEncoding):
     """Fourier position embedding of queries and keys (see the module docstring).
 
     Args:
@@ -107,9 +106,12 @@ class FoPE(nn.Module):
 
     ``cos_coef``, ``sin_coef`` (``[hk, m, m]``, or ``[m, m]``) are learned parameters, the names
     of the released checkpoint's buffers.
-    """
 
-    family: ClassVar[str] = "rotary"
+    ``forward(q, k, positions=None, k_positions=None)`` is every rotary module's
+    (:meth:`RotaryEncoding.forward`): positions ``[s]|[b, s]`` and ``[t]|[b, t]``, defaults
+    ``arange`` with the queries at the last ``s`` keys, so that a KV cache or Transformer-XL
+    memory ahead of the queries rotates by its own positions.
+    """
 
     def __init__(
         self,
@@ -162,18 +164,12 @@ class FoPE(nn.Module):
         pad = (0, self.head_dim // 2 - cos.shape[-1])  # dropped frequencies: c = s = 1
         return F.pad(cos, pad, value=1.0), F.pad(sin, pad, value=1.0)  # [b, hk|1, s, d/2]
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q [b, h, s, d]`` and ``k [b, hk, t, d]`` by ``positions [s]|[b, s]`` and
-        ``k_positions [t]|[b, t]`` (defaults as every rotary module's: ``arange``, the queries at
-        the last ``s`` keys; ``k_positions`` is ``positions`` when ``t == s``), so that a KV cache
-        or Transformer-XL memory ahead of the queries rotates by its own positions. Returns new
-        ``(q', k')``."""
+    # Attention's hook runs forward per layer, with its checks (k's KV heads).
+    prepare = RotaryEncoding.prepare_by_forward
+
+    def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """``q [b, h, s, d]`` and ``k [b, hk, t, d]``, ``hk`` this FoPE's KV heads with
+        ``sep_head``."""
         if (
             q.dim() != 4
             or k.dim() != 4
@@ -189,12 +185,23 @@ class FoPE(nn.Module):
                 f"k must have this FoPE's {self.num_kv_heads} KV heads (one coefficient set "
                 f"each), got {k.shape[1]}"
             )
-        positions, k_positions = resolve_qk_positions(q, k, positions, k_positions)
+
+    def tables(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The queries' and keys' tables ``[b, hk|1, s, d/2]``, ``[b, hk|1, t, d/2]`` (the keys'
+        None when they share the queries' positions)."""
         k_cos, k_sin = self.cos_sin(k_positions)  # [b, hk|1, t, d/2]
         if k_positions is positions:
-            return apply_fope(q, k, k_cos, k_sin)
+            return k_cos, k_sin, None, None
         cos, sin = self.cos_sin(positions)  # [b, hk|1, s, d/2]
-        return apply_fope(q, k, cos, sin, k_cos, k_sin)
+        return cos, sin, k_cos, k_sin
+
+    def apply_tables(
+        self, q: torch.Tensor, k: torch.Tensor, tables: tuple
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q [b, h, s, d]`` and ``k [b, hk, t, d]`` (:func:`apply_fope`)."""
+        return apply_fope(q, k, *tables)
 
     def extra_repr(self) -> str:
         return (

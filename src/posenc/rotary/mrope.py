@@ -33,8 +33,9 @@ from ..functional.rotary import (
     mrope_axis_index,
     mrope_cos_sin,
 )
-from ..kernels.rope_op import Plans
-from .base import Positions, RotaryEncoding
+from ..kernels.canonical import qk_key
+from ..kernels.rope_op import Plans, lookup
+from .base import QK, CheckedCall, Positions, RotaryEncoding
 from .embedding import RotaryEmbedding, max_position, position_range, resolve_qk_positions
 
 Segment = tuple[str, Any] | tuple[str, Any, float]
@@ -115,45 +116,31 @@ class MRoPE(RotaryEmbedding):
             )
         return p
 
-    # --- forward (the stanza is RotaryEncoding's; positions may be [3, b, s]) ------------------
+    # --- forward: RotaryEncoding's stanza; positions may be [3, b, s] ------------------------
+    # Text positions of a layout that passed the checks before take RotaryEmbedding's decode
+    # plan (the same angles); [3, b, s] ones always the checked path.
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: Positions = None,
-        k_positions: Positions = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q [b, h, s, d]`` and ``k [b, hk, t, d]`` by positions ``[3, b, s]``, or text
-        positions ``[s]``/``[b, s]`` (:meth:`resolve_positions`). Text positions of a layout
-        that passed the checks before take RotaryEmbedding's decode plan (the same angles)."""
+    def planned(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: Positions
+    ) -> tuple[tuple | None, QK | None]:
+        """RotaryEmbedding's plan on its table for text positions ``[s]``/``[b, s]`` (no
+        windows); ``(None, None)`` for others."""
         if (
-            torch.compiler.is_compiling()  # first: a traced call reads no plan (no guard on them)
-            or self._plans is None
+            self._plans is None
             or not isinstance(positions, torch.Tensor)
             or positions.dim() > 2
             or _rank(k_positions) > 2
         ):
-            return RotaryEncoding.forward(self, q, k, positions, k_positions)
-        key, out = self._planned(q, k, positions, k_positions)
-        if out is None:
-            out = RotaryEncoding.forward(self, q, k, positions, k_positions)
-            if key is not None:
-                self._remember_text(key, q, k, positions, k_positions, out)
-        return out
+            return None, None
+        options = (self.span, self._interleaved_pairs, self.backend)
+        key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
+        return key, None if plan is None else self._run_plan(plan, q, k, positions, k_positions)
 
-    def _remember_text(
-        self,
-        key: tuple,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor,
-        k_positions: torch.Tensor | None,
-        out: tuple[torch.Tensor, torch.Tensor],
-    ) -> None:
+    def keep_plan(self, key: tuple, call: CheckedCall) -> None:
         """After a checked call with text positions: the plan RotaryEmbedding's table path
         makes for it, where that path applies (eager CPU without gradients, positions inside
         the table); nothing is computed for a call that cannot have a plan."""
+        q, k, positions, k_positions = call.q, call.k, call.positions, call.k_positions
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
         kp = positions if k_positions is None else k_positions
         if needs_grad or not (host_readable(q) and positions.is_cpu and kp.is_cpu):
@@ -165,7 +152,7 @@ class MRoPE(RotaryEmbedding):
         tables = RotaryEmbedding.tables(self, q, k, pos, k_pos)
         if tables.pq is not None:
             self._backend_for(q, k, tables.cos_q)
-            self._remember(key, q, k, tables, positions, k_positions, out)
+            RotaryEmbedding.keep_plan(self, key, call._replace(tables=tables))
 
     # Attention's hook runs forward per layer (the context's positions are checked there).
     prepare = RotaryEncoding.prepare_by_forward

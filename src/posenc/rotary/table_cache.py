@@ -25,7 +25,9 @@ import torch
 from .._checks import host_readable
 from ..functional.rotary import rope_cos_sin
 from ..kernels.canonical import small_range
-from ..kernels.rope_op import DirectPlan, OutsideTable, Plans, remember
+from ..kernels.reference import RopeArgs
+from ..kernels.rope_op import DirectPlan, OutsideTable, Plans, direct_plan, remember
+from .base import CheckedCall
 
 #: Rows of a window table past ``max_cache_len``, and the step its start moves by.
 WINDOW_ROWS = 1 << 13
@@ -35,9 +37,10 @@ BUILD_ROWS = 1 << 16
 
 
 class RopeTables(NamedTuple):
-    """cos/sin of one call (float32): ``[1 or b, s, n]`` per query and ``[1 or b, t, n]`` per
-    key, or a cached ``[1, N, n]`` table with the rows ``pq [1|b, s]``, ``pk [1|b, t]``
-    that the kernels gather (positions, or positions minus a window's start)."""
+    """cos/sin of one call (float32), RoPE's or xPos' (scaled, k on its own table): per token,
+    ``[(1 or b,) s, n]`` per query and ``[(1 or b,) t, n]`` per key with ``pq = pk = None``, or
+    cached ``[1, N, n]`` tables with the rows ``pq [1|b, s]``, ``pk [1|b, t]`` that the kernels
+    gather (positions, or positions minus a window's start)."""
 
     cos_q: torch.Tensor
     sin_q: torch.Tensor
@@ -45,6 +48,32 @@ class RopeTables(NamedTuple):
     sin_k: torch.Tensor
     pq: torch.Tensor | None
     pk: torch.Tensor | None
+
+
+def table_rows_of(
+    positions: torch.Tensor, k_positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows ``pq [1 or b, s]`` and ``pk [1 or b, t]`` that checked int64 ``positions [s]|[b,
+    s]`` and ``k_positions [t]|[b, t]`` index a cached table by (``pk`` is ``pq`` when shared)."""
+    pq = positions if positions.dim() == 2 else positions[None]  # [1 or b, s]
+    pk = pq if k_positions is positions else k_positions
+    return pq, pk if pk.dim() == 2 else pk[None]  # [1 or b, t]
+
+
+def table_plan(
+    chosen: str | None, call: CheckedCall, rotary_dim: int, interleaved: bool
+) -> DirectPlan | None:
+    """The decode plan of a checked ``call`` that the CPU kernel (``chosen``: its backend) ran
+    directly, without gradient, on the rows of cached tables: k on its own table (xPos) or on
+    q's (the same tensors: RoPE). None where none applies."""
+    q, k = call.q, call.k
+    if chosen != "cpu" or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+        return None
+    cos_q, sin_q, cos_k, sin_k, pq, pk = call.tables
+    args = RopeArgs(q, k, cos_q, sin_q, cos_k, sin_k, pq, pk, rotary_dim, interleaved)
+    k_table = (None, None) if cos_k is cos_q else (cos_k, sin_k)
+    given = (q, k, cos_q, sin_q, *k_table, call.positions, call.k_positions)
+    return direct_plan(args, given, call.out, fallback=True)
 
 
 class TableCache(dict):
@@ -225,11 +254,9 @@ class Windows:
         k_rows = None if k_positions is None else rows if kp is positions else kp - start
         rope.check_inputs(q, k)
         pos, k_pos = rope.resolve_positions(q, k, rows, k_rows)
-        pq = pos if pos.dim() == 2 else pos[None]  # [1 or b, s]
-        pk = pq if k_pos is pos else k_pos if k_pos.dim() == 2 else k_pos[None]  # [1 or b, t]
-        tables = RopeTables(cos, sin, cos, sin, pq, pk)
+        tables = RopeTables(cos, sin, cos, sin, *table_rows_of(pos, k_pos))
         out = rope.apply_tables(q, k, tables)
-        plan = rope._plan_of(q, k, tables, rows, k_rows, out)
+        plan = rope._plan_of(CheckedCall(q, k, tables, rows, k_rows, out))
         if plan is not None and not rope.spec.length_dependent:  # one set past the table
             remember(self.plans, key, (plan, window), limit=64)  # type: ignore[arg-type]
         return out

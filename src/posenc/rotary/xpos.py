@@ -21,7 +21,6 @@ middle of the positions in use (the registry takes half the model's ``max_len``)
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 
@@ -36,19 +35,18 @@ from .._checks import (
 from .._constants import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
 from ..kernels.canonical import qk_key
-from ..kernels.reference import RopeArgs
 from ..kernels.rope_op import (
     DirectPlan,
     OutsideTable,
     Plans,
-    direct_plan,
     lookup,
     mixed_backend,
     remember,
     select_backend,
 )
-from .base import RotaryEncoding, check_qk, position_range
+from .base import QK, CheckedCall, Positions, RotaryEncoding, check_qk, position_range
 from .embedding import resolve_angle_dtype
+from .table_cache import RopeTables, table_plan, table_rows_of
 
 #: Rows of the cached scaled tables (positions 0 .. TABLE_ROWS - 1) that eager CPU calls read.
 TABLE_ROWS = 4096
@@ -56,19 +54,6 @@ TABLE_ROWS = 4096
 
 # Cached scaled tables (cos_q, sin_q, cos_k, sin_k), [1, n, d/2] each.
 _Table = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-class XPosTables(NamedTuple):
-    """Scaled cos/sin (float32) of one call: per token ``[(b,) s, d/2]`` / ``[(b,) t, d/2]``
-    with ``pq = pk = None``, or cached tables ``[1, n, d/2]`` and the int64 rows ``pq [1 or b,
-    s]``, ``pk [1 or b, t]`` that index them."""
-
-    cos_q: torch.Tensor
-    sin_q: torch.Tensor
-    cos_k: torch.Tensor
-    sin_k: torch.Tensor
-    pq: torch.Tensor | None
-    pk: torch.Tensor | None
 
 
 def xpos_zeta(
@@ -191,54 +176,31 @@ class XPos(RotaryEncoding):
             f"{far} away. Set center near the positions in use"
         )
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate and scale ``q [b, h, s, d]``, ``k [b, hk, t, d]`` by their positions
-        (:meth:`RotaryEncoding.forward`). A call with given positions whose layout passed the
-        checks before runs its plan on the cached tables (the kernel checks that the positions
-        index them)."""
-        key = None
-        if positions is not None and not torch.compiler.is_compiling():
-            options = (self.layout, self.backend, self.center, self.scale_base)
-            key, planned = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
-            if planned is not None:
-                plan, table = planned
-                try:
-                    return plan.run(q, k, *table, positions, k_positions)
-                except OutsideTable:  # past the cached tables: the checked path serves them
-                    pass
-        self.check_inputs(q, k)
-        pos, k_pos = self.resolve_positions(q, k, positions, k_positions)
-        tables = self.tables(q, k, pos, k_pos)
-        out = self.apply_tables(q, k, tables)
-        if key is not None and tables.pq is not None:
-            self._remember(key, q, k, tables, positions, k_positions, out)
-        return out
+    # --- decode plans: the hooks of RotaryEncoding's stanza, a plan per layout -------------
 
-    def _remember(
-        self,
-        key: tuple,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        tables: XPosTables,
-        positions: torch.Tensor | None,
-        k_positions: torch.Tensor | None,
-        out: tuple[torch.Tensor, torch.Tensor],
-    ) -> None:
+    def planned(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: Positions
+    ) -> tuple[tuple | None, QK | None]:
+        """A call of a layout that passed the checks before runs its plan on the cached tables
+        (the kernel checks that the positions index them; past them the checked path runs)."""
+        options = (self.layout, self.backend, self.center, self.scale_base)
+        key, planned = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
+        if planned is not None:
+            plan, table = planned
+            try:
+                return key, plan.run(q, k, *table, positions, k_positions)
+            except OutsideTable:  # past the cached tables: the checked path serves them
+                pass
+        return key, None
+
+    def keep_plan(self, key: tuple, call: CheckedCall) -> None:
         """Keep the plan of a checked call that the CPU kernel ran on the cached tables (no
         gradient), with those tables, for the next call of its layout."""
-        cq, sq, ck, sk, pq, pk = tables
-        chosen = mixed_backend(self.backend, q, k) or select_backend(self.backend, q, (cq,))
-        if chosen != "cpu" or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+        if call.tables.pq is None:  # computed per call: no table to plan on
             return
-        a = RopeArgs(q, k, cq, sq, ck, sk, pq, pk, self.head_dim, self.layout == "interleaved")
-        given = (q, k, cq, sq, ck, sk, positions, k_positions)
-        plan = direct_plan(a, given, out, fallback=True)
+        q, k, (cq, sq, ck, sk, _, _) = call.q, call.k, call.tables
+        chosen = mixed_backend(self.backend, q, k) or select_backend(self.backend, q, (cq,))
+        plan = table_plan(chosen, call, self.head_dim, self.layout == "interleaved")
         remember(self._plans, key, None if plan is None else (plan, (cq, sq, ck, sk)), limit=64)
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -247,7 +209,7 @@ class XPos(RotaryEncoding):
 
     def tables(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor
-    ) -> XPosTables:
+    ) -> RopeTables:
         """Scaled cos/sin of the queries (up) and keys (down): per token ``[(b,) s, d/2]`` and
         ``[(b,) t, d/2]``; or, eager on the CPU with every position inside :meth:`_table`'s
         rows, those cached tables ``[1, n, d/2]`` and the positions ``[1 or b, s|t]`` that index
@@ -255,12 +217,10 @@ class XPos(RotaryEncoding):
         if host_readable(q) and positions.device.type == "cpu" and k_positions.device.type == "cpu":
             table = self._table(q.device, q.dtype, k.dtype)
             if table is not None and position_range(positions, k_positions) < table[0].shape[1]:
-                pq = positions if positions.dim() == 2 else positions[None]  # [1 or b, s]
-                pk = pq if k_positions is positions else k_positions
-                return XPosTables(*table, pq, pk if pk.dim() == 2 else pk[None])
+                return RopeTables(*table, *table_rows_of(positions, k_positions))
         cos_q, sin_q = self._cos_sin(positions, False, q.dtype)
         cos_k, sin_k = self._cos_sin(k_positions, True, k.dtype)
-        return XPosTables(cos_q, sin_q, cos_k, sin_k, None, None)
+        return RopeTables(cos_q, sin_q, cos_k, sin_k, None, None)
 
     def _table(
         self, device: torch.device, q_dtype: torch.dtype, k_dtype: torch.dtype
@@ -282,7 +242,7 @@ class XPos(RotaryEncoding):
         return table
 
     def apply_tables(
-        self, q: torch.Tensor, k: torch.Tensor, tables: XPosTables
+        self, q: torch.Tensor, k: torch.Tensor, tables: RopeTables
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Shapes: ``q [b, h, s, d]``, ``k [b, hk, t, d]`` -> ``(q', k')``."""
         cos_q, sin_q, cos_k, sin_k, pq, pk = tables

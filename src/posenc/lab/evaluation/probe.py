@@ -29,6 +29,8 @@ from ..training.train import train_model
 
 TINY_VOCAB = 32
 TINY_LAG = 5
+#: Sequences per training step of the tiny model.
+TINY_BATCH = 32
 
 
 def lag_batch(
@@ -83,7 +85,7 @@ def tiny_model_config(
     dim: int = 64,
     num_heads: int = 4,
     num_layers: int = 2,
-    batch_size: int = 32,
+    batch_size: int = TINY_BATCH,
 ) -> ModelConfig:
     """The tiny model's config, its sizes checked (ValueError, one line) and its training
     checked to fit in memory: what :func:`train_tiny_model` trains, checked before a progress
@@ -101,18 +103,15 @@ def tiny_model_config(
 
 
 def train_tiny_model(
-    encoding: str = "rope",
-    train_len: int = 32,
+    cfg: ModelConfig,
     steps: int = 300,
     seed: int = 0,
-    dim: int = 64,
-    num_heads: int = 4,
-    num_layers: int = 2,
-    batch_size: int = 32,
+    batch_size: int = TINY_BATCH,
     lr: float = 3e-3,
     progress: Callable[[int, float, float], None] | None = None,
 ) -> tuple[TransformerLM, dict[str, Any]]:
-    """Train a tiny LM on :func:`lag_batch` for ``steps`` AdamW steps (a few seconds on one core),
+    """Train the tiny LM of ``cfg`` (:func:`tiny_model_config`, checked there with ``steps`` and
+    ``batch_size``) on :func:`lag_batch` for ``steps`` AdamW steps (a few seconds on one core),
     with the lab's training loop and schedule (:func:`posenc.lab.training.train.train_model`, no
     checkpoints): warmup over the first tenth, cosine decay, the lab's weight decay and clipping.
     (A constant learning rate without them, tried first, often left two of four heads off the
@@ -122,7 +121,6 @@ def train_tiny_model(
     model (eval mode) and ``info`` (``steps``, ``seconds``, ``final_loss_bits``: the mean over
     the last tenth of the steps, ``task``).
     """
-    cfg = tiny_model_config(encoding, train_len, steps, dim, num_heads, num_layers, batch_size)
     schedule = TrainConfig(
         steps=steps, batch_size=batch_size, lr=lr, warmup_steps=max(1, steps // 10)
     )
@@ -227,10 +225,10 @@ def _model_and_source(
         model, info = load_checkpoint_model(checkpoint)
         path = Path(info["path"])
         return model, info, f"lab checkpoint {path.parent.name}/{path.name}"
-    tiny_model_config(encoding, train_len, steps)  # a refusal comes before any progress line
+    cfg = tiny_model_config(encoding, train_len, steps)  # a refusal comes before any progress line
     with progress_bars(progress, transient=True, stderr=True) as bars:
         on_step, finish = step_task(bars, f"tiny {encoding} model", steps)
-        model, info = train_tiny_model(encoding, train_len, steps, seed, progress=on_step)
+        model, info = train_tiny_model(cfg, steps, seed, progress=on_step)
         finish()
     source = (
         f"a tiny model trained here for {info['steps']} steps ({info['seconds']:.1f} s) "
