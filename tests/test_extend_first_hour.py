@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from _tiny import tiny_folder
 from posenc.cli import app
 from posenc.extend.model.load import smollm2_gguf
 from posenc.extend.study import run as study_run
 from posenc.extend.study.run import study_rows
-from test_extend_task_study import tiny_llama_folder
 
 TRAINED = 128
 
@@ -46,7 +46,7 @@ def _study(folder: Path, out: Path, *extra: str) -> Any:
 def moved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A study of a tiny Llama, whose folder is then moved elsewhere."""
     base = tmp_path_factory.mktemp("first-hour")
-    folder = tiny_llama_folder(base / "model", TRAINED)
+    folder = tiny_folder(base / "model", TRAINED)
     out = base / "study"
     result = _study(folder, out)
     assert result.exit_code == 0, result.output
@@ -85,7 +85,7 @@ def test_an_export_finds_or_asks_for_a_moved_model_and_says_the_short_length_cos
     assert (f"inside the trained length ({TRAINED}), at 64 tokens yarn measured perplexity "
             f"{ppl['yarn']:.2f} against {ppl['none']:.2f} as trained ({change:+.1f} %)"
             ) in result.output  # fmt: skip
-    other = tiny_llama_folder(tmp_path / "other", TRAINED // 2)  # another model: refused
+    other = tiny_folder(tmp_path / "other", TRAINED // 2)  # another model: refused
     line = _one_line_error(_cli("extend", "export", str(out), "--method", "yarn",
                                 "--out", str(tmp_path / "y"), "--model", str(other)))  # fmt: skip
     assert "has changed since the study" in line and not (tmp_path / "y").exists()
@@ -94,7 +94,7 @@ def test_an_export_finds_or_asks_for_a_moved_model_and_says_the_short_length_cos
 def test_the_dry_run_refuses_a_folder_of_another_models_study(
     moved: dict[str, Path], tmp_path: Path
 ) -> None:
-    other = tiny_llama_folder(tmp_path / "other", TRAINED // 2)
+    other = tiny_folder(tmp_path / "other", TRAINED // 2)
     line = _one_line_error(_study(other, moved["out"], "--dry-run"))
     assert "holds another study" in line
 
