@@ -36,7 +36,12 @@ from ..kernels.constants import ROTARY_BACKENDS
 from .checks import check_scaling_argument
 from .config import HF_ROPE_TYPES
 from .extension import EXTENSION_OVERRIDES, extension_states, normalize_extension
-from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb, apply_rotary_trailing
+from .rotary import (
+    HFRotaryEmbedding,
+    apply_rotary_emb,
+    apply_rotary_pos_emb,
+    apply_rotary_trailing,
+)
 from .scaling import check_layers
 from .shadow import PatchedForward, code_names, plain_function, shadow_module
 from .supported import (  # noqa: F401 - SUPPORTED and the rotations are read from here too
@@ -64,8 +69,10 @@ def fused_rotation(
     says: the same signature (``q, k, cos, sin`` then ``stock``'s own optional arguments), the
     same result, computed by :func:`posenc.hf.apply_rotary_pos_emb`."""
     stock = plain_function(stock)  # transformers >= 5.25 with kernels: a module wrapping it
-    if rotation.trailing:
-        return _trailing_rotation(rotation, stock, backend)  # type: ignore[return-value]
+    if rotation.trailing or rotation.single:
+        return _one_tensor_rotation(rotation, stock, backend)  # type: ignore[return-value]
+    if rotation.freqs_cis:
+        return _freqs_cis_rotation(rotation, stock, backend)
     extra = list(inspect.signature(stock).parameters)[4:]  # e.g. ["unsqueeze_dim"]
 
     def rotate(
@@ -102,24 +109,54 @@ def fused_rotation(
     return rotate
 
 
-def _trailing_rotation(
+def _one_tensor_rotation(
     rotation: Rotation, stock: Callable[..., Any], backend: str
 ) -> Callable[..., torch.Tensor]:
     """posenc's stand-in for a one-tensor ``stock(x, cos, sin, unsqueeze_dim=1)`` that rotates
-    the trailing channels (:func:`posenc.hf.rotary.apply_rotary_trailing`)."""
+    the trailing channels (:func:`posenc.hf.rotary.apply_rotary_trailing`) or the leading ones
+    (:func:`posenc.hf.rotary.apply_rotary_emb`; Gemma-3n)."""
 
     def rotate(
         x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
     ) -> torch.Tensor:
-        return apply_rotary_trailing(
-            x,
-            cos,
-            sin,
-            unsqueeze_dim,
-            interleaved=rotation.interleaved,
-            table_layout=rotation.table_layout,
-            backend=backend,
-        )
+        if rotation.trailing:
+            return apply_rotary_trailing(
+                x,
+                cos,
+                sin,
+                unsqueeze_dim,
+                interleaved=rotation.interleaved,
+                table_layout=rotation.table_layout,
+                backend=backend,
+            )
+        if unsqueeze_dim not in (1, 2):
+            raise ValueError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim!r}")
+        return apply_rotary_emb(
+            x, cos, sin, interleaved=rotation.interleaved, table_layout=rotation.table_layout,
+            seq_layout="bhsd" if unsqueeze_dim == 1 else "bshd", backend=backend,
+        )  # fmt: skip
+
+    rotate.__name__ = rotate.__qualname__ = f"posenc_{stock.__name__}"
+    rotate.__doc__ = (
+        f"posenc's fused stand-in for transformers' {stock.__module__}.{stock.__name__}."
+    )
+    return rotate
+
+
+def _freqs_cis_rotation(
+    rotation: Rotation, stock: Callable[..., Any], backend: str
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """posenc's stand-in for Llama-4's ``stock(xq, xk, freqs_cis)``: ``[b, s, h, d]`` tensors,
+    ``freqs_cis [b, s, r/2]`` complex, whose real and imaginary parts are the cos and sin of
+    each pair (times the rotary's attention scaling)."""
+
+    def rotate(
+        xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_rotary_pos_emb(
+            xq, xk, freqs_cis.real, freqs_cis.imag, 2, interleaved=rotation.interleaved,
+            table_layout="half", backend=backend,
+        )  # fmt: skip
 
     rotate.__name__ = rotate.__qualname__ = f"posenc_{stock.__name__}"
     rotate.__doc__ = (
@@ -152,9 +189,13 @@ def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) ->
         ours: Callable[..., Any] = fused_rotation(rotation, stock, "torch")
         want: tuple[torch.Tensor, ...]
         got: tuple[torch.Tensor, ...]
-        if rotation.trailing:  # one tensor, and the inverse rotation DeepSeek-V4 also calls
+        if rotation.trailing or rotation.single:  # one tensor (DeepSeek-V4 also calls -sin)
             want = (stock(q, cos, sin), stock(k, cos, -sin))
             got = (ours(q, cos, sin), ours(k, cos, -sin))
+        elif rotation.freqs_cis:  # [b, s, h, d] and a complex table [b, s, r/2]
+            table = torch.complex(cos, sin)
+            bshd = q.transpose(1, 2), k.transpose(1, 2)
+            want, got = stock(*bshd, table), ours(*bshd, table)
         else:
             want, got = stock(q, k, cos, sin), ours(q, k, cos, sin)
         worst = max(float((w - o).abs().max()) for w, o in zip(want, got, strict=True))
@@ -279,6 +320,17 @@ def apply_posenc(
     if swaps:
         _rescale(patch, swaps, scaling)
     return model
+
+
+def _check_scalable(
+    model_type: str, rotations: Mapping[str, Rotation], scaling: Mapping[str, Any] | None
+) -> None:
+    """Refuse ``scaling=`` where the attention reads a table posenc's rotary modules do not build."""
+    if scaling is not None and any(r.freqs_cis for r in rotations.values()):
+        raise ValueError(
+            f"scaling= on {model_type}: its attention reads one complex freqs_cis table, which "
+            "posenc's rotary modules do not build; give the scaling in the config instead"
+        )
 
 
 def _check_arguments(backend: str, scaling: Any, scaling_layers: str) -> None:
@@ -477,6 +529,7 @@ def _rotary_swaps(
 ) -> list[tuple[nn.Module, str, nn.Module]]:
     """``(parent, attribute, posenc module)`` for each text rotary module of the model (with
     the config's own scaling where ``scaling`` is None)."""
+    _check_scalable(_model_type(model), rotations, scaling)
     table_layout = next(iter(rotations.values())).table_layout
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     for parent in model.modules():
