@@ -35,7 +35,12 @@ from .._checks import check_choice
 from ..kernels.constants import ROTARY_BACKENDS
 from .checks import check_scaling_argument
 from .config import HF_ROPE_TYPES
-from .extension import EXTENSION_OVERRIDES, extension_states, normalize_extension
+from .extension import (
+    extension_layout,
+    extension_overrides,
+    extension_states,
+    normalize_extension,
+)
 from .rotary import (
     HFRotaryEmbedding,
     apply_rotary_emb,
@@ -224,6 +229,8 @@ class PosencPatch:
     forwards: list[tuple[nn.Module, str, Any]] = field(default_factory=list)
     rotary: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
     softmax_scale: list[tuple[nn.Module, float]] = field(default_factory=list)
+    # With an extension: one line per decoder layer, what the method does there (or why not).
+    layers: tuple[str, ...] = ()
 
 
 def _model_type(model: nn.Module) -> str:
@@ -278,10 +285,10 @@ def apply_posenc(
             that replace the config's scaling (where ``scaling_layers`` says on a hybrid), or
             a dict of them keyed by layer type (``{"full_attention": {...}}``): context
             extension, equal to transformers built with the same ``rope_parameters``.
-        extension: None, or a training-free method that changes the attention of the
-            full-attention RoPE layers: ``{"method": "self_extend", "group_size": G,
-            "neighbor_window": W}`` or ``{"method": "dual_chunk", "chunk_size": C, "local_size":
-            S}`` (:mod:`posenc.hf.extension`; not with ``scaling``; linear memory).
+        extension: None, or a training-free method over key sets for the full-attention RoPE
+            layers (:mod:`posenc.hf.extension`: ``{"method": "self_extend", "group_size": G,
+            "neighbor_window": W}``, ``dual_chunk``, ``string``, ``rerope``, ``leaky_rerope``,
+            ``logn``; not with ``scaling``; ``model.posenc_patch.layers`` says where it acts).
         backend: the kernel, as :func:`posenc.kernels.rope_qk` takes it (``"auto"``: Triton on
             GPU, the native kernel on CPU, PyTorch otherwise).
         scaling_layers: ``"auto"`` (where transformers puts a flat ``rope_scaling``: Gemma-3's
@@ -355,16 +362,16 @@ def _apply_extension(
             f"extension {ext['method']!r} keeps the model's own RoPE: pass scaling or extension, "
             "not both"
         )
-    if set(rotations) != {"apply_rotary_pos_emb"} or rotations["apply_rotary_pos_emb"] not in (
-        HALF,
-        HALF_PARTIAL,
-    ):
+    layout = extension_layout(rotations)
+    if layout is None:
         raise ValueError(
-            f"extension {ext['method']!r} supports half-split RoPE models "
-            f"({', '.join(extension_model_types())}); {model_type} rotates otherwise"
+            f"extension {ext['method']!r} supports half-split RoPE models and Llama-4's "
+            f"interleaved pairs ({', '.join(extension_model_types())}); {model_type} rotates "
+            "otherwise"
         )
-    states = extension_states(model, modeling, ext)  # the full-attention RoPE layers' own
-    every = _attention_layers(model, modeling, {"apply_rotary_pos_emb"}, strict=True)
+    # the full-attention RoPE layers' own states, and a line per layer
+    states, lines = extension_states(model, modeling, ext, layout)
+    every = _attention_layers(model, modeling, set(rotations), strict=True)
     if any(not isinstance(getattr(x, "layer_idx", None), int) for x in every):
         raise ValueError(f"extension {ext['method']!r}: {model_type}'s layers carry no layer_idx")
     # Sliding-window and NoPE layers keep the forward they have (their window, their positions).
@@ -377,7 +384,8 @@ def _apply_extension(
                 "attention functions"
             )
     _check_forwards(layers)
-    _install(model, PosencPatch(model_type, backend, None, ext), layers, extension_shadow_for)
+    patch = PosencPatch(model_type, backend, None, ext, layers=lines)
+    _install(model, patch, layers, extension_shadow_for)
     for layer in layers:
         layer.posenc_extension = states[layer.layer_idx]  # type: ignore[assignment,index]
     return model
@@ -422,20 +430,16 @@ def _install(
 
 
 def extension_model_types() -> list[str]:
-    """The ``model_type`` values ``apply_posenc(extension=...)`` can take (half-split RoPE)."""
-    return sorted(
-        t
-        for t, (_, rotations) in SUPPORTED.items()
-        if set(rotations) == {"apply_rotary_pos_emb"}
-        and rotations["apply_rotary_pos_emb"] in (HALF, HALF_PARTIAL)
-    )
+    """The ``model_type`` values ``apply_posenc(extension=...)`` can take (one rotation, of
+    half-split pairs or Llama-4's interleaved ones: :func:`~posenc.hf.extension.extension_layout`)."""
+    return sorted(t for t, (_, rotations) in SUPPORTED.items() if extension_layout(rotations))
 
 
 def extension_shadow_for(model_type: str, backend: str) -> types.ModuleType:
     """The shadow of ``model_type``'s modeling module for an extended model: no rotation before
     the cache, and posenc's extension attention (:mod:`posenc.hf.extension`)."""
-    modeling, _ = _modeling(model_type)
-    overrides = {k: v for k, v in EXTENSION_OVERRIDES.items() if hasattr(modeling, k)}
+    modeling, rotations = _modeling(model_type)
+    overrides = {k: v for k, v in extension_overrides(rotations).items() if hasattr(modeling, k)}
     return shadow_module(modeling, f"{backend}_extension", overrides)
 
 

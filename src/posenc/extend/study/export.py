@@ -13,6 +13,7 @@ def export_run(run: str, *, method: str, out: str, length: int) -> None:
     """Write ``method`` for ``length`` tokens (0: the study's longest) into the folder ``out``;
     every refusal (no study, another model, a folder in the way) before the model loads."""
     from ...cli_errors import check_can_write
+    from ...hf.extension import EXTENSION_METHODS
     from ..methods.export import export_model
     from ..methods.names import parse_method
     from ..model.load import ModelSource, load_model, model_identity
@@ -30,7 +31,7 @@ def export_run(run: str, *, method: str, out: str, length: int) -> None:
     if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
         raise ValueError(f"{out!r} exists and is not an empty folder; nothing was written")
     check_can_write(Path(out), "--out")  # under a file, a read-only disk: before the load
-    if chosen.name in ("self_extend", "dual_chunk"):
+    if chosen.name in EXTENSION_METHODS:
         export_model(None, None, chosen, target, out)  # raises its refusal
     source = ModelSource(**spec["source"])
     model, tokenizer = load_model(source, dtype=spec["dtype"])
