@@ -133,8 +133,8 @@ def _cross_check(ext: dict[str, Any]) -> None:
     if method == "string" and ext["local_window"] >= ext["shifted_offset"]:
         raise ValueError(
             f"string local_window ({ext['local_window']}) must be below shifted_offset "
-            f"({ext['shifted_offset']}): far keys are seen at distance d - shifted_offset + "
-            "local_window, nearer than the near ones' (at local_window = shifted_offset, RoPE)"
+            f"({ext['shifted_offset']}): a far key (d >= shifted_offset) is seen at d - "
+            "shifted_offset + local_window, which must be nearer than d (equal: plain RoPE)"
         )
 
 
