@@ -280,6 +280,26 @@ def test_patched_model_prefill_and_decode_equal_the_naive_reference(
     assert float((got[:, 40:] - want[:, 25:]).abs().max()) <= TOL
 
 
+@pytest.mark.parametrize(("method", "options"), [CASES[0], CASES[5]], ids=lambda x: str(x))
+def test_left_padding_gives_each_row_its_own_logits(method: str, options: dict[str, Any]) -> None:
+    """A left-padded row (transformers' mask and positions) has the logits it has alone: the
+    padded keys unseen, log n at the row's own positions."""
+    model = apply_posenc(tiny("llama"), extension={"method": method, **options})
+    g = torch.Generator().manual_seed(4)
+    long, short = (
+        torch.randint(1, 97, (1, 36), generator=g),
+        torch.randint(1, 97, (1, 29), generator=g),
+    )
+    ids = torch.cat((long, torch.cat((torch.zeros(1, 7, dtype=torch.long), short), 1)))
+    mask = (ids != 0).long()
+    mask[0] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        both = model(ids, attention_mask=mask, position_ids=positions).logits
+        alone = model(short).logits
+    assert float((both[1, 7:] - alone[0]).abs().max()) <= TOL
+
+
 # --- options, defaults, refusals ---------------------------------------------------------------------
 
 
