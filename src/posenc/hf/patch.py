@@ -107,6 +107,11 @@ def fused_rotation(
             k = torch.cat((k[..., 0:r:2], k[..., 1:r:2], k[..., r:]), dim=-1)
         return q, k
 
+    return _named(rotate, stock)
+
+
+def _named(rotate: Any, stock: Callable[..., Any]) -> Any:
+    """``rotate`` named and documented as posenc's stand-in for ``stock``."""
     rotate.__name__ = rotate.__qualname__ = f"posenc_{stock.__name__}"
     rotate.__doc__ = (
         f"posenc's fused stand-in for transformers' {stock.__module__}.{stock.__name__}."
@@ -124,28 +129,19 @@ def _one_tensor_rotation(
     def rotate(
         x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
     ) -> torch.Tensor:
+        pairs, table = rotation.interleaved, rotation.table_layout
         if rotation.trailing:
             return apply_rotary_trailing(
-                x,
-                cos,
-                sin,
-                unsqueeze_dim,
-                interleaved=rotation.interleaved,
-                table_layout=rotation.table_layout,
-                backend=backend,
+                x, cos, sin, unsqueeze_dim, interleaved=pairs, table_layout=table, backend=backend
             )
         if unsqueeze_dim not in (1, 2):
             raise ValueError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim!r}")
+        layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
         return apply_rotary_emb(
-            x, cos, sin, interleaved=rotation.interleaved, table_layout=rotation.table_layout,
-            seq_layout="bhsd" if unsqueeze_dim == 1 else "bshd", backend=backend,
-        )  # fmt: skip
+            x, cos, sin, interleaved=pairs, table_layout=table, seq_layout=layout, backend=backend
+        )
 
-    rotate.__name__ = rotate.__qualname__ = f"posenc_{stock.__name__}"
-    rotate.__doc__ = (
-        f"posenc's fused stand-in for transformers' {stock.__module__}.{stock.__name__}."
-    )
-    return rotate
+    return _named(rotate, stock)
 
 
 def _freqs_cis_rotation(
@@ -163,11 +159,7 @@ def _freqs_cis_rotation(
             table_layout="half", backend=backend,
         )  # fmt: skip
 
-    rotate.__name__ = rotate.__qualname__ = f"posenc_{stock.__name__}"
-    rotate.__doc__ = (
-        f"posenc's fused stand-in for transformers' {stock.__module__}.{stock.__name__}."
-    )
-    return rotate
+    return _named(rotate, stock)
 
 
 def _probe_tables(
