@@ -216,3 +216,17 @@ def prefill_and_decode(model: Any, ids: torch.Tensor, split: int) -> torch.Tenso
             cache = out.past_key_values
             steps.append(out.logits[:, -1])
     return torch.cat([whole, torch.stack(steps, 1)], 1)
+
+
+def left_padded(vocab: int, seed: int = 4) -> tuple[torch.Tensor, ...]:
+    """``(ids [2, 36], mask, positions, short [1, 29])``: a row of 36 tokens beside ``short``
+    left-padded by 7, with transformers' mask and positions (each row from 0)."""
+    g = torch.Generator().manual_seed(seed)
+    long, short = (
+        torch.randint(1, vocab, (1, 36), generator=g),
+        torch.randint(1, vocab, (1, 29), generator=g),
+    )
+    ids = torch.cat((long, torch.cat((torch.zeros(1, 7, dtype=torch.long), short), 1)))
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), short

@@ -23,7 +23,13 @@ from transformers.models.llama import modeling_llama
 import posenc.extend.methods.explicit as explicit
 import posenc.extend.methods.flex as flex
 import posenc.extend.methods.fused as fused
-from _keyset_naive import logn_factor, naive_attention, prefill_and_decode, reference_logits
+from _keyset_naive import (
+    left_padded,
+    logn_factor,
+    naive_attention,
+    prefill_and_decode,
+    reference_logits,
+)
 from posenc.extend.methods.keysets import key_sets, relative_positions
 from posenc.extend.methods.names import parse_method, resolve
 from posenc.hf import apply_posenc, normalize_extension
@@ -285,15 +291,7 @@ def test_left_padding_gives_each_row_its_own_logits(method: str, options: dict[s
     """A left-padded row (transformers' mask and positions) has the logits it has alone: the
     padded keys unseen, log n at the row's own positions."""
     model = apply_posenc(tiny("llama"), extension={"method": method, **options})
-    g = torch.Generator().manual_seed(4)
-    long, short = (
-        torch.randint(1, 97, (1, 36), generator=g),
-        torch.randint(1, 97, (1, 29), generator=g),
-    )
-    ids = torch.cat((long, torch.cat((torch.zeros(1, 7, dtype=torch.long), short), 1)))
-    mask = (ids != 0).long()
-    mask[0] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions, short = left_padded(97)
     with torch.no_grad():
         both = model(ids, attention_mask=mask, position_ids=positions).logits
         alone = model(short).logits

@@ -19,6 +19,7 @@ from packaging.version import Version  # noqa: E402
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 import posenc.hf.rotary as hf_rotary  # noqa: E402
+from _tiny_families import CONFIGS as FAMILIES  # noqa: E402
 from posenc.hf.patch import (  # noqa: E402
     SUPPORTED,
     apply_posenc,
@@ -53,17 +54,7 @@ EXTRA: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 32,
     },
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
-    "qwen3_next": {  # a Gated DeltaNet layer, then a softmax one (the default: 3 linear, 1 full)
-        "layer_types": ["linear_attention", "full_attention"],
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 32,
-    },
+    "qwen3_next": FAMILIES["qwen3_next"],  # a Gated DeltaNet layer, then a softmax one
     "phi3": {"partial_rotary_factor": 0.5},
     "gemma2": SLIDING,
     "gemma3_text": {
