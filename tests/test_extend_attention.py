@@ -21,8 +21,12 @@ from transformers.models.llama import modeling_llama
 import posenc.extend.methods.explicit as ext_attention
 from _decode import hf_prefill_then_decode
 from _tiny import tiny_lm
-from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
+from posenc.extend.methods.explicit import keyset_attention
+from posenc.extend.methods.keysets import by_method
 from posenc.hf import apply_posenc, extension_from_config, normalize_extension, remove_posenc
+
+self_extend_attention = by_method(keyset_attention, "self_extend")
+dual_chunk_attention = by_method(keyset_attention, "dual_chunk")
 
 TOL = 1e-5
 

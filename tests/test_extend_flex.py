@@ -3,8 +3,9 @@
 (:mod:`posenc.extend.methods.explicit`, itself tested against the papers' code): prefill, decode, rows
 at different positions, left padding with transformers' masks and positions (rows that see no
 key included), grouped-query heads, a soft cap, both rotary layouts, inside plain and soft-capped
-transformers models; planted faults (a neighbour band off by one, a log2 log-sum-exp, an uncapped
-successive-chunk position) are caught. Eager flex on the CPU; the compiled kernel on CUDA.
+transformers models; planted faults (a neighbour band off by one, a log2 log-sum-exp) are caught.
+(The positions each set rotates by are one definition for every path, :mod:`posenc.extend.methods.keysets`:
+a fault there is caught against the naive references, ``tests/test_extend_keysets.py``.) Eager flex on the CPU; the compiled kernel on CUDA.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ import torch
 import posenc.extend.methods.explicit as explicit_module
 import posenc.extend.methods.flex as flex
 from _decode import hf_prefill_then_decode
-from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
+from posenc.extend.methods.explicit import keyset_attention
+from posenc.extend.methods.keysets import by_method
+
+self_extend_attention = by_method(keyset_attention, "self_extend")
+dual_chunk_attention = by_method(keyset_attention, "dual_chunk")
+
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 
@@ -28,7 +34,7 @@ SELF_EXTEND = [(4, 8), (3, 7), (2, 1), (4, 300)]  # (group, window); 300: wider 
 DUAL_CHUNK = [(12, 4), (9, 2), (20, 3), (400, 3)]  # (chunk, local); 400: wider than t
 SHAPES = [(45, 45), (30, 200), (1, 200)]  # (queries s, keys t): prefill, after a cache, decode
 EXPLICIT = {"self_extend": self_extend_attention, "dual_chunk": dual_chunk_attention}
-FLEX = {"self_extend": flex.self_extend_flex, "dual_chunk": flex.dual_chunk_flex}
+FLEX = {m: by_method(flex.keyset_flex, m) for m in ("self_extend", "dual_chunk")}
 OPTIONS = {
     "self_extend": {"group_size": 3, "neighbor_window": 7},
     "dual_chunk": {"chunk_size": 12, "local_size": 4},
@@ -138,9 +144,9 @@ def test_flex_log_sum_exp_is_natural_and_empty_rows_are_minus_infinity() -> None
 
 
 def test_planted_faults_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The comparisons above fail on a neighbour band one key too wide, on log-sum-exps merged
-    as if they were base 2, and on a successive-chunk position without its cap."""
-    right_mod, right_merge, right_positions = flex._mask_mod, flex.merge, flex._dca_positions
+    """The comparisons above fail on a neighbour band one key too wide and on log-sum-exps
+    merged as if they were base 2."""
+    right_mod, right_merge = flex._mask_mod, flex.merge
     assert diff("self_extend", 45, 45) <= TOL and diff("dual_chunk", 45, 45) <= TOL
 
     def wide_band(q_pos, k_pos, keep, unit, lo, hi):  # distance w counted as a neighbour
@@ -148,12 +154,8 @@ def test_planted_faults_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
             lo, hi = (lo + 1 if lo else lo), (hi + 1 if hi < flex.UNBOUNDED else hi)
         return right_mod(q_pos, k_pos, keep, unit, lo, hi)
 
-    def log2_merge(parts: list[flex.Part]) -> torch.Tensor:
-        return right_merge([(o, lse / math.log(2)) for o, lse in parts])
-
-    def uncapped(q_pos: torch.Tensor, chunk_size: int, c: int) -> list[torch.Tensor]:
-        intra, _, inter = right_positions(q_pos, chunk_size, c)
-        return [intra, q_pos % c + c, inter]  # min(i % c + c, chunk_size) forgotten
+    def log2_merge(parts: list[flex.Part], sinks: Any = None) -> torch.Tensor:
+        return right_merge([(o, lse / math.log(2)) for o, lse in parts], sinks)
 
     monkeypatch.setattr(flex, "_mask_mod", wide_band)
     assert diff("self_extend", 45, 45) > 1e-3
@@ -162,8 +164,7 @@ def test_planted_faults_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     assert diff("self_extend", 45, 45) > 1e-3
     assert diff("dual_chunk", 45, 45) > 1e-3
     monkeypatch.setattr(flex, "merge", right_merge)
-    monkeypatch.setattr(flex, "_dca_positions", uncapped)
-    assert diff("dual_chunk", 45, 45) > 1e-3
+    assert diff("dual_chunk", 45, 45) <= TOL
 
 
 # --- inside transformers models ------------------------------------------------------------------
@@ -199,7 +200,7 @@ def test_patched_model_flex_equals_explicit(
     want = prefill_and_decode(model, ids, mask)
     monkeypatch.setattr(fused, "PATH", "flex")  # the patch's own dispatch chooses flex
     calls: list[str] = []
-    for name in ("self_extend_flex", "dual_chunk_flex"):
+    for name in ("keyset_flex",):
         fn = getattr(flex, name)
         monkeypatch.setattr(
             flex, name, lambda *a, _fn=fn, _n=name, **kw: calls.append(_n) or _fn(*a, **kw)
@@ -214,7 +215,7 @@ def test_a_path_that_is_not_one_says_which_are(monkeypatch: pytest.MonkeyPatch) 
     q, k, v = qkv(8, 8)
     monkeypatch.setattr(fused, "PATH", "flash")
     with pytest.raises(ValueError, match="must be one of auto, fused, explicit, flex, got 'flash'"):
-        fused.self_extend(q, k, v, torch.arange(8)[None], inv_freq=INV_FREQ, scale=0.25,
+        by_method(fused.keyset, "self_extend")(q, k, v, torch.arange(8)[None], inv_freq=INV_FREQ, scale=0.25,
                           **OPTIONS["self_extend"])  # fmt: skip
 
 

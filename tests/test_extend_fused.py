@@ -17,11 +17,15 @@ import torch
 
 import posenc.extend.methods.fused as fused
 from _decode import hf_prefill_then_decode
-from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
+from posenc.extend.methods.explicit import keyset_attention
+from posenc.extend.methods.keysets import by_method
 from posenc.hf import apply_posenc
 from test_extend_attention import EXTENSIONS, tiny
 from test_extend_hybrid import EXTENSIONS as HYBRID_EXTENSIONS
 from test_extend_hybrid import tiny as hybrid_tiny
+
+self_extend_attention = by_method(keyset_attention, "self_extend")
+dual_chunk_attention = by_method(keyset_attention, "dual_chunk")
 
 TOL = 1e-5
 INV_FREQ = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
@@ -47,10 +51,10 @@ def both(method: str, s: int, t: int, shift: int = 0, **options: Any) -> float:
     common = {"inv_freq": INV_FREQ, "scale": 0.25, **options}
     if method == "self_extend":
         want = self_extend_attention(q, k, v, pos, **common)
-        got = fused.self_extend(q, k, v, pos, **common)
+        got = by_method(fused.keyset, "self_extend")(q, k, v, pos, **common)
     else:
         want = dual_chunk_attention(q, k, v, pos, **common)
-        got = fused.dual_chunk(q, k, v, pos, **common)
+        got = by_method(fused.keyset, "dual_chunk")(q, k, v, pos, **common)
     return float((got - want).abs().max())
 
 
@@ -97,7 +101,7 @@ def test_planted_faults_are_caught(monkeypatch: pytest.MonkeyPatch, fused_only: 
     def wide_band(rows: int, w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return right_band(rows, w + 1, dtype, device)[:, : rows + w - 1]  # j = i - w too
 
-    def plain_mean(parts: list[fused.Part]) -> torch.Tensor:
+    def plain_mean(parts: list[fused.Part], sinks: Any = None) -> torch.Tensor:
         return torch.stack([o.float() for o, _ in parts]).mean(0)
 
     monkeypatch.setattr(fused, "_band", wide_band)
@@ -181,7 +185,7 @@ def test_deepcopy_and_tables_keep_their_values() -> None:
     pos = torch.arange(20).expand(2, -1)
     for inv in (INV_FREQ, copy.deepcopy(INV_FREQ) * 3):
         common = {"inv_freq": inv, "scale": 0.25, "group_size": 3, "neighbor_window": 7}
-        got = fused.self_extend_fused(q, k, v, pos, **common)
+        got = by_method(fused.keyset_fused, "self_extend")(q, k, v, pos, **common)
         assert float((got - self_extend_attention(q, k, v, pos, **common)).abs().max()) <= TOL
 
 

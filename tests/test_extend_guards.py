@@ -36,8 +36,9 @@ from posenc.extend.measures.perplexity import (
     perplexity_at,
     score_passkey,
 )
-from posenc.extend.methods.explicit import dual_chunk_attention, self_extend_attention
+from posenc.extend.methods.explicit import keyset_attention
 from posenc.extend.methods.export import export_model
+from posenc.extend.methods.keysets import by_method
 from posenc.extend.methods.names import (
     Method,
     Resolved,
@@ -51,6 +52,8 @@ from posenc.hf.extension import ExtensionState, extension_attention
 from posenc.runs.identity import stable_hash
 from test_extend_attention import hf_rot, hf_rotary, naive_dual_chunk, qkv, repeat
 
+self_extend_attention = by_method(keyset_attention, "self_extend")
+dual_chunk_attention = by_method(keyset_attention, "dual_chunk")
 TOL = 1e-5
 
 

@@ -21,6 +21,7 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM, DynamicCache  # n
 import posenc.hf.rotary as hf_rotary  # noqa: E402
 from _decode import hf_prefill_then_decode  # noqa: E402
 from _tiny import PARITY_SIZES  # noqa: E402
+from _tiny_families import CONFIGS as FAMILIES  # noqa: E402
 from posenc.hf.patch import (  # noqa: E402
     SUPPORTED,
     apply_posenc,
@@ -42,6 +43,7 @@ EXTRA: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 32,
     },
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "qwen3_next": FAMILIES["qwen3_next"],  # a Gated DeltaNet layer, then a softmax one
     "phi3": {"partial_rotary_factor": 0.5},
     "gemma2": SLIDING,
     "gemma3_text": {

@@ -5,9 +5,9 @@ A study walks through the stages in this order, and each stage is one folder:
 * :mod:`.model`: the user's model, loaded from a folder, a GGUF file, a cached model id or a
   packaged name (never the network, never a folder's own code).
 * :mod:`.methods`: what is done to the model: the methods by name (``none``, every RoPE scaling,
-  ``self_extend``, ``dual_chunk``) and their options; Self-Extend and Dual Chunk Attention as
-  attention over disjoint key sets (explicit reference, fused, FlexAttention, their merge);
-  export to a folder stock transformers loads; a PoSE fine-tune.
+  ``self_extend``, ``dual_chunk``, ``string``, ``rerope``, ``leaky_rerope``, ``logn``) and their
+  options; the attention methods as definitions of disjoint key sets (explicit reference, fused,
+  FlexAttention, their merge); export to a folder stock transformers loads; a PoSE fine-tune.
 * :mod:`.measures`: what is measured on the model with a method in place: loss by position,
   perplexity and passkeys, RULER-style tasks (:mod:`.measures.tasks`), LongPPL.
 * :mod:`.study`: the grid of cells, its results folder and rows, the cost estimate and dry run,

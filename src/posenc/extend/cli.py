@@ -55,7 +55,7 @@ def run_command(
         "none,linear,ntk,yarn,self_extend,dual_chunk",
         "--methods",
         help="Methods, comma-separated, each `name[:key=value...]`: none, linear, ntk, dynamic, "
-        "yarn, llama3, longrope, self_extend, dual_chunk.",
+        "yarn, llama3, longrope, self_extend, dual_chunk, string, rerope, leaky_rerope, logn.",
     ),
     lengths: str = typer.Option(None, "--lengths", help="Lengths (default: 1/4 to 1.5x trained)."),
     documents: int = typer.Option(

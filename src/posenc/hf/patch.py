@@ -35,8 +35,18 @@ from .._checks import check_choice
 from ..kernels.constants import ROTARY_BACKENDS
 from .checks import check_scaling_argument
 from .config import HF_ROPE_TYPES
-from .extension import EXTENSION_OVERRIDES, extension_states, normalize_extension
-from .rotary import HFRotaryEmbedding, apply_rotary_pos_emb, apply_rotary_trailing
+from .extension import (
+    extension_layout,
+    extension_overrides,
+    extension_states,
+    normalize_extension,
+)
+from .rotary import (
+    HFRotaryEmbedding,
+    apply_rotary_emb,
+    apply_rotary_pos_emb,
+    apply_rotary_trailing,
+)
 from .scaling import check_layers
 from .shadow import PatchedForward, code_names, plain_function, shadow_module
 from .supported import (  # noqa: F401 - SUPPORTED and the rotations are read from here too
@@ -64,8 +74,10 @@ def fused_rotation(
     says: the same signature (``q, k, cos, sin`` then ``stock``'s own optional arguments), the
     same result, computed by :func:`posenc.hf.apply_rotary_pos_emb`."""
     stock = plain_function(stock)  # transformers >= 5.25 with kernels: a module wrapping it
-    if rotation.trailing:
-        return _trailing_rotation(rotation, stock, backend)  # type: ignore[return-value]
+    if rotation.trailing or rotation.single:
+        return _one_tensor_rotation(rotation, stock, backend)  # type: ignore[return-value]
+    if rotation.freqs_cis:
+        return _freqs_cis_rotation(rotation, stock, backend)
     extra = list(inspect.signature(stock).parameters)[4:]  # e.g. ["unsqueeze_dim"]
 
     def rotate(
@@ -95,6 +107,11 @@ def fused_rotation(
             k = torch.cat((k[..., 0:r:2], k[..., 1:r:2], k[..., r:]), dim=-1)
         return q, k
 
+    return _named(rotate, stock)
+
+
+def _named(rotate: Any, stock: Callable[..., Any]) -> Any:
+    """``rotate`` named and documented as posenc's stand-in for ``stock``."""
     rotate.__name__ = rotate.__qualname__ = f"posenc_{stock.__name__}"
     rotate.__doc__ = (
         f"posenc's fused stand-in for transformers' {stock.__module__}.{stock.__name__}."
@@ -102,30 +119,47 @@ def fused_rotation(
     return rotate
 
 
-def _trailing_rotation(
+def _one_tensor_rotation(
     rotation: Rotation, stock: Callable[..., Any], backend: str
 ) -> Callable[..., torch.Tensor]:
     """posenc's stand-in for a one-tensor ``stock(x, cos, sin, unsqueeze_dim=1)`` that rotates
-    the trailing channels (:func:`posenc.hf.rotary.apply_rotary_trailing`)."""
+    the trailing channels (:func:`posenc.hf.rotary.apply_rotary_trailing`) or the leading ones
+    (:func:`posenc.hf.rotary.apply_rotary_emb`; Gemma-3n)."""
 
     def rotate(
         x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
     ) -> torch.Tensor:
-        return apply_rotary_trailing(
-            x,
-            cos,
-            sin,
-            unsqueeze_dim,
-            interleaved=rotation.interleaved,
-            table_layout=rotation.table_layout,
-            backend=backend,
+        pairs, table = rotation.interleaved, rotation.table_layout
+        if rotation.trailing:
+            return apply_rotary_trailing(
+                x, cos, sin, unsqueeze_dim, interleaved=pairs, table_layout=table, backend=backend
+            )
+        if unsqueeze_dim not in (1, 2):
+            raise ValueError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim!r}")
+        layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
+        return apply_rotary_emb(
+            x, cos, sin, interleaved=pairs, table_layout=table, seq_layout=layout, backend=backend
         )
 
-    rotate.__name__ = rotate.__qualname__ = f"posenc_{stock.__name__}"
-    rotate.__doc__ = (
-        f"posenc's fused stand-in for transformers' {stock.__module__}.{stock.__name__}."
-    )
-    return rotate
+    return _named(rotate, stock)
+
+
+def _freqs_cis_rotation(
+    rotation: Rotation, stock: Callable[..., Any], backend: str
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """posenc's stand-in for Llama-4's ``stock(xq, xk, freqs_cis)``: ``[b, s, h, d]`` tensors,
+    ``freqs_cis [b, s, r/2]`` complex, whose real and imaginary parts are the cos and sin of
+    each pair (times the rotary's attention scaling)."""
+
+    def rotate(
+        xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_rotary_pos_emb(
+            xq, xk, freqs_cis.real, freqs_cis.imag, 2, interleaved=rotation.interleaved,
+            table_layout="half", backend=backend,
+        )  # fmt: skip
+
+    return _named(rotate, stock)
 
 
 def _probe_tables(
@@ -152,9 +186,13 @@ def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) ->
         ours: Callable[..., Any] = fused_rotation(rotation, stock, "torch")
         want: tuple[torch.Tensor, ...]
         got: tuple[torch.Tensor, ...]
-        if rotation.trailing:  # one tensor, and the inverse rotation DeepSeek-V4 also calls
+        if rotation.trailing or rotation.single:  # one tensor (DeepSeek-V4 also calls -sin)
             want = (stock(q, cos, sin), stock(k, cos, -sin))
             got = (ours(q, cos, sin), ours(k, cos, -sin))
+        elif rotation.freqs_cis:  # [b, s, h, d] and a complex table [b, s, r/2]
+            table = torch.complex(cos, sin)
+            bshd = q.transpose(1, 2), k.transpose(1, 2)
+            want, got = stock(*bshd, table), ours(*bshd, table)
         else:
             want, got = stock(q, k, cos, sin), ours(q, k, cos, sin)
         worst = max(float((w - o).abs().max()) for w, o in zip(want, got, strict=True))
@@ -183,6 +221,8 @@ class PosencPatch:
     forwards: list[tuple[nn.Module, str, Any]] = field(default_factory=list)
     rotary: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
     softmax_scale: list[tuple[nn.Module, float]] = field(default_factory=list)
+    # With an extension: one line per decoder layer, what the method does there (or why not).
+    layers: tuple[str, ...] = ()
 
 
 def _model_type(model: nn.Module) -> str:
@@ -237,10 +277,10 @@ def apply_posenc(
             that replace the config's scaling (where ``scaling_layers`` says on a hybrid), or
             a dict of them keyed by layer type (``{"full_attention": {...}}``): context
             extension, equal to transformers built with the same ``rope_parameters``.
-        extension: None, or a training-free method that changes the attention of the
-            full-attention RoPE layers: ``{"method": "self_extend", "group_size": G,
-            "neighbor_window": W}`` or ``{"method": "dual_chunk", "chunk_size": C, "local_size":
-            S}`` (:mod:`posenc.hf.extension`; not with ``scaling``; linear memory).
+        extension: None, or a training-free method over key sets for the full-attention RoPE
+            layers (:mod:`posenc.hf.extension`: ``{"method": "self_extend", "group_size": G,
+            "neighbor_window": W}``, ``dual_chunk``, ``string``, ``rerope``, ``leaky_rerope``,
+            ``logn``; not with ``scaling``; ``model.posenc_patch.layers`` says where it acts).
         backend: the kernel, as :func:`posenc.kernels.rope_qk` takes it (``"auto"``: Triton on
             GPU, the native kernel on CPU, PyTorch otherwise).
         scaling_layers: ``"auto"`` (where transformers puts a flat ``rope_scaling``: Gemma-3's
@@ -281,6 +321,17 @@ def apply_posenc(
     return model
 
 
+def _check_scalable(
+    model_type: str, rotations: Mapping[str, Rotation], scaling: Mapping[str, Any] | None
+) -> None:
+    """Refuse ``scaling=`` where the attention reads a table posenc's rotary modules do not build."""
+    if scaling is not None and any(r.freqs_cis for r in rotations.values()):
+        raise ValueError(
+            f"scaling= on {model_type}: its attention reads one complex freqs_cis table, which "
+            "posenc's rotary modules do not build; give the scaling in the config instead"
+        )
+
+
 def _check_arguments(backend: str, scaling: Any, scaling_layers: str) -> None:
     check_choice("backend", backend, ROTARY_BACKENDS)
     check_scaling_argument(scaling, HF_ROPE_TYPES)
@@ -303,16 +354,16 @@ def _apply_extension(
             f"extension {ext['method']!r} keeps the model's own RoPE: pass scaling or extension, "
             "not both"
         )
-    if set(rotations) != {"apply_rotary_pos_emb"} or rotations["apply_rotary_pos_emb"] not in (
-        HALF,
-        HALF_PARTIAL,
-    ):
+    layout = extension_layout(rotations)
+    if layout is None:
         raise ValueError(
-            f"extension {ext['method']!r} supports half-split RoPE models "
-            f"({', '.join(extension_model_types())}); {model_type} rotates otherwise"
+            f"extension {ext['method']!r} supports half-split RoPE models and Llama-4's "
+            f"interleaved pairs ({', '.join(extension_model_types())}); {model_type} rotates "
+            "otherwise"
         )
-    states = extension_states(model, modeling, ext)  # the full-attention RoPE layers' own
-    every = _attention_layers(model, modeling, {"apply_rotary_pos_emb"}, strict=True)
+    # the full-attention RoPE layers' own states, and a line per layer
+    states, lines = extension_states(model, modeling, ext, layout)
+    every = _attention_layers(model, modeling, set(rotations), strict=True)
     if any(not isinstance(getattr(x, "layer_idx", None), int) for x in every):
         raise ValueError(f"extension {ext['method']!r}: {model_type}'s layers carry no layer_idx")
     # Sliding-window and NoPE layers keep the forward they have (their window, their positions).
@@ -325,7 +376,8 @@ def _apply_extension(
                 "attention functions"
             )
     _check_forwards(layers)
-    _install(model, PosencPatch(model_type, backend, None, ext), layers, extension_shadow_for)
+    patch = PosencPatch(model_type, backend, None, ext, layers=lines)
+    _install(model, patch, layers, extension_shadow_for)
     for layer in layers:
         layer.posenc_extension = states[layer.layer_idx]  # type: ignore[assignment,index]
     return model
@@ -370,20 +422,16 @@ def _install(
 
 
 def extension_model_types() -> list[str]:
-    """The ``model_type`` values ``apply_posenc(extension=...)`` can take (half-split RoPE)."""
-    return sorted(
-        t
-        for t, (_, rotations) in SUPPORTED.items()
-        if set(rotations) == {"apply_rotary_pos_emb"}
-        and rotations["apply_rotary_pos_emb"] in (HALF, HALF_PARTIAL)
-    )
+    """The ``model_type`` values ``apply_posenc(extension=...)`` can take (one rotation, of
+    half-split pairs or Llama-4's interleaved ones: :func:`~posenc.hf.extension.extension_layout`)."""
+    return sorted(t for t, (_, rotations) in SUPPORTED.items() if extension_layout(rotations))
 
 
 def extension_shadow_for(model_type: str, backend: str) -> types.ModuleType:
     """The shadow of ``model_type``'s modeling module for an extended model: no rotation before
     the cache, and posenc's extension attention (:mod:`posenc.hf.extension`)."""
-    modeling, _ = _modeling(model_type)
-    overrides = {k: v for k, v in EXTENSION_OVERRIDES.items() if hasattr(modeling, k)}
+    modeling, rotations = _modeling(model_type)
+    overrides = {k: v for k, v in extension_overrides(rotations).items() if hasattr(modeling, k)}
     return shadow_module(modeling, f"{backend}_extension", overrides)
 
 
@@ -477,6 +525,7 @@ def _rotary_swaps(
 ) -> list[tuple[nn.Module, str, nn.Module]]:
     """``(parent, attribute, posenc module)`` for each text rotary module of the model (with
     the config's own scaling where ``scaling`` is None)."""
+    _check_scalable(_model_type(model), rotations, scaling)
     table_layout = next(iter(rotations.values())).table_layout
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     for parent in model.modules():

@@ -32,6 +32,12 @@ class Rotation:
     # One tensor, ``f(x, cos, sin, unsqueeze_dim=1)``, rotated on its *trailing* r channels
     # (``[nope | rope]`` heads; DeepSeek-V4, whose attention also calls it with ``-sin``).
     trailing: bool = False
+    # One tensor, ``f(x, cos, sin, unsqueeze_dim=1)``, rotated on its *leading* r channels
+    # (Gemma-3n, which rotates queries and keys by separate calls).
+    single: bool = False
+    # Llama-4's ``apply_rotary_emb(xq, xk, freqs_cis)``: ``[b, s, h, d]`` tensors and one complex
+    # table ``[b, s, r/2]`` (cos + i sin, the rotary's attention scaling folded in).
+    freqs_cis: bool = False
 
 
 HALF = Rotation()
@@ -47,6 +53,10 @@ GLM4V = Rotation(interleaved=True, table_layout="repeat", partial=True)
 GPT_OSS = Rotation(table_layout="half")
 # DeepSeek-V4: one column per pair (its rotary's output), interleaved pairs, trailing slice.
 DEEPSEEK_V4 = Rotation(interleaved=True, table_layout="half", trailing=True)
+# Gemma-3n: one tensor, half-split pairs, cat(freqs, freqs) tables.
+GEMMA3N = Rotation(single=True)
+# Llama-4: interleaved pairs, one complex column per pair.
+LLAMA4 = Rotation(interleaved=True, table_layout="half", freqs_cis=True)
 
 _STANDARD = {"apply_rotary_pos_emb": HALF}
 _Entry = tuple[str, dict[str, Rotation]]
@@ -71,6 +81,9 @@ SUPPORTED: dict[str, _Entry] = {
     "qwen2_5_omni_text": ("qwen2_5_omni", _STANDARD),
     "qwen3_omni_moe_text": ("qwen3_omni_moe", _STANDARD),  # its float32 positions: see rotary.py
     "glm4v_text": ("glm4v", {"apply_rotary_pos_emb": GLM4V}),
+    "qwen3_next": ("qwen3_next", {"apply_rotary_pos_emb": HALF_PARTIAL}),  # beside linear layers
+    "gemma3n_text": ("gemma3n", {"apply_rotary_pos_emb": GEMMA3N}),
+    "llama4_text": ("llama4", {"apply_rotary_emb": LLAMA4}),
     "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "cohere": ("cohere", {"apply_rotary_pos_emb": COHERE}),

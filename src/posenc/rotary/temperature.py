@@ -7,9 +7,15 @@ sequence by multiplying each query by a scale that grows with the log of its pos
                                                                    ``L = original_max_position_embeddings``)
     llama4_temperature  log1p(floor((p + 1) / L)) * beta + 1      Llama-4 NoPE layers
                                                                    (``attn_scale``, ``L = floor_scale``)
+    logn                max(1, log(p + 1) / log(L))               Su's log n (inference-time,
+                                                                   ``L`` the trained length)
 
 Both are 1 for the first ``L`` positions (resp. ``L - 1``), then step up by ``beta * log(k + 1)``
-every ``L`` positions. They act on the queries only, after the rotation (Ministral-3, every layer)
+every ``L`` positions; ``logn`` is 1 up to ``p = L - 1`` and grows as ``log_L(p + 1)`` past it
+(a query at ``p`` attends to ``p + 1`` keys: its logits are sharpened by the log of that count
+relative to the trained one, which keeps the attention's entropy near what training saw; Su
+Jianlin, kexue.fm 8823 and 9706 "log n†", as bojone/rerope's patches apply it:
+``q *= ((position_ids + 1).log() / log(training_length)).clip(1)``). They act on the queries only, after the rotation (Ministral-3, every layer)
 or instead of it (Llama-4: the layers without RoPE). The two are kept as separate formulas because
 transformers evaluates them in different operation orders (``log(1 + x)`` vs ``log1p(x)``, scale
 cast before vs after the product), which differ in the last float32 ulp.
@@ -27,7 +33,7 @@ import torch
 from .._checks import check_positions, default_positions
 from .._context import ScoreContext
 
-TEMPERATURE_KINDS = ("llama4_scaling", "llama4_temperature")
+TEMPERATURE_KINDS = ("llama4_scaling", "llama4_temperature", "logn")
 
 
 def llama4_scaling_scale(positions: torch.Tensor, beta: float, length: int) -> torch.Tensor:
@@ -57,16 +63,31 @@ def _llama4_temperature_scale(positions: torch.Tensor, beta: float, length: int)
     return torch.log1p(torch.floor((positions.float() + 1.0) / length)) * beta + 1.0
 
 
+def logn_scale(positions: torch.Tensor, length: int) -> torch.Tensor:
+    """Su's log-n query scale ``max(1, ln(p + 1) / ln(length))``, float32.
+
+    Shapes: ``positions [*]`` integer (``position_ids``) -> ``[*]``. The operations of
+    bojone/rerope's ``rerope_patch.py``: the log of ``p + 1`` in float32, divided by the
+    double ``log(length)``, clipped at 1.
+    """
+    return _logn_scale(check_positions(positions), length)
+
+
+def _logn_scale(positions: torch.Tensor, length: int) -> torch.Tensor:
+    return (torch.log((positions + 1).float()) / math.log(length)).clamp(min=1.0)
+
+
 @dataclass(frozen=True)
 class QueryTemperature:
     """A per-position query scale and the layers it applies to.
 
     Attributes:
-        kind: ``"llama4_scaling"`` (Ministral-3) or ``"llama4_temperature"`` (Llama-4), see the
-            module docstring for the formulas.
-        beta: the log slope (``llama_4_scaling_beta`` or ``attn_scale``).
+        kind: ``"llama4_scaling"`` (Ministral-3), ``"llama4_temperature"`` (Llama-4) or
+            ``"logn"`` (Su's log n), see the module docstring for the formulas.
+        beta: the log slope (``llama_4_scaling_beta`` or ``attn_scale``; ``logn`` has none:
+            1.0).
         length: the step length ``L`` in positions (``original_max_position_embeddings`` or
-            ``floor_scale``).
+            ``floor_scale``; for ``logn`` the trained length, at least 2).
         layers: indices of the decoder layers that scale their queries, or None for every layer.
 
     Which positions: Ministral-3 uses the tokens' ``position_ids`` (left padding shifts them);
@@ -87,6 +108,11 @@ class QueryTemperature:
             raise ValueError(f"beta must be a finite number, got {beta!r}")
         if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
             raise ValueError(f"length must be a positive integer, got {self.length!r}")
+        if self.kind == "logn" and (self.beta != 1.0 or self.length < 2):
+            raise ValueError(
+                f"logn takes no slope (beta 1.0) and a trained length >= 2, got beta "
+                f"{self.beta!r} and length {self.length!r}"
+            )
 
     def applies_to(self, layer_idx: int) -> bool:
         """Whether decoder layer ``layer_idx`` scales its queries."""
@@ -100,13 +126,15 @@ class QueryTemperature:
         """:meth:`scale` of checked positions."""
         if self.kind == "llama4_scaling":
             return _llama4_scaling_scale(positions, self.beta, self.length)
+        if self.kind == "logn":
+            return _logn_scale(positions, self.length)
         return _llama4_temperature_scale(positions, self.beta, self.length)
 
     def forward(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Scale queries ``q [b, h, s, d]`` by the scale of ``positions [s]`` or ``[b, s]``.
 
-        Returns a new tensor of ``q``'s dtype. The cast follows transformers: Ministral-3 casts the
-        scale to ``q.dtype`` before the product, Llama-4 multiplies in float32 and casts after.
+        Returns a new tensor of ``q``'s dtype. The cast follows transformers: Ministral-3 (and ``logn``,
+        as its authors) casts the scale to ``q.dtype`` before the product, Llama-4 multiplies in float32 and casts after.
         """
         if q.dim() != 4:
             raise ValueError(f"q must be 4-D [b, h, s, d], got shape {tuple(q.shape)}")
@@ -121,7 +149,7 @@ class QueryTemperature:
         """:meth:`forward` of checked ``positions [s]|[b, s]`` (ending in ``q``'s length)."""
         scale = self._scale(positions)  # [s] or [b, s]
         scale = scale[:, None] if scale.dim() == 1 else scale[:, None, :, None]  # [s,1]|[b,1,s,1]
-        if self.kind == "llama4_scaling":
+        if self.kind != "llama4_temperature":
             return q * scale.to(q.dtype)
         return (q * scale).to(q.dtype)
 

@@ -1,27 +1,19 @@
-"""Self-Extend and Dual Chunk Attention: attention over disjoint key sets, each with its own
-positions, in memory linear in the key length.
+"""Attention over disjoint key sets, each with its own positions, in memory linear in the key
+length: the reference path of every method of :mod:`.keysets` (Self-Extend, Dual Chunk Attention,
+STRING, ReRoPE, Leaky ReRoPE, log-n).
 
-Both methods keep the model's RoPE and change which positions a query and a key are rotated by,
-according to which *set* the key falls in relative to the query:
-
-* **Self-Extend** (Jin et al. 2024, "LLM Maybe LongLM"): keys within ``W`` positions of the
-  query (the neighbour window) use the normal positions ``i`` and ``j``; farther keys use grouped
-  positions, query ``i // G + W - W // G`` and key ``j // G``, so the largest relative distance
-  a model sees stays near ``W + (L - W) / G``. One softmax spans both sets.
-* **Dual Chunk Attention** (An et al. 2024, "Training-Free Long-Context Scaling of LLMs";
-  the rules of the authors' ChunkLlama and of vLLM's ``DualChunkRotaryEmbedding``): positions
-  are cut into chunks of ``c = chunk_size - local_size``; a key at position ``j`` is rotated by
-  ``j % c``; a query at ``i`` attends to keys of its own chunk with position ``i % c``
-  (intra-chunk, causal), to the previous chunk with ``min(i % c + c, chunk_size)``
-  (successive-chunk: true distances to its neighbours, capped at ``chunk_size``), and to all
-  earlier chunks with the constant ``min(2c - 1, chunk_size)`` (inter-chunk).
+A method keeps the model's RoPE and changes which positions (and frequencies) a query and a key
+are rotated by, according to which *set* the key falls in relative to the query
+(:class:`~posenc.extend.methods.keysets.KeySets`: the sets, their bands and position rules).
 
 A softmax over the union of disjoint key sets equals the log-sum-exp merge of the softmaxes over
 each set (ChunkLlama's and flash-attn's merge of partial outputs); here the merge is done exactly
 by computing, for a block of query rows at a time, each set's logits only where that set can hold
 keys (its band of distances), choosing per key the logit of the set it belongs to, and taking one
 float32 softmax. Memory is ``O(rows * t)`` per block, never the ``s x t`` logit matrix; the
-result is the same as the papers' full-matrix code.
+result is the same as the papers' full-matrix code. A learned attention sink (gpt-oss's
+``sinks``, one logit per head with no value) is one more term of that softmax's denominator, as
+transformers' eager attention has it.
 
 This explicit path is the reference: :mod:`posenc.extend.methods.fused` computes the same attention as
 one fused kernel call per key set merged by log-sum-exp (tested against this path), and falls
@@ -41,11 +33,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ...functional.rotary import angles_cos_sin
 from ...kernels.reference import apply_rotary_reference
+from .keysets import KeySets, positions, prepared
 
 #: Logit elements one block of query rows may hold per key set (float32: 64 MiB).
 BLOCK_ELEMENTS = 1 << 24
@@ -101,6 +95,18 @@ def _logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     return out.mul_(scale).view(b, h, r, -1)  # [b, h, r, n]
 
 
+def _softmax(logits: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim of float32 ``logits [b, h, r, n]``, with one more term
+    ``exp(sinks[h])`` in each row's denominator where ``sinks [h]`` is given (a sink: a logit
+    with no value, whose weight is dropped), as transformers' eager attention with ``sinks``."""
+    if sinks is None:
+        return torch.softmax(logits, dim=-1)
+    sink = sinks.float().view(1, -1, 1, 1)  # [1, h, 1, 1]
+    top = torch.maximum(logits.amax(dim=-1, keepdim=True), sink)  # [b, h, r, 1]
+    probs = torch.exp(logits - top)
+    return probs.div_(probs.sum(dim=-1, keepdim=True) + torch.exp(sink - top))
+
+
 def set_attention(
     sets: list[KeySet],
     v: torch.Tensor,
@@ -109,6 +115,7 @@ def set_attention(
     keep: torch.Tensor | None,
     scale: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention in which each (query, key) pair takes its logit from the set ``which`` names.
 
@@ -116,7 +123,8 @@ def set_attention(
     later than the query (by position) and keys ``keep`` drops get no weight. ``softcap``:
     Gemma-2's ``cap * tanh(logit / cap)`` on each scaled logit before the mask (as transformers'
     eager attention), elementwise, so applying it to the chosen logits is applying it per set.
-    Returns ``[b, h, s, d]`` in ``v``'s dtype.
+    ``sinks [h]``: learned sink logits (:func:`_softmax`). Returns ``[b, h, s, d]`` in ``v``'s
+    dtype.
     """
     b, h, s, _d = sets[0].q.shape
     t, hk = v.shape[2], v.shape[1]
@@ -145,89 +153,56 @@ def set_attention(
         # The dtype's lowest value, not -inf: a padded query row with no visible key then gets
         # uniform weights (as transformers' eager path gives it), not NaN.
         logits.masked_fill_(~visible, lowest)
-        probs = torch.softmax(logits, dim=-1).to(v.dtype)  # [b, h, r, end]
+        probs = _softmax(logits, sinks).to(v.dtype)  # [b, h, r, end]
         pg = probs.view(b, hk, (h // hk) * (r1 - r0), end)  # [b, hk, g r, end]
         pv = torch.matmul(pg, v[:, :, :end])  # [b, hk, g r, d]
         out[:, :, r0:r1] = pv.view(b, h, r1 - r0, -1)  # [b, h, r, d]
     return out
 
 
-# --- the two methods ---------------------------------------------------------------------------
+def rotated_sets(
+    sets: KeySets, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, **rope: Any
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each set's ``(queries, keys)`` rotated by its rules (:func:`rotate`; ``rope``:
+    ``inv_freq`` and optionally ``attention_scaling``, ``layout``); sets whose key rule and
+    frequencies are one share one rotation of the keys (DCA's three, STRING's two)."""
+    k_pos = key_positions(q_pos, k.shape[2])  # [b, t]
+    inv_freq = rope.pop("inv_freq")
+    keys: dict[tuple[int, int], torch.Tensor] = {}
+    out = []
+    for rule in sets.sets:
+        freqs = inv_freq / rule.divide if rule.divide != 1 else inv_freq
+        shared = (id(rule.key), rule.divide)
+        if shared not in keys:
+            keys[shared] = rotate(k, positions(rule.key, k_pos), freqs, **rope)
+        out.append((rotate(q, positions(rule.query, q_pos), freqs, **rope), keys[shared]))
+    return out
 
 
-def self_extend_attention(
+def keyset_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     q_pos: torch.Tensor,
     *,
+    sets: KeySets,
     inv_freq: torch.Tensor,
-    group_size: int,
-    neighbor_window: int,
     scale: float,
     keep: torch.Tensor | None = None,
     attention_scaling: float = 1.0,
     layout: str = "half",
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Self-Extend attention (see the module docstring): ``[b, h, s, d]`` from unrotated
+    """The attention of the method ``sets`` defines: ``[b, h, s, d]`` from unrotated
     ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` and query positions ``q_pos [b, s]``."""
-    g, w = group_size, neighbor_window
-    k_pos = key_positions(q_pos, k.shape[2])  # [b, t]
-    grouped_q = q_pos // g + (w - w // g)  # [b, s]: the paper's shift keeps distance w at w
-    sets = [
-        KeySet(
-            rotate(q, grouped_q, inv_freq, attention_scaling, layout),
-            rotate(k, k_pos // g, inv_freq, attention_scaling, layout),
-            None,
-        ),
-        KeySet(
-            rotate(q, q_pos, inv_freq, attention_scaling, layout),
-            rotate(k, k_pos, inv_freq, attention_scaling, layout),
-            w - 1,
-        ),
-    ]
+    q, scale = prepared(sets, q, q_pos, scale)
+    rope = {"inv_freq": inv_freq, "attention_scaling": attention_scaling, "layout": layout}
+    rotated = rotated_sets(sets, q, k, q_pos, **rope)
+    ks = [KeySet(qr, kr, rule.max_distance(sets.unit)) for (qr, kr), rule in zip(
+        rotated, sets.sets, strict=True)]  # fmt: skip
 
     def which(dist: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
-        return (dist < w).long()  # 1: the neighbour window, 0: grouped
+        return sets.which(qp, kp)
 
-    return set_attention(sets, v, q_pos, which, keep, scale, softcap)
-
-
-def dual_chunk_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_pos: torch.Tensor,
-    *,
-    inv_freq: torch.Tensor,
-    chunk_size: int,
-    local_size: int,
-    scale: float,
-    keep: torch.Tensor | None = None,
-    attention_scaling: float = 1.0,
-    layout: str = "half",
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """Dual Chunk Attention (see the module docstring): ``[b, h, s, d]`` from unrotated
-    ``q [b, h, s, d]``, ``k, v [b, hk, t, d]`` and query positions ``q_pos [b, s]``."""
-    c = chunk_size - local_size  # the chunk length
-    k_pos = key_positions(q_pos, k.shape[2])  # [b, t]
-    keys = rotate(k, k_pos % c, inv_freq, attention_scaling, layout)  # [b, hk, t, d]
-    inter = torch.full_like(q_pos, min(2 * c - 1, chunk_size))  # [b, s]: one position for all
-    sets = [
-        KeySet(rotate(q, inter, inv_freq, attention_scaling, layout), keys, None),
-        KeySet(rotate(q, q_pos % c, inv_freq, attention_scaling, layout), keys, c - 1),
-        KeySet(
-            rotate(q, (q_pos % c + c).clamp(max=chunk_size), inv_freq, attention_scaling, layout),
-            keys,
-            2 * c - 1,
-        ),
-    ]
-
-    def which(dist: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
-        apart = qp[:, :, None] // c - kp[:, None, :] // c  # [b, r, n]: chunks between them
-        # 0 same chunk -> set 1 (intra); 1 -> set 2 (successive); >= 2 -> set 0 (inter)
-        return torch.where(apart == 0, 1, torch.where(apart == 1, 2, 0))
-
-    return set_attention(sets, v, q_pos, which, keep, scale, softcap)
+    return set_attention(ks, v, q_pos, which, keep, scale, softcap, sinks)

@@ -4,8 +4,9 @@ The weights are written as loaded (a GGUF model dequantized, as transformers loa
 tokenizer beside them, and ``config.json`` with the chosen method as transformers'
 ``rope_parameters`` and ``max_position_embeddings`` raised to the target length. posenc's own
 ``ntk`` (static NTK-aware scaling) is written as what it is, the default RoPE with the base
-``theta * factor ** (d / (d - 2))``. Methods that change attention itself (``self_extend``,
-``dual_chunk``) have no transformers config: they are refused here, and need ``apply_posenc``.
+``theta * factor ** (d / (d - 2))``. Methods that change attention itself (the key-set
+methods: ``self_extend``, ``dual_chunk``, ``string``, ``rerope``, ``leaky_rerope``, ``logn``) have
+no transformers config: they are refused here, and need ``apply_posenc``.
 
 The folder is written aside (a uniquely named temporary folder beside it) and renamed into place
 (:func:`~posenc.runs.atomic.folder_written_aside`): an interrupted export leaves no half-written

@@ -1,7 +1,7 @@
-"""Self-Extend and Dual Chunk Attention as FlexAttention calls over disjoint key sets, merged
+"""Every key-set method (:mod:`.keysets`) as FlexAttention calls over disjoint key sets, merged
 once by their log-sum-exp: the path meant for CUDA under ``torch.compile``.
 
-The three implementations compute the same attention (see :mod:`posenc.extend.methods.explicit` for
+The three implementations compute the same attention (see :mod:`posenc.extend.methods.keysets` for
 the methods' rules):
 
 * :mod:`posenc.extend.methods.explicit`, the explicit reference: per block of query rows, each set's
@@ -12,16 +12,11 @@ the methods' rules):
   keys (:func:`posenc.extend.methods.explicit.rotate`) and a ``BlockMask`` whose ``mask_mod`` says,
   from the positions, which (query, key) pairs belong to the set (and ``keep`` allows); the
   partial outputs are merged by :func:`posenc.extend.methods.merge.merge` with the log-sum-exp each
-  call returns. The sets:
+  call returns (and a learned sink's). Each set of a definition is one call: the pairs whose
+  ``i // unit - j // unit`` is in the set's ``[lo, hi)`` (Self-Extend's near and far sets by
+  distance, DCA's intra, successive and inter chunks, ...).
 
-  * **Self-Extend**: neighbour (``0 <= i - j < W``, positions ``i``, ``j``) and grouped
-    (``i - j >= W``, positions ``i // G + W - W // G`` and ``j // G``);
-  * **DCA**, by ``apart = i // c - j // c`` (chunks between query and key, ``c = chunk_size -
-    local_size``), keys at ``j % c``: intra (``apart == 0``, query at ``i % c``), successive
-    (``apart == 1``, query at ``min(i % c + c, chunk_size)``) and inter (``apart >= 2``, query at
-    ``min(2c - 1, chunk_size)``).
-
-  The block masks skip every key block a set cannot reach (a band for the neighbour, intra and
+  The block masks skip every key block a set cannot reach (a band for the near, intra and
   successive sets), which is where the compiled kernel saves work; the eager ``flex_attention``
   computes every score densely (the correctness reference on the CPU).
 
@@ -70,7 +65,8 @@ from typing import Any
 import torch
 
 from . import explicit
-from .explicit import key_positions, rotate
+from .explicit import key_positions, rotated_sets
+from .keysets import KeySets, prepared
 from .merge import Part, merge
 
 #: None: ``torch.compile(flex_attention)`` on CUDA, the eager (dense) one elsewhere; True or
@@ -237,11 +233,15 @@ def _no_key_rows(v: torch.Tensor, h: int, s: int) -> torch.Tensor:
     return prefix[:, :, end - 1] / end[:, None].to(prefix.dtype)  # [b, hk, s, d]
 
 
-def _merged(parts: list[Part], v: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """The parts merged by log-sum-exp; rows that saw no key in any set as the explicit path
-    has them (only ``keep`` can hide every key: by position a query sees its own slot)."""
-    if keep is None:
-        return merge(parts).to(v.dtype)
+def _merged(
+    parts: list[Part], v: torch.Tensor, keep: torch.Tensor | None, sinks: torch.Tensor | None
+) -> torch.Tensor:
+    """The parts merged by log-sum-exp (and ``sinks [h]``, :func:`~posenc.extend.methods.merge.merge`);
+    rows that saw no key in any set as the explicit path has them (only ``keep`` can hide every
+    key: by position a query sees its own slot): with a sink, all weight on the sink (output 0,
+    which the merge gives: the sink's log-sum-exp is finite)."""
+    if keep is None or sinks is not None:
+        return merge(parts, sinks).to(v.dtype)
     empty = torch.stack([torch.isneginf(lse) for _, lse in parts]).all(0)  # [b, h, s]
     # Every lse -inf would make the merge's weights exp(-inf - -inf) = NaN: give the first
     # part (output 0 there) the weight 1, so no NaN exists even where it is replaced.
@@ -254,92 +254,36 @@ def _merged(parts: list[Part], v: torch.Tensor, keep: torch.Tensor | None) -> to
     return grouped.view(b, h, s, d).to(v.dtype)
 
 
-# --- the two methods ---------------------------------------------------------------------------
+# --- the key sets -------------------------------------------------------------------------------
 
 
-def self_extend_flex(
+def keyset_flex(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     q_pos: torch.Tensor,
     *,
-    inv_freq: torch.Tensor,
-    group_size: int,
-    neighbor_window: int,
+    sets: KeySets,
     scale: float,
     keep: torch.Tensor | None = None,
-    attention_scaling: float = 1.0,
-    layout: str = "half",
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    **rope: Any,
 ) -> torch.Tensor:
-    """Self-Extend by two FlexAttention calls (module docstring), the signature of
-    :func:`posenc.extend.methods.explicit.self_extend_attention`: unrotated ``q [b, h, s, d]``,
+    """The method ``sets`` defines by one FlexAttention call per set (module docstring), as
+    :func:`posenc.extend.methods.explicit.keyset_attention` takes it (``rope``: ``inv_freq``
+    and optionally ``attention_scaling``, ``layout``): unrotated ``q [b, h, s, d]``,
     ``k, v [b, hk, t, d]``, ``q_pos [b, s]`` -> ``[b, h, s, d]``."""
-    g, w = group_size, neighbor_window
     q_pos, seen = _inputs(q, k, q_pos, keep)
+    q, scale = prepared(sets, q, q_pos, scale)
     k_pos = key_positions(q_pos, k.shape[2])  # [b, t]
-    rope: dict[str, Any] = {"attention_scaling": attention_scaling, "layout": layout}
-    near = _mask_mod(q_pos, k_pos, seen, 1, 0, w)  # distance 0 .. w - 1
-    far = _mask_mod(q_pos, k_pos, seen, 1, w, UNBOUNDED)  # distance w ..
-    grouped_q = q_pos // g + (w - w // g)  # [b, s]: the paper's shift keeps distance w at w
-
-    def part(qp: torch.Tensor, kp: torch.Tensor, mod: MaskMod) -> Part:
-        """One set: queries rotated by ``qp [b, s]``, keys by ``kp [b, t]``."""
-        qr, kr = rotate(q, qp, inv_freq, **rope), rotate(k, kp, inv_freq, **rope)
-        return _call(qr, kr, v, mod, scale, softcap)
-
-    parts = [part(q_pos, k_pos, near), part(grouped_q, k_pos // g, far)]
-    return _merged(parts, v, keep)
-
-
-def _dca_positions(q_pos: torch.Tensor, chunk_size: int, c: int) -> list[torch.Tensor]:
-    """DCA's query positions per set, ``[b, s]`` each: intra ``i % c``, successive
-    ``min(i % c + c, chunk_size)``, inter ``min(2c - 1, chunk_size)`` for every query."""
-    return [
-        q_pos % c,
-        (q_pos % c + c).clamp(max=chunk_size),
-        torch.full_like(q_pos, min(2 * c - 1, chunk_size)),
-    ]
-
-
-def dual_chunk_flex(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_pos: torch.Tensor,
-    *,
-    inv_freq: torch.Tensor,
-    chunk_size: int,
-    local_size: int,
-    scale: float,
-    keep: torch.Tensor | None = None,
-    attention_scaling: float = 1.0,
-    layout: str = "half",
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """Dual Chunk Attention by three FlexAttention calls (module docstring), the signature of
-    :func:`posenc.extend.methods.explicit.dual_chunk_attention`: unrotated ``q [b, h, s, d]``,
-    ``k, v [b, hk, t, d]``, ``q_pos [b, s]`` -> ``[b, h, s, d]``."""
-    c = chunk_size - local_size  # the chunk length
-    q_pos, seen = _inputs(q, k, q_pos, keep)
-    k_pos = key_positions(q_pos, k.shape[2])  # [b, t]
-    rope: dict[str, Any] = {"attention_scaling": attention_scaling, "layout": layout}
-    keys = rotate(k, k_pos % c, inv_freq, **rope)  # [b, hk, t, d]: every set's keys
-    # chunks between query and key: intra 0, successive 1, inter 2 and more
-    bands = [(0, 1), (1, 2), (2, UNBOUNDED)]
-    sets = zip(_dca_positions(q_pos, chunk_size, c), bands, strict=True)
+    rotated = rotated_sets(sets, q, k, q_pos, **rope)
     parts = [
-        _call(
-            rotate(q, pos, inv_freq, **rope),
-            keys,
-            v,
-            _mask_mod(q_pos, k_pos, seen, c, lo, hi),
-            scale,
-            softcap,
-        )
-        for pos, (lo, hi) in sets
-    ]
-    return _merged(parts, v, keep)
+        _call(qr, kr, v, _mask_mod(q_pos, k_pos, seen, sets.unit, rule.lo, rule.hi or UNBOUNDED),
+              scale, softcap)
+        for (qr, kr), rule in zip(rotated, sets.sets, strict=True)
+    ]  # fmt: skip
+    return _merged(parts, v, keep, sinks)
 
 
-__all__ = ["COMPILED", "dual_chunk_flex", "self_extend_flex"]
+__all__ = ["COMPILED", "keyset_flex"]

@@ -1,34 +1,38 @@
-"""Self-Extend and Dual Chunk Attention as fused attention calls over disjoint key sets, merged
-once by their log-sum-exp.
+"""Every key-set method (:mod:`.keysets`) as fused attention calls over disjoint key sets,
+merged once by their log-sum-exp.
 
 A softmax over the union of disjoint key sets is the merge of the softmaxes over each set, each
 partial output weighted by ``exp(lse_set - lse_union)`` (flash-attn's and ChunkLlama's
-``merge_attn_outputs``). Here each set is one call of PyTorch's CPU flash kernel
-(``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the output and the
-log-sum-exp of the scaled logits, takes GQA key heads as they are, a float additive mask, and
-``is_causal`` aligned top-left) over a *contiguous slice of the keys*, so that no set needs more
-than causality or one small band mask:
+``merge_attn_outputs``; a learned sink is one more log-sum-exp with no output). Here each set is
+one call of PyTorch's CPU flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu``,
+which returns the output and the log-sum-exp of the scaled logits, takes GQA key heads as they
+are, a float additive mask, and ``is_causal`` aligned top-left) over a *contiguous slice of the
+keys*, so that no set needs more than causality or one small mask. Three shapes of key sets:
 
-* **Self-Extend**, per block of query slots ``[q0, q1)`` (cut at ``W``, so a block lies either
-  wholly before ``W``, where every key is a neighbour, or wholly after it):
-  the neighbour set, keys ``[q0 - W + 1, q1)`` with the band mask ``0 <= i - j < W`` (one
-  ``[B, B + W - 1]`` mask, the same for every block); the grouped set, keys ``[0, q0 - W)``
-  (every row sees all of them) and keys ``[q0 - W, q1 - W)`` with ``is_causal`` (row ``i`` sees
-  ``j <= i - W``).
-* **Dual Chunk Attention**, per chunk of query slots: intra-chunk, keys from the chunk's start to
-  ``q0`` (all visible) and ``[q0, q1)`` with ``is_causal``; successive-chunk, the previous chunk
-  (all visible); inter-chunk, keys ``[0, chunk start - c)`` (all visible).
+* **a near and a far set by distance** (Self-Extend, STRING, ReRoPE, Leaky ReRoPE: near
+  ``0 <= i - j < w``, far ``i - j >= w``), per block of query slots ``[q0, q1)`` (cut at ``w``,
+  so a block lies either wholly before ``w``, where every key is near, or wholly after it):
+  the near set, keys ``[q0 - w + 1, q1)``, with the band mask ``0 <= i - j < w`` (one
+  ``[B, B + w - 1]`` mask) where ``w`` is at most the block's ``B`` rows, else (STRING's ``S``
+  is a third of the trained length) as three calls that need no mask wider than ``B``: keys
+  ``[q0, q1)`` with ``is_causal``, ``[q0 - w + 1, q1 - w + 1)`` with the ``[B, B]`` mask "row
+  ``r`` sees column ``c >= r``", and ``[q1 - w + 1, q0)`` all visible; the far set, keys ``[0,
+  q0 - w)`` (every row sees all of them) and keys ``[q0 - w, q1 - w)`` with ``is_causal`` (row
+  ``i`` sees ``j <= i - w``).
+* **sets by chunk** (Dual Chunk Attention: bands of ``i // c - j // c``), per chunk of query
+  slots: a band ``[lo, hi)`` is the keys of chunks ``n - hi + 1 .. n - lo`` (all visible), and
+  for ``lo = 0`` the query's own chunk up to the query (``is_causal``).
+* **one set** (log-n alone): every key up to the query.
 
 Every row of every call has at least one visible key (the kernel returns a log-sum-exp of 0,
 not -inf, for a row with none, and fails on zero keys, so empty sets are never called).
 Memory: the rotated queries and keys (as the explicit path), one block's partial outputs, and
-the band mask; never an ``s x t`` matrix.
+the masks; never an ``s x t`` matrix.
 
-:func:`self_extend` and :func:`dual_chunk` choose the path: the fused one where it applies
-(:func:`fused_refusal`), else the explicit reference path of :mod:`posenc.extend.methods.explicit`
-(a soft cap, which the kernel cannot take; a padding mask; keys at negative positions; a device
-other than the CPU). :data:`PATH` forces one: ``"explicit"``, or ``"fused"`` (a refusal then
-raises).
+:func:`keyset` chooses the path: the fused one where it applies (:func:`fused_refusal`), else
+the explicit reference path of :mod:`posenc.extend.methods.explicit` (a soft cap, which the kernel
+cannot take; a padding mask; keys at negative positions; a device other than the CPU).
+:data:`PATH` forces one: ``"explicit"``, or ``"fused"`` (a refusal then raises).
 
 Shapes as in :mod:`posenc.extend.methods.explicit`: unrotated ``q [b, h, s, d]``, ``k, v [b, hk, t, d]``,
 ``q_pos [b, s]`` -> ``[b, h, s, d]``.
@@ -37,6 +41,7 @@ Shapes as in :mod:`posenc.extend.methods.explicit`: unrotated ``q [b, h, s, d]``
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,6 +52,7 @@ from ...kernels.reference import apply_rotary_reference
 from ...rotary.table_cache import TableCache, grown
 from . import explicit
 from .explicit import key_positions
+from .keysets import KeySets, Rule, positions, prepared
 from .merge import Part, merge
 
 #: ``"auto"`` (fused where it applies, else explicit), ``"fused"`` (raise where it does not),
@@ -55,7 +61,7 @@ from .merge import Part, merge
 PATH = "auto"
 PATHS = ("auto", "fused", "explicit", "flex")
 
-#: Query rows per Self-Extend block.
+#: Query rows per block of a near and a far set.
 BLOCK = 512
 
 
@@ -133,11 +139,34 @@ def _rotate(x: torch.Tensor, pos: torch.Tensor, rope: dict[str, Any]) -> torch.T
     return apply_rotary_reference(x, cos[0][pos][:, None], sin[0][pos][:, None], layout)
 
 
-# --- the two methods ---------------------------------------------------------------------------
+# --- the key sets --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a fused structure needs beside the queries, keys and positions of its batch rows."""
+
+    v: torch.Tensor  # [b, hk, t, d]
+    sets: KeySets
+    scale: float
+    sinks: torch.Tensor | None  # [h]
+    rope: dict[str, Any]  # inv_freq, attention_scaling, layout
+
+
+def _rope(rope: dict[str, Any], rule: Rule) -> dict[str, Any]:
+    """``rope`` with the frequencies of ``rule`` (the model's, divided by ``rule.divide``)."""
+    if rule.divide == 1:
+        return rope
+    return {**rope, "inv_freq": rope["inv_freq"] / rule.divide}
+
+
+def _keys(rule: Rule, k: torch.Tensor, k_pos: torch.Tensor, rope: dict[str, Any]) -> torch.Tensor:
+    """``k [b, hk, n, d]`` rotated by ``rule``'s key positions of ``k_pos [b, n]``."""
+    return _rotate(k, positions(rule.key, k_pos), _rope(rope, rule))
 
 
 def _band(rows: int, w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Additive ``[rows, rows + w - 1]`` mask of the neighbour set: row ``r`` sees key column
+    """Additive ``[rows, rows + w - 1]`` mask of the near set: row ``r`` sees key column
     ``e`` (key slot ``q0 - w + 1 + e``) iff ``r <= e <= r + w - 1``."""
     e = torch.arange(rows + w - 1, device=device)[None]
     r = torch.arange(rows, device=device)[:, None]
@@ -151,81 +180,167 @@ def _cuts(p0: int, t: int, w: int, rows: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
-def self_extend_fused(
+def _near(
     q: torch.Tensor,
-    k: torch.Tensor,
+    kn: torch.Tensor,
     v: torch.Tensor,
-    q_pos: torch.Tensor,
-    *,
-    group_size: int,
-    neighbor_window: int,
+    n0: int,
+    block: tuple[int, int],
+    w: int,
+    mask: torch.Tensor | None,
     scale: float,
-    **rope: Any,
-) -> torch.Tensor:
-    """Self-Extend by fused calls (module docstring); ``rope``: ``inv_freq`` and optionally
-    ``attention_scaling``, ``layout``."""
-    g, w = group_size, neighbor_window
+) -> list[Part]:
+    """Query slots ``block = [q0, q1)`` (``q0 >= w``; ``q`` its rows) over their near keys
+    ``[q0 - w + 1, q1)`` (``kn``: keys from slot ``n0``); ``mask``: the band (``w <= rows``) or
+    the ``[rows, rows]`` upper triangle (module docstring)."""
+    q0, q1 = block
+    lo, r = q0 - w + 1, q1 - q0
+
+    def call(a: int, b: int, causal: bool = False, m: torch.Tensor | None = None) -> Part:
+        return _call(q, kn[:, :, a - n0 : b - n0], v[:, :, a:b], scale, causal, m)
+
+    if r == 1 or mask is None:  # one query: every key of the window is seen
+        return [call(lo, q1)]
+    if w <= mask.shape[0]:  # the band, [r, r + w - 1]
+        return [call(lo, q1, m=mask[None, None, :r, : q1 - lo])]
+    parts = [call(q0, q1, causal=True), call(lo, lo + r, m=mask[None, None, :r, :r])]
+    if lo + r < q0:
+        parts.append(call(lo + r, q0))
+    return parts
+
+
+def _upper(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive ``[rows, rows]`` mask: row ``r`` sees column ``c`` iff ``c >= r``."""
+    seen = torch.ones(rows, rows, dtype=torch.bool, device=device).triu()
+    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))
+
+
+def _two_sets(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, job: _Job) -> torch.Tensor:
+    """A near and a far set by distance (module docstring)."""
+    v, scale, sinks, rope = job.v, job.scale, job.sinks, job.rope
+    far, near = job.sets.sets
+    w = int(near.hi)  # type: ignore[arg-type]
     s, t = q.shape[2], k.shape[2]
     p0 = t - s  # the first query's slot
     k_pos = key_positions(q_pos, t)  # [b, t]
-    # Each set's keys rotated where that set can reach them: neighbours from slot n0 (the first
-    # query's window), grouped keys below t - w (the last query's window).
-    n0, g1 = max(0, p0 - w + 1), max(0, t - w)
-    qn, kn = _rotate(q, q_pos, rope), _rotate(k[:, :, n0:], k_pos[:, n0:], rope)
-    qg = _rotate(q, q_pos // g + (w - w // g), rope)  # the grouped positions
-    kg = _rotate(k[:, :, :g1], k_pos[:, :g1] // g, rope) if g1 else k[:, :, :0]
+    # Each set's keys rotated where that set can reach them: near from slot n0 (the first
+    # query's window), far below t - w (the last query's window); once where they share a rule.
+    n0, f1 = max(0, p0 - w + 1), max(0, t - w)
+    if (near.key, near.divide) == (far.key, far.divide):
+        every = _keys(near, k, k_pos, rope)
+        kn, kf = every[:, :, n0:], every[:, :, :f1]
+    else:
+        kn = _keys(near, k[:, :, n0:], k_pos[:, n0:], rope)
+        kf = _keys(far, k[:, :, :f1], k_pos[:, :f1], rope) if f1 else k[:, :, :0]
+    qn = _rotate(q, positions(near.query, q_pos), _rope(rope, near))
+    qf = _rotate(q, positions(far.query, q_pos), _rope(rope, far))
     rows = min(BLOCK, s)
-    band = _band(rows, w, q.dtype, q.device) if t > w and s > 1 else None
+    mask = None
+    if t > w and s > 1:
+        mask = _band(rows, w, q.dtype, q.device) if w <= rows else _upper(rows, q.dtype, q.device)
     out = v.new_empty(*q.shape[:3], v.shape[-1])
     for q0, q1 in _cuts(p0, t, w, rows):
         r0, r1 = q0 - p0, q1 - p0
-        if q0 < w:  # every key up to the query is a neighbour
-            out[:, :, r0:r1] = merge(_until(qn[:, :, r0:r1], kn, v, 0, q0, q1, scale))
-            continue
-        lo = q0 - w + 1  # the neighbour set's first key, then grouped keys: j <= i - w
-        mask = None if band is None else band[None, None, : q1 - q0, : q1 - lo]
-        near = kn[:, :, lo - n0 : q1 - n0]  # [b, hk, q1 - lo, d]
-        parts = [_call(qn[:, :, r0:r1], near, v[:, :, lo:q1], scale, mask=mask)]
-        parts += _until(qg[:, :, r0:r1], kg, v, 0, q0 - w, q1 - w, scale)
-        out[:, :, r0:r1] = merge(parts)
+        if q0 < w:  # every key up to the query is near (and n0 is 0)
+            parts = _until(qn[:, :, r0:r1], kn, v, 0, q0, q1, scale)
+        else:
+            parts = _near(qn[:, :, r0:r1], kn, v, n0, (q0, q1), w, mask, scale)
+            parts += _until(qf[:, :, r0:r1], kf, v, 0, q0 - w, q1 - w, scale)
+        out[:, :, r0:r1] = merge(parts, sinks)
     return out
 
 
-def dual_chunk_fused(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_pos: torch.Tensor,
-    *,
-    chunk_size: int,
-    local_size: int,
-    scale: float,
-    **rope: Any,
-) -> torch.Tensor:
-    """Dual Chunk Attention by fused calls (module docstring), for batch rows whose positions
-    share one offset from their slots (:func:`dual_chunk` splits the others)."""
-    c = chunk_size - local_size
+def _chunks(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, job: _Job) -> torch.Tensor:
+    """Sets by chunk (module docstring), for batch rows whose positions share one offset from
+    their slots (:func:`keyset_fused` splits the others)."""
+    v, scale, sinks, rope = job.v, job.scale, job.sinks, job.rope
+    c = job.sets.unit
     s, t = q.shape[2], k.shape[2]
     p0 = t - s
     zero = t - 1 - int(q_pos[0, -1])  # the slot of position 0 (<= 0: keys have positions >= 0)
-    keys = _rotate(k, key_positions(q_pos, t) % c, rope)  # [b, hk, t, d]
-    intra = _rotate(q, q_pos % c, rope)
-    succ = _rotate(q, (q_pos % c + c).clamp(max=chunk_size), rope)
-    inter = _rotate(q, torch.full_like(q_pos, min(2 * c - 1, chunk_size)), rope)
+    k_pos = key_positions(q_pos, t)
+    keys: dict[tuple[Any, int], torch.Tensor] = {}
+    rotated = []
+    for rule in job.sets.sets:
+        if (rule.key, rule.divide) not in keys:
+            keys[rule.key, rule.divide] = _keys(rule, k, k_pos, rope)
+        qr = _rotate(q, positions(rule.query, q_pos), _rope(rope, rule))
+        rotated.append((rule, qr, keys[rule.key, rule.divide]))
     out = v.new_empty(*q.shape[:3], v.shape[-1])
     for n in range((p0 - zero) // c, (t - 1 - zero) // c + 1):
         start = zero + n * c  # the chunk's first slot
         q0, q1 = max(p0, start), min(t, start + c)
         r0, r1 = q0 - p0, q1 - p0
-        lo = max(0, start)
-        parts = _until(intra[:, :, r0:r1], keys, v, lo, q0, q1, scale)
-        prev = max(0, start - c)
-        if prev < lo:
-            parts.append(_call(succ[:, :, r0:r1], keys[:, :, prev:lo], v[:, :, prev:lo], scale))
-        if prev > 0:
-            parts.append(_call(inter[:, :, r0:r1], keys[:, :, :prev], v[:, :, :prev], scale))
-        out[:, :, r0:r1] = merge(parts)
+        parts: list[Part] = []
+        for rule, qr, kr in rotated:  # keys of chunks n - hi + 1 .. n - lo
+            first = 0 if rule.hi is None else max(0, start - (rule.hi - 1) * c)
+            if rule.lo == 0:  # the query's own chunk, causal
+                parts += _until(qr[:, :, r0:r1], kr, v, first, q0, q1, scale)
+                continue
+            last = max(0, start - (rule.lo - 1) * c)
+            if first < last:
+                parts.append(
+                    _call(qr[:, :, r0:r1], kr[:, :, first:last], v[:, :, first:last], scale)
+                )
+        out[:, :, r0:r1] = merge(parts, sinks)
     return out
+
+
+def _one_set(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, job: _Job) -> torch.Tensor:
+    """One set: every key up to the query, by its rule's positions."""
+    v, scale, rope = job.v, job.scale, job.rope
+    rule, t = job.sets.sets[0], k.shape[2]
+    qr = _rotate(q, positions(rule.query, q_pos), _rope(rope, rule))
+    kr = _keys(rule, k, key_positions(q_pos, t), rope)
+    return merge(_until(qr, kr, v, 0, t - q.shape[2], t, scale), job.sinks)
+
+
+def fused_shape(sets: KeySets) -> str | None:
+    """Which fused structure takes ``sets`` (``"two"``, ``"chunks"``, ``"one"``), or None."""
+    rules = sets.sets
+    if len(rules) == 1 and rules[0].lo == 0:
+        return "one"
+    if sets.unit > 1:
+        return "chunks"
+    if len(rules) == 2 and rules[1].lo == 0 and rules[0].lo == rules[1].hi and rules[0].lo > 0:
+        return "two"
+    return None
+
+
+_SHAPES = {"two": _two_sets, "chunks": _chunks, "one": _one_set}
+
+
+def keyset_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    scale: float,
+    sets: KeySets,
+    sinks: torch.Tensor | None = None,
+    **rope: Any,
+) -> torch.Tensor:
+    """The method ``sets`` defines by fused calls (module docstring); ``rope``: ``inv_freq``
+    and optionally ``attention_scaling``, ``layout``. Batch rows whose positions start at
+    different slots run one at a time where the sets are by chunk."""
+    q, scale = prepared(sets, q, q_pos, scale)
+    shape = fused_shape(sets)
+    if shape is None:
+        raise ValueError(f"the fused calls take no key sets of the shape of {sets.method}")
+    run = _SHAPES[shape]
+    last = q_pos[:, -1]
+    if shape != "chunks" or bool((last == last[0]).all()):
+        return run(q, k, q_pos, _Job(v, sets, scale, sinks, rope))
+    rows = [
+        run(
+            q[i : i + 1],
+            k[i : i + 1],
+            q_pos[i : i + 1],
+            _Job(v[i : i + 1], sets, scale, sinks, rope),
+        )
+        for i in range(q.shape[0])
+    ]
+    return torch.cat(rows)
 
 
 # --- the choice --------------------------------------------------------------------------------
@@ -270,6 +385,8 @@ def _choose(q: torch.Tensor, t: int, q_pos: torch.Tensor, options: dict[str, Any
     if PATH == "explicit":
         return False
     why = fused_refusal(q, t, q_pos, options.get("keep"), options.get("softcap"))
+    if why is None and fused_shape(options["sets"]) is None:
+        why = f"the fused calls take no key sets of the shape of {options['sets'].method}"
     if why is not None:
         if PATH == "fused":
             raise ValueError(f"posenc.extend.methods.fused.PATH is 'fused' but {why}")
@@ -292,31 +409,13 @@ def _flex() -> Any:
     return flex
 
 
-def self_extend(
+def keyset(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, **options: Any
 ) -> torch.Tensor:
-    """:func:`posenc.extend.methods.explicit.self_extend_attention`'s signature; fused where it applies."""
+    """:func:`posenc.extend.methods.explicit.keyset_attention`'s signature (``sets=`` the
+    method); fused where it applies, FlexAttention where :data:`PATH` says."""
     if (flex := _flex()) is not None:
-        return flex.self_extend_flex(q, k, v, q_pos, **options)
+        return flex.keyset_flex(q, k, v, q_pos, **options)
     if _choose(q, k.shape[2], q_pos, options):
-        return self_extend_fused(q, k, v, q_pos, **options)
-    return explicit.self_extend_attention(q, k, v, q_pos, **options)
-
-
-def dual_chunk(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, **options: Any
-) -> torch.Tensor:
-    """:func:`posenc.extend.methods.explicit.dual_chunk_attention`'s signature; fused where it applies
-    (batch rows whose positions start at different slots run one at a time)."""
-    if (flex := _flex()) is not None:
-        return flex.dual_chunk_flex(q, k, v, q_pos, **options)
-    if not _choose(q, k.shape[2], q_pos, options):
-        return explicit.dual_chunk_attention(q, k, v, q_pos, **options)
-    last = q_pos[:, -1]
-    if bool((last == last[0]).all()):
-        return dual_chunk_fused(q, k, v, q_pos, **options)
-    rows = [
-        dual_chunk_fused(q[i : i + 1], k[i : i + 1], v[i : i + 1], q_pos[i : i + 1], **options)
-        for i in range(q.shape[0])
-    ]
-    return torch.cat(rows)
+        return keyset_fused(q, k, v, q_pos, **options)
+    return explicit.keyset_attention(q, k, v, q_pos, **options)

@@ -7,9 +7,11 @@ separated by commas outside brackets::
 
 Names: ``none`` (the model as trained, extrapolating), every RoPE scaling type posenc and
 transformers share (``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``; options
-are that type's keys, the factor defaulting to target length / trained length), and the two
-attention methods ``self_extend`` and ``dual_chunk`` (:mod:`posenc.hf.extension`; defaults chosen
-so the largest position a query sees stays inside the trained length).
+are that type's keys, the factor defaulting to target length / trained length), and the attention
+methods over key sets ``self_extend``, ``dual_chunk``, ``string``, ``rerope``, ``leaky_rerope``
+and ``logn`` (:mod:`posenc.hf.extension`; defaults in
+:data:`~posenc.extend.methods.keysets.DEFAULTS`: the authors' where they give one, else chosen so
+the largest position a query sees stays inside the trained length).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from ...functional.rope_scaling import KEY_CHECKS, ROPE_SCALING, extension_scaling
 from ...hf.extension import EXTENSION_METHODS, extension_option, normalize_extension
 from ...hf.scaling import check_layers, is_keyed, scaling_by_layer_type
+from .keysets import DEFAULTS
 
 #: Beside a scaling whose every length is within the trained length: its factor is 1, so it is
 #: the model as trained (the same numbers as ``none``, not a measurement of the method).
@@ -149,16 +152,6 @@ class Resolved:
         return out
 
 
-def smallest_group(trained_len: int, target_len: int, window: int) -> int:
-    """Self-Extend's default group: the smallest ``G >= 2`` whose largest grouped query position,
-    ``(target - 1) // G + W - W // G``, is a position the model was trained on (``<= trained -
-    1``); when none is (a window as long as training), the group that comes nearest."""
-    for g in range(2, max(3, target_len + 1)):
-        if (target_len - 1) // g + window - window // g <= trained_len - 1:
-            return g
-    return max(2, target_len)
-
-
 def resolve(method: Method, trained_len: int, target_len: int, pairs: int) -> Resolved:
     """``method`` for a model trained at ``trained_len`` run at ``target_len`` with ``pairs``
     rotated pairs: the scaling dict or extension dict, defaults filled in."""
@@ -166,21 +159,11 @@ def resolve(method: Method, trained_len: int, target_len: int, pairs: int) -> Re
     opts = dict(method.options)
     if method.name == "none":
         return Resolved(method.label)
-    if method.name == "self_extend":
-        # Options as given (normalize_extension refuses a non-integer: never rounded here).
-        window = opts.pop("neighbor_window", max(1, trained_len // 4))
-        window = extension_option("self_extend", "neighbor_window", window)
-        group = opts.pop("group_size", None)
-        if group is None:
-            group = smallest_group(trained_len, target_len, window)
-        ext = {"method": "self_extend", "group_size": group, "neighbor_window": window}
-        return Resolved(method.label, extension=normalize_extension(ext))
-    if method.name == "dual_chunk":
-        chunk = opts.pop("chunk_size", trained_len * 3 // 4)  # ChunkLlama: 3/4 of training
-        chunk = extension_option("dual_chunk", "chunk_size", chunk)
-        local = opts.pop("local_size", max(1, chunk // 32))  # Qwen2.5-1M: 8192 of 262144
-        ext = {"method": "dual_chunk", "chunk_size": chunk, "local_size": local}
-        return Resolved(method.label, extension=normalize_extension(ext))
+    if method.name in DEFAULTS:
+        for key, value in opts.items():  # as given (never rounded), before defaults read them
+            check_option(method.name, key, value)
+        ext = {**opts, **DEFAULTS[method.name](opts, trained_len, target_len)}
+        return Resolved(method.label, extension=normalize_extension({"method": method.name, **ext}))
     layers = check_layers(opts.pop("layers", "auto"))
     given_factor = opts.pop("factor", None)
     used = factor if given_factor is None else float(given_factor)  # 0 is refused, not replaced

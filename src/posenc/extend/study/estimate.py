@@ -5,8 +5,8 @@ three after a warm-up) give seconds per floating-point operation on this machine
 that. Operations of a forward of ``L`` tokens: ``2 P L`` for the weights (``P`` parameters
 outside the embedding), ``2 vocab hidden L`` for the logits, and ``2 layers heads head_dim L^2``
 for causal attention (``q k^T`` and ``p v`` over half the matrix), the last times the method's
-measured attention cost (:data:`ATTENTION_COST`: Self-Extend and Dual Chunk Attention run an
-explicit path with two or three logit sets where the others run fused SDPA).
+measured attention cost (:data:`ATTENTION_COST`: the methods over key sets, Self-Extend, Dual
+Chunk Attention and the others, run two or three sets of calls where the others run fused SDPA).
 
 Memory: the weights, the activations of one layer at ``L`` tokens, the logits of one chunk, and
 the attention's working set (fused SDPA's blocks, or the extension path's blocks of logits, and
@@ -32,7 +32,16 @@ CALIBRATION_TOKENS = 1024
 #: Seconds of attention per causal-attention operation, relative to fused SDPA: fitted to
 #: SmolLM2-135M's 12,288-token forwards on the 2-core CPU host (none 136 s, Self-Extend 298 s,
 #: DCA 483 s on the same document; benchmarks/RESULTS.md) with the operation counts above.
-ATTENTION_COST = {"self_extend": 3.0, "dual_chunk": 5.0}
+#: STRING, ReRoPE, Leaky ReRoPE and log-n are not fitted: they run Self-Extend's fused calls (a
+#: near and a far set; log-n one set), so they take its cost.
+ATTENTION_COST = {
+    "self_extend": 3.0,
+    "dual_chunk": 5.0,
+    "string": 3.0,
+    "rerope": 3.0,
+    "leaky_rerope": 3.0,
+    "logn": 3.0,
+}
 
 
 @dataclass(frozen=True)

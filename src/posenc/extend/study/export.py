@@ -69,6 +69,7 @@ def export_run(run: str, *, method: str, out: str, length: int, model: str | Non
     every refusal (no study, another model, a folder in the way) before the model loads.
     ``model``: the study's model on this machine where its recorded path is not (checked)."""
     from ...cli_errors import check_can_write
+    from ...hf.extension import EXTENSION_METHODS
     from ..methods.export import export_model
     from ..methods.names import parse_method
     from ..model.load import load_model, model_identity, resolve_source, trained_length
@@ -87,7 +88,7 @@ def export_run(run: str, *, method: str, out: str, length: int, model: str | Non
     if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
         raise ValueError(f"{out!r} exists and is not an empty folder; nothing was written")
     check_can_write(Path(out), "--out")  # under a file, a read-only disk: before the load
-    if chosen.name in ("self_extend", "dual_chunk"):
+    if chosen.name in EXTENSION_METHODS:
         export_model(None, None, chosen, target, out)  # raises its refusal
     source = resolve_source(model) if model else locate(spec, Path(run))
     loaded, tokenizer = load_model(source, dtype=spec["dtype"])
