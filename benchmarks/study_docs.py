@@ -1,5 +1,5 @@
-"""Every generated block and figure of docs/real-model.md, and the READMEs' task summary, from
-the committed study rows.
+"""Every generated block and figure of docs/real-model.md, and the READMEs' short task summary,
+from the committed study rows.
 
 The studies run in pieces across sessions (``benchmarks/extend_smollm2_tasks.py``,
 ``benchmarks/extend_gemma3.py``); after each piece this one command rewrites the page's blocks
@@ -53,10 +53,12 @@ def compare(first: str, second: str, block: str) -> tuple[str, list[str]]:
                    "--readme", PAGE, "--block", block]  # fmt: skip
 
 
-def summary(readme: str) -> tuple[str, list[str]]:
-    """``posenc extend summary`` of both task studies into a README's ``ruler`` block."""
+def summary(readme: str, *short: str) -> tuple[str, list[str]]:
+    """``posenc extend summary`` of both task studies into a page's ``ruler`` block (``--short``:
+    the READMEs' table alone, which links the page's full block)."""
     return "ruler", ["extend", "summary", f"{STUDIES}/smollm2-135m-bf16",
-                     f"{STUDIES}/gemma3-270m-tasks", "--readme", readme, "--block", "ruler"]  # fmt: skip
+                     f"{STUDIES}/gemma3-270m-tasks", "--readme", readme, "--block", "ruler",
+                     *short]  # fmt: skip
 
 
 #: (block, posenc arguments) in the page's order, then the READMEs' summary
@@ -85,8 +87,9 @@ COMMANDS: tuple[tuple[str, list[str]], ...] = (
         "docs/results/gemma3_tasks.png",
     ),
     compare("gemma3-270m-f32-tasks", "gemma3-270m-tasks", "gemma3-dtype"),
-    summary("README.md"),
-    summary("README.zh-CN.md"),
+    summary(PAGE),
+    summary("README.md", "--short"),
+    summary("README.zh-CN.md", "--short"),
 )
 
 

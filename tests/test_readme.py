@@ -140,7 +140,7 @@ def test_generated_blocks_found() -> None:
     tables are on the lab's results page and the real-model study on its own page, where their
     commands write them."""
     pages = {READMES[0]: {"lab:headline", "extend:ruler"},
-             REAL_MODEL: {"extend:real", "extend:gemma3", "extend:smollm2-tasks",
+             REAL_MODEL: {"extend:real", "extend:gemma3", "extend:smollm2-tasks", "extend:ruler",
                           "extend:smollm2-dtype", "extend:gemma3-tasks", "extend:gemma3-dtype"},
              LAB_RESULTS: {"lab:table", "lab:length", "lab:extend", "lab:passkey"}}  # fmt: skip
     for path, names in pages.items():
@@ -188,16 +188,20 @@ def test_the_task_blocks_are_the_committed_rows_tables(block: str, folder: str) 
 
 
 def test_the_readme_summary_is_the_committed_task_rows() -> None:
-    """README's "which method, up to which length" table, the block ``posenc extend summary``
-    writes from exactly the committed rows of both task studies (the Chinese README carries the
+    """README's "which method, up to which length" table, the short block ``posenc extend summary
+    --short`` writes from exactly the committed rows of both task studies, and the full block
+    (the paired tests, the bars, the costs) on the studies' page (the Chinese README carries the
     same block: test_chinese_readme_carries_the_english_readmes_results)."""
     from posenc.extend.reports.summary import summary_markdown
     from posenc.extend.study.run import study_rows
 
     studies = ROOT / "benchmarks" / "studies"
     names = ["smollm2-135m-bf16", "gemma3-270m-tasks"]
-    text = summary_markdown([study_rows(studies / n) for n in names], names)
-    assert generated_blocks(READMES[0])["extend:ruler"] == text + "\n"
+    rows = [study_rows(studies / n) for n in names]
+    assert (
+        generated_blocks(READMES[0])["extend:ruler"] == summary_markdown(rows, names, True) + "\n"
+    )
+    assert generated_blocks(REAL_MODEL)["extend:ruler"] == summary_markdown(rows, names) + "\n"
 
 
 @pytest.mark.parametrize("block, first, second", [
@@ -272,3 +276,10 @@ def test_readme_report_writes_the_chinese_readme(tmp_path: Path) -> None:
     assert generated_blocks(copy) == {**generated_blocks(READMES[1]), "lab:headline": new}
     old = generated_blocks(READMES[1])["lab:headline"]
     assert copy.read_text(encoding="utf-8") == text.replace(old, "| a |\n|---|\n| 1 |\n")
+
+
+def test_readmes_are_a_front_page() -> None:
+    """The front page stays a front page (what posenc is, the two commands, one example and one
+    result per part): at most 150 lines, the full tables linked in docs/."""
+    for path in READMES:
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 150, path.name

@@ -173,11 +173,14 @@ def summary_command(
         None, "--readme", help="Write the table between <!-- extend:BLOCK --> markers there."
     ),
     block: str = typer.Option("summary", "--block", help="The markers' name."),
+    short: bool = typer.Option(
+        False, "--short", help="The table alone: relative effective length, samples per cell."
+    ),
 ) -> None:
     """Which method, up to which length: every study's task scores by length on one screen, one
     row per (study, method), with both effective lengths and what each study cost."""
     with _one_line_errors():
-        summary(runs, readme=readme, block=block)
+        summary(runs, readme=readme, block=block, short=short)
 
 
 @extend_app.command("export")

@@ -105,8 +105,9 @@ def compare(first: str, second: str, *, readme: str | None, block: str) -> None:
                    block, "comparison")  # fmt: skip
 
 
-def summary(runs: list[str], *, readme: str | None, block: str) -> None:
-    """``posenc extend summary``: several studies' task scores on one screen."""
+def summary(runs: list[str], *, readme: str | None, block: str, short: bool = False) -> None:
+    """``posenc extend summary``: several studies' task scores on one screen (``short``: the
+    table alone, with the relative effective length and the samples per cell)."""
     from ..study.run import check_run_folder, study_rows
     from .summary import summary_markdown
 
@@ -122,5 +123,5 @@ def summary(runs: list[str], *, readme: str | None, block: str) -> None:
     names = [Path(run).resolve().name for run in runs]
     if len(set(names)) < len(names):  # runs/a/out and runs/b/out: the paths as given
         names = list(runs)
-    text = summary_markdown(studies, names)
+    text = summary_markdown(studies, names, short=short)
     echo_or_write(text, readme, block, "summary")

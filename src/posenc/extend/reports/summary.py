@@ -164,10 +164,28 @@ def study_line(rows: Rows, name: str) -> str:
     return out + f"; {ranking_line(rows)}; {cost_line(rows)}."
 
 
-def summary_markdown(studies: Sequence[Rows], names: Sequence[str]) -> str:
-    """The block: how the table was made, the table, then one line per study."""
+def short_table(studies: Sequence[Rows], names: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """The front page's form of :func:`summary_table`: the model named once per study (its
+    first row), the relative effective length only, and ``n``, the samples per cell, so that a
+    reader weighs the scores (the intervals and the paired tests are the full block's)."""
+    header, body = summary_table(studies, names)
+    rows = [task_rows(r) for r in studies]
+    samples = {label: str(r[0]["n"]) for label, r in zip(_labels(rows, names), rows, strict=True)}
+    out, seen = [], set()
+    for line in body:
+        label = line[0]
+        out.append(["" if label in seen else label, *line[1:-2], line[-1], samples[label]])
+        seen.add(label)
+    return ["model (trained, dtype)", *header[1:-2], "effective", "n"], out
+
+
+def summary_markdown(studies: Sequence[Rows], names: Sequence[str], short: bool = False) -> str:
+    """The block: how the table was made, the table, then one line per study; ``short``: the
+    table of :func:`short_table` alone, for a front page that links the full block."""
     from ..._markdown import markdown_table
 
+    if short:
+        return markdown_table(*short_table(studies, names))
     lines = [
         "RULER-style tasks answered by each model with each method (`posenc extend --tasks`): the "
         "score at a length is each task's mean over its samples, then the mean over the study's "
