@@ -199,6 +199,7 @@ def run_study(
     check_methods(model, cfg)  # every refusal before the first cell
     check_texts(tokenizer, cfg)
     out.mkdir(parents=True, exist_ok=True)
+    check_no_links(out)
     with study_lock(out):
         # a study resumed from another path keeps the identity (and so the row keys) it recorded
         model_id = folder_identity(out, model_identity(source, model, dtype))
@@ -241,6 +242,17 @@ def run_study(
             if on_row is not None:
                 on_row(row)
     return result
+
+
+def check_no_links(out: Path) -> None:
+    """Refuse (one line) a study folder whose ``results.jsonl`` or ``run.json`` is a symbolic
+    link: the rows would be appended to a file outside the folder, another study's perhaps."""
+    for name in ("results.jsonl", "run.json"):
+        if (out / name).is_symlink():
+            raise ValueError(
+                f"{out / name} is a symbolic link (to {os.readlink(out / name)}); a study writes "
+                "only into its own folder: copy the file there, or use another --out"
+            )
 
 
 def check_run_folder(out: str | os.PathLike[str]) -> None:
