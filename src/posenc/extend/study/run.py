@@ -198,8 +198,7 @@ def run_study(
     result = StudyRun()
     check_methods(model, cfg)  # every refusal before the first cell
     check_texts(tokenizer, cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    check_no_links(out)
+    check_no_links(out, make=True)
     with study_lock(out):
         # a study resumed from another path keeps the identity (and so the row keys) it recorded
         model_id = folder_identity(out, model_identity(source, model, dtype))
@@ -244,9 +243,12 @@ def run_study(
     return result
 
 
-def check_no_links(out: Path) -> None:
+def check_no_links(out: Path, make: bool = False) -> None:
     """Refuse (one line) a study folder whose ``results.jsonl`` or ``run.json`` is a symbolic
-    link: the rows would be appended to a file outside the folder, another study's perhaps."""
+    link: the rows would be appended to a file outside the folder, another study's perhaps.
+    ``make``: the folder is made first where it is missing."""
+    if make:
+        out.mkdir(parents=True, exist_ok=True)
     for name in ("results.jsonl", "run.json"):
         if (out / name).is_symlink():
             raise ValueError(
