@@ -142,6 +142,23 @@ def one_row_per_cell(rows: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[st
     return [row for _, row in rows]
 
 
+def checked_rows(rows: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rows read from elsewhere than a store (``(where, row)``: an lm-eval output folder's,
+    :mod:`posenc.extend.study.harness`) through the same checks as a store's: a row no study
+    writes skipped with one warning naming ``where``, two rows of one cell refused."""
+    from ...runs.store import warn_line
+
+    kept = []
+    for where, row in rows:
+        problem, _ = study_row_problem(row)
+        if problem is not None:
+            file, _, line = where.rpartition(":")
+            warn_line(Path(file), int(line), f"skipping a result row that cannot be read: {problem}")
+            continue
+        kept.append((where, _nan_at_floats(row, STUDY_ROWS[row["kind"]])))
+    return one_row_per_cell(kept)
+
+
 def read_study_rows(path: str | Path) -> list[dict[str, Any]]:
     """The readable study rows of the store at ``path`` (a ``results.jsonl``), in the order
     written; every other line skipped with one warning naming the file and the line; two

@@ -269,13 +269,20 @@ def check_run_folder(out: str | os.PathLike[str]) -> None:
 
 
 def study_rows(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The rows of a study folder, read by one schema (:mod:`posenc.extend.study.rows`): a torn line,
+    """The rows of a study folder (or of an lm-eval output folder of posenc's task folder:
+    :mod:`posenc.extend.study.harness`), read by one schema (:mod:`posenc.extend.study.rows`): a torn line,
     or a row with a field missing or of the wrong type, skipped with a warning. Rows of more
     than one model are refused (:func:`~posenc.extend.study.folder.check_one_model`)."""
+    from .harness import is_lmeval_folder, read_lmeval_rows
+
     check_run_folder(out)
     path = Path(out) / "results.jsonl"
-    if not path.exists():
-        raise ValueError(f"{str(out)!r} holds no study results (no results.jsonl)")
-    rows = read_study_rows(path)
+    if path.exists():
+        rows = read_study_rows(path)
+    elif is_lmeval_folder(Path(out)):  # lm-eval's output of posenc's task folder
+        rows = read_lmeval_rows(Path(out))
+    else:
+        raise ValueError(f"{str(out)!r} holds no study results (no results.jsonl, and no "
+                         "lm-eval results_*.json)")  # fmt: skip
     check_one_model(rows, out)
     return rows
