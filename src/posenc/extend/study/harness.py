@@ -184,7 +184,7 @@ def _cell_rows(path: Path, task: str, meta: dict[str, Any],
                run: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
     """One run's samples of one posenc task (the file ``path``) as task rows by cell."""
     from ...lmeval.taskdir import NO_DEPTH, metric_name, score
-    from ..measures.tasks import get_task, summarize
+    from ..measures.tasks import get_task, postprocess, summarize
 
     cells: dict[tuple[int, Any], list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -211,8 +211,8 @@ def _cell_rows(path: Path, task: str, meta: dict[str, Any],
             warnings.warn(f"{path}:{i}: lm-eval logged the score {logged}, posenc's rule gives "
                           f"{own}: posenc's is read", stacklevel=2)  # fmt: skip
         depth = None if doc["depth"] == NO_DEPTH else doc["depth"]
-        cells[(doc["length"], depth)].append((i, {**doc, "output": sample["filtered_resps"][0],
-                                                  "score": own}))  # fmt: skip
+        output = postprocess(sample["filtered_resps"][0])  # as posenc's rows hold it
+        cells[(doc["length"], depth)].append((i, {**doc, "output": output, "score": own}))
     label, settings = method_of(run["config"])
     model = {**meta["posenc_identity"], "dtype": _dtype(run["config"]),
              "parameters": int(run["config"].get("model_num_parameters") or 0)}
