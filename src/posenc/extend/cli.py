@@ -199,7 +199,9 @@ def lm_eval_tasks_command(
     model: str = typer.Option(
         ..., "--model", help="The model whose tokenizer builds the prompts (as `posenc extend`)."
     ),
-    gguf: str = typer.Option(None, "--gguf", help="The GGUF file's name inside the --model folder."),
+    gguf: str = typer.Option(
+        None, "--gguf", help="The GGUF file's name inside the --model folder."
+    ),
     tasks: str = typer.Option("ruler", "--tasks", help="Tasks (ruler: all; niah: the needles)."),
     lengths: str = typer.Option(..., "--lengths", help="Prompt lengths in tokens, e.g. 2k,4k."),
     samples: int = typer.Option(4, "--samples", min=1, help="Samples per task cell."),

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...runs.identity import stable_hash
-from ...runs.rows import Keys, ListOf, OneOf, shape_problem
+from ...runs.rows import Keys, ListOf, shape_problem
 
 TAG, MODULE = "posenc_ruler", "posenc_tasks"
 _RESULTS = re.compile(r"^results_(.+)\.json$")
@@ -83,10 +83,10 @@ def _yaml(task: str, max_new: int, lengths: tuple[int, ...], meta: dict[str, Any
     meta_text = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in meta.items())
     return (
         f"# posenc's {task}, written by `posenc extend lm-eval-tasks`: offline, RULER's scoring\n"
-        f"tag:\n  - {TAG}\ntask: {lmeval_name(task)}\ndataset_path: \"\"\ndataset_name: \"\"\n"
+        f'tag:\n  - {TAG}\ntask: {lmeval_name(task)}\ndataset_path: ""\ndataset_name: ""\n'
         f"output_type: generate_until\ntest_split: test\n"
         f"custom_dataset: !function {MODULE}.{task}\n"
-        "doc_to_text: prompt\ndoc_to_target: target\ntarget_delimiter: \"\"\n"
+        'doc_to_text: prompt\ndoc_to_target: target\ntarget_delimiter: ""\n'
         f"process_results: !function {MODULE}.process_results\nmetric_list:\n{metrics}"
         # greedy as posenc answers; the back-end stops at its end-of-sequence token, as posenc
         f"generation_kwargs:\n  until: []\n  do_sample: false\n  temperature: 0.0\n"
@@ -98,10 +98,12 @@ def _yaml(task: str, max_new: int, lengths: tuple[int, ...], meta: dict[str, Any
 def _module(tasks: tuple[str, ...]) -> str:
     fns = "".join(f"\n\ndef {t}(**metadata):\n    return dataset({t!r}, **metadata)\n"
                   for t in tasks)  # fmt: skip
-    return ('"""posenc\'s offline tasks for lm-eval (`posenc extend lm-eval-tasks`): each '
-            "custom_dataset builds its samples\nwith posenc's generators; process_results "
-            'scores as posenc does."""\n\n'
-            "from posenc.lmeval.taskdir import dataset, process_results  # noqa: F401\n" + fns)
+    return (
+        '"""posenc\'s offline tasks for lm-eval (`posenc extend lm-eval-tasks`): each '
+        "custom_dataset builds its samples\nwith posenc's generators; process_results "
+        'scores as posenc does."""\n\n'
+        "from posenc.lmeval.taskdir import dataset, process_results  # noqa: F401\n" + fns
+    )
 
 
 def write_task_folder(out: str, *, model: str, gguf: str | None, tasks: str, lengths: str,
@@ -127,7 +129,7 @@ def write_task_folder(out: str, *, model: str, gguf: str | None, tasks: str, len
     check_can_write(target, "DIR")
     ref, ref_gguf = model_reference(model, gguf)
     tok = tokenizer_of(ref, ref_gguf)
-    meta = {"posenc_model": ref, "posenc_gguf": ref_gguf, "posenc_lengths": list(lens),
+    meta = {"posenc_tasks": list(names), "posenc_model": ref, "posenc_gguf": ref_gguf, "posenc_lengths": list(lens),
             "posenc_depths": list(where), "posenc_samples": samples, "posenc_seed": seed,
             "posenc_identity": model_record(ref, ref_gguf)}  # fmt: skip
     built = {t: docs(tok, t, list(lens), list(where), samples, seed) for t in names}
@@ -154,7 +156,7 @@ SAMPLE_SHAPE = Keys({"doc": Keys({
 META_SHAPE = Keys({"posenc_lengths": ListOf(int), "posenc_samples": int, "posenc_seed": int,
                    "posenc_identity": Keys({"source": str, "model_type": str,
                                             "trained_length": int, "config_hash": str})},
-                  rest=Any)  # fmt: skip
+                  {"posenc_tasks": ListOf(str)}, rest=Any)  # fmt: skip
 
 
 def is_lmeval_folder(folder: Path) -> bool:
@@ -201,8 +203,9 @@ def _cell_rows(path: Path, task: str, meta: dict[str, Any],
         if problem is None and not sample["filtered_resps"]:
             problem = "sample.filtered_resps is empty: no answer"
         if problem is not None:
-            warnings.warn(f"{path}:{i}: skipping a sample lm-eval did not write: {problem}",
-                          stacklevel=2)
+            warnings.warn(
+                f"{path}:{i}: skipping a sample lm-eval did not write: {problem}", stacklevel=2
+            )
             continue
         doc = sample["doc"]
         own = score(doc, sample["filtered_resps"][0])
@@ -214,8 +217,11 @@ def _cell_rows(path: Path, task: str, meta: dict[str, Any],
         output = postprocess(sample["filtered_resps"][0])  # as posenc's rows hold it
         cells[(doc["length"], depth)].append((i, {**doc, "output": output, "score": own}))
     label, settings = method_of(run["config"])
-    model = {**meta["posenc_identity"], "dtype": _dtype(run["config"]),
-             "parameters": int(run["config"].get("model_num_parameters") or 0)}
+    model = {
+        **meta["posenc_identity"],
+        "dtype": _dtype(run["config"]),
+        "parameters": int(run["config"].get("model_num_parameters") or 0),
+    }
     versions = {k: str(run.get(f"{k}_version")) for k in ("lm_eval", "transformers")}
     out = []
     for (length, depth), got in sorted(cells.items(), key=lambda c: (c[0][0], c[0][1] or 0)):
@@ -254,15 +260,19 @@ def _read_json(path: Path, shape: Keys) -> dict[str, Any]:
 def lmeval_rows(folder: Path) -> list[tuple[str, dict[str, Any]]]:
     """``(where, row)`` of every posenc task cell in the lm-eval output ``folder`` (see the
     module), each run's in turn; a run without ``--log_samples`` is one line saying so."""
+    from ..measures.tasks import task_names
+
     found = sorted(p for p in (*folder.glob("*.json"), *folder.glob("*/*.json"))
                    if _RESULTS.match(p.name))  # fmt: skip
     out: list[tuple[str, dict[str, Any]]] = []
+    configs: list[tuple[str, dict[str, Any]]] = []
     for path in found:
         run = _read_json(path, RESULTS_SHAPE)
         date = _RESULTS.match(path.name).group(1)  # type: ignore[union-attr]
         posenc = {name: cfg for name, cfg in run["configs"].items() if isinstance(cfg, dict)
                   and "posenc_identity" in (cfg.get("metadata") or {})}  # fmt: skip
         mine: list[tuple[str, dict[str, Any]]] = []
+        configs += posenc.items()
         for name, cfg in posenc.items():
             meta = cfg["metadata"]
             problem = shape_problem(meta, META_SHAPE, f"configs.{name}.metadata")
@@ -275,9 +285,14 @@ def lmeval_rows(folder: Path) -> list[tuple[str, dict[str, Any]]]:
             mine += _cell_rows(samples, name.removeprefix("posenc_"), meta, run)
         # lm-eval times the run, not a task: its wall time shared out by sample
         seconds = float(str(run.get("total_evaluation_time_seconds") or 0) or 0)
-        every = sum(r["n"] for _, r in mine)
+        every = max(1, sum(r["n"] for _, r in mine))
         out += [(w, {**r, "seconds": round(seconds * r["n"] / every, 3)}) for w, r in mine]
-    return out
+    # the order a study writes its rows (length, then task as asked, then depth; each run's
+    # method in turn), whatever order lm-eval listed its tasks in (by name); a stable sort
+    asked = [t for _, c in configs for t in c["metadata"].get("posenc_tasks") or []]
+    order = {t: i for i, t in enumerate(dict.fromkeys(asked + list(task_names())))}
+    return sorted(out, key=lambda x: (x[1]["length"], order.get(x[1]["task"], len(order)),
+                                      -1.0 if x[1]["depth"] is None else x[1]["depth"]))  # fmt: skip
 
 
 def read_lmeval_rows(folder: Path) -> list[dict[str, Any]]:

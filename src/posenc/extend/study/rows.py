@@ -101,7 +101,9 @@ def value_problem(row: dict[str, Any]) -> str | None:
     if row["metric"] != task.metric_name:
         return f"row.metric is {row['metric']!r}; {row['task']} is scored by {task.metric_name}"
     if (depth is None) == task.uses_depth:
-        return f"row.depth is {depth}; {row['task']} {'needs' if task.uses_depth else 'has no'} depth"
+        return (
+            f"row.depth is {depth}; {row['task']} {'needs' if task.uses_depth else 'has no'} depth"
+        )
     if row["n"] < 1:
         return f"row.n is {row['n']}; a cell holds at least one sample"
     for key in ("scores", "outputs", "references", "target_logprobs", "new_tokens", "digests"):
@@ -153,7 +155,9 @@ def checked_rows(rows: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, A
         problem, _ = study_row_problem(row)
         if problem is not None:
             file, _, line = where.rpartition(":")
-            warn_line(Path(file), int(line), f"skipping a result row that cannot be read: {problem}")
+            warn_line(
+                Path(file), int(line), f"skipping a result row that cannot be read: {problem}"
+            )
             continue
         kept.append((where, _nan_at_floats(row, STUDY_ROWS[row["kind"]])))
     return one_row_per_cell(kept)
