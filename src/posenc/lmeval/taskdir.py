@@ -54,8 +54,8 @@ def tokenizer_of(model: str, gguf: str | None) -> Any:
     from transformers.models.auto.tokenization_auto import AutoTokenizer
 
     from ..extend.model.load import _check_gguf_reader, gguf_read_once
+    from ..extend.model.locate import model_source
     from ..extend.model.remote_code import refuse_folder_code
-    from ..extend.study.command import model_source
 
     source = model_source(model, gguf)
     refuse_folder_code(source.path)

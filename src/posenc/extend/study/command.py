@@ -18,12 +18,9 @@ from .options import check_finetune, check_options, length_options, study_config
 
 
 def model_source(model: str, gguf: str | None) -> Any:
-    from ..model.load import resolve_source
-    from ..model.packaged import PACKAGED, packaged_gguf
+    from ..model.locate import model_source as source
 
-    if model.lower() in PACKAGED and not Path(model).exists():
-        return resolve_source(str(packaged_gguf(model)))
-    return resolve_source(model, gguf)
+    return source(model, gguf)
 
 
 def _say_identities(resolved: list[Any], cfg: Any) -> None:

@@ -60,7 +60,7 @@ def model_record(model: str, gguf: str | None) -> dict[str, Any]:
     from transformers.models.auto.configuration_auto import AutoConfig
 
     from ..model.load import config_fields, trained_length
-    from .command import model_source
+    from ..model.locate import model_source
 
     source = model_source(model, gguf)
     kw: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
@@ -107,11 +107,12 @@ def _module(tasks: tuple[str, ...]) -> str:
 
 
 def write_task_folder(out: str, *, model: str, gguf: str | None, tasks: str, lengths: str,
-                      samples: int, seed: int, depths: str) -> dict[str, int]:  # fmt: skip
+                      samples: int, seed: int, depths: str) -> dict[str, Any]:  # fmt: skip
     """Write the lm-eval task folder ``out`` (new or empty) for ``model``'s tokenizer; every
     sample is built once first (a length too short for a task is one line, nothing written).
-    Returns ``{"prompts": ..., "exact": ...}``: how many prompts, and how many of them encode
-    back to posenc's ids from their text."""
+    Returns ``{"prompts": ..., "exact": ..., "other": ...}``: how many prompts, how many of them
+    encode back to posenc's ids from their text, and per task where some do not, ``(how many,
+    of how many, fewest tokens, most tokens)`` of those."""
     from ...cli_errors import check_can_write
     from ...lmeval.taskdir import docs, tokenizer_of
     from ...runs.atomic import folder_written_aside
@@ -185,11 +186,12 @@ def _dtype(config: dict[str, Any]) -> str:
     return text or "unknown"
 
 
-def _cell_rows(path: Path, task: str, meta: dict[str, Any],
-               run: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
-    """One run's samples of one posenc task (the file ``path``) as task rows by cell."""
+def _answers(path: Path, task: str) -> dict[tuple[int, Any], list[tuple[int, dict[str, Any]]]]:
+    """The logged samples of ``path`` (lm-eval's ``samples_<task>_<date>.jsonl``) by (length,
+    depth): ``(line, doc with its "output" and "score")``; a line that is not a sample of
+    posenc's ``task`` skipped with one warning naming the file and the line."""
     from ...lmeval.taskdir import NO_DEPTH, metric_name, score
-    from ..measures.tasks import get_task, postprocess, summarize
+    from ..measures.tasks import TASKS, postprocess
 
     cells: dict[tuple[int, Any], list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -197,28 +199,36 @@ def _cell_rows(path: Path, task: str, meta: dict[str, Any],
             continue
         try:
             sample = json.loads(line)
-        except ValueError as e:
-            warnings.warn(f"{path}:{i}: skipping a line that is not JSON ({e})", stacklevel=2)
+        except (ValueError, RecursionError) as e:
+            warnings.warn(f"{path}:{i}: skipping a line that is not JSON ({e})", stacklevel=3)
             continue
         problem = shape_problem(sample, SAMPLE_SHAPE, "sample")
-        if problem is None and sample["doc"]["task"] != task:
-            problem = f"sample.doc.task is {sample['doc']['task']!r}, not {task!r}"
+        if problem is None and (sample["doc"]["task"] != task or task not in TASKS):
+            problem = f"sample.doc.task is {sample['doc']['task']!r}, no posenc task {task!r}"
         if problem is None and not sample["filtered_resps"]:
             problem = "sample.filtered_resps is empty: no answer"
         if problem is not None:
-            warnings.warn(
-                f"{path}:{i}: skipping a sample lm-eval did not write: {problem}", stacklevel=2
-            )
+            warnings.warn(f"{path}:{i}: skipping a sample lm-eval did not write: {problem}",
+                          stacklevel=3)  # fmt: skip
             continue
         doc = sample["doc"]
         own = score(doc, sample["filtered_resps"][0])
         logged = sample.get(metric_name(doc["length"]))
         if isinstance(logged, int | float) and abs(float(logged) - own) > 1e-9:
             warnings.warn(f"{path}:{i}: lm-eval logged the score {logged}, posenc's rule gives "
-                          f"{own}: posenc's is read", stacklevel=2)  # fmt: skip
+                          f"{own}: posenc's is read", stacklevel=3)  # fmt: skip
         depth = None if doc["depth"] == NO_DEPTH else doc["depth"]
         output = postprocess(sample["filtered_resps"][0])  # as posenc's rows hold it
         cells[(doc["length"], depth)].append((i, {**doc, "output": output, "score": own}))
+    return cells
+
+
+def _cell_rows(path: Path, task: str, meta: dict[str, Any],
+               run: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+    """One run's samples of one posenc task (the file ``path``) as task rows by cell."""
+    from ..measures.tasks import get_task, summarize
+
+    cells = _answers(path, task)
     label, settings = method_of(run["config"])
     model = {
         **meta["posenc_identity"],
@@ -234,7 +244,7 @@ def _cell_rows(path: Path, task: str, meta: dict[str, Any],
             warnings.warn(f"{path}:{got[0][0]}: {task} at {length}: the back-end read other ids "
                           "than posenc built (the text encodes to other tokens): these samples "
                           "pair with no `posenc extend` row", stacklevel=2)  # fmt: skip
-        s = summarize([min(max(d["score"], 0.0), 1.0) for d in docs])
+        s = summarize([d["score"] for d in docs])
         ident = {"lm_eval": str(path.name), "task": task, "length": length, "depth": depth,
                  "method": label, "settings": settings}  # fmt: skip
         out.append((f"{path}:{got[0][0]}", {
@@ -320,7 +330,8 @@ def lm_eval_tasks(out: str, **options: Any) -> None:
     for task, (n, total, low, high) in got["other"].items():
         # where decoding and encoding again disagree (pieces posenc encoded apart merge)
         typer.echo(f"note: {n} of {total} {task} prompts encode to other ids from their text "
-                   f"({low}-{high} tokens): a back-end that reads text reads other prompts than "
-                   "posenc's, which pair with no `posenc extend` row (docs/lm-eval.md)", err=True)  # fmt: skip
+                   f"({low}-{high} tokens): a back-end that reads text reads other prompts "
+                   "than posenc's, which pair with no `posenc extend` row (docs/lm-eval.md)",
+                   err=True)  # fmt: skip
     typer.echo(f"run them: lm_eval --include_path {out} --tasks {TAG} --log_samples "
                "--output_path OUT --model ...; read them: posenc extend report OUT")  # fmt: skip
