@@ -105,7 +105,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def study(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("study")
-    result = _cli("extend", str(folder), "--methods", "none", "--lengths", "64,256",
+    result = _cli("extend", str(folder), "--methods", "none", "--lengths", "64",
                   "--bin-size", "32", "--out", str(out))  # fmt: skip
     assert result.exit_code == 0, result.output
     return out
