@@ -7,6 +7,7 @@ one ``error:`` line. Tiny transformers models in temporary folders."""
 from __future__ import annotations
 
 import errno
+import json
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +245,9 @@ def test_export_a_file_it_cannot_read_is_one_line(
         raise PermissionError(13, "Permission denied", str(tmp_path / "rows.jsonl"))
 
     monkeypatch.setattr("posenc.extend.study.folder.check_export", unreadable)
-    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "run.json").write_text(json.dumps({  # a well-formed run.json: the read fails
+        "dtype": "float32", "model": {}, "source": {"path": str(tmp_path)},
+        "study": {"lengths": [64], "passkey_lengths": []}}))  # fmt: skip
     result = _cli("extend", "export", str(tmp_path), "--method", "yarn", "--out",
                   str(tmp_path / "model"))  # fmt: skip
     _one_line_error(result, "Permission denied", "rows.jsonl")

@@ -106,6 +106,24 @@ def test_markdown_is_the_intro_the_table_then_a_line_per_study() -> None:
     assert last[0].startswith("- `small`: a.gguf") and last[1].startswith("- `large`: b.gguf")
 
 
+def _real(r: dict[str, Any]) -> dict[str, Any]:
+    """A row above as a study writes one, which the reader checks: a registered task (``niah``:
+    ``niah_single_1``), a per-sample entry for each of its scores."""
+    task = {"niah": "niah_single_1"}.get(r["task"], r["task"])
+    n = len(r["scores"])
+    return {
+        **r,
+        "task": task,
+        "outputs": [""] * n,
+        "references": [["x"]] * n,
+        "target_logprobs": [None] * n,
+        "new_tokens": [0] * n,
+        "score": sum(r["scores"]) / n,
+        "low": 0.0,
+        "high": 1.0,
+    }
+
+
 def _folder(tmp_path: Path, name: str, rows: list[dict[str, Any]]) -> Path:
     """A results folder of ``rows`` made whole from a committed task row (every field the store
     reads), so the CLI reads them as it reads a study's."""
@@ -114,7 +132,7 @@ def _folder(tmp_path: Path, name: str, rows: list[dict[str, Any]]) -> Path:
         template = json.loads(f.readline())
     folder = tmp_path / name
     folder.mkdir()
-    lines = [json.dumps({**template, **r, "model": {**template["model"], **r["model"]},
+    lines = [json.dumps({**template, **_real(r), "model": {**template["model"], **r["model"]},
                          "encoding": r["method"], "config_hash": f"cell{i}"})  # one key each
              for i, r in enumerate(rows)]  # fmt: skip
     (folder / "results.jsonl").write_text("\n".join(lines) + "\n")

@@ -194,3 +194,27 @@ def export_command(
     """Write a model folder with METHOD as its rope_parameters that stock transformers loads."""
     with _one_line_errors():
         export_run(run, method=method, out=out, length=length, model=model)
+
+
+@extend_app.command("lm-eval-tasks")
+def lm_eval_tasks_command(
+    out: str = typer.Argument(..., help="The lm-eval task folder to write (new or empty)."),
+    model: str = typer.Option(
+        ..., "--model", help="The model whose tokenizer builds the prompts (as `posenc extend`)."
+    ),
+    gguf: str = typer.Option(
+        None, "--gguf", help="The GGUF file's name inside the --model folder."
+    ),
+    tasks: str = typer.Option("ruler", "--tasks", help="Tasks (ruler: all; niah: the needles)."),
+    lengths: str = typer.Option(..., "--lengths", help="Prompt lengths in tokens, e.g. 2k,4k."),
+    samples: int = typer.Option(4, "--samples", min=1, help="Samples per task cell."),
+    seed: int = typer.Option(0, "--seed", min=0, help="The prompts' seed (as --task-seed)."),
+    depths: str = typer.Option("0.5", "--depths", help="Needle depths 0..1."),
+) -> None:
+    """Write posenc's offline tasks as an lm-eval task folder: `lm_eval --include_path DIR
+    --tasks posenc_ruler` asks any back-end the prompts `posenc extend --tasks` asks."""
+    from .study.harness import lm_eval_tasks
+
+    with _one_line_errors():
+        lm_eval_tasks(out, model=model, gguf=gguf, tasks=tasks, lengths=lengths,
+                      samples=samples, seed=seed, depths=depths)  # fmt: skip

@@ -112,6 +112,11 @@ class ResultStore:
                 out.append((i, row))
         return out
 
+    def every_row(self, check: RowCheck | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """``(line number, row)`` of every readable line, a key's rows all kept (a reader that
+        refuses two rows of one key, where :meth:`numbered_rows` reads the last)."""
+        return list(self._read(check))
+
     def keys(self) -> set[tuple[str, int, str]]:
         return {row_key(r) for _, r in self._read()}
 

@@ -48,6 +48,11 @@ def export_model(
             f"{method.name} changes attention itself and has no transformers config: it cannot be "
             "exported; load the model and call posenc.hf.apply_posenc(model, extension=...)"
         )
+    if method.name == "none":  # its max_position_embeddings would read as a trained length
+        raise ValueError(
+            "none is the model as trained: there is nothing to export (the model's own folder "
+            "is it); export a scaling such as yarn"
+        )
     if getattr(model, "posenc_patch", None) is not None:
         raise ValueError("export the model as loaded: call remove_posenc(model) first")
     out = Path(out)
@@ -73,11 +78,28 @@ def export_model(
     for attr in ("quantization_config",):  # a GGUF model is written dequantized, as loaded
         if hasattr(new, attr):
             delattr(new, attr)
-    with folder_written_aside(out) as tmp:
-        _save(model, tokenizer, new, tmp)
-        note = _note(method, new, train, resolved)
-        (tmp / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
+    try:
+        with folder_written_aside(out) as tmp:  # removed again however the write ends
+            _save(model, tokenizer, new, tmp)
+            note = _note(method, new, train, resolved)
+            (tmp / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
+    except (OSError, _safetensor_error()) as e:  # a full disk: OSError(ENOSPC) or safetensors'
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise ValueError(
+            f"writing the export to {str(out)!r} failed ({why}; is the disk full?); nothing was "
+            "written and no partial folder is left"
+        ) from None
     return out
+
+
+def _safetensor_error() -> type[BaseException]:
+    """safetensors' own error (what a full disk raises from ``save_file``), or OSError where
+    safetensors is missing."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return OSError
+    return SafetensorError
 
 
 def _save(model: Any, tokenizer: Any, config: Any, out: Path) -> None:

@@ -81,6 +81,9 @@ def parse_method(text: str) -> Method:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw.strip()
+        if key.strip() in options:  # the later would win unchecked: yarn:factor=0:factor=4
+            raise ValueError(f"method option {key.strip()!r} of {name!r} is given twice "
+                             f"({text.strip()!r}); give each option once")  # fmt: skip
         options[key.strip()] = value
     allowed = method_options(name)
     unknown = sorted(set(options) - set(allowed))

@@ -14,6 +14,7 @@ source is a path of the machine that ran the study; the rest names the model any
   model and the ``--model`` option that points at it. The caller checks the loaded model's
   identity against the record (:func:`same_model`), so a file that only shares a name is refused.
 * :func:`reference`: what a new ``run.json`` records besides the path (``locate`` reads it first).
+* :func:`model_source`: ``MODEL`` as ``posenc extend`` takes it (a packaged name among the rest).
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from .load import ModelSource, resolve_source
+
+
+def model_source(model: str, gguf: str | None = None) -> ModelSource:
+    """``MODEL`` (and ``--gguf``) as ``posenc extend`` takes it: a packaged model by name
+    (``smollm2``, where no such path exists), else a folder, ``.gguf`` file or cached model id."""
+    from .packaged import PACKAGED, packaged_gguf
+
+    if model.lower() in PACKAGED and not Path(model).exists():
+        return resolve_source(str(packaged_gguf(model)))
+    return resolve_source(model, gguf)
+
 
 #: The identity field that is a path of the machine that ran the study.
 PATH_FIELD = "source"

@@ -18,12 +18,9 @@ from .options import check_finetune, check_options, length_options, study_config
 
 
 def model_source(model: str, gguf: str | None) -> Any:
-    from ..model.load import resolve_source
-    from ..model.packaged import PACKAGED, packaged_gguf
+    from ..model.locate import model_source as source
 
-    if model.lower() in PACKAGED and not Path(model).exists():
-        return resolve_source(str(packaged_gguf(model)))
-    return resolve_source(model, gguf)
+    return source(model, gguf)
 
 
 def _say_identities(resolved: list[Any], cfg: Any) -> None:
@@ -83,12 +80,14 @@ def run(model: str, options: dict[str, Any]) -> None:
     from .config import cells
     from .dry_run import plan_text
     from .folder import check_study, folder_identity
-    from .run import check_methods, check_texts, pending_cells
+    from .run import check_methods, check_no_links, check_texts, pending_cells
 
     cfg, source = _config(model, options)
     if options["threads"]:
         torch.set_num_threads(options["threads"])
     out = Path(options["out"])
+    if out.is_dir():
+        check_no_links(out)  # rows appended to a file outside the folder: refused first
     check_study(out, cfg)  # a folder of another study: refused before the load
     loaded, tokenizer = load_model(
         source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]

@@ -18,6 +18,8 @@ from typing import Any
 
 import typer
 
+from ...runs.rows import Keys, ListOf, OneOf, shape_problem
+
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
@@ -64,6 +66,36 @@ def _study_rows(run: Path) -> list[dict[str, Any]]:
     return study_rows(run) if (run / "results.jsonl").is_file() else []
 
 
+#: What ``export`` reads of a ``run.json`` (others are not looked at): checked, a stranger's file.
+RUN_SPEC = Keys({
+    "dtype": str, "model": Keys({}, rest=Any), "source": Keys({"path": str}, {"gguf": OneOf((str, None))}),
+    "study": Keys({"lengths": ListOf(int), "passkey_lengths": ListOf(int)},
+                  {"task_lengths": ListOf(int)}),
+})  # fmt: skip
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def read_run_spec(path: Path) -> dict[str, Any]:
+    """``path`` (a study's ``run.json``) read and checked: not JSON, a field missing or of the
+    wrong type, a dtype or length that cannot be, each one line naming the file and the field."""
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{path} is no JSON ({e}); it is no `posenc extend` run file") from None
+    problem = shape_problem(spec, RUN_SPEC, "run.json")
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}; it is no `posenc extend` run file of this posenc")
+    if spec["dtype"] not in DTYPES:
+        raise ValueError(f"{path}: run.json.dtype is {spec['dtype']!r}, not one of "
+                         f"{', '.join(DTYPES)}")  # fmt: skip
+    study = spec["study"]
+    for key in ("lengths", "passkey_lengths", "task_lengths"):
+        bad = [n for n in study.get(key, []) if n < 1]
+        if bad:
+            raise ValueError(f"{path}: run.json.study.{key} holds {bad[0]}; a length is >= 1")
+    return spec
+
+
 def export_run(run: str, *, method: str, out: str, length: int, model: str | None = None) -> None:
     """Write ``method`` for ``length`` tokens (0: the study's longest) into the folder ``out``;
     every refusal (no study, another model, a folder in the way) before the model loads.
@@ -79,12 +111,14 @@ def export_run(run: str, *, method: str, out: str, length: int, model: str | Non
     path = Path(run) / "run.json"
     if not path.is_file():
         raise ValueError(f"{run!r} is no `posenc extend` folder (no run.json)")
-    spec = json.loads(path.read_text())
+    spec = read_run_spec(path)
     check_export(Path(run), spec)  # run.json names the model its rows were measured on
     chosen = parse_method(method)
     study = spec["study"]  # the target the rows were measured with: every kind of length
-    target = length or max(study["lengths"] + study["passkey_lengths"]
-                           + study.get("task_lengths", []))  # fmt: skip
+    every = study["lengths"] + study["passkey_lengths"] + study.get("task_lengths", [])
+    if not length and not every:
+        raise ValueError(f"{path} records no length its study measured; give --length")
+    target = length or max(every)
     if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
         raise ValueError(f"{out!r} exists and is not an empty folder; nothing was written")
     check_can_write(Path(out), "--out")  # under a file, a read-only disk: before the load

@@ -198,7 +198,7 @@ def run_study(
     result = StudyRun()
     check_methods(model, cfg)  # every refusal before the first cell
     check_texts(tokenizer, cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    check_no_links(out, make=True)
     with study_lock(out):
         # a study resumed from another path keeps the identity (and so the row keys) it recorded
         model_id = folder_identity(out, model_identity(source, model, dtype))
@@ -243,6 +243,20 @@ def run_study(
     return result
 
 
+def check_no_links(out: Path, make: bool = False) -> None:
+    """Refuse (one line) a study folder whose ``results.jsonl`` or ``run.json`` is a symbolic
+    link: the rows would be appended to a file outside the folder, another study's perhaps.
+    ``make``: the folder is made first where it is missing."""
+    if make:
+        out.mkdir(parents=True, exist_ok=True)
+    for name in ("results.jsonl", "run.json"):
+        if (out / name).is_symlink():
+            raise ValueError(
+                f"{out / name} is a symbolic link (to {os.readlink(out / name)}); a study writes "
+                "only into its own folder: copy the file there, or use another --out"
+            )
+
+
 def check_run_folder(out: str | os.PathLike[str]) -> None:
     """``out`` is a folder: a path that is missing or a file (its ``results.jsonl`` given for
     the folder) is one line saying which, and what to give instead."""
@@ -255,13 +269,20 @@ def check_run_folder(out: str | os.PathLike[str]) -> None:
 
 
 def study_rows(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The rows of a study folder, read by one schema (:mod:`posenc.extend.study.rows`): a torn line,
+    """The rows of a study folder (or of an lm-eval output folder of posenc's task folder:
+    :mod:`posenc.extend.study.harness`), read by one schema (:mod:`posenc.extend.study.rows`): a torn line,
     or a row with a field missing or of the wrong type, skipped with a warning. Rows of more
     than one model are refused (:func:`~posenc.extend.study.folder.check_one_model`)."""
+    from .harness import is_lmeval_folder, read_lmeval_rows
+
     check_run_folder(out)
     path = Path(out) / "results.jsonl"
-    if not path.exists():
-        raise ValueError(f"{str(out)!r} holds no study results (no results.jsonl)")
-    rows = read_study_rows(path)
+    if path.exists():
+        rows = read_study_rows(path)
+    elif is_lmeval_folder(Path(out)):  # lm-eval's output of posenc's task folder
+        rows = read_lmeval_rows(Path(out))
+    else:
+        raise ValueError(f"{str(out)!r} holds no study results (no results.jsonl, and no "
+                         "lm-eval results_*.json)")  # fmt: skip
     check_one_model(rows, out)
     return rows

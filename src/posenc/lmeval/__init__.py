@@ -1,0 +1,2 @@
+"""posenc inside lm-evaluation-harness: posenc's offline tasks as an lm-eval task folder
+(:mod:`.taskdir`)."""
