@@ -127,6 +127,12 @@ class PosencLM(HFLM):
         if self.resolved is None:  # a loaded model was given: HFLM built nothing
             self._apply_method()
         self._max_length = self.target
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1 and self._world_size == 1:
+            # HFLM shares the requests among `accelerate launch` processes only where it counts
+            # several GPUs; one GPU per process, or CPU processes (gloo), share them as well
+            self._rank = accelerator.process_index
+            self._world_size = accelerator.num_processes
 
     # --- loading: HFLM's, a GGUF read once, then the method ----------------------------------
 
