@@ -392,3 +392,23 @@ def test_real_smollm2_answers_lm_evals_own_ruler_niah_through_the_launcher(tmp_p
     (results,) = out.rglob("results_*.json")
     scores = json.loads(results.read_text())["results"]["niah_single_1"]
     assert scores["1024,none"] == 1.0, textwrap.shorten(str(answers(out)), 400)
+
+
+def test_posenc_lm_eval_hands_every_argument_to_lm_evals_cli(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``posenc lm-eval ...`` is the launcher: lm-eval's parser sees the arguments as typed
+    (``--help`` and ``--config`` included), with ``posenc`` registered."""
+    import lm_eval.__main__
+    from lm_eval.api.registry import get_model
+    from typer.testing import CliRunner
+
+    from posenc.cli import app
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: seen.append(sys.argv[1:]))
+    args = ["--config", "eval.yaml", "--model_args", "pretrained=DIR,method=yarn:factor=4", "-h"]
+    result = CliRunner().invoke(app, ["lm-eval", *args])
+    assert result.exit_code == 0, result.output
+    assert seen == [args]
+    assert get_model("posenc") is PosencLM
