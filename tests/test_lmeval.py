@@ -132,6 +132,22 @@ def test_a_right_padded_batch_equals_one_request_at_a_time(folder: Path) -> None
     assert max(abs(x - y) for (x, _), (y, _) in zip(a, b, strict=True)) < 1e-4
 
 
+def test_parallelize_places_the_model_and_keeps_the_method(folder: Path, tmp_path: Path) -> None:
+    """``parallelize=True``: lm-eval loads through accelerate's device map and the method is
+    applied to the model so placed. With no GPU, the map offloads every weight (``{'': 'disk'}``,
+    accelerate's hooks bring each layer in for its forward): the scores are the one-device ones."""
+    method = "self_extend:group_size=4:neighbor_window=8"
+    reqs = _requests(5, 200, seed=3)
+    placed = _model(folder, method=method, max_length=256, parallelize=True,
+                    offload_folder=str(tmp_path / "offload"))  # fmt: skip
+    assert getattr(placed.model, "hf_device_map", None)  # loaded through a device map
+    one = _model(folder, method=method, max_length=256)._loglikelihood_tokens(reqs)
+    spread = placed._loglikelihood_tokens(reqs)
+    assert max(abs(a - b) for (a, _), (b, _) in zip(one, spread, strict=True)) < 1e-5
+    plain = _model(folder, method="none", max_length=256)._loglikelihood_tokens(reqs)
+    assert max(abs(a - b) for (a, _), (b, _) in zip(plain, spread, strict=True)) > 1e-2
+
+
 # --- generation ---------------------------------------------------------------------------------
 
 
