@@ -299,7 +299,9 @@ def one_process(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     done = subprocess.run([sys.executable, "-m", "posenc.lmeval", *_launch_args(folder, tasks, out)],
                           env=_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    return {"answers": answers(out), "tasks": tasks, "stdout": done.stdout}
+    (results,) = out.rglob("results_*.json")
+    config = json.loads(results.read_text())["config"]
+    return {"answers": answers(out), "tasks": tasks, "stdout": done.stdout, "config": config}
 
 
 def test_the_launcher_runs_lm_evals_cli_with_the_posenc_model(one_process: dict[str, Any]) -> None:
@@ -307,6 +309,10 @@ def test_the_launcher_runs_lm_evals_cli_with_the_posenc_model(one_process: dict[
     assert sorted(found) == ["tiny_gen", "tiny_mc"]
     assert all(len(found[t]) == 8 for t in found)
     assert "posenc (" in one_process["stdout"]  # lm-eval's own summary line names the model
+    recorded = one_process["config"]["posenc"]  # the results JSON: what ran, as resolved
+    assert recorded["method"] == "self_extend:group_size=4:neighbor_window=8"
+    assert recorded["max_length"] == 256 and recorded["trained_length"] == TRAINED
+    assert recorded["settings"]["extension"]["group_size"] == 4
 
 
 def test_lm_evals_evaluator_refuses_a_prompt_past_max_length(folder: Path, tmp_path: Path) -> None:
@@ -383,7 +389,7 @@ def test_two_accelerate_processes_give_the_same_answers(
 
 @pytest.mark.slow
 def test_real_smollm2_answers_lm_evals_own_ruler_niah_through_the_launcher(tmp_path: Path) -> None:
-    """lm-eval's ``niah_single_1`` (noise haystack: no download) at 1,024 tokens, one sample, on
+    """lm-eval's ``niah_single_1`` (noise haystack: no download) at 512 tokens, one sample, on
     SmolLM2-135M loaded from its GGUF with YaRN x2 (max_length 16,384): the needle found. RULER's
     generator sizes prompts with a tokenizer it loads by name: the GGUF's, saved to a folder."""
     from transformers import AutoTokenizer
@@ -400,14 +406,14 @@ def test_real_smollm2_answers_lm_evals_own_ruler_niah_through_the_launcher(tmp_p
     out = tmp_path / "out"
     args = ["--model", "posenc", "--model_args", f"pretrained={path},method=yarn:factor=2",
             "--device", "cpu", "--tasks", "niah_single_1", "--limit", "1",
-            "--metadata", json.dumps({"tokenizer": str(tmp_path / "tok"), "max_seq_lengths": [1024]}),
+            "--metadata", json.dumps({"tokenizer": str(tmp_path / "tok"), "max_seq_lengths": [512]}),
             "--gen_kwargs", "max_gen_toks=16", "--output_path", str(out), "--log_samples"]  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "posenc.lmeval", *args], env=_env(),
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (results,) = out.rglob("results_*.json")
     scores = json.loads(results.read_text())["results"]["niah_single_1"]
-    assert scores["1024,none"] == 1.0, textwrap.shorten(str(answers(out)), 400)
+    assert scores["512,none"] == 1.0, textwrap.shorten(str(answers(out)), 400)
 
 
 def test_posenc_lm_eval_hands_every_argument_to_lm_evals_cli(

@@ -168,7 +168,7 @@ class PosencLM(HFLM):
         self.trained = trained
 
     def get_model_info(self) -> dict[str, Any]:
-        """HFLM's, and the method as results record it (``config.model_info`` of the results)."""
+        """HFLM's, and the method (lm-eval merges this into the results' ``config``)."""
         info = super().get_model_info()
         info["posenc"] = {
             "method": self.method.label,
