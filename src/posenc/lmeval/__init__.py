@@ -8,6 +8,7 @@
 * :mod:`.launcher` (``python -m posenc.lmeval ...``, ``posenc lm-eval ...``): registers the
   model and hands the command line to lm-eval's own CLI (lm-eval 0.4.13 discovers no models
   from installed packages).
+* :mod:`.taskdir`: posenc's offline tasks as an lm-eval task folder.
 
 Nothing here imports lm-eval on import: ``import posenc.lmeval.model`` does (and registers the
 model), so posenc without the extra is unchanged. May import :mod:`posenc.extend` (the methods,
