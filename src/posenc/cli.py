@@ -111,6 +111,20 @@ def kernels_command(
     report(build)
 
 
+@app.command(
+    "lm-eval",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def lm_eval_command(ctx: typer.Context) -> None:
+    """lm-eval's own command line with the posenc model registered (--model posenc
+    --model_args pretrained=DIR,method=yarn:factor=4): every argument goes to lm-eval
+    (docs/lm-eval.md)."""
+    from .lmeval.launcher import main as launch
+
+    launch(ctx.args)
+
+
 def inspect_config_command(
     config: str = typer.Argument(
         ...,
