@@ -111,15 +111,21 @@ def test_a_group_is_one_context_and_each_question_asks_its_own_needle(bpe: Any, 
         keys = re.findall(r"magic numbers for (\S+) is:", bpe.decode(list(samples[0].ids)))
         assert len(keys) == 4
     depth_of_first = samples[0].needles[0]
-    haystack = samples[0].context[1] - samples[0].context[0] - sum(
-        n.end - n.start for n in samples[0].needles)
-    before = depth_of_first.start - samples[0].context[0] - sum(
-        n.end - n.start for n in samples[0].needles if n.end <= depth_of_first.start)
+    haystack = (
+        samples[0].context[1]
+        - samples[0].context[0]
+        - sum(n.end - n.start for n in samples[0].needles)
+    )
+    before = (
+        depth_of_first.start
+        - samples[0].context[0]
+        - sum(n.end - n.start for n in samples[0].needles if n.end <= depth_of_first.start)
+    )
     assert before == round(0.4 * haystack)  # question 0's needle exactly at the depth
 
 
 def test_tasks_without_questions_and_counts_that_do_not_divide_are_refused(bpe: Any) -> None:
-    with pytest.raises(ValueError, match="task vt asks one question of a context.*niah_single_1"):
+    with pytest.raises(ValueError, match=r"task vt asks one question of a context.*niah_single_1"):
         get_task("vt").samples(bpe, 1024, 0.5, 4, 0, questions=2)
     with pytest.raises(ValueError, match="6 samples are not a whole number of contexts of 4"):
         get_task("niah_single_1").samples(bpe, 1024, 0.5, 6, 0, questions=4)
@@ -131,9 +137,9 @@ def _naive_deff_wilson(scores: list[float], clusters: list[int], z: float = 1.95
     ids = sorted(set(clusters))
     k = len(ids)
     p = sum(scores) / n
-    totals = [sum(s for s, c in zip(scores, clusters) if c == i) for i in ids]
+    totals = [sum(s for s, c in zip(scores, clusters, strict=True) if c == i) for i in ids]
     sizes = [clusters.count(i) for i in ids]
-    var = k / (k - 1) * sum((t - p * m) ** 2 for t, m in zip(totals, sizes)) / n**2
+    var = k / (k - 1) * sum((t - p * m) ** 2 for t, m in zip(totals, sizes, strict=True)) / n**2
     deff = min(n / k, max(1.0, var / (p * (1 - p) / n))) if 0 < p < 1 else n / k
     m = n / deff
     centre = (p + z * z / (2 * m)) / (1 + z * z / m)
@@ -150,7 +156,8 @@ def _naive_deff_wilson(scores: list[float], clusters: list[int], z: float = 1.95
 ])  # fmt: skip
 def test_cluster_interval_against_a_naive_computation(scores, clusters) -> None:
     assert cluster_wilson_interval(scores, clusters) == pytest.approx(
-        _naive_deff_wilson(scores, clusters), abs=1e-12)
+        _naive_deff_wilson(scores, clusters), abs=1e-12
+    )
     low, high = cluster_wilson_interval(scores, clusters)
     plain = wilson_interval(sum(scores), len(scores))
     assert low <= plain[0] + 1e-12 and high >= plain[1] - 1e-12  # never narrower than Wilson
@@ -161,7 +168,8 @@ def test_cluster_interval_of_singletons_is_wilson_and_of_identical_clusters_the_
     assert cluster_wilson_interval(scores, range(7)) == wilson_interval(4, 7)
     # four contexts whose questions all agree: the interval of the four contexts alone
     assert cluster_wilson_interval([1] * 6 + [0] * 2, [0, 0, 1, 1, 2, 2, 3, 3]) == pytest.approx(
-        wilson_interval(3, 4))
+        wilson_interval(3, 4)
+    )
     got = summarize([1, 1, 0, 0], contexts=["a", "a", "b", "b"])
     assert (got.low, got.high) == pytest.approx(wilson_interval(1, 2))
     assert statistics.fmean([1, 1, 0, 0]) == got.mean
@@ -176,3 +184,38 @@ def test_a_grouped_cell_records_its_contexts(bpe: Any) -> None:
     assert (cell["low"], cell["high"]) == (want.low, want.high)
     alone = run_cell(model, bpe, "niah_single_2", 300, 0.5, 2, 0, max_new_tokens=3)
     assert "contexts" not in alone and "questions" not in alone
+
+
+def test_a_study_asks_several_questions_of_each_context(tmp_path: Any) -> None:
+    """``posenc extend --questions-per-context``: the dry run counts one prefill per context,
+    the rows record their contexts, a rerun recomputes nothing; the task that cannot take it
+    and a count that is no multiple refused in one line, before anything is written."""
+    from typer.testing import CliRunner
+
+    from _tiny import tiny_folder
+    from posenc.cli import app
+    from posenc.extend.study.run import study_rows
+
+    folder = tiny_folder(tmp_path / "llama", 128)
+    out = tmp_path / "out"
+    args = ["extend", str(folder), "--methods", "none,string", "--lengths", "64,128",
+            "--documents", "0", "--tasks", "niah_single_1", "--task-lengths", "384",
+            "--samples", "4", "--questions-per-context", "2", "--out", str(out)]  # fmt: skip
+    dry = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert dry.exit_code == 0 and "(2 prefilled contexts of 2 questions)" in dry.output, dry.output
+    assert CliRunner().invoke(app, args).exit_code == 0
+    rows = study_rows(out)
+    assert len(rows) == 2 and all(r["questions"] == 2 for r in rows)
+    assert rows[0]["contexts"] == rows[1]["contexts"] and len(set(rows[0]["contexts"])) == 2
+    assert rows[0]["digests"] == rows[1]["digests"] and len(set(rows[0]["digests"])) == 4
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and len(study_rows(out)) == 2
+    for bad, says in (
+        (["--tasks", "vt"], "task vt asks one question of a context"),
+        (["--samples", "3"], "3 samples are not a whole number of contexts of 2"),
+    ):
+        other = [*args[:-1], str(tmp_path / "bad"), *bad]
+        result = CliRunner().invoke(app, other)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and says in lines[0], result.output
+        assert not (tmp_path / "bad").exists()

@@ -120,9 +120,9 @@ def _answer_task(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, folde
 
     task = str(cell.task)
     samples = cached_samples(folder, tokenizer, task, cell.length, cell.depth, cfg.task_samples,
-                             cfg.task_seed, tokenizer_id)  # fmt: skip
+                             cfg.task_seed, tokenizer_id, cfg.task_questions)  # fmt: skip
     numbers = answer_cell(model, tokenizer, task, cell.length, cell.depth, cfg.task_samples,
-                          cfg.task_seed, samples=samples)  # fmt: skip
+                          cfg.task_seed, samples=samples, questions=cfg.task_questions)  # fmt: skip
     numbers["task_seed"] = numbers.pop("seed")
     del numbers["seconds"]
     return numbers

@@ -345,8 +345,10 @@ def check_questions(task: Task, n: int, questions: int) -> None:
         raise ValueError(f"task {task.name} asks one question of a context; --questions-per-"
                          f"context above 1 is for {grouped}")  # fmt: skip
     if n % questions:
-        raise ValueError(f"{n} samples are not a whole number of contexts of {questions} "
-                         "questions: make --samples a multiple of --questions-per-context")
+        raise ValueError(
+            f"{n} samples are not a whole number of contexts of {questions} "
+            "questions: make --samples a multiple of --questions-per-context"
+        )
 
 
 TASKS: dict[str, Task] = {}

@@ -31,7 +31,19 @@ import random
 from dataclasses import dataclass
 from functools import partial
 
-from .base import Encoder, Group, Parts, Question, Span, Stream, Task, insert, register, spread, window
+from .base import (
+    Encoder,
+    Group,
+    Parts,
+    Question,
+    Span,
+    Stream,
+    Task,
+    insert,
+    register,
+    spread,
+    window,
+)
 from .haystacks import essay_stream, noise_stream
 from .scoring import string_match_all
 from .words import KINDS, distinct
