@@ -219,3 +219,32 @@ def test_a_study_asks_several_questions_of_each_context(tmp_path: Any) -> None:
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == 2 and len(lines) == 1 and says in lines[0], result.output
         assert not (tmp_path / "bad").exists()
+
+
+def test_the_estimate_counts_one_prefill_per_context() -> None:
+    from posenc.extend.study.estimate import QUESTION_TOKENS, Shape, forward_flops, task_cell_flops
+
+    shape = Shape(layers=2, heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=96,
+                  vocab=100, body_params=10_000, bytes_per_value=4)  # fmt: skip
+    prefill = forward_flops(shape, 2048)
+    step = forward_flops(shape, 2049) - prefill
+    assert task_cell_flops(shape, 2048, "none", 8, 40) == pytest.approx(8 * (prefill + 40 * step))
+    grouped = task_cell_flops(shape, 2048, "none", 8, 40, questions=4)
+    assert grouped == pytest.approx(2 * prefill + 8 * (40 + QUESTION_TOKENS) * step)
+
+
+def test_a_row_whose_contexts_do_not_fit_is_no_readable_row() -> None:
+    """A committed study's task row reads; with contexts that are not one string per sample
+    it is skipped (the ranking would otherwise zip lists of other lengths)."""
+    import json
+    from pathlib import Path
+
+    from posenc.extend.study.rows import study_row_problem
+
+    path = Path(__file__).parent.parent / "benchmarks/studies/smollm2-135m-bf16/results.jsonl"
+    row = next(r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "task")
+    n = len(row["digests"])
+    assert study_row_problem(row) == (None, None)
+    assert study_row_problem({**row, "contexts": ["x"] * n}) == (None, None)
+    assert f"1 contexts for {n} samples" in study_row_problem({**row, "contexts": ["x"]})[0]
+    assert "not a list of strings" in study_row_problem({**row, "contexts": [1] * n})[0]
