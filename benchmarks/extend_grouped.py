@@ -7,8 +7,10 @@ eight asked of one or two contexts (``--questions-per-context``), in one run.
 Each arm answers its cell's samples (:func:`posenc.extend.measures.tasks.run_cell`: greedy
 answer and the reference's teacher-forced log-probability) with the task's own answer budget,
 torch on one thread, timed on this thread's CPU clock (the wall clock of a shared machine
-measures its load); the grouped samples' answers are checked against the same prompts answered
-alone (the same outputs). Prints seconds per cell and per sample and the ratio to today's cell.
+measures its load); then its forwards alone (every prompt's logits up to its last token, no
+reference and no decoding: ``max_new_tokens=1``), the cost sharing a prefill saves. The grouped
+samples' answers are checked against the same prompts answered alone (the same outputs). Prints
+seconds per cell and per sample, the new tokens written, and the ratios to today's cell.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from posenc.extend.measures.tasks import answer, get_task, run_cell
 from posenc.extend.model.load import load_model, resolve_source, smollm2_gguf
 
 
-def timed(model, tok, task: str, length: int, n: int, questions: int) -> tuple[float, dict]:
+def timed(model, tok, task: str, length: int, n: int, questions: int, **kw) -> tuple[float, dict]:
     start = time.thread_time()
-    cell = run_cell(model, tok, task, length, 0.5, n, 0, questions=questions)
+    cell = run_cell(model, tok, task, length, 0.5, n, 0, questions=questions, **kw)
     return time.thread_time() - start, cell
 
 
@@ -40,13 +42,16 @@ def main() -> None:
     print(harness.environment(torch.device("cpu"), ["torch", "transformers", "posenc"]))
     arms = [("today: 2 alone", 2, 1), ("8 alone", 8, 1), ("8 = 2 contexts x 4", 8, 4),
             ("8 = 1 context x 8", 8, 8)]  # fmt: skip
-    base = None
+    base = base_forward = None
     for name, n, k in arms:
+        forward, _ = timed(model, tok, task, length, n, k, logprob=False, max_new_tokens=1)
         seconds, cell = timed(model, tok, task, length, n, k)
-        base = base or seconds
-        print(f"{task} {length:6d} {name:20s} {seconds:7.1f} s/cell {seconds / n:6.2f} s/sample "
-              f"x today {seconds / base:.2f}  score {cell['score']:.2f} "
-              f"[{cell['low']:.2f}, {cell['high']:.2f}]")  # fmt: skip
+        base, base_forward = base or seconds, base_forward or forward
+        new = sum(cell["new_tokens"]) / n
+        print(f"{task} {length:6d} {name:20s} cell {seconds:6.1f} s ({seconds / n:5.2f} s/sample, "
+              f"x today {seconds / base:.2f}, {new:5.1f} new tokens/sample); forwards "
+              f"{forward:6.1f} s ({forward / n:5.2f} s/sample, x today {forward / base_forward:.2f})"
+              f"; score {cell['score']:.2f} [{cell['low']:.2f}, {cell['high']:.2f}]")  # fmt: skip
         if k > 1:  # the grouped answers are the prompts' own, alone
             samples = get_task(task).samples(tok, length, 0.5, n, 0, k)
             alone = [answer(model, tok, s).output for s in samples[:2]]
