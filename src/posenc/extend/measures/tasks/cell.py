@@ -75,7 +75,7 @@ def run_cell(model: Any, tokenizer: Any, task: str, length: int, depth: float | 
         raise ValueError(f"the samples given are not {n} of {task} at {length} tokens")
     answers = []
     for group in _groups(samples):
-        kw = {"logprob": logprob, "max_new_tokens": max_new_tokens, "task": t}
+        kw: dict[str, Any] = {"logprob": logprob, "max_new_tokens": max_new_tokens, "task": t}
         answers += (answer_group(model, tokenizer, group, **kw) if len(group) > 1
                     else [answer(model, tokenizer, group[0], **kw)])  # fmt: skip
     grouped = any(s.prefix for s in samples)
