@@ -182,6 +182,52 @@ def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[floa
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def cluster_wilson_interval(scores: Sequence[float], clusters: Sequence[object],
+                            level: float = 0.95) -> tuple[float, float]:  # fmt: skip
+    """The Wilson interval of the mean of ``scores`` (each in ``[0, 1]``) where samples of one
+    cluster (``clusters[i]`` names sample ``i``'s: questions asked of one shared context) are
+    not independent: Wilson's formula at the *effective* sample size ``n / deff`` (Kish's design
+    effect; Kish 1965, *Survey Sampling*, 8.2). With ``p`` the mean, ``C`` clusters, cluster
+    ``c`` of ``m_c`` samples summing to ``S_c``, ``deff`` is the ratio of the cluster-robust
+    variance of ``p`` (the ratio estimator's, ``C / (C - 1) sum_c (S_c - p m_c)**2 / n**2``) to
+    the independent one ``p (1 - p) / n``, held to ``[1, mbar]`` (``mbar = n / C``; an
+    intra-cluster correlation in ``[0, 1]``: ``n_eff`` between ``C`` and ``n``). Where it cannot
+    be estimated (every score equal, or one cluster) the most cautious ``deff = mbar`` is taken:
+    the interval of ``C`` independent samples. Every cluster of one sample: exactly
+    :func:`wilson_interval`."""
+    values = [float(v) for v in scores]
+    if len(values) != len(clusters) or not values:
+        raise ValueError(f"cluster_wilson_interval needs one cluster per score, got "
+                         f"{len(values)} scores and {len(clusters)} clusters")  # fmt: skip
+    if any(not 0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"scores must be in [0, 1], got {values}")
+    sums: dict[object, list[float]] = {}
+    for v, c in zip(values, clusters, strict=True):
+        sums.setdefault(c, []).append(v)
+    n, k = len(values), len(sums)
+    if k == n:
+        return wilson_interval(sum(values), n, level)
+    p, mbar = sum(values) / n, n / k
+    independent = p * (1.0 - p) / n
+    if k < 2 or independent == 0.0:
+        deff = mbar
+    else:
+        robust = k / (k - 1) * sum((sum(g) - p * len(g)) ** 2 for g in sums.values()) / n**2
+        deff = min(mbar, max(1.0, robust / independent))
+    return _wilson(p, n / deff, level)
+
+
+def _wilson(p: float, n: float, level: float) -> tuple[float, float]:
+    """Wilson's interval of a proportion ``p`` over ``n`` (possibly fractional) trials."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be between 0 and 1 (exclusive), got {level!r}")
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2.0)
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1.0 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def sign_test_p(up: int, down: int) -> float | None:
     """The exact two-sided sign test of ``up`` pairs that went one way against ``down`` that
     went the other (ties left out, as the test leaves them): under the null each changed pair

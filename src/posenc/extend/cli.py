@@ -73,12 +73,13 @@ def run_command(
     tasks: str = typer.Option(
         None, "--tasks", help="RULER-style tasks, comma-separated (ruler: all; niah: the needles)."
     ),
-    task_lengths: str = typer.Option(
-        "", "--task-lengths", help="Task lengths (default --lengths)."
-    ),
+    task_lengths: str = typer.Option("", "--task-lengths", help="Task lengths (or --lengths)."),
     task_depths: str = typer.Option("0.5", "--task-depths", help="Needle depths 0..1 for tasks."),
     samples: int = typer.Option(4, "--samples", min=1, help="Samples per task cell."),
     task_seed: int = typer.Option(0, "--task-seed", min=0, help="The task prompts' seed."),
+    questions_per_context: int = typer.Option(
+        1, "--questions-per-context", min=1, help="Needle tasks: questions per prefilled context."
+    ),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
     device: str = typer.Option("cpu", "--device"),
     device_map: str = typer.Option(None, "--device-map", help="e.g. auto (accelerate)."),
@@ -92,9 +93,7 @@ def run_command(
     lr: float = typer.Option(2e-5, "--lr", help="Fine-tune learning rate (AdamW)."),
     longppl: bool = typer.Option(False, "--longppl", help="Key-token perplexity (LongPPL) too."),
     longppl_evaluator: str = typer.Option(
-        None,
-        "--longppl-evaluator",
-        help="The method that finds key tokens (default: yarn if asked, else the first).",
+        None, "--longppl-evaluator", help="The method finding key tokens (default: yarn, or first)."
     ),
     longppl_trunc: int = typer.Option(4096, "--longppl-trunc", min=1, help="LongPPL context."),
     longppl_window: int = typer.Option(

@@ -140,19 +140,26 @@ def task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
 
 def per_task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and body: one row per (task, method), the task's score (%) at each length with its
-    Wilson 95 % interval over the pooled samples (``62 [41–79]``)."""
+    Wilson 95 % interval over the pooled samples (``62 [41–79]``); samples asked of one shared
+    context (a row's ``contexts``) one cluster of the cluster-aware interval
+    (:func:`posenc._stats.cluster_wilson_interval`)."""
     tasks = task_rows(rows)
     lengths = sorted({int(r["length"]) for r in tasks})
     pooled: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    clusters: dict[tuple[str, str, int], list[str]] = defaultdict(list)
     for r in tasks:
-        pooled[(r["task"], r["method"], int(r["length"]))].extend(r["scores"])
+        key = (r["task"], r["method"], int(r["length"]))
+        pooled[key].extend(r["scores"])
+        clusters[key].extend(r.get("contexts") or r["digests"])
     body = []
     for task in dict.fromkeys(r["task"] for r in tasks):
         for method in study_methods(tasks):
             cells = []
             for n in lengths:
                 got = pooled.get((task, method, n))
-                s = summarize(got) if got else None
+                shared = clusters[(task, method, n)]
+                s = (summarize(got, contexts=shared if len(set(shared)) < len(shared) else None)
+                     if got else None)  # fmt: skip
                 cells.append(f"{100 * s.mean:.0f} [{100 * s.low:.0f}–{100 * s.high:.0f}]"
                              if s else "")  # fmt: skip
             if any(cells):

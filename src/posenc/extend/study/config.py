@@ -49,6 +49,7 @@ class StudyConfig:
     task_depths: tuple[float, ...] = (0.5,)  # for the tasks that take a depth
     task_samples: int = 4
     task_seed: int = 0
+    task_questions: int = 1  # needle tasks: questions asked of one prefilled context
     longppl: bool = False  # key-token perplexity cells (posenc.extend.measures.longppl)
     longppl_evaluator: str | None = None  # a method's label; None: yarn if there, else the first
     longppl_trunc: int = 4096  # the truncated context that finds key tokens (tokens)
@@ -111,6 +112,10 @@ class StudyConfig:
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
         if self.task_samples < 1:
             raise ValueError(f"task samples must be at least 1, got {self.task_samples}")
+        from ..measures.tasks.base import check_questions
+
+        for name in self.tasks:  # one line naming the tasks that take it, or the multiple
+            check_questions(get_task(name), self.task_samples, self.task_questions)
 
     def _check_longppl(self) -> None:
         for name, value in (("LongPPL trunc", self.longppl_trunc),
@@ -229,6 +234,8 @@ def cell_identity(
         )
     elif cell.kind == "task":
         ident.update(task=cell.task, depth=cell.depth, seed=cfg.task_seed, n=cfg.task_samples)
+        if cfg.task_questions > 1:  # rows of one question a context keep their identity
+            ident["questions"] = cfg.task_questions
     elif cell.kind in ("keytokens", "longppl"):
         from .longppl_cells import longppl_settings
 

@@ -4,7 +4,8 @@ study has left, what they cost on this machine and the memory its longest forwar
 The time is operations times the measured seconds per operation (:mod:`.estimate`: the median of
 three timed forwards after a warm-up), plus for each task sample its decode steps at the measured
 fixed cost of a one-token step; it is an upper bound in the tokens generated (each task's full
-answer budget is counted) and a point estimate in speed.
+answer budget is counted) and a point estimate in speed. Questions asked of one prefilled context
+(``--questions-per-context``) share its prefill: a cell costs one prefill per context.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def study_seconds(model: Any, shape: Any, cfg: Any, todo: list[Any]) -> float:
             total += sum(forward_flops(shape, n, c.method.name) for n in forwards) * per_flop
             continue
         steps = get_task(c.task).max_new_tokens + 16  # the reference's tokens: a few
-        flops = task_cell_flops(shape, c.length, c.method.name, cfg.task_samples, steps)
+        flops = task_cell_flops(shape, c.length, c.method.name, cfg.task_samples, steps,
+                                cfg.task_questions)  # fmt: skip
         total += flops * per_flop + cfg.task_samples * steps * per_step
     return total
 
@@ -59,6 +61,9 @@ def plan_text(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have
         parts.append(counted(kinds["passkey"], "passkey prompt"))
     tasks = [c for c in todo if c.kind == "task"]
     task_text = f"{counted(kinds['task'], 'task cell')} of {counted(cfg.task_samples, 'sample')}"
+    if cfg.task_questions > 1:
+        contexts = counted(cfg.task_samples // cfg.task_questions, "prefilled context")
+        task_text += f" ({contexts} of {cfg.task_questions} questions)"
     if tasks:
         lengths = ", ".join(str(n) for n in sorted({c.length for c in tasks}))
         answer = max(get_task(str(c.task)).max_new_tokens for c in tasks)

@@ -146,13 +146,22 @@ def seconds_per_flop(model: Any, shape: Shape) -> float:
     return sorted(times)[1] / forward_flops(shape, CALIBRATION_TOKENS)
 
 
-def task_cell_flops(shape: Shape, length: int, method: str, samples: int, steps: int) -> float:
-    """Operations of a task cell: per sample one prefill of ``length`` tokens and at most
+#: The tokens of a question asked after a shared context (its tail: question and answer
+#: prefix; RULER's niah tails are 30-60 tokens), an upper bound for the estimate.
+QUESTION_TOKENS = 64
+
+
+def task_cell_flops(shape: Shape, length: int, method: str, samples: int, steps: int,
+                    questions: int = 1) -> float:  # fmt: skip
+    """Operations of a task cell: one prefill of ``length`` tokens per context (``samples /
+    questions`` of them: each sample's own where ``questions`` is 1) and per sample at most
     ``steps`` one-token steps through the cache (the reference's teacher-forced tokens and the
-    greedy answer), each the operations one more token adds to the forward."""
+    greedy answer), each the operations one more token adds to the forward; a question after a
+    shared context adds its :data:`QUESTION_TOKENS` tokens through the fork, costed like steps."""
     prefill = forward_flops(shape, length, method)
     per_step = forward_flops(shape, length + 1, method) - prefill
-    return samples * (prefill + steps * per_step)
+    suffix = QUESTION_TOKENS if questions > 1 else 0
+    return samples / questions * prefill + samples * (steps + suffix) * per_step
 
 
 @torch.inference_mode()

@@ -53,8 +53,8 @@ FIXED = ("lengths", "bin_size", "target", "passkey_seed")
 #: Fixed like :data:`FIXED` once a study has recorded them (a folder from before task cells
 #: existed takes whatever a first task run sets): every task row's seed and sample count, and
 #: how the LongPPL rows find their key tokens (evaluator, truncated context, window).
-FIXED_ONCE_SET = ("task_seed", "task_samples", "longppl_evaluator", "longppl_trunc",
-                  "longppl_window")  # fmt: skip
+FIXED_ONCE_SET = ("task_seed", "task_samples", "task_questions", "longppl_evaluator",
+                  "longppl_trunc", "longppl_window")  # fmt: skip
 #: What a study has rows of: a run may add to these (each new row measured like the others).
 GROWING = ("passkey_lengths", "passkey_depths", "tasks", "task_lengths", "task_depths")
 
@@ -86,6 +86,7 @@ def study_settings(cfg: Any) -> dict[str, Any]:
         "task_depths": list(cfg.task_depths) if cfg.tasks else [],
         "task_seed": cfg.task_seed if cfg.tasks else None,
         "task_samples": cfg.task_samples if cfg.tasks else None,
+        "task_questions": cfg.task_questions if cfg.tasks else None,
         "longppl_evaluator": cfg.evaluator if cfg.longppl else None,
         "longppl_trunc": cfg.longppl_trunc if cfg.longppl else None,
         "longppl_window": cfg.longppl_window if cfg.longppl else None,
@@ -128,6 +129,8 @@ def _merged(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], l
     """``new`` with the documents and passkey lengths and depths of ``old`` it lacks (what the
     folder then has rows of), and how the two differ where they may not: a :data:`FIXED`
     setting, or a document of one name with other contents."""
+    if old.get("task_questions") is None and old.get("task_samples") is not None:
+        old = {**old, "task_questions": 1}  # recorded before it existed: one question each
     diff = config_diff({k: old.get(k) for k in FIXED}, {k: new[k] for k in FIXED})
     once = [k for k in FIXED_ONCE_SET if old.get(k) is not None and new[k] is not None]
     diff += config_diff({k: old[k] for k in once}, {k: new[k] for k in once})

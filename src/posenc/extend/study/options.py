@@ -53,6 +53,7 @@ def study_config(options: dict[str, Any], trained: int | None = None) -> Any:
         task_depths=_depths(options["task_depths"], "--task-depths"),
         task_samples=options["samples"],
         task_seed=options["task_seed"],
+        task_questions=options.get("questions_per_context", 1),
         longppl=options["longppl"],
         longppl_evaluator=options["longppl_evaluator"],
         longppl_trunc=options["longppl_trunc"],
@@ -74,7 +75,7 @@ def _check_task_options(options: dict[str, Any], tasks: tuple[str, ...]) -> None
                          "ruler (every task) or niah (the needles)")  # fmt: skip
     if tasks:
         return
-    for key in ("task_lengths", "task_depths", "samples", "task_seed"):
+    for key in ("task_lengths", "task_depths", "samples", "task_seed", "questions_per_context"):
         # given on the command line, even as its default (click's ParameterSource, by name)
         source = options["ctx"].get_parameter_source(key)
         if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):

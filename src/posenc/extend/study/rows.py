@@ -69,7 +69,9 @@ def study_row_problem(row: dict[str, Any]) -> tuple[str | None, str | None]:
     kind = row.get("kind")
     if kind not in KINDS:
         return f"its kind {kind!r} is not a study row's ({', '.join(KINDS)})", None
-    problem = shape_problem(row, STUDY_ROWS[kind], "row") or value_problem(row)
+    problem = (
+        shape_problem(row, STUDY_ROWS[kind], "row") or value_problem(row) or _contexts_problem(row)
+    )
     if problem is not None:
         return f"{problem} (a {kind} row); a rerun of the study computes its cell again", None
     return None, None
@@ -161,6 +163,19 @@ def checked_rows(rows: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, A
             continue
         kept.append((where, _nan_at_floats(row, STUDY_ROWS[row["kind"]])))
     return one_row_per_cell(kept)
+
+
+def _contexts_problem(row: dict[str, Any]) -> str | None:
+    """A task row's optional ``contexts`` (one shared-context id per sample, where questions
+    shared a prefill): a list of strings as long as its ``digests``, else why not."""
+    if row.get("kind") != TASK or "contexts" not in row:
+        return None
+    got = row["contexts"]
+    if not isinstance(got, list) or not all(isinstance(c, str) for c in got):
+        return "its contexts are not a list of strings"
+    if len(got) != len(row["digests"]):
+        return f"it has {len(got)} contexts for {len(row['digests'])} samples"
+    return None
 
 
 def read_study_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -84,9 +84,12 @@ def check_texts(tokenizer: Any, cfg: StudyConfig) -> None:
 
     for name in cfg.tasks:  # one sample at the shortest length: a task too long for it refused
         task, shortest = get_task(name), cfg.task_lengths[0]
-        try:
-            task.sample(tokenizer, shortest, cfg.task_depths[0] if task.uses_depth else None,
-                        cfg.task_seed)  # fmt: skip
+        depth = cfg.task_depths[0] if task.uses_depth else None
+        try:  # with every question's needle where several share a context
+            if cfg.task_questions > 1:
+                task.context(tokenizer, shortest, depth, cfg.task_seed, 0, cfg.task_questions)
+            else:
+                task.sample(tokenizer, shortest, depth, cfg.task_seed)
         except ValueError as err:  # which task and which option, beside the tokens it needs
             raise ValueError(f"task {name} at {shortest} tokens, the shortest task length "
                              f"(--task-lengths, default --lengths): {err}") from err  # fmt: skip
@@ -120,9 +123,9 @@ def _answer_task(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, folde
 
     task = str(cell.task)
     samples = cached_samples(folder, tokenizer, task, cell.length, cell.depth, cfg.task_samples,
-                             cfg.task_seed, tokenizer_id)  # fmt: skip
+                             cfg.task_seed, tokenizer_id, cfg.task_questions)  # fmt: skip
     numbers = answer_cell(model, tokenizer, task, cell.length, cell.depth, cfg.task_samples,
-                          cfg.task_seed, samples=samples)  # fmt: skip
+                          cfg.task_seed, samples=samples, questions=cfg.task_questions)  # fmt: skip
     numbers["task_seed"] = numbers.pop("seed")
     del numbers["seconds"]
     return numbers

@@ -21,7 +21,14 @@ from __future__ import annotations
 
 from . import extraction, niah, variable_tracking  # noqa: F401  (each registers its tasks)
 from .base import TASKS, Sample, Span, Task, get_task, register, task_names
-from .cell import effective_lengths, paired_difference, run_cell, sample_digest, scores_by_length
+from .cell import (
+    context_digest,
+    effective_lengths,
+    paired_difference,
+    run_cell,
+    sample_digest,
+    scores_by_length,
+)
 from .effective import (
     RELATIVE_FRACTION,
     RULER_THRESHOLD,
@@ -30,7 +37,7 @@ from .effective import (
     relative_effective_length,
     ruler_effective_length,
 )
-from .generation import Answer, Score, answer, summarize
+from .generation import Answer, Score, answer, answer_group, summarize
 from .scoring import METRICS, postprocess, string_match_all, string_match_part
 
 # RULER's order (synthetic.yaml), whatever order the modules registered in
@@ -49,6 +56,8 @@ __all__ = [
     "Span",
     "Task",
     "answer",
+    "answer_group",
+    "context_digest",
     "effective_length",
     "effective_lengths",
     "get_task",

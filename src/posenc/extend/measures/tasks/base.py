@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "TASKS", "Encoder", "Parts", "Sample", "Span", "Stream", "Task", "get_task", "insert",
+    "TASKS", "Encoder", "Group", "Parts", "Question", "Sample", "Span", "Stream", "Task", "get_task", "insert",
     "register", "task_names", "window",
 ]  # fmt: skip
 
@@ -52,7 +52,11 @@ class Sample:
     teacher-forced log-probability is measured (``" 1234567"``); ``context``: the ``[start,
     end)`` ids of haystack and needles; ``needles``: every inserted needle's span, the first
     the one at ``depth`` (the first reference's; the chain's first link), the others as drawn;
-    ``depth``: as asked (None for tasks without one); ``seed``/``index``: which sample."""
+    ``depth``: as asked (None for tasks without one); ``seed``/``index``: which sample;
+    ``prefix``: the first ``prefix`` ids are a context shared with the other questions of its
+    group (:meth:`Task.samples` with ``questions`` > 1: prefilled once, then each question's
+    suffix after it), 0 for a prompt asked alone. A grouped prompt is at most ``length`` ids
+    (its group's longest question exactly ``length``)."""
 
     task: str
     seed: int
@@ -67,6 +71,7 @@ class Sample:
     max_new_tokens: int
     context: tuple[int, int]
     needles: tuple[Span, ...] = ()
+    prefix: int = 0
 
     def identity(self) -> dict[str, Any]:
         """What names the sample in a row: the same for every method, so methods pair on it."""
@@ -88,9 +93,34 @@ class Parts:
     needles: tuple[Span, ...] = ()
 
 
+@dataclass(frozen=True)
+class Question:
+    """One question of a shared context (:class:`Group`): its ``tail`` ids (question and answer
+    prefix), what scores it, and the needle spans relative to the context, its own first."""
+
+    tail: list[int]
+    references: tuple[str, ...]
+    target: str
+    answer_prefix: str
+    needles: tuple[Span, ...]
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group builder's prompts in pieces: one ``head`` and ``context`` (every question's
+    needles planted in it) and the ``questions`` asked of it, each alone."""
+
+    head: list[int]
+    context: list[int]
+    questions: tuple[Question, ...]
+
+
 #: A builder: ``(rng, encoder, length, depth) -> Parts`` whose ids add up to ``length`` (BOS
 #: aside: :meth:`Encoder.room` counts it).
 Builder = Callable[[random.Random, "Encoder", int, "float | None"], Parts]
+#: A group builder: ``(rng, encoder, length, depth, k) -> Group`` of ``k`` questions, BOS, head,
+#: context and the longest question's tail adding up to ``length``.
+GroupBuilder = Callable[[random.Random, "Encoder", int, "float | None", int], Group]
 #: A metric: ``(output text, references) -> score in [0, 1]``.
 Metric = Callable[[str, Sequence[str]], float]
 
@@ -232,6 +262,7 @@ class Task:
     max_new_tokens: int
     uses_depth: bool
     follows: str
+    group: GroupBuilder | None = None  # several questions of one context (None: one only)
 
     def sample(self, tokenizer: Any, length: int, depth: float | None, seed: int,
                index: int = 0) -> Sample:  # fmt: skip
@@ -254,9 +285,42 @@ class Task:
         )  # fmt: skip
 
     def samples(self, tokenizer: Any, length: int, depth: float | None, n: int,
-                seed: int) -> list[Sample]:  # fmt: skip
-        """Samples ``0 .. n - 1`` of ``seed`` (:meth:`sample`): every method reads these."""
-        return [self.sample(tokenizer, length, depth, seed, i) for i in range(n)]
+                seed: int, questions: int = 1) -> list[Sample]:  # fmt: skip
+        """Samples ``0 .. n - 1`` of ``seed`` (:meth:`sample`): every method reads these.
+        ``questions`` > 1: ``n / questions`` contexts of ``questions`` questions each
+        (:meth:`context`), sample ``i`` question ``i % questions`` of context
+        ``i // questions``."""
+        if questions == 1:
+            return [self.sample(tokenizer, length, depth, seed, i) for i in range(n)]
+        check_questions(self, n, questions)
+        return [s for c in range(n // questions)
+                for s in self.context(tokenizer, length, depth, seed, c, questions)]  # fmt: skip
+
+    def context(self, tokenizer: Any, length: int, depth: float | None, seed: int, index: int,
+                questions: int) -> list[Sample]:  # fmt: skip
+        """The ``questions`` samples of context ``index``: one prompt per question, each the
+        shared ids (BOS, head, context with every question's needles) then its own tail
+        (``Sample.prefix`` the shared length); the same ids for the same arguments."""
+        depth = self._check_depth(depth)
+        check_questions(self, questions, questions)
+        rng = random.Random(f"{self.name}|{seed}|{length}|{depth}|context {index}|{questions}")
+        enc = encoder_for(tokenizer)
+        assert self.group is not None  # check_questions
+        group = self.group(rng, enc, length, depth, questions)
+        shared = enc.bos + group.head + group.context
+        if len(shared) + max(len(q.tail) for q in group.questions) != length:  # a builder's bug
+            raise AssertionError(f"task {self.name} built a group longer or shorter than {length}")
+        start = len(enc.bos) + len(group.head)
+        out = []
+        for j, q in enumerate(group.questions):
+            ids = shared + q.tail
+            needles = tuple(Span(s.start + start, s.end + start, s.answer) for s in q.needles)
+            out.append(Sample(
+                self.name, seed, index * questions + j, length, depth, tuple(ids),
+                enc.decode(ids), q.references, q.target, q.answer_prefix, self.max_new_tokens,
+                (start, start + len(group.context)), needles, len(shared),
+            ))  # fmt: skip
+        return out
 
     def score(self, output: str, sample: Sample) -> float:
         """``output`` (the model's text after the answer prefix) scored in ``[0, 1]``."""
@@ -270,6 +334,21 @@ class Task:
         if depth is None or not 0.0 <= float(depth) <= 1.0:
             raise ValueError(f"task {self.name} needs a depth in [0, 1], got {depth}")
         return float(depth)
+
+
+def check_questions(task: Task, n: int, questions: int) -> None:
+    """``questions`` per context fits ``task`` and ``n`` samples: one line saying what does."""
+    if isinstance(questions, bool) or not isinstance(questions, int) or questions < 1:
+        raise ValueError(f"questions per context must be a whole number >= 1, got {questions!r}")
+    if questions > 1 and task.group is None:
+        grouped = ", ".join(t.name for t in TASKS.values() if t.group is not None)
+        raise ValueError(f"task {task.name} asks one question of a context; --questions-per-"
+                         f"context above 1 is for {grouped}")  # fmt: skip
+    if n % questions:
+        raise ValueError(
+            f"{n} samples are not a whole number of contexts of {questions} "
+            "questions: make --samples a multiple of --questions-per-context"
+        )
 
 
 TASKS: dict[str, Task] = {}

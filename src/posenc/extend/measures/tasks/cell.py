@@ -23,32 +23,65 @@ from .effective import (
     relative_effective_length,
     ruler_effective_length,
 )
-from .generation import answer, summarize
+from .generation import answer, answer_group, summarize
 
 
 def sample_digest(sample: Sample) -> str:
     """12 hex digits of SHA-256 over the sample's ids: equal digests, equal prompts."""
-    return hashlib.sha256(",".join(map(str, sample.ids)).encode()).hexdigest()[:12]
+    return _digest(sample.ids)
+
+
+def context_digest(sample: Sample) -> str:
+    """12 hex digits of SHA-256 over the context the sample shares with the other questions of
+    its group (its first ``prefix`` ids): equal digests, one prefilled context."""
+    return _digest(sample.ids[: sample.prefix])
+
+
+def _digest(ids: Sequence[int]) -> str:
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:12]
+
+
+def _groups(samples: Sequence[Sample]) -> list[list[Sample]]:
+    """Consecutive samples of one shared context together; a sample asked alone by itself."""
+    out: list[list[Sample]] = []
+    for s in samples:
+        last = out[-1][-1] if out else None
+        if s.prefix and last is not None and last.prefix == s.prefix and \
+                last.ids[: s.prefix] == s.ids[: s.prefix]:  # fmt: skip
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
 
 
 def run_cell(model: Any, tokenizer: Any, task: str, length: int, depth: float | None, n: int,
              seed: int, *, logprob: bool = True, max_new_tokens: int | None = None,
-             samples: Sequence[Sample] | None = None) -> dict[str, Any]:  # fmt: skip
+             samples: Sequence[Sample] | None = None,
+             questions: int = 1) -> dict[str, Any]:  # fmt: skip
     """``n`` samples of ``task`` at ``length`` and ``depth`` (seed ``seed``) answered by
     ``model`` as it stands (:func:`~.generation.answer`) -> a dict: the cell's identity
     (``task``, ``length``, ``depth``, ``seed``, ``n``, ``metric``), ``score`` (mean in
     ``[0, 1]``) with its Wilson ``low``/``high``, and per sample (lists of ``n``): ``scores``,
     ``outputs``, ``references``, ``target_logprobs`` (None without ``logprob``), ``new_tokens``,
     ``digests`` (:func:`sample_digest`); ``seconds`` all told. ``samples``: the cell's samples
-    prepared before (:func:`~.prompts.cached_samples`), else built here."""
+    prepared before (:func:`~.prompts.cached_samples`), else built here. ``questions`` > 1:
+    ``n / questions`` contexts, each prefilled once and asked its questions in turn
+    (:func:`~.generation.answer_group`); the dict then adds ``questions`` and ``contexts`` (one
+    :func:`context_digest` per sample), and the interval is the cluster-aware one."""
     t = get_task(task)
     if samples is None:
-        samples = t.samples(tokenizer, length, depth, n, seed)
+        samples = t.samples(tokenizer, length, depth, n, seed, questions)
     elif len(samples) != n or any(s.task != task or s.length != length for s in samples):
         raise ValueError(f"the samples given are not {n} of {task} at {length} tokens")
-    answers = [answer(model, tokenizer, s, logprob=logprob, max_new_tokens=max_new_tokens,
-                      task=t) for s in samples]  # fmt: skip
-    score = summarize([a.score for a in answers])
+    answers = []
+    for group in _groups(samples):
+        kw: dict[str, Any] = {"logprob": logprob, "max_new_tokens": max_new_tokens, "task": t}
+        answers += (answer_group(model, tokenizer, group, **kw) if len(group) > 1
+                    else [answer(model, tokenizer, group[0], **kw)])  # fmt: skip
+    grouped = any(s.prefix for s in samples)
+    contexts = [context_digest(s) if s.prefix else sample_digest(s) for s in samples]
+    score = summarize([a.score for a in answers], contexts=contexts if grouped else None)
+    extra = {"questions": questions, "contexts": contexts} if grouped else {}
     return {
         "task": task, "length": length, "depth": depth, "seed": seed, "n": n,
         "metric": t.metric_name, "score": score.mean, "low": score.low, "high": score.high,
@@ -57,7 +90,7 @@ def run_cell(model: Any, tokenizer: Any, task: str, length: int, depth: float | 
         "target_logprobs": [a.target_logprob for a in answers],
         "new_tokens": [a.new_tokens for a in answers],
         "digests": [sample_digest(s) for s in samples],
-        "seconds": round(sum(a.seconds for a in answers), 3),
+        "seconds": round(sum(a.seconds for a in answers), 3), **extra,
     }  # fmt: skip
 
 

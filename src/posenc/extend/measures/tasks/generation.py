@@ -10,6 +10,14 @@ sliding-window layer that has dropped keys: Gemma 3's) is refilled by a second p
 
 The logits are the model's head on the decoder's last hidden state only (never ``[L, vocab]``
 for a long prompt), with Gemma's final soft cap, as :mod:`posenc.extend.measures.perplexity` forms them.
+Several questions of one context (samples whose first ``Sample.prefix`` ids are the same:
+:func:`answer_group`): the shared ids are prefilled once, and each question forks the cache
+after them (:func:`_fork`: the layers' tensors shared, never written in place, since a cache
+layer appends by concatenation), feeds its own suffix through the fork, then goes on as
+:func:`answer` does; the same tokens and log-probabilities as its whole prompt prefilled alone
+(the suffix's logits are the decoder's over the same keys and positions, in another order of
+float sums).
+
 Whatever method is applied to the model (a RoPE scaling, Self-Extend, DCA) is in place for the
 prefill and every decoding step. Run long prompts inside
 :func:`posenc.hf.linear_memory.linear_memory` as the study does.
@@ -17,6 +25,7 @@ prefill and every decoding step. Run long prompts inside
 
 from __future__ import annotations
 
+import copy
 import inspect
 import time
 from collections.abc import Sequence
@@ -25,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ...._stats import wilson_interval
+from ...._stats import cluster_wilson_interval, wilson_interval
 from ..perplexity import _logits
 from .base import Sample, Task, get_task
 from .scoring import postprocess
@@ -92,6 +101,18 @@ def _rollback(cache: Any, keep: int) -> bool:
     return True
 
 
+def _fork(cache: Any) -> Any:
+    """A cache that grows apart from ``cache``: plain and sliding-window layers (which replace
+    their tensors as they grow, never write into them) copied shallowly, any other layer (a
+    recurrent state updated in place) deeply."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer)
+                  else copy.deepcopy(layer) for layer in cache.layers]  # fmt: skip
+    return out
+
+
 def _target_logprob(model: Any, last: torch.Tensor, target: torch.Tensor,
                     cache: Any) -> float:  # fmt: skip
     """The total log-probability of ``target [t]`` following the prompt whose last logits are
@@ -136,18 +157,61 @@ def answer(model: Any, tokenizer: Any, sample: Sample, *, logprob: bool = True,
     scored by the task's rule, and (``logprob``) the teacher-forced log-probability of
     ``sample.target`` from the same prefill. ``tokenizer`` decodes the new tokens; ``task``
     defaults to the registered one of ``sample.task``."""
-    task = task or get_task(sample.task)
     device = next(model.parameters()).device
     ids = torch.tensor([sample.ids], device=device)  # [1, L]
     start = time.perf_counter()
     last, cache = _prefill(model, ids)
+    return _finish(model, tokenizer, sample, last, cache, lambda: _prefill(model, ids), start,
+                   logprob=logprob, max_new_tokens=max_new_tokens, task=task)  # fmt: skip
+
+
+@torch.inference_mode()
+def answer_group(model: Any, tokenizer: Any, samples: Sequence[Sample], *, logprob: bool = True,
+                 max_new_tokens: int | None = None, task: Task | None = None) -> list[Answer]:  # fmt: skip
+    """The questions ``samples`` of one shared context (their first ``prefix`` ids the same)
+    answered as :func:`answer` answers each alone, the context prefilled once and the cache
+    forked after it for each (module docstring). Each answer's ``seconds``: its own decoding
+    and an equal share of the shared prefill."""
+    prefix = samples[0].prefix
+    shared = samples[0].ids[:prefix]
+    if prefix < 1 or any(s.prefix != prefix or s.ids[:prefix] != shared or len(s.ids) <= prefix
+                         for s in samples):  # fmt: skip
+        raise ValueError("answer_group needs samples that share their first `prefix` ids, each "
+                         "with a question after them")  # fmt: skip
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    _, context = _prefill(model, torch.tensor([shared], device=device))  # [1, prefix]
+    share = (time.perf_counter() - start) / len(samples)
+    out = []
+    for s in samples:
+        suffix = torch.tensor([s.ids[prefix:]], device=device)  # [1, L - prefix]
+
+        def ask(suffix: torch.Tensor = suffix) -> tuple[torch.Tensor, Any]:
+            cache = _fork(context)
+            return _step(model, suffix, cache)[-1], cache
+
+        begin = time.perf_counter() - share
+        last, cache = ask()
+        out.append(_finish(model, tokenizer, s, last, cache, ask, begin, logprob=logprob,
+                           max_new_tokens=max_new_tokens, task=task))  # fmt: skip
+    return out
+
+
+def _finish(model: Any, tokenizer: Any, sample: Sample, last: torch.Tensor, cache: Any,
+            again: Any, start: float, *, logprob: bool, max_new_tokens: int | None,
+            task: Task | None) -> Answer:  # fmt: skip
+    """The answer after the prompt (its last logits ``last [vocab]``, its keys in ``cache``):
+    the reference's log-probability, the cache cut back (or ``again()``: the prompt's logits
+    and cache anew), greedy decoding, the score; ``start`` the clock at its beginning."""
+    task = task or get_task(sample.task)
+    device = last.device
     target_logprob, target_len = None, 0
     if logprob:
         target = tokenizer(sample.target, add_special_tokens=False)["input_ids"]
         target_len = len(target)
         target_logprob = _target_logprob(model, last, torch.tensor(target, device=device), cache)
         if not _rollback(cache, len(sample.ids)):  # a cache that forgets: the prompt again
-            last, cache = _prefill(model, ids)
+            last, cache = again()
     budget = sample.max_new_tokens if max_new_tokens is None else max_new_tokens
     new = _greedy(model, last, cache, budget, _stop_ids(tokenizer, model))
     output = postprocess(tokenizer.decode(new, skip_special_tokens=True))
@@ -161,7 +225,8 @@ def answer(model: Any, tokenizer: Any, sample: Sample, *, logprob: bool = True,
 @dataclass(frozen=True)
 class Score:
     """The mean of ``n`` sample scores in ``[0, 1]`` with its Wilson interval ``[low, high]``
-    (:func:`posenc._stats.wilson_interval`, ``level``)."""
+    (:func:`posenc._stats.wilson_interval`, ``level``; samples sharing a context:
+    :func:`posenc._stats.cluster_wilson_interval`)."""
 
     mean: float
     low: float
@@ -170,12 +235,18 @@ class Score:
     level: float = 0.95
 
 
-def summarize(scores: Sequence[float], level: float = 0.95) -> Score:
-    """``scores`` (one per sample, each in ``[0, 1]``) -> their mean and Wilson interval."""
+def summarize(scores: Sequence[float], level: float = 0.95,
+              contexts: Sequence[str] | None = None) -> Score:  # fmt: skip
+    """``scores`` (one per sample, each in ``[0, 1]``) -> their mean and Wilson interval;
+    ``contexts`` (one id per sample: samples of one id asked of one shared context) makes it
+    the cluster-aware interval of :func:`posenc._stats.cluster_wilson_interval`."""
     values = [float(s) for s in scores]
     if not values:
         raise ValueError("summarize needs at least one score")
     if any(not 0.0 <= v <= 1.0 for v in values):
         raise ValueError(f"scores must be in [0, 1], got {values}")
-    low, high = wilson_interval(sum(values), len(values), level)
+    if contexts is None:
+        low, high = wilson_interval(sum(values), len(values), level)
+    else:
+        low, high = cluster_wilson_interval(values, list(contexts), level)
     return Score(sum(values) / len(values), low, high, len(values), level)
