@@ -11,9 +11,11 @@ The lab's rows (:mod:`posenc.lab.reports.rows`) and ``posenc extend``'s
 
 from __future__ import annotations
 
+import json
 import math
 import reprlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -98,6 +100,20 @@ def _shape_name(shape: Any) -> str:
         return " or ".join(_shape_name(s) for s in shape.options)
     names = {float: "a number", int: "an integer", str: "a string", None: "null"}
     return names.get(shape, "anything")
+
+
+def read_shaped_json(path: Path, shape: Any, where: str, what: str) -> Any:
+    """The JSON file ``path`` parsed and checked against ``shape`` (:func:`shape_problem`, the
+    top level named ``where``): not JSON, or a field missing or of the wrong type, is one
+    ValueError naming the file and saying it is no ``what``."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{path} is no JSON ({e}); it is no {what}") from None
+    problem = shape_problem(value, shape, where)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}; it is no {what}")
+    return value
 
 
 def shape_problem(value: object, shape: Any, where: str) -> str | None:

@@ -11,14 +11,13 @@ length, where a scaling stretches every position and can cost what the model as 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ...runs.rows import Keys, ListOf, OneOf, shape_problem
+from ...runs.rows import Keys, ListOf, OneOf, read_shaped_json
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -78,13 +77,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 def read_run_spec(path: Path) -> dict[str, Any]:
     """``path`` (a study's ``run.json``) read and checked: not JSON, a field missing or of the
     wrong type, a dtype or length that cannot be, each one line naming the file and the field."""
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{path} is no JSON ({e}); it is no `posenc extend` run file") from None
-    problem = shape_problem(spec, RUN_SPEC, "run.json")
-    if problem is not None:
-        raise ValueError(f"{path}: {problem}; it is no `posenc extend` run file of this posenc")
+    spec = read_shaped_json(path, RUN_SPEC, "run.json", "`posenc extend` run file of this posenc")
     if spec["dtype"] not in DTYPES:
         raise ValueError(f"{path}: run.json.dtype is {spec['dtype']!r}, not one of "
                          f"{', '.join(DTYPES)}")  # fmt: skip

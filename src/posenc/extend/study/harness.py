@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...runs.identity import stable_hash
-from ...runs.rows import Keys, ListOf, shape_problem
+from ...runs.rows import Keys, ListOf, read_shaped_json, shape_problem
 
 TAG, MODULE = "posenc_ruler", "posenc_tasks"
 _RESULTS = re.compile(r"^results_(.+)\.json$")
@@ -264,14 +264,7 @@ def _cell_rows(path: Path, task: str, meta: dict[str, Any],
 
 
 def _read_json(path: Path, shape: Keys) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{path} is no lm-eval results file ({e})") from None
-    problem = shape_problem(value, shape, "results")
-    if problem is not None:
-        raise ValueError(f"{path}: {problem}; it is no lm-eval 0.4 results file")
-    return dict(value)
+    return dict(read_shaped_json(path, shape, "results", "lm-eval 0.4 results file"))
 
 
 def lmeval_rows(folder: Path) -> list[tuple[str, dict[str, Any]]]:
