@@ -93,7 +93,14 @@ def scaling_layer_types(config: Any, layers: str = "auto") -> tuple[str, ...] | 
         return tuple(nested)
     if layers == "auto" and model_type in FLAT_SCALING_LAYER_TYPES:
         rule = FLAT_SCALING_LAYER_TYPES[model_type]
-        return tuple(t for t in nested if t in rule)
+        chosen = tuple(t for t in nested if t in rule)
+        if not chosen:  # e.g. a Gemma-3 whose layers are all sliding: the rule finds none
+            raise ValueError(
+                f"a flat scaling on this {model_type} goes to its {'/'.join(rule)} layers, and it "
+                f"has none (its layer types with RoPE: {nested}): name the types in a scaling "
+                "keyed by layer type, or layers='all'"
+            )
+        return chosen
     full = tuple(t for t in nested if t in FULL_LAYER_TYPES)
     if not full:
         raise ValueError(

@@ -73,23 +73,39 @@ def check_methods(model: Any, cfg: StudyConfig) -> list[Resolved]:
     return resolved
 
 
-def check_texts(tokenizer: Any, cfg: StudyConfig) -> None:
+def check_texts(tokenizer: Any, cfg: StudyConfig, model: Any = None) -> None:
     """Every document holds the longest length and the shortest passkey length holds the prompt,
-    in ``tokenizer``'s tokens: refused in one line before any cell runs or anything is written."""
+    in ``tokenizer``'s tokens: refused in one line before any cell runs or anything is written.
+    With ``model``: the longest length fits its learned position table (GPT-2's ``n_positions``)
+    and every id of those texts is in its vocabulary."""
+    from ..model.limits import check_positions, check_token_ids, input_rows
+    from .options import length_options
+
+    if model is not None:
+        check_positions(model, cfg.target, length_options(cfg, cfg.target))
+    rows = input_rows(model) if model is not None else None
+
+    def fits(ids: Any, what: str) -> None:
+        if rows is not None:  # host ids of the tokenizer's output, before any forward
+            check_token_ids(torch.as_tensor(ids).flatten().tolist(), rows, what)
+
     for doc in cfg.documents:
-        document_ids(tokenizer, Path(doc), cfg.lengths[-1])
+        fits(document_ids(tokenizer, Path(doc), cfg.lengths[-1]), f"the document {doc}")
     if cfg.passkey_lengths and cfg.passkey_methods != ():
-        passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, cfg.passkey_seed)
+        prompt = passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, cfg.passkey_seed)
+        fits(prompt.ids, "the passkey prompt")
     from ..measures.tasks import get_task
 
     for name in cfg.tasks:  # one sample at the shortest length: a task too long for it refused
         task, shortest = get_task(name), cfg.task_lengths[0]
         try:
-            task.sample(tokenizer, shortest, cfg.task_depths[0] if task.uses_depth else None,
-                        cfg.task_seed)  # fmt: skip
+            sample = task.sample(tokenizer, shortest,
+                                 cfg.task_depths[0] if task.uses_depth else None,
+                                 cfg.task_seed)  # fmt: skip
         except ValueError as err:  # which task and which option, beside the tokens it needs
             raise ValueError(f"task {name} at {shortest} tokens, the shortest task length "
                              f"(--task-lengths, default --lengths): {err}") from err  # fmt: skip
+        fits(sample.ids, f"task {name}'s prompt")
 
 
 def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, *,
@@ -197,7 +213,7 @@ def run_study(
     todo = cells(cfg)
     result = StudyRun()
     check_methods(model, cfg)  # every refusal before the first cell
-    check_texts(tokenizer, cfg)
+    check_texts(tokenizer, cfg, model)
     out.mkdir(parents=True, exist_ok=True)
     with study_lock(out):
         # a study resumed from another path keeps the identity (and so the row keys) it recorded
