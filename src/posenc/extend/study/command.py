@@ -98,8 +98,8 @@ def run(model: str, options: dict[str, Any]) -> None:
     if not todo:  # e.g. --documents 0 with --passkey-methods naming none
         raise ValueError("the study has no cell to run: ask --tasks, --passkey-lengths (with a "
                          "method in --passkey-methods) or --documents 1 or more")  # fmt: skip
-    check_texts(tokenizer, cfg, loaded)  # the texts fit, in its tokens, positions and vocabulary
     shape, need, have = _memory(loaded, cfg, todo)
+    check_texts(tokenizer, cfg, loaded)  # the texts fit, in its tokens, positions and vocabulary
     if options["finetune"]:
         loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
     if not (options["finetune"] and options["dry_run"]):  # (no fine-tuned model to name yet)
