@@ -230,3 +230,14 @@ def left_padded(vocab: int, seed: int = 4) -> tuple[torch.Tensor, ...]:
     mask = torch.ones_like(ids)
     mask[1, :7] = 0
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), short
+
+
+def sweep_reference(model: Any, ids: torch.Tensor, method: str, options: dict[str, Any]) -> Any:
+    """:func:`reference_logits` as :mod:`posenc.testing.coverage` calls it (no pytest fixture)."""
+    from _pytest.monkeypatch import MonkeyPatch
+
+    patcher = MonkeyPatch()
+    try:
+        return reference_logits(model, ids, method, options, patcher)
+    finally:
+        patcher.undo()

@@ -93,7 +93,8 @@ def run(model: str, options: dict[str, Any]) -> None:
     loaded, tokenizer = load_model(
         source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
     )
-    _say_identities(check_methods(loaded, cfg), cfg)  # every method resolves and applies
+    plans: list[str] = []
+    _say_identities(check_methods(loaded, cfg, plans), cfg)  # every method resolves and applies
     todo = cells(cfg)
     if not todo:  # e.g. --documents 0 with --passkey-methods naming none
         raise ValueError("the study has no cell to run: ask --tasks, --passkey-lengths (with a "
@@ -109,6 +110,8 @@ def run(model: str, options: dict[str, Any]) -> None:
     left = pending_cells(loaded, source, cfg, out, options["dtype"])
     plan = plan_text(loaded, shape, cfg, left, need, have, done=len(todo) - len(left))
     if options["dry_run"]:
+        for line in plans:  # per layer type, what each method does
+            typer.echo(f"  {line}")
         typer.echo(f"{plan}. Nothing was run.")
         return
     typer.echo(f"plan: {plan}; Ctrl-C stops it, and the same command resumes it.")

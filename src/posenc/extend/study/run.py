@@ -56,7 +56,7 @@ def with_method(model: Any, resolved: Resolved) -> Callable[[], None]:
     return undo
 
 
-def check_methods(model: Any, cfg: StudyConfig) -> list[Resolved]:
+def check_methods(model: Any, cfg: StudyConfig, plans: list[str] | None = None) -> list[Resolved]:
     """Every method of ``cfg`` resolved and put on ``model`` once, then taken off: what a cell
     would refuse (an extension on a model whose full-attention layers have no RoPE, a
     ``layers=full`` on a model with one set of rope parameters) is refused here, in one line
@@ -66,7 +66,13 @@ def check_methods(model: Any, cfg: StudyConfig) -> list[Resolved]:
     for method in cfg.methods:
         try:
             r = resolve(method, train, cfg.target, pairs)
-            with_method(model, r)()
+            undo = with_method(model, r)
+            if plans is not None:  # what it does per layer type, read while it is applied
+                from .layer_plan import describe_method
+
+                patch = getattr(model, "posenc_patch", None)
+                plans.append(describe_method(model, r, getattr(patch, "layers", ())))
+            undo()
         except (ValueError, TypeError) as err:
             raise ValueError(f"method {method.label}: {err}") from err
         resolved.append(r)

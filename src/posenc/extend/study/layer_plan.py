@@ -1,0 +1,87 @@
+"""What each method does to each layer type of the loaded model, for ``--dry-run`` (issue 53,
+item 3): layers with the same kind and the same treatment grouped into one line,
+
+    yarn: layers 0-2,4-6 (sliding, rope θ=10k): yarn factor 4; layer 3 (full, NoPE): untouched
+
+A scaling goes where :func:`~posenc.hf.scaling.scaling_by_layer_type` puts it (the layer types of
+a per-type config, every RoPE layer of a one-set config); a key-set method acts where
+``apply_posenc`` put it (``model.posenc_patch.layers``, read while the method is applied).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...hf.plan import position_plan
+from ...hf.scaling import is_keyed
+from ..methods.names import Resolved, as_transformers
+
+
+def _kind(layer: Any) -> str:
+    """``sliding, rope θ=10k`` / ``full, NoPE`` / ``linear, no softmax attention``."""
+    kind = layer.layer_type.replace("_attention", "")
+    if layer.span == "none":
+        return f"{kind}, no softmax attention"
+    if not layer.uses_rope:
+        return f"{kind}, NoPE"
+    base = float(layer.base)
+    theta = f"{base / 1e6:g}M" if base >= 1e6 else f"{base / 1e3:g}k" if base >= 1e3 else f"{base:g}"
+    part = "" if layer.rotary_dim == layer.head_dim else f", {layer.rotary_dim} of {layer.head_dim} dims"
+    return f"{kind}, rope θ={theta}{part}"
+
+
+def _scaling_text(scaling: dict[str, Any]) -> str:
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if rope_type == "default" and "rope_theta" in scaling:  # posenc's ntk, written as a base
+        return f"base θ={float(scaling['rope_theta']):.4g}"
+    factor = scaling.get("factor")
+    return f"{rope_type} factor {factor:g}" if isinstance(factor, (int, float)) else str(rope_type)
+
+
+def layer_treatments(model: Any, resolved: Resolved, applied_lines: tuple[str, ...] = ()) -> list[
+    tuple[int, str, str]
+]:  # fmt: skip
+    """``(layer index, kind, what the method does there)`` for every decoder layer."""
+    plan = position_plan(model.config, cache_len=1)
+    out = []
+    keyed = None
+    if resolved.scaling is not None:
+        keyed = as_transformers(resolved.scaling, model.config, resolved.layers)
+    for x in plan.layers:
+        kind = _kind(x)
+        if resolved.extension is not None:
+            line = applied_lines[x.index] if x.index < len(applied_lines) else ""
+            what = line.split("): ", 1)[-1] if line else resolved.extension["method"]
+        elif keyed is None:
+            what = "as trained"
+        elif not x.uses_rope:
+            what = "untouched (no RoPE)"
+        elif is_keyed(keyed):
+            own = keyed.get(x.layer_type)
+            what = _scaling_text(own) if own else "untouched (its layer type is not scaled)"
+        else:
+            what = _scaling_text(keyed)
+        out.append((x.index, kind, what))
+    return out
+
+
+def _ranges(indices: list[int]) -> str:
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def describe_method(model: Any, resolved: Resolved, applied_lines: tuple[str, ...] = ()) -> str:
+    """One line: ``label: layers 0-2,4-6 (kind): what; layer 3 (kind): what``."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for index, kind, what in layer_treatments(model, resolved, applied_lines):
+        groups.setdefault((kind, what), []).append(index)
+    parts = [
+        f"{'layers' if len(ix) > 1 else 'layer'} {_ranges(ix)} ({kind}): {what}"
+        for (kind, what), ix in groups.items()
+    ]
+    return f"{resolved.label}: " + "; ".join(parts)
