@@ -81,7 +81,7 @@ _SHRINK: list[tuple[re.Pattern[str], int]] = [
         r"^index_head_dim$": 16, r"^index_topk$": 4, r"^first_k_dense_replace$": 1,
     }.items()
 ]  # fmt: skip
-_MAX_PARAMETERS = 12_000_000  # a generic shrink that leaves more missed a size key: not tiny
+_MAX_PARAMETERS = 25_000_000  # a generic shrink that leaves more missed a size key: not tiny
 
 
 @dataclass
@@ -154,6 +154,8 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
         kw["head_dim"] = kw["qk_rope_head_dim"]
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # MLA: one key head per query head
         kw["num_key_value_heads"] = kw["num_attention_heads"]
+    if "mamba_d_head" in kw and isinstance(own.get("mamba_expand"), int):  # heads x dim = inner
+        kw["mamba_d_head"] = own["mamba_expand"] * SIZES["hidden_size"] // kw.get("mamba_n_heads", 4)
     pattern = own.get("layer_types") if isinstance(own.get("layer_types"), list) else None
     n = layers or _layer_count(pattern)
     kw["num_hidden_layers"] = n
@@ -190,7 +192,7 @@ def tiny_model(model_type: str) -> Any:
             return model
         except Exception as e:  # noqa: BLE001 - any reason is the family's verdict
             errors.append(_line(e))
-    raise ValueError(errors[0])
+    raise ValueError(errors[0] if errors[0] == errors[-1] else f"{errors[0]}; at full depth: {errors[-1]}")
 
 
 def _own_depth(model_type: str) -> int:
@@ -303,7 +305,11 @@ def sweep_family(
         return outcome
     outcome.layers = layer_summary(model)
     ids = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(1))
-    stock = prefill_and_decode(model, ids)
+    try:
+        stock = prefill_and_decode(model, ids)
+    except Exception as e:  # noqa: BLE001 - transformers' own model does not run this way
+        outcome.unbuilt = f"the stock model does not run a prefill and a cached decode step: {_line(e)}"
+        return outcome
 
     def patched(**kw: Any) -> torch.Tensor:
         try:
@@ -413,12 +419,17 @@ def render(outcomes: list[Outcome]) -> str:
         cells = ["-"] * len(CHECKS) if o.unbuilt else [_cell(o.checks.get(k, "")) for k in CHECKS]
         layers = "(no tiny model)" if o.unbuilt else o.layers
         lines.append(f"| {o.family} | {', '.join(o.types)} | {layers} | " + " | ".join(cells) + " |")
-    reasons = [
-        f"- {o.family}: {k}: {v}" for o in outcomes for k, v in o.checks.items()
-        if v.split(":")[0] in ("refused", "failed")
-    ] + [f"- {o.family}: no tiny model: {o.unbuilt}" for o in outcomes if o.unbuilt]  # fmt: skip
+    reasons = []
+    for o in outcomes:  # one line per family and reason, naming the checks it covers
+        why: dict[str, list[str]] = {}
+        for k, v in o.checks.items():
+            if v.split(":")[0] in ("refused", "failed", "unchecked"):
+                why.setdefault(v, []).append(k)
+        reasons += [f"- {o.family} ({', '.join(ks)}): {v}" for v, ks in why.items()]
+        if o.unbuilt:
+            reasons.append(f"- {o.family}: no tiny model: {o.unbuilt}")
     if reasons:
-        lines += ["", "Refusals and failures, each with its reason:", "", *reasons]
+        lines += ["", "Refused, unchecked and failed, each with its reason:", "", *reasons]
     return "\n".join([*lines, END])
 
 
