@@ -57,3 +57,18 @@ def test_dry_run_prints_the_plan_per_layer_type(tmp_path: Path) -> None:
     assert "self_extend: layers 0-2 (sliding, rope θ=10k): untouched: its sliding window 8 " \
            "never sees a longer distance; layer 3 (full, rope θ=1M): self_extend" in out  # fmt: skip
     assert not (tmp_path / "o" / "run.json").exists()
+
+
+def test_inspect_names_what_each_method_does_per_layer_type() -> None:
+    # gpt-oss-20b's released config: sliding (window 128) and full layers alternating, one rope
+    # set; built on the meta device, its rotary modules on the CPU
+    path = Path(__file__).parent / "data" / "hf_configs" / "gpt-oss-20b.json"
+    out = posenc_here("inspect", str(path), "--methods", "none,yarn,self_extend")
+    odd, even = ",".join(map(str, range(1, 24, 2))), ",".join(map(str, range(0, 24, 2)))
+    assert f"yarn: layers {even} (sliding, rope θ=150k): yarn factor 2; layers {odd} " \
+           "(full, rope θ=150k): yarn factor 2" in out  # fmt: skip
+    assert f"self_extend: layers {even} (sliding, rope θ=150k): untouched: its sliding window " \
+           f"128 never sees a longer distance; layers {odd} (full, rope θ=150k): self_extend" in out  # fmt: skip
+    llama4 = Path(__file__).parent / "data" / "hf_configs" / "llama-4-scout-17b-16e-instruct-fp8-dynamic.json"
+    out = posenc_here("inspect", str(llama4), "--methods", "yarn")
+    assert "yarn: refused: scaling= on llama4_text" in out

@@ -85,3 +85,52 @@ def describe_method(model: Any, resolved: Resolved, applied_lines: tuple[str, ..
         for (kind, what), ix in groups.items()
     ]
     return f"{resolved.label}: " + "; ".join(parts)
+
+
+def config_method_plans(config: Any, methods: str, target: int | None = None) -> list[str]:
+    """:func:`describe_method` for each of ``methods`` (``posenc extend --methods`` syntax) on
+    the model of ``config`` (a path, model id or dict, :func:`~posenc.hf.resolve_config`), built
+    on the meta device (no weights, no memory): what ``posenc inspect --methods`` prints.
+    ``target``: the length the methods are set for (default twice the trained length)."""
+    import torch
+    import transformers
+
+    from ...hf.load import resolve_config
+    from ..methods.names import parse_methods, resolve
+    from ..model.load import rotated_pairs, trained_length
+    from .run import with_method
+
+    raw = resolve_config(config)
+    if isinstance(raw, dict):
+        raw = transformers.AutoConfig.for_model(**raw)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(raw)
+    _rotary_on_cpu(model)  # the key-set methods read each rotary's frequencies
+    train, pairs = trained_length(model.config), rotated_pairs(model.config)
+    out = []
+    for method in parse_methods(methods):
+        try:  # a method refused on this model is a line of the plan, as posenc extend words it
+            r = resolve(method, train, target or 2 * train, pairs)
+            undo = with_method(model, r)
+        except ValueError as err:
+            out.append(f"{method.label}: refused: {err}")
+            continue
+        try:
+            patch = getattr(model, "posenc_patch", None)
+            out.append(describe_method(model, r, getattr(patch, "layers", ())))
+        finally:
+            undo()
+    return out
+
+
+def _rotary_on_cpu(model: Any) -> None:
+    """Rebuild each ``*RotaryEmbedding`` of a meta-device model on the CPU from its own config
+    (a few frequencies; the weights stay on meta)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            config = getattr(child, "config", None)
+            if type(child).__name__.endswith("RotaryEmbedding") and config is not None:
+                try:
+                    setattr(parent, name, type(child)(config=config))
+                except TypeError:  # a constructor of another signature: left on meta
+                    continue
