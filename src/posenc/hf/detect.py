@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 from .shadow import plain_function
 from .supported import Rotation
@@ -20,11 +22,13 @@ from .supported import Rotation
 _DETECTED: dict[str, tuple[tuple[str, dict[str, Rotation]] | None, str]] = {}
 
 
-def detected_entry(model_type: str) -> tuple[tuple[str, dict[str, Rotation]] | None, str]:
+def detected_entry(
+    model_type: str, check: Callable[[Any, Rotation, str], None]
+) -> tuple[tuple[str, dict[str, Rotation]] | None, str]:
     """``(entry, "")`` for a model type outside :data:`SUPPORTED` whose modeling module's
     ``apply_rotary_pos_emb(q, k, cos, sin, ...)`` rotates as one of
     :data:`~posenc.hf.supported.DETECTABLE` (checked on random probes, as every entry is at
-    patch time), else ``(None, why)``. The entry is ``(module name, {name: rotation})`` as in
+    patch time: ``check``, :func:`~posenc.hf.patch.check_rotation`), else ``(None, why)``. The entry is ``(module name, {name: rotation})`` as in
     :data:`SUPPORTED`; the model-level parity of every such type is
     :mod:`posenc.testing.coverage`'s sweep."""
     if model_type in _DETECTED:
@@ -38,13 +42,13 @@ def detected_entry(model_type: str) -> tuple[tuple[str, dict[str, Rotation]] | N
     elif name is None:
         found = None, "transformers has no such model type"
     else:
-        found = _detect(model_type, name, DETECTABLE)
+        found = _detect(name, DETECTABLE, check)
     _DETECTED[model_type] = found
     return found
 
 
 def _detect(
-    model_type: str, name: str, candidates: tuple[Rotation, ...]
+    name: str, candidates: tuple[Rotation, ...], check: Callable[[Any, Rotation, str], None]
 ) -> tuple[tuple[str, dict[str, Rotation]] | None, str]:
     try:
         modeling = importlib.import_module(name)
@@ -56,11 +60,9 @@ def _detect(
     params = list(inspect.signature(stock).parameters)
     if len(params) < 4:
         return None, f"its apply_rotary_pos_emb takes {params}, not (q, k, cos, sin, ...)"
-    from .patch import check_rotation  # (patch imports this module)
-
     for rotation in candidates:
         try:
-            check_rotation(stock, rotation, f"{name}.apply_rotary_pos_emb")
+            check(stock, rotation, f"{name}.apply_rotary_pos_emb")
         except Exception:  # noqa: BLE001 - a probe the stock function cannot take: not this one
             continue
         return (name.split(".")[-2], {"apply_rotary_pos_emb": rotation}), ""

@@ -240,7 +240,7 @@ def _model_type(model: nn.Module) -> str:
             return t
     why = []
     for t in dict.fromkeys((getattr(text, "model_type", None), model_type)):
-        entry, reason = detected_entry(t) if isinstance(t, str) else (None, "")
+        entry, reason = detected_entry(t, check_rotation) if isinstance(t, str) else (None, "")
         if entry is not None:
             return t  # type: ignore[return-value]
         why.append(reason)
@@ -453,7 +453,7 @@ def extension_shadow_for(model_type: str, backend: str) -> types.ModuleType:
 
 
 def _modeling(model_type: str) -> tuple[types.ModuleType, dict[str, Rotation]]:
-    entry = SUPPORTED.get(model_type) or detected_entry(model_type)[0]
+    entry = SUPPORTED.get(model_type) or detected_entry(model_type, check_rotation)[0]
     if entry is None:
         raise ValueError(f"apply_posenc does not support model_type {model_type!r}")
     module_name, rotations = entry

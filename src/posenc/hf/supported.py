@@ -129,12 +129,12 @@ def mla_softmax_scale(head_dim: int, scaling: Mapping[str, Any]) -> float:
 
 def supported_model_types() -> list[str]:
     """The ``model_type`` values :func:`apply_posenc` accepts by name (any other is tried by
-    :func:`~posenc.hf.patch.detected_entry`)."""
+    :func:`~posenc.hf.detect.detected_entry`)."""
     return sorted(SUPPORTED)
 
 
 #: Rotations tried, in this order, on the ``apply_rotary_pos_emb`` of a model type outside
-#: :data:`SUPPORTED` (:func:`~posenc.hf.patch.detected_entry`): the first that gives the stock
+#: :data:`SUPPORTED` (:func:`~posenc.hf.detect.detected_entry`): the first that gives the stock
 #: function's result on random probes is the type's. A half-split function that passes channels
 #: past the table's width through passes the partial probe too, so ``HALF_PARTIAL`` goes first.
 DETECTABLE: tuple[Rotation, ...] = (HALF_PARTIAL, HALF, GLM, COHERE)

@@ -93,8 +93,15 @@ def run(model: str, options: dict[str, Any]) -> None:
     loaded, tokenizer = load_model(
         source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
     )
+    from .layer_plan import describe_method
+
     plans: list[str] = []
-    _say_identities(check_methods(loaded, cfg, plans), cfg)  # every method resolves and applies
+
+    def plan_of(r: Any) -> None:  # what the method does per layer type, read while applied
+        plans.append(describe_method(loaded, r, getattr(loaded.posenc_patch, "layers", ())
+                                     if hasattr(loaded, "posenc_patch") else ()))  # fmt: skip
+
+    _say_identities(check_methods(loaded, cfg, plan_of), cfg)  # every method resolves, applies
     todo = cells(cfg)
     if not todo:  # e.g. --documents 0 with --passkey-methods naming none
         raise ValueError("the study has no cell to run: ask --tasks, --passkey-lengths (with a "

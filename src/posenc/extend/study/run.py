@@ -56,7 +56,9 @@ def with_method(model: Any, resolved: Resolved) -> Callable[[], None]:
     return undo
 
 
-def check_methods(model: Any, cfg: StudyConfig, plans: list[str] | None = None) -> list[Resolved]:
+def check_methods(
+    model: Any, cfg: StudyConfig, on_applied: Callable[[Resolved], None] | None = None
+) -> list[Resolved]:
     """Every method of ``cfg`` resolved and put on ``model`` once, then taken off: what a cell
     would refuse (an extension on a model whose full-attention layers have no RoPE, a
     ``layers=full`` on a model with one set of rope parameters) is refused here, in one line
@@ -67,11 +69,8 @@ def check_methods(model: Any, cfg: StudyConfig, plans: list[str] | None = None) 
         try:
             r = resolve(method, train, cfg.target, pairs)
             undo = with_method(model, r)
-            if plans is not None:  # what it does per layer type, read while it is applied
-                from .layer_plan import describe_method
-
-                patch = getattr(model, "posenc_patch", None)
-                plans.append(describe_method(model, r, getattr(patch, "layers", ())))
+            if on_applied is not None:  # e.g. what it does per layer type, while applied
+                on_applied(r)
             undo()
         except (ValueError, TypeError) as err:
             raise ValueError(f"method {method.label}: {err}") from err
