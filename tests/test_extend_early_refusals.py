@@ -17,10 +17,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from _cli_here import posenc_here  # noqa: E402
-from _tiny import PARITY_SIZES, bpe_tokenizer, tiny_folder, tiny_lm  # noqa: E402
-
-from posenc.hf import apply_posenc  # noqa: E402
+from _cli_here import posenc_here
+from _tiny import PARITY_SIZES, bpe_tokenizer, tiny_folder, tiny_lm
+from posenc.hf import apply_posenc
 
 SLIDING = {"layer_types": ["sliding_attention"] * 2, "sliding_window": 8}
 

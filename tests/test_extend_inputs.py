@@ -265,7 +265,9 @@ def test_explore_out_under_a_file_is_one_line(tmp_path: Path) -> None:
 def test_a_partial_or_boolean_dual_chunk_config_is_one_line(dca: Any) -> None:
     with pytest.raises(ValueError, match="dual_chunk_attention_config must be a dict"):
         extension_from_config({"dual_chunk_attention_config": dca})
-    with pytest.raises(ValueError, match="chunk_size must be an integer in \\[2, 2147483647\\], got True"):
+    with pytest.raises(
+        ValueError, match="chunk_size must be an integer in \\[2, 2147483647\\], got True"
+    ):
         extension_from_config(
             {"dual_chunk_attention_config": {"chunk_size": True, "local_size": 0}}
         )

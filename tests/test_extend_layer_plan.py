@@ -69,6 +69,11 @@ def test_inspect_names_what_each_method_does_per_layer_type() -> None:
            "(full, rope θ=150k): yarn factor 2" in out  # fmt: skip
     assert f"self_extend: layers {even} (sliding, rope θ=150k): untouched: its sliding window " \
            f"128 never sees a longer distance; layers {odd} (full, rope θ=150k): self_extend" in out  # fmt: skip
-    llama4 = Path(__file__).parent / "data" / "hf_configs" / "llama-4-scout-17b-16e-instruct-fp8-dynamic.json"
+    llama4 = (
+        Path(__file__).parent
+        / "data"
+        / "hf_configs"
+        / "llama-4-scout-17b-16e-instruct-fp8-dynamic.json"
+    )
     out = posenc_here("inspect", str(llama4), "--methods", "yarn")
     assert "yarn: refused: scaling= on llama4_text" in out

@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from posenc.testing import coverage as C  # noqa: E402
+from posenc.testing import coverage as C
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = {o.family: o for o in C.load(ROOT / C.RESULTS)}

@@ -119,8 +119,10 @@ def inspect_config_command(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
     methods: str = typer.Option(
-        None, "--methods", help="Also say what each method (as `posenc extend --methods`) does "
-        "to each layer type (the model built without weights; needs transformers)."
+        None,
+        "--methods",
+        help="Also say what each method (as `posenc extend --methods`) does "
+        "to each layer type (the model built without weights; needs transformers).",
     ),
     target: int = typer.Option(
         None, "--target", min=2, help="The length the methods are set for (default: 2x trained)."

@@ -63,7 +63,7 @@ def _detect(
     for rotation in candidates:
         try:
             check(stock, rotation, f"{name}.apply_rotary_pos_emb")
-        except Exception:  # noqa: BLE001 - a probe the stock function cannot take: not this one
+        except Exception:  # a probe the stock function cannot take: not this rotation
             continue
         return (name.split(".")[-2], {"apply_rotary_pos_emb": rotation}), ""
     return None, "its apply_rotary_pos_emb rotates as none of posenc's rotations"

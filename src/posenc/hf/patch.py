@@ -364,7 +364,8 @@ def _apply_extension(
             f"extension {ext['method']!r} keeps the model's own RoPE: pass scaling or extension, "
             "not both"
         )
-    text = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config  # fmt: skip
+    config: Any = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(text, "kv_lora_rank", None):  # MLA (DeepSeek-V2/V3, MiniCPM3, GLM-4.7-Flash)
         raise ValueError(
             f"extension {ext['method']!r} on {model_type}: its multi-head latent attention "

@@ -338,7 +338,7 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any], layers: s
     if hasattr(cfg, "to_dict") and hasattr(type(cfg), "from_dict"):
         try:
             return type(cfg).from_dict({**cfg.to_dict(), "rope_parameters": params})
-        except Exception as e:  # noqa: BLE001 - its validation (Phi-3: longrope only), any class
+        except Exception as e:  # its validation (Phi-3: longrope only), of any class
             raise ValueError(
                 f"transformers' {type(cfg).__name__} refuses these rope parameters: "
                 f"{' '.join(str(e).split())}"

@@ -157,4 +157,4 @@ def modeling_module_name(model_type: str) -> str | None:
     package, _, leaf = config_module.rpartition(".")
     if not leaf.startswith("configuration_"):
         return None
-    return f"{package}.modeling_{leaf[len('configuration_'):]}"
+    return f"{package}.modeling_{leaf[len('configuration_') :]}"

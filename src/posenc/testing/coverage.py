@@ -35,6 +35,7 @@ import re
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,10 @@ class Outcome:
 def rotary_families() -> dict[str, list[str]]:
     """``family -> registry model types``: every causal-LM type of the installed transformers whose
     modeling file defines a ``*RotaryEmbedding`` class, grouped by its text config's type."""
-    from transformers import CONFIG_MAPPING
-    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    from transformers.models.auto.configuration_auto import (
+        CONFIG_MAPPING,
+        model_type_to_module_name,
+    )
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     families: dict[str, list[str]] = {}
@@ -138,7 +141,7 @@ def _layer_count(layer_types: list[str] | None, low: int = 4, high: int = 12) ->
 
 def tiny_config(model_type: str, layers: int | None = None) -> Any:
     """``model_type``'s text config, shrunk (module docstring), eager attention."""
-    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -148,16 +151,20 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
     kw: dict[str, Any] = {}
     for key, value in own.items():
         if isinstance(value, int) and not isinstance(value, bool):
-            kw.update({key: v for pattern, v in _SHRINK if pattern.match(key)})
+            for pattern, v in _SHRINK:
+                if pattern.match(key):
+                    kw[key] = v
     kw.update({k: v for k, v in SIZES.items() if k in own or k in aliases})
     if "qk_rope_head_dim" in kw and "head_dim" in own:  # MLA: head_dim is the rope part
         kw["head_dim"] = kw["qk_rope_head_dim"]
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # MLA: one key head per query head
         kw["num_key_value_heads"] = kw["num_attention_heads"]
     if "mamba_d_head" in kw and isinstance(own.get("mamba_expand"), int):  # heads x dim = inner
-        kw["mamba_d_head"] = own["mamba_expand"] * SIZES["hidden_size"] // kw.get("mamba_n_heads", 4)
-    pattern = own.get("layer_types") if isinstance(own.get("layer_types"), list) else None
-    n = layers or _layer_count(pattern)
+        kw["mamba_d_head"] = (
+            own["mamba_expand"] * SIZES["hidden_size"] // kw.get("mamba_n_heads", 4)
+        )
+    kinds = own.get("layer_types") if isinstance(own.get("layer_types"), list) else None
+    n = layers or _layer_count(kinds)
     kw["num_hidden_layers"] = n
     depth = own.get("num_hidden_layers")
     for key, value in own.items():  # per-layer lists follow the layer count
@@ -172,7 +179,7 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
 def tiny_model(model_type: str) -> Any:
     """A random causal LM of :func:`tiny_config` (seed 0) in eval mode; ValueError naming why
     where none builds (too large after the generic shrink, or the config refuses it)."""
-    import transformers
+    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
     errors = []
     for layers in (None, 0):  # 0: the type's own depth, for per-layer tables keyed by index
@@ -181,22 +188,24 @@ def tiny_model(model_type: str) -> Any:
             if layers == 0:
                 config = tiny_config(model_type, min(int(_own_depth(model_type)), 64))
             with torch.device("meta"):
-                meta = transformers.AutoModelForCausalLM.from_config(config)
+                meta = AutoModelForCausalLM.from_config(config)
             count = sum(p.numel() for p in meta.parameters())
             if count > _MAX_PARAMETERS:
                 raise ValueError(f"{count / 1e6:.1f}M parameters after the generic shrink")
             torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config).eval()
+            model = AutoModelForCausalLM.from_config(config).eval()
             with torch.no_grad():
                 model(torch.arange(3, 11)[None])  # it runs
             return model
-        except Exception as e:  # noqa: BLE001 - any reason is the family's verdict
+        except Exception as e:  # any reason is the family's verdict
             errors.append(_line(e))
-    raise ValueError(errors[0] if errors[0] == errors[-1] else f"{errors[0]}; at full depth: {errors[-1]}")
+    raise ValueError(
+        errors[0] if errors[0] == errors[-1] else f"{errors[0]}; at full depth: {errors[-1]}"
+    )
 
 
 def _own_depth(model_type: str) -> int:
-    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     return int(CONFIG_MAPPING[model_type]().get_text_config(decoder=True).num_hidden_layers)
 
@@ -255,7 +264,7 @@ def _guarded(run: Callable[[], str]) -> str:
         return f"refused: {_line(e.__cause__ or e)}"
     except Unchecked as e:
         return f"unchecked: {e}"
-    except Exception as e:  # noqa: BLE001 - a crash is a bug: the sweep says so
+    except Exception as e:  # a crash is a bug: the sweep says so
         return f"failed: {type(e).__name__}: {_line(e)}"
 
 
@@ -263,7 +272,7 @@ def scaled_reference(model: Any, scaling: dict[str, Any]) -> Any:
     """transformers' own model of ``model``'s config with ``scaling`` as its ``rope_parameters``
     (per layer type where transformers puts a flat scaling; each type keeps its ``rope_theta``
     and rotary fraction) and ``model``'s weights."""
-    import transformers
+    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
     from ..hf.scaling import scaling_by_layer_type
 
@@ -271,8 +280,10 @@ def scaled_reference(model: Any, scaling: dict[str, Any]) -> Any:
     keep = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
     params = copy.deepcopy(dict(config.rope_parameters or {}))
     keyed = scaling_by_layer_type(config, scaling)
-    nested = keyed is not None and all(isinstance(v, dict) for v in keyed.values()) and any(
-        isinstance(v, dict) for v in params.values()
+    nested = (
+        keyed is not None
+        and all(isinstance(v, dict) for v in keyed.values())
+        and any(isinstance(v, dict) for v in params.values())
     )
     if nested:
         for t, new in (keyed or {}).items():
@@ -281,7 +292,7 @@ def scaled_reference(model: Any, scaling: dict[str, Any]) -> Any:
         params = {**{k: v for k, v in params.items() if k in keep}, **scaling}
     new_config = type(config).from_dict({**config.to_dict(), "rope_parameters": params})
     new_config._attn_implementation = "eager"
-    reference = transformers.AutoModelForCausalLM.from_config(new_config).eval()
+    reference = AutoModelForCausalLM.from_config(new_config).eval()
     reference.load_state_dict(model.state_dict())
     return reference
 
@@ -307,8 +318,10 @@ def sweep_family(
     ids = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(1))
     try:
         stock = prefill_and_decode(model, ids)
-    except Exception as e:  # noqa: BLE001 - transformers' own model does not run this way
-        outcome.unbuilt = f"the stock model does not run a prefill and a cached decode step: {_line(e)}"
+    except Exception as e:  # transformers' own model does not run this way
+        outcome.unbuilt = (
+            f"the stock model does not run a prefill and a cached decode step: {_line(e)}"
+        )
         return outcome
 
     def patched(**kw: Any) -> torch.Tensor:
@@ -325,12 +338,12 @@ def sweep_family(
         outcome.checks["none"] = _guarded(lambda: _compare(patched(), stock))
     for name, scaling in SCALINGS.items():
         if name in checks:
-            outcome.checks[name] = _guarded(lambda s=scaling: _scaled(model, ids, s, patched))
+            outcome.checks[name] = _guarded(partial(_scaled, model, ids, scaling, patched))
     for name, extension in EXTENSIONS.items():
         if reference is None or name not in checks:
             continue
         outcome.checks[name] = _guarded(
-            lambda e=extension: _extended(model, ids, e, patched, reference)
+            partial(_extended, model, ids, extension, patched, reference)
         )
     return outcome
 
@@ -339,7 +352,7 @@ def _scaled(model: Any, ids: torch.Tensor, scaling: dict[str, Any], patched: Any
     got = patched(scaling=scaling)  # refused here first: the reference is not built
     try:
         reference = scaled_reference(model, scaling)
-    except Exception as e:  # noqa: BLE001 - transformers refuses these rope parameters
+    except Exception as e:  # transformers refuses these rope parameters
         raise Unchecked(f"transformers builds no model with them ({_line(e, 80)})") from e
     return _compare(got, prefill_and_decode(reference, ids))
 
@@ -351,7 +364,7 @@ def _extended(
     options = {k: v for k, v in extension.items() if k != "method"}
     try:
         want = reference(model, ids, extension["method"], options)
-    except Exception as e:  # noqa: BLE001 - the test's reference does not model this family
+    except Exception as e:  # the test's reference does not model this family
         raise Unchecked(f"the naive reference does not run here ({_line(e, 80)})") from e
     want = torch.cat([want, want[:, -1:]], 1)  # the decode step's position, as laid out
     return _compare(got, want)
@@ -418,7 +431,9 @@ def render(outcomes: list[Outcome]) -> str:
     for o in outcomes:
         cells = ["-"] * len(CHECKS) if o.unbuilt else [_cell(o.checks.get(k, "")) for k in CHECKS]
         layers = "(no tiny model)" if o.unbuilt else o.layers
-        lines.append(f"| {o.family} | {', '.join(o.types)} | {layers} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {o.family} | {', '.join(o.types)} | {layers} | " + " | ".join(cells) + " |"
+        )
     reasons = []
     for o in outcomes:  # one line per family and reason, naming the checks it covers
         why: dict[str, list[str]] = {}

@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...functional.rope_scaling import KEY_CHECKS, ROPE_SCALING, extension_scaling
 from ..._ints import check_int_in
+from ...functional.rope_scaling import KEY_CHECKS, ROPE_SCALING, extension_scaling
 from ...hf.extension import EXTENSION_METHODS, MAX_INT, extension_option, normalize_extension
 from ...hf.scaling import check_layers, is_keyed, scaling_by_layer_type
 from .keysets import DEFAULTS

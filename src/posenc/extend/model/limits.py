@@ -9,7 +9,6 @@ one line naming the model's limit and the option or file that went past it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from torch import nn
 

@@ -25,8 +25,14 @@ def _kind(layer: Any) -> str:
     if not layer.uses_rope:
         return f"{kind}, NoPE"
     base = float(layer.base)
-    theta = f"{base / 1e6:g}M" if base >= 1e6 else f"{base / 1e3:g}k" if base >= 1e3 else f"{base:g}"
-    part = "" if layer.rotary_dim == layer.head_dim else f", {layer.rotary_dim} of {layer.head_dim} dims"
+    theta = (
+        f"{base / 1e6:g}M" if base >= 1e6 else f"{base / 1e3:g}k" if base >= 1e3 else f"{base:g}"
+    )
+    part = (
+        ""
+        if layer.rotary_dim == layer.head_dim
+        else f", {layer.rotary_dim} of {layer.head_dim} dims"
+    )
     return f"{kind}, rope θ={theta}{part}"
 
 
@@ -78,7 +84,11 @@ def _ranges(indices: list[int]) -> str:
 def describe_method(model: Any, resolved: Resolved, applied_lines: tuple[str, ...] = ()) -> str:
     """One line: ``label: layers 0-2,4-6 (kind): what; layer 3 (kind): what``."""
     groups: dict[tuple[str, str], list[int]] = {}
-    for index, kind, what in layer_treatments(model, resolved, applied_lines):
+    try:
+        treatments = layer_treatments(model, resolved, applied_lines)
+    except (ValueError, TypeError, KeyError) as err:  # no RoPE to read (GPT-2's learned table)
+        return f"{resolved.label}: the model as loaded (no per-layer plan: {err})"
+    for index, kind, what in treatments:
         groups.setdefault((kind, what), []).append(index)
     parts = [
         f"{'layers' if len(ix) > 1 else 'layer'} {_ranges(ix)} ({kind}): {what}"
@@ -93,7 +103,8 @@ def config_method_plans(config: Any, methods: str, target: int | None = None) ->
     on the meta device (no weights, no memory): what ``posenc inspect --methods`` prints.
     ``target``: the length the methods are set for (default twice the trained length)."""
     import torch
-    import transformers
+    from transformers.models.auto.configuration_auto import AutoConfig
+    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
     from ...hf.load import resolve_config
     from ..methods.names import parse_methods, resolve
@@ -102,9 +113,9 @@ def config_method_plans(config: Any, methods: str, target: int | None = None) ->
 
     raw = resolve_config(config)
     if isinstance(raw, dict):
-        raw = transformers.AutoConfig.for_model(**raw)
+        raw = AutoConfig.for_model(**raw)
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(raw)
+        model = AutoModelForCausalLM.from_config(raw)
     _rotary_on_cpu(model)  # the key-set methods read each rotary's frequencies
     train, pairs = trained_length(model.config), rotated_pairs(model.config)
     out = []
