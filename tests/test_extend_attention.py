@@ -276,7 +276,7 @@ def test_refusals_are_one_line() -> None:
     cases = [
         ({"method": "self_extended"}, "extension method must be one of"),
         ({"method": "self_extend", "group_size": 4}, "missing: neighbor_window"),
-        ({"method": "self_extend", "group_size": 0, "neighbor_window": 4}, "group_size must be an integer >= 1"),
+        ({"method": "self_extend", "group_size": 0, "neighbor_window": 4}, "group_size must be an integer in \\[1, 2147483647\\]"),
         ({"method": "dual_chunk", "chunk_size": 8, "local_size": 7}, "local_size .* must be below"),
         ({"method": "dual_chunk", "chunk_size": 8, "local_size": 2, "x": 1}, "unknown: x"),
     ]  # fmt: skip

@@ -63,13 +63,13 @@ def _cli(*args: str) -> Any:
         ("yarn:beta_fast=0", ["'beta_fast'", "> 0"]),
         ("yarn:original_max_position_embeddings=128.5", ["original_max_position_embeddings", "integer"]),
         ("yarn:original_max_position_embeddings=128.0", ["original_max_position_embeddings", "integer"]),
-        ("self_extend:group_size=2.7", ["group_size", "integer >= 1", "got 2.7"]),  # ran 2
-        ("self_extend:group_size=true", ["group_size", "integer >= 1", "got True"]),  # ran 1
+        ("self_extend:group_size=2.7", ["group_size", "integer in [1, 2147483647]", "got 2.7"]),  # ran 2
+        ("self_extend:group_size=true", ["group_size", "integer in [1, 2147483647]", "got True"]),  # ran 1
         ("self_extend:group_size=2.0", ["group_size", "integer", "got 2.0"]),
         ("self_extend:group_size=[4]", ["group_size", "integer", "got [4]"]),
-        ("self_extend:neighbor_window=0", ["neighbor_window", "integer >= 1", "got 0"]),
-        ("dual_chunk:chunk_size=NaN", ["chunk_size", "integer >= 2", "got nan"]),
-        ("dual_chunk:local_size=-1", ["local_size", "integer >= 0"]),
+        ("self_extend:neighbor_window=0", ["neighbor_window", "integer in [1, 2147483647]", "got 0"]),
+        ("dual_chunk:chunk_size=NaN", ["chunk_size", "integer in [2, 2147483647]", "got nan"]),
+        ("dual_chunk:local_size=-1", ["local_size", "integer in [0, 2147483647]"]),
         ("yarn:layers=5", ["layers", "auto"]),
     ],
 )  # fmt: skip
@@ -268,7 +268,9 @@ def test_explore_out_under_a_file_is_one_line(tmp_path: Path) -> None:
 def test_a_partial_or_boolean_dual_chunk_config_is_one_line(dca: Any) -> None:
     with pytest.raises(ValueError, match="dual_chunk_attention_config must be a dict"):
         extension_from_config({"dual_chunk_attention_config": dca})
-    with pytest.raises(ValueError, match="chunk_size must be an integer >= 2, got True"):
+    with pytest.raises(
+        ValueError, match="chunk_size must be an integer in \\[2, 2147483647\\], got True"
+    ):
         extension_from_config(
             {"dual_chunk_attention_config": {"chunk_size": True, "local_size": 0}}
         )

@@ -332,14 +332,14 @@ def _parse(text: str) -> list[Any]:
 def test_refusals_are_one_line() -> None:
     cases = [
         ({"method": "string", "shifted_offset": 8, "local_window": 8}, "local_window .8. must be below shifted_offset"),
-        ({"method": "string", "shifted_offset": 0, "local_window": 0}, "shifted_offset must be an integer >= 1"),
+        ({"method": "string", "shifted_offset": 0, "local_window": 0}, "shifted_offset must be an integer in \\[1, 2147483647\\]"),
         ({"method": "string", "shifted_offset": 8, "local_window": 2, "attention_factor": 0}, "attention_factor must be a number > 0"),
         ({"method": "string", "shifted_offset": 8, "local_window": 2, "attention_factor": math.inf}, "attention_factor must be a number > 0"),
-        ({"method": "rerope", "window": 0}, "rerope window must be an integer >= 1"),
-        ({"method": "rerope", "window": 4.0}, "rerope window must be an integer >= 1"),
+        ({"method": "rerope", "window": 0}, "rerope window must be an integer in \\[1, 2147483647\\]"),
+        ({"method": "rerope", "window": 4.0}, "rerope window must be an integer in \\[1, 2147483647\\]"),
         ({"method": "leaky_rerope", "window": 4}, "missing: k"),
-        ({"method": "leaky_rerope", "window": 4, "k": True}, "k must be an integer >= 1"),
-        ({"method": "rerope", "window": 4, "logn": 1}, "logn must be an integer >= 2"),
+        ({"method": "leaky_rerope", "window": 4, "k": True}, "k must be an integer in \\[1, 2147483647\\]"),
+        ({"method": "rerope", "window": 4, "logn": 1}, "logn must be an integer in \\[2, 2147483647\\]"),
         ({"method": "logn", "length": 8, "window": 2}, "takes length; unknown: window"),
     ]  # fmt: skip
     for extension, message in cases:

@@ -26,10 +26,11 @@ from posenc.extend.measures.perplexity import (
     perplexity_at,
     token_nll,
 )
+from posenc.extend.methods.apply import with_method
 from posenc.extend.methods.names import METHOD_NAMES, parse_method, parse_methods, resolve
 from posenc.extend.model.load import load_model, resolve_source, smollm2_gguf
 from posenc.extend.study.config import StudyConfig
-from posenc.extend.study.run import run_study, study_rows, with_method
+from posenc.extend.study.run import run_study, study_rows
 
 ALL_METHODS = ",".join(METHOD_NAMES)
 TRAINED = 128

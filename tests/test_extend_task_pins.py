@@ -180,8 +180,8 @@ def test_fused_dual_chunk_with_a_wide_local_window_is_exact(
 def test_layers_full_on_a_llama_scales_every_layer() -> None:
     """A Llama's layers are all full attention: ``yarn:layers=full`` is ``yarn`` (every layer
     scaled), neither refused nor scaling none."""
+    from posenc.extend.methods.apply import with_method
     from posenc.extend.methods.names import parse_method, resolve
-    from posenc.extend.study.run import with_method
 
     model = tiny_lm("llama", max_position_embeddings=32)
     ids = torch.randint(0, 64, (1, 96), generator=torch.Generator().manual_seed(1))

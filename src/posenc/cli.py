@@ -132,11 +132,30 @@ def inspect_config_command(
         "the local Hugging Face cache (never downloaded).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
+    methods: str = typer.Option(
+        None,
+        "--methods",
+        help="Also say what each method (as `posenc extend --methods`) does "
+        "to each layer type (the model built without weights; needs transformers).",
+    ),
+    target: int = typer.Option(
+        None, "--target", min=2, help="The length the methods are set for (default: 2x trained)."
+    ),
 ) -> None:
     """Show what each decoder layer of a Hugging Face model does with positions."""
     from .hf.inspect import inspect_command
 
     inspect_command(config, as_json)
+    if methods:
+        from .cli_errors import fail
+        from .extend.methods.layer_plan import config_method_plans
+
+        try:
+            lines = config_method_plans(config, methods, target)
+        except (ValueError, TypeError, KeyError) as err:
+            fail(str(err))
+        for line in lines:
+            typer.echo(line)
 
 
 app.command("inspect")(inspect_config_command)

@@ -52,7 +52,12 @@ class Option:
     required: bool = True
 
     def describe(self) -> str:
-        return f"a number > {self.low}" if self.real else f"an integer >= {self.low}"
+        return f"a number > {self.low}" if self.real else f"an integer in [{self.low}, {MAX_INT}]"
+
+
+#: The largest integer option: positions and their groups are int64 tensors in the forward, and
+#: no length a model runs at comes near 2**31 (10**30 would overflow there, not here).
+MAX_INT = 2**31 - 1
 
 
 _LOGN = Option(2, required=False)  # Su's log-length query scale: the trained length
@@ -146,7 +151,7 @@ def extension_option(method: str, name: str, value: Any) -> int | float:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if option.real and number and math.isfinite(value) and value > option.low:
         return float(value)
-    if not option.real and number and isinstance(value, int) and value >= option.low:
+    if not option.real and number and isinstance(value, int) and option.low <= value <= MAX_INT:
         return int(value)
     raise ValueError(f"{method} {name} must be {option.describe()}, got {value!r}")
 

@@ -35,6 +35,7 @@ from .._checks import check_choice
 from ..kernels.constants import ROTARY_BACKENDS
 from .checks import check_scaling_argument
 from .config import HF_ROPE_TYPES
+from .detect import detected_entry
 from .extension import (
     extension_layout,
     extension_overrides,
@@ -47,7 +48,7 @@ from .rotary import (
     apply_rotary_pos_emb,
     apply_rotary_trailing,
 )
-from .scaling import check_layers
+from .scaling import check_layers, check_tables, check_temperature
 from .shadow import PatchedForward, code_names, plain_function, shadow_module
 from .supported import (  # noqa: F401 - SUPPORTED and the rotations are read from here too
     COHERE,
@@ -237,9 +238,18 @@ def _model_type(model: nn.Module) -> str:
     for t in (model_type, getattr(text, "model_type", None)):
         if t in SUPPORTED:
             return t
+    why = []
+    for t in dict.fromkeys((getattr(text, "model_type", None), model_type)):
+        entry, reason = detected_entry(t, check_rotation) if isinstance(t, str) else (None, "")
+        if entry is not None:
+            return t  # type: ignore[return-value]
+        why.append(reason)
+    reason = next((w for w in why if w), "")
     raise ValueError(
-        f"apply_posenc does not support model_type {model_type!r}; supported: "
-        f"{', '.join(supported_model_types())}{_what_still_works(config)}"
+        f"apply_posenc does not support model_type {model_type!r}"
+        f"{f' ({reason})' if reason else ''}; supported by name: "
+        f"{', '.join(supported_model_types())}, and types whose apply_rotary_pos_emb rotates as "
+        f"one of these{_what_still_works(config)}"
     )
 
 
@@ -354,6 +364,14 @@ def _apply_extension(
             f"extension {ext['method']!r} keeps the model's own RoPE: pass scaling or extension, "
             "not both"
         )
+    config: Any = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(text, "kv_lora_rank", None):  # MLA (DeepSeek-V2/V3, MiniCPM3, GLM-4.7-Flash)
+        raise ValueError(
+            f"extension {ext['method']!r} on {model_type}: its multi-head latent attention "
+            "(kv_lora_rank) has key and value heads of other sizes than posenc's key-set "
+            "attention takes"
+        )
     layout = extension_layout(rotations)
     if layout is None:
         raise ValueError(
@@ -436,7 +454,10 @@ def extension_shadow_for(model_type: str, backend: str) -> types.ModuleType:
 
 
 def _modeling(model_type: str) -> tuple[types.ModuleType, dict[str, Rotation]]:
-    module_name, rotations = SUPPORTED[model_type]
+    entry = SUPPORTED.get(model_type) or detected_entry(model_type, check_rotation)[0]
+    if entry is None:
+        raise ValueError(f"apply_posenc does not support model_type {model_type!r}")
+    module_name, rotations = entry
     modeling = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
     return modeling, rotations
 
@@ -526,6 +547,7 @@ def _rotary_swaps(
     """``(parent, attribute, posenc module)`` for each text rotary module of the model (with
     the config's own scaling where ``scaling`` is None)."""
     _check_scalable(_model_type(model), rotations, scaling)
+    check_temperature(model, scaling)
     table_layout = next(iter(rotations.values())).table_layout
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     for parent in model.modules():
@@ -541,6 +563,7 @@ def _rotary_swaps(
                 layer_type = _LEGACY_ROTARY_TYPES.get(attr) if legacy else None
                 new = HFRotaryEmbedding(config, scaling, table_layout=table_layout,
                                         layer_type=layer_type, scaling_layers=scaling_layers)  # fmt: skip
+                check_tables(child, new, cls.__name__)
                 swaps.append((parent, attr, new))
     if not swaps:
         raise RuntimeError(f"found no rotary module of {modeling.__name__} to rescale")

@@ -336,7 +336,13 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any], layers: s
     # Rebuilt by the config class, so its own standardization runs as it would for a model built
     # with these parameters (Phi-3's config-level original length wins, defaults are filled).
     if hasattr(cfg, "to_dict") and hasattr(type(cfg), "from_dict"):
-        return type(cfg).from_dict({**cfg.to_dict(), "rope_parameters": params})
+        try:
+            return type(cfg).from_dict({**cfg.to_dict(), "rope_parameters": params})
+        except Exception as e:  # its validation (Phi-3: longrope only), of any class
+            raise ValueError(
+                f"transformers' {type(cfg).__name__} refuses these rope parameters: "
+                f"{' '.join(str(e).split())}"
+            ) from None
     cfg.rope_parameters = params
     return cfg
 
@@ -400,6 +406,8 @@ class HFRotaryEmbedding(nn.Module):
             text = with_rope_parameters(text, scaling, scaling_layers)
             if isinstance(text, Mapping):  # a 4.x config as posenc reads it: read as it is
                 read["use_transformers"] = False
+        if not isinstance(text, Mapping):  # attention that reads its rotary's config (Granite-SWA)
+            self.config = text
         params = _get(text, "rope_parameters") or {}
         labels = set(_get(text, "layer_types") or ())
         self.layer_types = tuple(

@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from .config import _get, _nested_keys
 
 #: transformers' ``convert_rope_params_to_dict``: the layer types a flat ``rope_scaling`` updates
@@ -93,7 +95,14 @@ def scaling_layer_types(config: Any, layers: str = "auto") -> tuple[str, ...] | 
         return tuple(nested)
     if layers == "auto" and model_type in FLAT_SCALING_LAYER_TYPES:
         rule = FLAT_SCALING_LAYER_TYPES[model_type]
-        return tuple(t for t in nested if t in rule)
+        chosen = tuple(t for t in nested if t in rule)
+        if not chosen:  # e.g. a Gemma-3 whose layers are all sliding: the rule finds none
+            raise ValueError(
+                f"a flat scaling on this {model_type} goes to its {'/'.join(rule)} layers, and it "
+                f"has none (its layer types with RoPE: {nested}): name the types in a scaling "
+                "keyed by layer type, or layers='all'"
+            )
+        return chosen
     full = tuple(t for t in nested if t in FULL_LAYER_TYPES)
     if not full:
         raise ValueError(
@@ -133,3 +142,45 @@ def scaling_by_layer_type(
 def is_keyed(scaling: Mapping[str, Any]) -> bool:
     """A scaling keyed by layer type (every value a dict), as ``with_rope_parameters`` reads it."""
     return bool(scaling) and all(isinstance(v, Mapping) for v in scaling.values())
+
+
+# --- what apply_posenc(scaling=) checks before it swaps a model's rotary modules -------------------
+
+
+def check_temperature(model: Any, scaling: Mapping[str, Any] | None) -> None:
+    """Refuse ``scaling=`` where the attention scales its queries by the rope parameters'
+    ``llama_4_scaling_beta`` and ``original_max_position_embeddings`` (Ministral-3, Mistral-4):
+    they are read from the model's config, which ``scaling=`` does not rewrite."""
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or {}
+    sets = [v for v in params.values() if isinstance(v, Mapping)] or [params]
+    if scaling is not None and any(p.get("llama_4_scaling_beta") for p in sets):
+        raise ValueError(
+            f"scaling= on this {getattr(text, 'model_type', '')}: its attention temperature "
+            "(llama_4_scaling_beta) reads original_max_position_embeddings from the model's own "
+            "rope parameters, which scaling= leaves as they are; give the scaling in the config "
+            "(transformers then reads both from it)"
+        )
+
+
+def check_tables(old: Any, new: Any, name: str) -> None:
+    """Refuse a swap whose cos/sin differ in shape from the stock module's (LFM-3's
+    ``proportional`` RoPE keeps full-width tables for a partial rotation): at 3 positions, per
+    layer type, where the stock module runs on ``(x, position_ids[, layer_type])``."""
+    x, pos = torch.zeros(1, 1, 1), torch.arange(3)[None]
+    for layer_type in new.layer_types or (None,):
+        args = (x, pos) if layer_type is None else (x, pos, layer_type)
+        try:
+            want = old(*args)
+        except Exception:  # a signature this probe does not know: not compared
+            continue
+        if not isinstance(want, tuple) or not all(isinstance(w, torch.Tensor) for w in want):
+            continue
+        got = new(*args)
+        if [tuple(w.shape) for w in want] != [tuple(g.shape) for g in got]:
+            raise ValueError(
+                f"scaling= cannot replace {name}{f' ({layer_type})' if layer_type else ''}: it "
+                f"builds cos/sin of shape {tuple(want[0].shape)} and posenc's reading of the "
+                f"config {tuple(got[0].shape)} (a rope type whose tables posenc does not build)"
+            )

@@ -128,5 +128,33 @@ def mla_softmax_scale(head_dim: int, scaling: Mapping[str, Any]) -> float:
 
 
 def supported_model_types() -> list[str]:
-    """The ``model_type`` values :func:`apply_posenc` accepts."""
+    """The ``model_type`` values :func:`apply_posenc` accepts by name (any other is tried by
+    :func:`~posenc.hf.detect.detected_entry`)."""
     return sorted(SUPPORTED)
+
+
+#: Rotations tried, in this order, on the ``apply_rotary_pos_emb`` of a model type outside
+#: :data:`SUPPORTED` (:func:`~posenc.hf.detect.detected_entry`): the first that gives the stock
+#: function's result on random probes is the type's. A half-split function that passes channels
+#: past the table's width through passes the partial probe too, so ``HALF_PARTIAL`` goes first.
+DETECTABLE: tuple[Rotation, ...] = (HALF_PARTIAL, HALF, GLM, COHERE)
+
+#: Model types never detected, and why (transformers' classes that call ``apply_rotary_pos_emb``
+#: but rotate something else with it, or whose attention adds what posenc does not model).
+NOT_DETECTED: dict[str, str] = {}
+
+
+def modeling_module_name(model_type: str) -> str | None:
+    """``transformers.models.X.modeling_X`` for the config class of ``model_type`` (a text
+    config's type included: ``qwen3_5_text`` -> ``qwen3_5``), or None where transformers has no
+    such type."""
+    try:
+        from transformers import CONFIG_MAPPING
+
+        config_module = CONFIG_MAPPING[model_type].__module__
+    except (ImportError, KeyError):
+        return None
+    package, _, leaf = config_module.rpartition(".")
+    if not leaf.startswith("configuration_"):
+        return None
+    return f"{package}.modeling_{leaf[len('configuration_') :]}"

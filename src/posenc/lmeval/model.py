@@ -5,7 +5,7 @@
 ``parallelize=True``, dtype, PEFT), then applies ``method`` inside :meth:`PosencLM._create_model`
 (lm-eval's own precedent: ``models/hf_steered.py``, a subclass that loads, then hooks), through
 the code ``posenc extend`` applies a method with
-(:func:`posenc.extend.study.run.with_method`). ``method`` is one method of ``posenc extend
+(:func:`posenc.extend.methods.apply.with_method`). ``method`` is one method of ``posenc extend
 --methods``: ``none``, a RoPE scaling (``yarn:factor=4``, per layer type with ``:layers=...``)
 or an attention method over key sets (``self_extend:group_size=4``, ``dual_chunk``, ``string``,
 ``rerope``, ``leaky_rerope``, ``logn``).
@@ -155,7 +155,7 @@ class PosencLM(HFLM):
     def _apply_method(self) -> None:
         """The method resolved for this model's trained length and target, and applied as
         ``posenc extend`` applies it; an option the model refuses is one line naming the method."""
-        from ..extend.study.run import with_method
+        from ..extend.methods.apply import with_method
 
         config = self._model.config
         trained = trained_length(config)

@@ -20,8 +20,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._ints import check_int_in
 from ...functional.rope_scaling import KEY_CHECKS, ROPE_SCALING, extension_scaling
-from ...hf.extension import EXTENSION_METHODS, extension_option, normalize_extension
+from ...hf.extension import EXTENSION_METHODS, MAX_INT, extension_option, normalize_extension
 from ...hf.scaling import check_layers, is_keyed, scaling_by_layer_type
 from .keysets import DEFAULTS
 
@@ -106,8 +107,11 @@ def check_option(name: str, key: str, value: Any) -> None:
         check_layers(value)
     elif name in EXTENSION_METHODS:
         extension_option(name, key, value)
-    elif key == "original_max_position_embeddings" and not isinstance(value, int):
-        raise ValueError(f"method {name!r}: {key} must be an integer >= 1, got {value!r}")
+    elif key == "original_max_position_embeddings":
+        try:  # a length: an integer a position tensor holds
+            check_int_in(key, value, 1, MAX_INT)
+        except ValueError as err:
+            raise ValueError(f"method {name!r}: {err}") from None
     else:
         try:
             KEY_CHECKS[key](key, value, name)

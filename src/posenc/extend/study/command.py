@@ -92,13 +92,21 @@ def run(model: str, options: dict[str, Any]) -> None:
     loaded, tokenizer = load_model(
         source, dtype=options["dtype"], device=options["device"], device_map=options["device_map"]
     )
-    _say_identities(check_methods(loaded, cfg), cfg)  # every method resolves and applies
+    from ..methods.layer_plan import describe_method
+
+    plans: list[str] = []
+
+    def plan_of(r: Any) -> None:  # what the method does per layer type, read while applied
+        plans.append(describe_method(loaded, r, getattr(loaded.posenc_patch, "layers", ())
+                                     if hasattr(loaded, "posenc_patch") else ()))  # fmt: skip
+
+    _say_identities(check_methods(loaded, cfg, plan_of), cfg)  # every method resolves, applies
     todo = cells(cfg)
     if not todo:  # e.g. --documents 0 with --passkey-methods naming none
         raise ValueError("the study has no cell to run: ask --tasks, --passkey-lengths (with a "
                          "method in --passkey-methods) or --documents 1 or more")  # fmt: skip
     shape, need, have = _memory(loaded, cfg, todo)
-    check_texts(tokenizer, cfg)  # the documents and passkey prompts fit, in its tokens
+    check_texts(tokenizer, cfg, loaded)  # the texts fit, in its tokens, positions and vocabulary
     if options["finetune"]:
         loaded, tokenizer, source = _finetune(loaded, tokenizer, source, cfg, options, out)
     if not (options["finetune"] and options["dry_run"]):  # (no fine-tuned model to name yet)
@@ -108,6 +116,8 @@ def run(model: str, options: dict[str, Any]) -> None:
     left = pending_cells(loaded, source, cfg, out, options["dtype"])
     plan = plan_text(loaded, shape, cfg, left, need, have, done=len(todo) - len(left))
     if options["dry_run"]:
+        for line in plans:  # per layer type, what each method does
+            typer.echo(f"  {line}")
         typer.echo(f"{plan}. Nothing was run.")
         return
     typer.echo(f"plan: {plan}; Ctrl-C stops it, and the same command resumes it.")

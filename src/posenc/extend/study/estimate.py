@@ -132,8 +132,12 @@ def seconds_per_flop(model: Any, shape: Shape) -> float:
     of the same shape) divided by its operation count. One timed forward swung the estimate
     twenty-fold between runs of one command: the first call of a shape pays for kernel choice
     and page faults, and a busy neighbour for a moment inflates any single time."""
+    from ..model.limits import position_table_length
+
     device = next(model.parameters()).device
-    ids = torch.randint(0, shape.vocab, (1, CALIBRATION_TOKENS), device=device)
+    # within a learned position table (a GPT-2 of n_positions below CALIBRATION_TOKENS)
+    n = min(CALIBRATION_TOKENS, position_table_length(model) or CALIBRATION_TOKENS)
+    ids = torch.randint(0, shape.vocab, (1, n), device=device)
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     head = model.get_output_embeddings()
     times = []
@@ -143,7 +147,7 @@ def seconds_per_flop(model: Any, shape: Shape) -> float:
         head(hidden[0, :LOGIT_CHUNK])
         if i:
             times.append(time.perf_counter() - start)
-    return sorted(times)[1] / forward_flops(shape, CALIBRATION_TOKENS)
+    return sorted(times)[1] / forward_flops(shape, n)
 
 
 #: The tokens of a question asked after a shared context (its tail: question and answer
@@ -171,12 +175,15 @@ def step_seconds(model: Any) -> float:
     from transformers.cache_utils import DynamicCache
 
     from ..measures.tasks.generation import _cache_kw
+    from ..model.limits import position_table_length
 
     device = next(model.parameters()).device
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     kw = {_cache_kw(decoder): DynamicCache(config=model.config)}
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    decoder(input_ids=torch.randint(0, vocab, (1, 64), device=device), use_cache=True, **kw)
+    # prefill and steps within a learned position table (a GPT-2 of n_positions below 72)
+    prefill = max(1, min(64, (position_table_length(model) or 72) - 8))
+    decoder(input_ids=torch.randint(0, vocab, (1, prefill), device=device), use_cache=True, **kw)
     times = []
     for _ in range(8):
         start = time.perf_counter()

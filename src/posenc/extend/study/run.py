@@ -30,7 +30,8 @@ from ..measures.perplexity import (
     score_passkey,
     token_nll,
 )
-from ..methods.names import Resolved, as_transformers, resolve
+from ..methods.apply import with_method
+from ..methods.names import Resolved, resolve
 from ..model.load import ModelSource, model_identity, rotated_pairs, trained_length
 from ..model.locate import reference
 from .config import Cell, StudyConfig, _config_dict, cell_identity, cells, versions
@@ -41,22 +42,9 @@ from .rows import read_study_rows
 log = logging.getLogger("posenc.extend")
 
 
-def with_method(model: Any, resolved: Resolved) -> Callable[[], None]:
-    """Apply ``resolved`` to ``model`` (``none``: the model as loaded); returns the undo."""
-    if resolved.scaling is None and resolved.extension is None:
-        return lambda: None
-    from ...hf import apply_posenc, remove_posenc
-
-    scaling = as_transformers(resolved.scaling, model.config, resolved.layers)
-    apply_posenc(model, scaling=scaling, extension=resolved.extension)
-
-    def undo() -> None:
-        remove_posenc(model)
-
-    return undo
-
-
-def check_methods(model: Any, cfg: StudyConfig) -> list[Resolved]:
+def check_methods(
+    model: Any, cfg: StudyConfig, on_applied: Callable[[Resolved], None] | None = None
+) -> list[Resolved]:
     """Every method of ``cfg`` resolved and put on ``model`` once, then taken off: what a cell
     would refuse (an extension on a model whose full-attention layers have no RoPE, a
     ``layers=full`` on a model with one set of rope parameters) is refused here, in one line
@@ -66,20 +54,37 @@ def check_methods(model: Any, cfg: StudyConfig) -> list[Resolved]:
     for method in cfg.methods:
         try:
             r = resolve(method, train, cfg.target, pairs)
-            with_method(model, r)()
+            undo = with_method(model, r)
+            if on_applied is not None:  # e.g. what it does per layer type, while applied
+                on_applied(r)
+            undo()
         except (ValueError, TypeError) as err:
             raise ValueError(f"method {method.label}: {err}") from err
         resolved.append(r)
     return resolved
 
 
-def check_texts(tokenizer: Any, cfg: StudyConfig) -> None:
+def check_texts(tokenizer: Any, cfg: StudyConfig, model: Any = None) -> None:
     """Every document holds the longest length and the shortest passkey length holds the prompt,
-    in ``tokenizer``'s tokens: refused in one line before any cell runs or anything is written."""
+    in ``tokenizer``'s tokens: refused in one line before any cell runs or anything is written.
+    With ``model``: the longest length fits its learned position table (GPT-2's ``n_positions``)
+    and every id of those texts is in its vocabulary."""
+    from ..model.limits import check_positions, check_token_ids, input_rows
+    from .options import length_options
+
+    if model is not None:
+        check_positions(model, cfg.target, length_options(cfg, cfg.target))
+    rows = input_rows(model) if model is not None else None
+
+    def fits(ids: Any, what: str) -> None:
+        if rows is not None:  # host ids of the tokenizer's output, before any forward
+            check_token_ids(torch.as_tensor(ids).flatten().tolist(), rows, what)
+
     for doc in cfg.documents:
-        document_ids(tokenizer, Path(doc), cfg.lengths[-1])
+        fits(document_ids(tokenizer, Path(doc), cfg.lengths[-1]), f"the document {doc}")
     if cfg.passkey_lengths and cfg.passkey_methods != ():
-        passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, cfg.passkey_seed)
+        prompt = passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, cfg.passkey_seed)
+        fits(prompt.ids, "the passkey prompt")
     from ..measures.tasks import get_task
 
     for name in cfg.tasks:  # one sample at the shortest length: a task too long for it refused
@@ -87,12 +92,15 @@ def check_texts(tokenizer: Any, cfg: StudyConfig) -> None:
         depth = cfg.task_depths[0] if task.uses_depth else None
         try:  # with every question's needle where several share a context
             if cfg.task_questions > 1:
-                task.context(tokenizer, shortest, depth, cfg.task_seed, 0, cfg.task_questions)
+                samples = task.context(tokenizer, shortest, depth, cfg.task_seed, 0,
+                                       cfg.task_questions)  # fmt: skip
             else:
-                task.sample(tokenizer, shortest, depth, cfg.task_seed)
+                samples = [task.sample(tokenizer, shortest, depth, cfg.task_seed)]
         except ValueError as err:  # which task and which option, beside the tokens it needs
             raise ValueError(f"task {name} at {shortest} tokens, the shortest task length "
                              f"(--task-lengths, default --lengths): {err}") from err  # fmt: skip
+        for sample in samples:
+            fits(sample.ids, f"task {name}'s prompt")
 
 
 def run_cell(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, *,
@@ -200,7 +208,7 @@ def run_study(
     todo = cells(cfg)
     result = StudyRun()
     check_methods(model, cfg)  # every refusal before the first cell
-    check_texts(tokenizer, cfg)
+    check_texts(tokenizer, cfg, model)
     check_no_links(out, make=True)
     with study_lock(out):
         # a study resumed from another path keeps the identity (and so the row keys) it recorded
