@@ -102,5 +102,7 @@ def test_smollm2_answers_alike_through_lm_eval_and_posenc_extend(
     for r in ours:
         for key in ("digests", "outputs", "scores", "references", "score", "task_seed"):
             assert by_cell[cell(r)][key] == r[key], (cell(r), key, by_cell[cell(r)][key], r[key])
-    print(f"posenc side {posenc_seconds:.1f} s, all {time.perf_counter() - clock:.1f} s; "
-          f"scores {[(cell(r), r['score'], r['outputs']) for r in ours]}")
+    print(
+        f"posenc side {posenc_seconds:.1f} s, all {time.perf_counter() - clock:.1f} s; "
+        f"scores {[(cell(r), r['score'], r['outputs']) for r in ours]}"
+    )
