@@ -148,6 +148,25 @@ def test_parallelize_places_the_model_and_keeps_the_method(folder: Path, tmp_pat
     assert max(abs(a - b) for (a, _), (b, _) in zip(plain, spread, strict=True)) > 1e-2
 
 
+def test_a_loaded_model_takes_the_method_and_gives_it_back(folder: Path) -> None:
+    """``pretrained=`` a loaded model (one load serving several methods, as
+    tests/test_lmeval_parity.py does): the method applied to it, ``undo_method`` the model as
+    loaded again, its scores ``none``'s."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    reqs = _requests(4, 200, seed=4)
+    plain = _model(folder, max_length=256)._loglikelihood_tokens(reqs)
+    lm = PosencLM(pretrained=model, tokenizer=tokenizer, method="self_extend:group_size=4:"
+                  "neighbor_window=8", max_length=256, device="cpu", batch_size=1)  # fmt: skip
+    extended = lm._loglikelihood_tokens(reqs)
+    assert max(abs(a - b) for (a, _), (b, _) in zip(plain, extended, strict=True)) > 1e-2
+    lm.undo_method()
+    back = lm._loglikelihood_tokens(reqs)
+    assert max(abs(a - b) for (a, _), (b, _) in zip(plain, back, strict=True)) < 1e-5
+
+
 # --- generation ---------------------------------------------------------------------------------
 
 

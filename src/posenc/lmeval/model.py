@@ -122,6 +122,7 @@ class PosencLM(HFLM):
         self.method = parse_method(str(method))
         self._asked_length = _max_length(max_length)
         self.resolved: Resolved | None = None
+        self._undo: Any = None
         pretrained, gguf_file = model_location(pretrained, gguf_file)
         super().__init__(pretrained=pretrained, gguf_file=gguf_file, **kwargs)
         if self.resolved is None:  # a loaded model was given: HFLM built nothing
@@ -162,10 +163,17 @@ class PosencLM(HFLM):
         self.target = target_length(self.method, trained, self._asked_length)
         try:
             self.resolved = resolve(self.method, trained, self.target, rotated_pairs(config))
-            with_method(self._model, self.resolved)
+            self._undo = with_method(self._model, self.resolved)
         except (ValueError, TypeError) as err:
             raise ValueError(f"method {self.method.label}: {err}") from err
         self.trained = trained
+
+    def undo_method(self) -> None:
+        """Take the method off the model: the model as loaded again (a model given loaded, as
+        ``pretrained=``, can then serve another method, or ``posenc extend``)."""
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
 
     def get_model_info(self) -> dict[str, Any]:
         """HFLM's, and the method (lm-eval merges this into the results' ``config``)."""
