@@ -35,6 +35,12 @@ SMOLLM2_TASKS = (
     " --task-depths 0.1,0.5,0.9 --samples 2 --threads 1 --dtype bfloat16"
     f" --out {STUDIES}/smollm2-135m-bf16, then --tasks niah_multikey_1,vt,cwe --task-depths 0.5"
 )
+WINDOW = (
+    "python benchmarks/extend_smollm2_window.py 4k 8k 2k  # = posenc extend smollm2 --methods"
+    " none,string --lengths 2k,4k,8k --documents 0 --tasks niah_single_2 --task-depths 0.1,0.5,0.9"
+    " --samples 8 --questions-per-context 4 --threads 1 --dtype bfloat16"
+    f" --out {STUDIES}/smollm2-135m-window"
+)
 GEMMA_PPL = (
     f"posenc extend gemma3-270m --methods {METHODS} --lengths 4k,8k,16k,32k,64k --documents 1"
     f" --passkey-lengths 32k,64k --passkey-depths 0.5 --threads 1 --out {STUDIES}/gemma3-270m"
@@ -75,6 +81,19 @@ COMMANDS: tuple[tuple[str, list[str]], ...] = (
         "docs/results/smollm2_tasks.png",
     ),
     compare("smollm2-135m", "smollm2-135m-bf16", "smollm2-dtype"),
+    report("smollm2-135m-window", "smollm2-window", "--command", WINDOW),
+    (
+        "window-summary",
+        [
+            "extend",
+            "summary",
+            f"{STUDIES}/smollm2-135m-window",
+            "--readme",
+            PAGE,
+            "--block",
+            "window-summary",
+        ],
+    ),  # fmt: skip
     report("gemma3-270m", "gemma3", "--command", GEMMA_PPL),
     report(
         "gemma3-270m-tasks",

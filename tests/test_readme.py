@@ -141,6 +141,7 @@ def test_generated_blocks_found() -> None:
     commands write them."""
     pages = {READMES[0]: {"lab:headline", "extend:ruler"},
              REAL_MODEL: {"extend:real", "extend:gemma3", "extend:smollm2-tasks", "extend:ruler",
+                          "extend:smollm2-window", "extend:window-summary",
                           "extend:smollm2-dtype", "extend:gemma3-tasks", "extend:gemma3-dtype"},
              LAB_RESULTS: {"lab:table", "lab:length", "lab:extend", "lab:passkey"}}  # fmt: skip
     for path, names in pages.items():
@@ -173,6 +174,7 @@ def test_the_smollm2_block_is_the_committed_rows_table() -> None:
 
 
 @pytest.mark.parametrize("block, folder", [("smollm2-tasks", "smollm2-135m-bf16"),
+                                           ("smollm2-window", "smollm2-135m-window"),
                                            ("gemma3-tasks", "gemma3-270m-tasks")])  # fmt: skip
 def test_the_task_blocks_are_the_committed_rows_tables(block: str, folder: str) -> None:
     """The task studies run in pieces by length whose rows are committed: each block must hold
@@ -202,6 +204,10 @@ def test_the_readme_summary_is_the_committed_task_rows() -> None:
         generated_blocks(READMES[0])["extend:ruler"] == summary_markdown(rows, names, True) + "\n"
     )
     assert generated_blocks(REAL_MODEL)["extend:ruler"] == summary_markdown(rows, names) + "\n"
+    window = study_rows(studies / "smollm2-135m-window")
+    assert generated_blocks(REAL_MODEL)["extend:window-summary"] == (
+        summary_markdown([window], ["smollm2-135m-window"]) + "\n"
+    )
 
 
 @pytest.mark.parametrize("block, first, second", [
