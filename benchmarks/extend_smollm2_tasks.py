@@ -34,7 +34,8 @@ from posenc.extend.measures.perplexity import default_documents
 from posenc.extend.methods.names import parse_methods
 from posenc.extend.study.config import StudyConfig, parse_lengths
 
-METHODS = "none,yarn,ntk,linear,self_extend,dual_chunk"
+#: STRING joined after the others: its cells at 2k-8k (inside the window, where it acts) first
+METHODS = "none,yarn,ntk,linear,self_extend,dual_chunk,string"
 LENGTHS = "2k,4k,8k,16k,32k"
 #: (tasks, their depths): the heatmap's needle at three depths, the others at one
 TASKS = ((("niah_single_2",), (0.1, 0.5, 0.9)), (("niah_multikey_1", "vt", "cwe"), (0.5,)))

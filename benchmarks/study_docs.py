@@ -31,7 +31,7 @@ GEMMA_TASKS = (
 )
 SMOLLM2_TASKS = (
     "python benchmarks/extend_smollm2_tasks.py 2k 4k 8k 16k 32k  # = posenc extend smollm2"
-    f" --methods {METHODS} --lengths 2k,4k,8k,16k,32k --documents 0 --tasks niah_single_2"
+    f" --methods {METHODS},string --lengths 2k,4k,8k,16k,32k --documents 0 --tasks niah_single_2"
     " --task-depths 0.1,0.5,0.9 --samples 2 --threads 1 --dtype bfloat16"
     f" --out {STUDIES}/smollm2-135m-bf16, then --tasks niah_multikey_1,vt,cwe --task-depths 0.5"
 )
