@@ -89,7 +89,8 @@ test: lint setup
 	[ $$unit -eq 0 ] && [ $$typed -eq 0 ]
 
 # The real-model runs of minutes that `make test` leaves out (pytest's `long` marker): the same
-# prompts through lm-eval and through `posenc extend` on SmolLM2-135M (about 5 min on 2 cores).
+# prompts through lm-eval and through `posenc extend` on SmolLM2-135M (about 5 min on 2 cores),
+# lm-eval's own RULER needle task through the launcher on SmolLM2 (about 2 min).
 test-long: setup
 	$(BIN)/python -m pytest -m long -q
 

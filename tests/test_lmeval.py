@@ -406,7 +406,9 @@ def test_two_accelerate_processes_give_the_same_answers(
 # --- the real model: lm-eval's own RULER task ---------------------------------------------------
 
 
-@pytest.mark.slow
+# ~80-130 s on 2 cores, 30-45 s of it lm-eval building its needle task's word pairs on import:
+# a `long` test (make test-long), beside the tiny-model launcher run that make test keeps
+@pytest.mark.long
 def test_real_smollm2_answers_lm_evals_own_ruler_niah_through_the_launcher(tmp_path: Path) -> None:
     """lm-eval's ``niah_single_1`` (noise haystack: no download) at 512 tokens, one sample, on
     SmolLM2-135M loaded from its GGUF with YaRN x2 (max_length 16,384): the needle found. RULER's
