@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 import transformers
-from typer.testing import CliRunner
 
+from _cli_here import cli, one_line_error
 from _tiny import tiny_folder
-from posenc.cli import app
 from posenc.extend.methods.export import export_model
 from posenc.extend.methods.names import parse_method
 from posenc.extend.model.load import load_model, resolve_source
@@ -27,19 +26,6 @@ from posenc.extend.study.run import study_rows
 
 REAL = Path(__file__).parents[1] / "benchmarks" / "studies" / "smollm2-135m" / "results.jsonl"
 TRAINED = 128
-
-
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
-def _one_line_error(result: Any, *needles: str) -> str:
-    assert result.exit_code == 2, (result.output, result.exception)
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return str(lines[0])
 
 
 def _task_rows() -> list[dict[str, Any]]:
@@ -80,7 +66,7 @@ def test_a_row_with_values_no_study_writes_is_skipped_naming_file_and_line(
     assert rows == [good]  # the other row is kept, read as written
     said = [str(w.message) for w in caught]
     assert any(f"{run / 'results.jsonl'}:2:" in s and why in s for s in said), said
-    report = _cli("extend", "report", str(run))  # no division by zero, no traceback
+    report = cli("extend", "report", str(run))  # no division by zero, no traceback
     assert report.exit_code == 0, report.output
 
 
@@ -88,13 +74,13 @@ def test_two_rows_of_one_cell_are_refused_naming_both_lines(tmp_path: Path) -> N
     row = _task_rows()[0]
     other = {**row, "scores": [1.0] * row["n"], "score": 1.0}  # the same cell, another answer
     run = _folder(tmp_path, [row, _task_rows()[1], other])
-    result = _cli("extend", "report", str(run))
-    _one_line_error(result, "results.jsonl:1 and", "results.jsonl:3", row["task"], "two answers")
+    result = cli("extend", "report", str(run))
+    one_line_error(result, "results.jsonl:1 and", "results.jsonl:3", row["task"], "two answers")
     # the same cell under another key (a hand-edited hash) is refused the same way
     (run / "results.jsonl").write_text(
         json.dumps(row) + "\n" + json.dumps({**other, "config_hash": "0" * 16}) + "\n"
     )
-    _one_line_error(_cli("extend", "summary", str(run)), "results.jsonl:2", "two answers")
+    one_line_error(cli("extend", "summary", str(run)), "results.jsonl:2", "two answers")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +91,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def study(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("study")
-    result = _cli("extend", str(folder), "--methods", "none", "--lengths", "64",
+    result = cli("extend", str(folder), "--methods", "none", "--lengths", "64",
                   "--bin-size", "32", "--out", str(out))  # fmt: skip
     assert result.exit_code == 0, result.output
     return out
@@ -132,8 +118,8 @@ def test_an_export_of_a_run_json_of_wrong_types_is_one_line(
     spec = json.loads((study / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**spec, **edit}))
     out = tmp_path / "exported"
-    result = _cli("extend", "export", str(run), "--method", "yarn", "--out", str(out))
-    _one_line_error(result, str(run / "run.json"), needle)
+    result = cli("extend", "export", str(run), "--method", "yarn", "--out", str(out))
+    one_line_error(result, str(run / "run.json"), needle)
     assert not out.exists()
 
 
@@ -141,8 +127,8 @@ def test_an_export_of_none_is_refused(study: Path, tmp_path: Path) -> None:
     """``none`` would be written with the evaluated length as max_position_embeddings, which the
     next study reads as the length it was trained at."""
     out = tmp_path / "exported"
-    result = _cli("extend", "export", str(study), "--method", "none", "--out", str(out))
-    _one_line_error(result, "none is the model as trained")
+    result = cli("extend", "export", str(study), "--method", "none", "--out", str(out))
+    one_line_error(result, "none is the model as trained")
     assert not out.exists()
 
 
@@ -177,14 +163,14 @@ def test_a_results_jsonl_that_is_a_link_is_refused_before_a_row_is_written(
     out = tmp_path / "run"
     out.mkdir()
     (out / "results.jsonl").symlink_to(elsewhere)
-    result = _cli("extend", str(folder), "--methods", "none", "--lengths", "64",
+    result = cli("extend", str(folder), "--methods", "none", "--lengths", "64",
                   "--bin-size", "32", "--out", str(out))  # fmt: skip
-    _one_line_error(result, str(out / "results.jsonl"), "symbolic link")
+    one_line_error(result, str(out / "results.jsonl"), "symbolic link")
     assert elsewhere.read_text() == ""
 
 
 def test_an_option_given_twice_in_a_method_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="'factor' of 'yarn' is given twice"):
         parse_method("yarn:factor=0:factor=4")  # the 0 would never be checked
-    result = _cli("extend", "smollm2", "--methods", "self_extend:group_size=4:group_size=8")
-    _one_line_error(result, "'group_size'", "given twice")
+    result = cli("extend", "smollm2", "--methods", "self_extend:group_size=4:group_size=8")
+    one_line_error(result, "'group_size'", "given twice")

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from _lmeval_run import save_run
+
 pytest.importorskip("lm_eval")
 
 from posenc.cli import app
@@ -52,11 +54,7 @@ def _lm_eval_run(lm: Any, method: str, taskdir: Path, out: Path) -> None:
         tasks=["posenc_ruler"], task_manager=TaskManager(include_path=str(taskdir), include_defaults=False),
         log_samples=True, bootstrap_iters=0, evaluation_tracker=tracker,
     )  # fmt: skip
-    assert results is not None
-    samples = results.pop("samples")
-    tracker.save_results_aggregated(results=results, samples=samples)
-    for name in results["configs"]:
-        tracker.save_results_samples(task_name=name, samples=samples[name])
+    save_run(tracker, results)
 
 
 @pytest.mark.long

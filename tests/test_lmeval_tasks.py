@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+
+from _cli_here import cli, one_line_error
+from _lmeval_run import save_run
 
 pytest.importorskip("lm_eval")
 
 from _tiny import tiny_folder
-from posenc.cli import app
 from posenc.extend.measures.tasks import get_task, sample_digest
 from posenc.extend.model.load import smollm2_gguf
 from posenc.extend.reports.ranking import rank
@@ -35,19 +36,6 @@ TRAINED = 128
 CELLS = ["--tasks", "niah_single_1,fwe", "--lengths", "384,512", "--samples", "1"]
 
 
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
-def _one_line_error(result: Any, *needles: str) -> str:
-    assert result.exit_code == 2, (result.output, result.exception)
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return str(lines[0])
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_folder(tmp_path_factory.mktemp("llama"), TRAINED)
@@ -56,7 +44,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def taskdir(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tasks") / "posenc-tasks"
-    result = _cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), *CELLS,
+    result = cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), *CELLS,
                   "--depths", "0.5")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "4 prompts, 4 of them encode back to posenc's ids" in result.output
@@ -66,7 +54,7 @@ def taskdir(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def posenc_run(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("posenc")
-    result = _cli("extend", str(folder), "--methods", "none", "--documents", "0", *CELLS[:2],
+    result = cli("extend", str(folder), "--methods", "none", "--documents", "0", *CELLS[:2],
                   "--task-lengths", "384,512", "--lengths", "384,512", "--samples", "1",
                   "--task-depths", "0.5", "--out", str(out))  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -90,11 +78,7 @@ def lmeval_run(folder: Path, taskdir: Path, tmp_path_factory: pytest.TempPathFac
         log_samples=True, device="cpu", batch_size=1, bootstrap_iters=0,
         evaluation_tracker=tracker,
     )  # fmt: skip
-    assert results is not None
-    samples = results.pop("samples")
-    tracker.save_results_aggregated(results=results, samples=samples)
-    for name in results["configs"]:
-        tracker.save_results_samples(task_name=name, samples=samples[name])
+    save_run(tracker, results)
     return out
 
 
@@ -153,11 +137,11 @@ def test_an_lm_eval_folder_reads_as_the_study_table_of_posenc_s_own_rows(
 def test_report_summary_and_compare_read_an_lm_eval_folder(
     posenc_run: Path, lmeval_run: Path
 ) -> None:
-    report = _cli("extend", "report", str(lmeval_run))
+    report = cli("extend", "report", str(lmeval_run))
     assert report.exit_code == 0 and "score@384" in report.output, report.output
-    summary = _cli("extend", "summary", str(posenc_run), str(lmeval_run))
+    summary = cli("extend", "summary", str(posenc_run), str(lmeval_run))
     assert summary.exit_code == 0, summary.output
-    compare = _cli("extend", "compare", str(posenc_run), str(lmeval_run))
+    compare = cli("extend", "compare", str(posenc_run), str(lmeval_run))
     assert compare.exit_code == 0, compare.output
     line = next(x for x in compare.output.splitlines() if x.startswith("| none |"))
     assert line.split("|")[4:6] == [" 100 ", " 100 "], line  # same answer %, same score %
@@ -184,8 +168,8 @@ def test_a_damaged_lm_eval_folder_is_a_warning_or_one_line(
     assert any(f"{niah}:1:" in str(w.message) for w in caught), [str(w.message) for w in caught]
     # a run saved without --log_samples: one line saying so
     niah.unlink()
-    result = _cli("extend", "report", str(copy))
-    _one_line_error(result, "--log_samples")
+    result = cli("extend", "report", str(copy))
+    one_line_error(result, "--log_samples")
 
 
 def test_the_same_cell_in_two_lm_eval_runs_is_refused_naming_both(
@@ -194,25 +178,25 @@ def test_the_same_cell_in_two_lm_eval_runs_is_refused_naming_both(
     copy, sub = _copy(lmeval_run, tmp_path)
     for path in list(sub.iterdir()):  # the run saved again under another date
         shutil.copy(path, path.with_name(path.name.replace("T", "X", 1)))
-    result = _cli("extend", "report", str(copy))
-    _one_line_error(result, "both hold", "samples_posenc_")
+    result = cli("extend", "report", str(copy))
+    one_line_error(result, "both hold", "samples_posenc_")
 
 
 def test_the_task_folder_writer_refuses_in_one_line_and_writes_nothing(
     folder: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "tasks"
-    short = _cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), "--tasks",
+    short = cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), "--tasks",
                  "niah_multikey_1", "--lengths", "384")  # fmt: skip
-    _one_line_error(short, "384 tokens is too short")
-    unknown = _cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), "--tasks",
+    one_line_error(short, "384 tokens is too short")
+    unknown = cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), "--tasks",
                    "qa_1", "--lengths", "384")  # fmt: skip
-    _one_line_error(unknown, "unknown task 'qa_1'")
+    one_line_error(unknown, "unknown task 'qa_1'")
     assert not out.exists()
     out.mkdir()
     (out / "mine.txt").write_text("x")
-    taken = _cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), "--lengths", "512")
-    _one_line_error(taken, "not an empty folder")
+    taken = cli("extend", "lm-eval-tasks", str(out), "--model", str(folder), "--lengths", "512")
+    one_line_error(taken, "not an empty folder")
     assert json.dumps(sorted(p.name for p in out.iterdir())) == '["mine.txt"]'
 
 
@@ -239,7 +223,7 @@ def test_smollm2_s_text_prompts_are_posenc_s_ids_for_the_needles_not_for_vt_and_
         assert any(d["text_digest"] != d["digest"] for d in got), task
         assert all(abs(d["text_tokens"] - 2048) <= 16 for d in got), task
     out = tmp_path / "tasks"
-    result = _cli("extend", "lm-eval-tasks", str(out), "--model", "smollm2", "--tasks",
+    result = cli("extend", "lm-eval-tasks", str(out), "--model", "smollm2", "--tasks",
                   "niah_single_1,fwe", "--lengths", "2048", "--samples", "2")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "fwe prompts encode to other ids" in result.output
