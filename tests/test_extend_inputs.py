@@ -14,16 +14,15 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from typer.testing import CliRunner
 
 import posenc.cli_errors
+from _cli_here import cli, one_line_error
 from _tiny import bpe_tokenizer, tiny_folder
-from posenc.cli import app
 from posenc.extend.methods.names import Method, parse_method, resolve
 from posenc.extend.study.config import StudyConfig, default_bin_size, parse_lengths
 from posenc.extend.study.run import study_rows
 from posenc.hf.extension import extension_from_config
-from test_extend_safety import TRAINED, _one_line_error
+from test_extend_safety import TRAINED
 
 STUDY = ["--methods", "none", "--lengths", "64,256", "--bin-size", "32"]
 
@@ -41,10 +40,6 @@ def never_loads(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the model was loaded before the input was checked")
 
     monkeypatch.setattr("posenc.extend.model.load.load_model", load)
-
-
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
 
 
 # --- method options: strict, named, never replaced -----------------------------------------------
@@ -123,7 +118,7 @@ def test_the_default_bin_size_comes_from_the_users_lengths(folder: Path, tmp_pat
     assert default_bin_size([32, 64]) == 16 and default_bin_size([2]) == 1
     assert all(1 <= default_bin_size([n]) < n for n in range(2, 5000, 7))
     out = tmp_path / "out"
-    result = _cli(
+    result = cli(
         "extend", str(folder), "--methods", "none", "--lengths", "32,64", "--out", str(out)
     )
     assert result.exit_code == 0, result.output
@@ -159,8 +154,8 @@ def test_bad_input_is_one_line_before_the_model_loads(
     folder: Path, tmp_path: Path, never_loads: None, extra: list[str], needles: list[str]
 ) -> None:
     out = tmp_path / "out"
-    result = _cli("extend", str(folder), *STUDY, "--out", str(out), *extra)
-    _one_line_error(result, *needles)
+    result = cli("extend", str(folder), *STUDY, "--out", str(out), *extra)
+    one_line_error(result, *needles)
     assert not out.exists()
 
 
@@ -168,8 +163,8 @@ def test_bad_input_is_one_line_before_the_model_loads(
 def test_device_cuda_without_cuda_is_one_line(
     folder: Path, tmp_path: Path, never_loads: None
 ) -> None:
-    result = _cli("extend", str(folder), *STUDY, "--out", str(tmp_path / "o"), "--device", "cuda")
-    _one_line_error(result, "--device cuda", "CUDA is not available")
+    result = cli("extend", str(folder), *STUDY, "--out", str(tmp_path / "o"), "--device", "cuda")
+    one_line_error(result, "--device cuda", "CUDA is not available")
 
 
 def test_an_out_that_cannot_be_a_folder_is_one_line(
@@ -178,8 +173,8 @@ def test_an_out_that_cannot_be_a_folder_is_one_line(
     a_file = tmp_path / "a-file"
     a_file.write_text("mine\n")
     for out, needle in [(a_file, "not a folder"), (a_file / "sub" / "deeper", "is a file")]:
-        result = _cli("extend", str(folder), *STUDY, "--out", str(out))
-        _one_line_error(result, f"--out {out}", needle)
+        result = cli("extend", str(folder), *STUDY, "--out", str(out))
+        one_line_error(result, f"--out {out}", needle)
     assert a_file.read_text() == "mine\n"
 
 
@@ -191,8 +186,8 @@ def test_an_out_on_a_read_only_file_system_is_one_line(
 
     monkeypatch.setattr(posenc.cli_errors.tempfile, "TemporaryFile", read_only)
     out = tmp_path / "new" / "out"
-    result = _cli("extend", str(folder), *STUDY, "--out", str(out))
-    _one_line_error(result, f"--out {out}", "read-only file system")
+    result = cli("extend", str(folder), *STUDY, "--out", str(out))
+    one_line_error(result, f"--out {out}", "read-only file system")
     assert not (tmp_path / "new").exists()  # the check creates nothing
 
 
@@ -207,7 +202,7 @@ def test_texts_too_short_are_refused_before_any_cell(folder: Path, tmp_path: Pat
     ]
     for extra, needle in cases:
         out = tmp_path / "out"
-        _one_line_error(_cli("extend", str(folder), *STUDY, "--out", str(out), *extra), needle)
+        one_line_error(cli("extend", str(folder), *STUDY, "--out", str(out), *extra), needle)
         assert not out.exists()
 
 
@@ -222,16 +217,16 @@ def test_a_model_without_rope_is_refused_before_any_cell(tmp_path: Path) -> None
     tok.save_pretrained(model_dir)
     out = tmp_path / "out"
     for dry in ([], ["--dry-run"]):
-        result = _cli("extend", str(model_dir), *STUDY[:1], "none,yarn", *STUDY[2:],
+        result = cli("extend", str(model_dir), *STUDY[:1], "none,yarn", *STUDY[2:],
                       "--out", str(out), *dry)  # fmt: skip
-        _one_line_error(result, "method yarn:", "gpt2")
+        one_line_error(result, "method yarn:", "gpt2")
         assert not out.exists()
 
 
 def test_report_readme_of_a_missing_file_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "README.md"
-    result = _cli("extend", "report", str(tmp_path), "--readme", str(missing))
-    _one_line_error(result, f"--readme {missing}", "no such file")
+    result = cli("extend", "report", str(tmp_path), "--readme", str(missing))
+    one_line_error(result, f"--readme {missing}", "no such file")
     assert not missing.exists()
 
 
@@ -248,17 +243,17 @@ def test_export_a_file_it_cannot_read_is_one_line(
     (tmp_path / "run.json").write_text(json.dumps({  # a well-formed run.json: the read fails
         "dtype": "float32", "model": {}, "source": {"path": str(tmp_path)},
         "study": {"lengths": [64], "passkey_lengths": []}}))  # fmt: skip
-    result = _cli("extend", "export", str(tmp_path), "--method", "yarn", "--out",
+    result = cli("extend", "export", str(tmp_path), "--method", "yarn", "--out",
                   str(tmp_path / "model"))  # fmt: skip
-    _one_line_error(result, "Permission denied", "rows.jsonl")
+    one_line_error(result, "Permission denied", "rows.jsonl")
 
 
 def test_explore_out_under_a_file_is_one_line(tmp_path: Path) -> None:
     pytest.importorskip("plotly")
     a_file = tmp_path / "a-file"
     a_file.write_text("mine\n")
-    result = _cli("explore", "--out", str(a_file / "page.html"))
-    _one_line_error(result, str(a_file), "not a folder")
+    result = cli("explore", "--out", str(a_file / "page.html"))
+    one_line_error(result, str(a_file), "not a folder")
 
 
 @pytest.mark.parametrize(
@@ -290,8 +285,8 @@ def test_a_forward_too_large_names_the_option_that_asked_for_it(
 ) -> None:
     monkeypatch.setattr("posenc.extend.study.estimate.available_bytes", lambda device: 1)
     out = tmp_path / "out"
-    result = _cli("extend", str(folder), *STUDY, "--out", str(out), *extra)
-    message = _one_line_error(result, "GiB is available", option)
+    result = cli("extend", str(folder), *STUDY, "--out", str(out), *extra)
+    message = one_line_error(result, "GiB is available", option)
     assert ("4096 tokens" in message) == bool(extra), message
     assert not out.exists()
 
@@ -302,7 +297,7 @@ def test_a_scaling_within_the_trained_length_is_named_before_it_runs(
     """YaRN set for a target inside the trained length has factor 1: the model as trained. The
     dry run says so (and still counts its cells: the user may want the control)."""
     out = tmp_path / "out"
-    result = _cli("extend", str(folder), "--methods", "none,yarn,linear", "--lengths", "64",
+    result = cli("extend", str(folder), "--methods", "none,yarn,linear", "--lengths", "64",
                   "--bin-size", "32", "--out", str(out), "--dry-run")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "note: yarn, linear at 64 tokens" in result.output, result.output

@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
+from _cli_here import cli
 from _tiny import tiny_folder, tiny_lm
-from posenc.cli import app
 from posenc.extend.measures.longppl import (
     key_positions,
     key_token_mask,
@@ -146,10 +145,6 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_folder(tmp_path_factory.mktemp("llama"), 64)
 
 
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
 def _args(folder: Path, out: Path, *extra: str) -> list[str]:
     return ["extend", str(folder), "--methods", METHODS, "--lengths", "32,64,128",
             "--bin-size", "16", "--longppl", "--longppl-trunc", str(TRUNC), "--out", str(out),
@@ -159,7 +154,7 @@ def _args(folder: Path, out: Path, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def study(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("longppl")
-    result = _cli(*_args(folder, out))
+    result = cli(*_args(folder, out))
     assert result.exit_code == 0, result.output
     return out
 
@@ -188,19 +183,19 @@ def test_longppl_rows_are_written(study: Path) -> None:
 
 def test_a_rerun_recomputes_nothing_and_shows_the_table(folder: Path, study: Path) -> None:
     lines = (study / "results.jsonl").read_text().splitlines()
-    again = _cli(*_args(folder, study))
+    again = cli(*_args(folder, study))
     assert again.exit_code == 0, again.output
     assert (study / "results.jsonl").read_text().splitlines() == lines
     assert "LongPPL@128" in again.output and "evaluator yarn" in again.output
     # without --longppl the folder's LongPPL rows are still reported; nothing is recomputed
-    plain = _cli("extend", str(folder), "--methods", METHODS, "--lengths", "32,64,128",
+    plain = cli("extend", str(folder), "--methods", METHODS, "--lengths", "32,64,128",
                  "--bin-size", "16", "--out", str(study))  # fmt: skip
     assert plain.exit_code == 0 and "LongPPL@64" in plain.output, plain.output
     assert (study / "results.jsonl").read_text().splitlines() == lines
 
 
 def test_report_shows_longppl_beside_plain_perplexity(study: Path) -> None:
-    md = _cli("extend", "report", str(study), "--markdown")
+    md = cli("extend", "report", str(study), "--markdown")
     assert md.exit_code == 0, md.output
     assert (
         "| method | LongPPL@32 | PPL@32 | LongPPL@64 | PPL@64 | LongPPL@128 | PPL@128 |"
@@ -209,7 +204,7 @@ def test_report_shows_longppl_beside_plain_perplexity(study: Path) -> None:
     assert "evaluator yarn" in md.output and "Fang et al., ICLR 2025" in md.output
     assert "| key tokens / tokens | 0 | 31 |" in md.output
     assert "| method | ppl@32 | ppl@64 | ppl@128 | s / forward |" in md.output  # unchanged
-    term = _cli("extend", "report", str(study))
+    term = cli("extend", "report", str(study))
     assert term.exit_code == 0 and "LongPPL@128" in term.output, term.output
 
 
@@ -249,7 +244,7 @@ def test_every_token_past_the_truncated_context_is_key_with_loose_thresholds(
     monkeypatch.setattr(longppl_cells, "ALPHA", -1e9)
     monkeypatch.setattr(longppl_cells, "BETA", 1e9)
     out = tmp_path / "loose"
-    result = _cli(*_args(folder, out))
+    result = cli(*_args(folder, out))
     assert result.exit_code == 0, result.output
     rows = read_study_rows(out / "results.jsonl")
     (keys,) = [r for r in rows if r["kind"] == "keytokens"]
@@ -276,7 +271,7 @@ def test_bad_longppl_options_are_one_line_and_write_nothing(
     out = tmp_path / "out"
     base = ["extend", str(folder), "--methods", "none,yarn", "--lengths", "64,128",
             "--bin-size", "16", "--longppl", "--out", str(out)]  # fmt: skip
-    result = _cli(*base, *extra)
+    result = cli(*base, *extra)
     assert result.exit_code != 0
     assert message in result.output and "Traceback" not in result.output, result.output
     assert not out.exists()
@@ -284,7 +279,7 @@ def test_bad_longppl_options_are_one_line_and_write_nothing(
 
 def test_refused_before_the_model_loads(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = _cli("extend", str(tmp_path / "no-such-model"), "--methods", "none", "--lengths",
+    result = cli("extend", str(tmp_path / "no-such-model"), "--methods", "none", "--lengths",
                   "64,128", "--longppl", "--out", str(out))  # fmt: skip
     assert result.exit_code != 0 and "is not above --longppl-trunc 4096" in result.output
     assert not out.exists()
@@ -292,9 +287,9 @@ def test_refused_before_the_model_loads(tmp_path: Path) -> None:
 
 def test_another_truncated_context_in_the_folder_is_another_study(folder: Path,
                                                                   study: Path) -> None:  # fmt: skip
-    result = _cli(*_args(folder, study, "--longppl-window", "4"))
+    result = cli(*_args(folder, study, "--longppl-window", "4"))
     assert result.exit_code != 0 and "another study" in result.output, result.output
-    result = _cli(*_args(folder, study, "--longppl-evaluator", "none"))
+    result = cli(*_args(folder, study, "--longppl-evaluator", "none"))
     assert result.exit_code != 0 and "longppl_evaluator" in result.output, result.output
 
 
@@ -305,7 +300,7 @@ def test_a_keytokens_row_with_a_field_missing_is_skipped_with_a_warning(study: P
 
 def test_dry_run_counts_the_short_forwards(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "dry"
-    result = _cli(*_args(folder, out, "--dry-run"))
+    result = cli(*_args(folder, out, "--dry-run"))
     assert result.exit_code == 0, result.output
     # 128 tokens, trunc 32, window 8 (a quarter of trunc): range(0, 96, 8) is 12 windows
     assert "1 key-token cell (12 short forwards, evaluator yarn), 3 LongPPL cells" in result.output

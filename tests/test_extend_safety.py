@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from typer.testing import CliRunner
 
+from _cli_here import cli, one_line_error
 from _tiny import tiny_folder
-from posenc.cli import app
 from posenc.extend.measures.perplexity import default_documents
 from posenc.extend.methods.export import export_model
 from posenc.extend.methods.names import parse_method, parse_methods
@@ -43,20 +42,6 @@ def other(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_folder(tmp_path_factory.mktemp("llama3l"), TRAINED, num_hidden_layers=3)
 
 
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
-def _one_line_error(result: Any, *needles: str) -> str:
-    """The one ``error:`` line of a refused command, which names every needle."""
-    assert result.exit_code == 2, (result.output, result.exception)
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return str(lines[0])
-
-
 class _Payload:
     """A pickle that creates ``marker`` when it is loaded (``os.system`` in ``__reduce__``)."""
 
@@ -74,9 +59,9 @@ def test_a_pose_checkpoint_whose_pickle_runs_code_never_runs(folder: Path, tmp_p
     out, marker = tmp_path / "run", tmp_path / "pwned"
     (out / "pose").mkdir(parents=True)
     torch.save({"config": {}, "model": _Payload(marker)}, out / "pose" / "checkpoint.pt")
-    result = _cli("extend", str(folder), "--finetune", "pose", "--steps", "2", "--train-len",
+    result = cli("extend", str(folder), "--finetune", "pose", "--steps", "2", "--train-len",
                   "64", *STUDY, "--out", str(out))  # fmt: skip
-    _one_line_error(result, "checkpoint.pt")
+    one_line_error(result, "checkpoint.pt")
     assert not marker.exists()
     assert not (out / "pose-model").exists() and not (out / "results.jsonl").exists()
 
@@ -87,10 +72,10 @@ def test_a_pose_checkpoint_of_another_base_model_is_refused(
     """The checkpoint is tied to the model it fine-tunes, not only to the settings."""
     out = tmp_path / "run"
     args = ["--finetune", "pose", "--steps", "2", "--train-len", "64", *STUDY, "--out", str(out)]
-    first = _cli("extend", str(folder), *args)
+    first = cli("extend", str(folder), *args)
     assert first.exit_code == 0, (first.output, first.exception)
     checkpoint = (out / "pose" / "checkpoint.pt").read_bytes()
-    _one_line_error(_cli("extend", str(other), *args), "checkpoint.pt", "model.")
+    one_line_error(cli("extend", str(other), *args), "checkpoint.pt", "model.")
     assert (out / "pose" / "checkpoint.pt").read_bytes() == checkpoint
 
 
@@ -129,8 +114,8 @@ def test_a_model_folder_that_needs_its_own_code_is_refused(
     with pytest.raises(ValueError, match=r"evil\.py") as err:
         load_model(resolve_source(str(path)))
     assert "\n" not in str(err.value) and not marker.exists()
-    result = _cli("extend", str(path), *STUDY, "--out", str(tmp_path / "out"))
-    _one_line_error(result, "evil.py", "auto_map")
+    result = cli("extend", str(path), *STUDY, "--out", str(tmp_path / "out"))
+    one_line_error(result, "evil.py", "auto_map")
     assert not marker.exists() and not (tmp_path / "out").exists()
 
 
@@ -162,7 +147,7 @@ def test_an_unknown_model_type_is_refused_in_one_line(tmp_path: Path) -> None:
 
 
 def _study(folder: Path, out: Path, *extra: str) -> Any:
-    return _cli("extend", str(folder), *STUDY, *extra, "--out", str(out))
+    return cli("extend", str(folder), *STUDY, *extra, "--out", str(out))
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +166,7 @@ def test_a_second_study_with_another_model_is_refused(
     folder: Path, other: Path, study: Path
 ) -> None:
     before = _snapshot(study)
-    line = _one_line_error(_study(other, study), "another study", "model")
+    line = one_line_error(_study(other, study), "another study", "model")
     assert "--out" in line
     assert _snapshot(study) == before
     # The same model and settings again: resumed, nothing written.
@@ -211,8 +196,8 @@ def test_a_second_study_with_other_settings_is_refused(
         raise AssertionError("the model was loaded before the settings were checked")
 
     monkeypatch.setattr(M, "load_model", never)
-    result = _cli("extend", str(folder), *args, "--out", str(study))
-    _one_line_error(result, "another study", named)
+    result = cli("extend", str(folder), *args, "--out", str(study))
+    one_line_error(result, "another study", named)
     assert _snapshot(study) == before
 
 
@@ -225,7 +210,7 @@ def test_more_methods_and_documents_in_the_same_study_are_added(
     assert _study(folder, out).exit_code == 0
     args = ["extend", str(folder), "--methods", "none,linear", "--lengths", "64,256",
             "--bin-size", "32", "--documents", "2", "--out", str(out)]  # fmt: skip
-    result = _cli(*args)
+    result = cli(*args)
     assert result.exit_code == 0, result.output
     rows = study_rows(out)
     assert sorted((r["method"], r["document"]) for r in rows) == sorted(
@@ -257,8 +242,8 @@ def test_a_folder_with_the_rows_of_two_models_is_not_reported_as_one_table(
     other = {**row, "model": model, "config_hash": "f" * 12}
     (run / "results.jsonl").write_text(json.dumps(row) + "\n" + json.dumps(other) + "\n")
     for args in ([], ["--markdown"]):
-        result = _cli("extend", "report", str(run), *args)
-        _one_line_error(result, "2 models", "config_hash")
+        result = cli("extend", "report", str(run), *args)
+        one_line_error(result, "2 models", "config_hash")
 
 
 def test_export_refuses_a_run_json_that_the_rows_do_not_match(
@@ -274,8 +259,8 @@ def test_export_refuses_a_run_json_that_the_rows_do_not_match(
     spec["model"] = {**spec["model"], "source": str(other), "config_hash": "0" * 12}
     (run / "run.json").write_text(json.dumps(spec))
     out = tmp_path / "exported"
-    result = _cli("extend", "export", str(run), "--method", "yarn", "--out", str(out))
-    _one_line_error(result, "model")
+    result = cli("extend", "export", str(run), "--method", "yarn", "--out", str(out))
+    one_line_error(result, "model")
     assert not out.exists()
 
 
@@ -291,8 +276,8 @@ def test_export_refuses_a_model_folder_changed_since_the_study(
     config = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-3}))
     out = tmp_path / "exported"
-    result = _cli("extend", "export", str(run), "--method", "yarn", "--out", str(out))
-    _one_line_error(result, "changed since")
+    result = cli("extend", "export", str(run), "--method", "yarn", "--out", str(out))
+    one_line_error(result, "changed since")
     assert not out.exists()
 
 
@@ -321,7 +306,7 @@ def test_a_row_of_a_known_kind_with_bad_fields_is_skipped_with_a_warning(
         assert any(f"results.jsonl:{line}:" in t for t in texts), texts
     assert any("ppl" in t for t in texts)
     for args in ([], ["--markdown"]):
-        result = _cli("extend", "report", str(run), *args)
+        result = cli("extend", "report", str(run), *args)
         assert result.exit_code == 0, (result.output, result.exception)
         assert "none" in result.output
 
@@ -377,13 +362,13 @@ def test_an_interrupted_pose_save_never_blocks_a_rerun(
             *STUDY, "--out", str(out)]  # fmt: skip
     with monkeypatch.context() as m:
         _interrupt_after_config(m)
-        first = _cli(*args)
+        first = cli(*args)
     assert first.exit_code != 0 and "resumed" not in first.output, first.output  # interrupted
     assert not (out / "pose-model").exists()
     killed = out / ".pose-model.0123456789ab.partial"  # what a kill -9 mid-save leaves
     killed.mkdir()
     (killed / "config.json").write_text("{}")
-    result = _cli(*args)
+    result = cli(*args)
     assert result.exit_code == 0, (result.output, result.exception)
     assert "resumed PoSE at step 2 of 2" in result.output
     assert (out / "pose-model" / "model.safetensors").is_file()
@@ -393,8 +378,8 @@ def test_an_interrupted_pose_save_never_blocks_a_rerun(
 def test_the_pose_fine_tune_runs_under_the_folder_lock(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with folder_lock(out, command="posenc extend"):
-        result = _cli("extend", str(folder), "--finetune", "pose", "--steps", "2", "--train-len",
+        result = cli("extend", str(folder), "--finetune", "pose", "--steps", "2", "--train-len",
                       "64", *STUDY, "--out", str(out))  # fmt: skip
     # The refusal names the command whose folder it is, not the lab's.
-    _one_line_error(result, "in use by another posenc extend run")
+    one_line_error(result, "in use by another posenc extend run")
     assert not (out / "pose").exists()

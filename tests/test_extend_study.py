@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from typer.testing import CliRunner
 
+from _cli_here import cli
 from _tiny import tiny_folder
-from posenc.cli import app
 from posenc.extend.measures.perplexity import (
     default_documents,
     document_ids,
@@ -41,10 +40,6 @@ def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return tiny_folder(tmp_path_factory.mktemp(request.param), TRAINED, request.param)
 
 
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
 def _study_args(folder: Path, out: Path) -> list[str]:
     return ["extend", str(folder), "--methods", ALL_METHODS, "--lengths", "64,128,256",
             "--bin-size", "32", "--passkey-lengths", "256", "--passkey-depths", "0.5",
@@ -55,7 +50,7 @@ def _study_args(folder: Path, out: Path) -> list[str]:
 def study(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One run of every method at three lengths on ``folder``'s model (shared by the tests)."""
     out = tmp_path_factory.mktemp("study")
-    result = _cli(*_study_args(folder, out))
+    result = cli(*_study_args(folder, out))
     assert result.exit_code == 0, result.output
     return out
 
@@ -81,19 +76,19 @@ def test_every_method_at_three_lengths_then_resumes(
     assert by["self_extend"]["ppl"]["256"] != by["none"]["ppl"]["256"]
     assert by["dual_chunk"]["ppl"]["256"] != by["none"]["ppl"]["256"]
     lines = (out / "results.jsonl").read_text().splitlines()
-    again = _cli(*_study_args(folder, out))
+    again = cli(*_study_args(folder, out))
     assert again.exit_code == 0, again.output
     assert (out / "results.jsonl").read_text().splitlines() == lines  # nothing recomputed
-    table = _cli("extend", "report", str(out), "--figure", str(tmp_path / "study.png"))
+    table = cli("extend", "report", str(out), "--figure", str(tmp_path / "study.png"))
     assert table.exit_code == 0, table.output
     assert "self_extend" in table.output and (tmp_path / "study.png").stat().st_size > 10_000
-    md = _cli("extend", "report", str(out), "--markdown")
+    md = cli("extend", "report", str(out), "--markdown")
     assert "| method |" in md.output and "ppl@256" in md.output
     assert "min of CPU time." in md.output  # every row records it: no "in the N cells"
     assert sum(r["cpu_seconds"] for r in rows) > 0.5
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- extend:real -->\nold\n<!-- /extend:real -->\nend\n")
-    wrote = _cli("extend", "report", str(out), "--readme", str(readme), "--command", "posenc extend X",
+    wrote = cli("extend", "report", str(out), "--readme", str(readme), "--command", "posenc extend X",
                  "--wall-minutes", "3")  # fmt: skip
     assert wrote.exit_code == 0, wrote.output
     text = readme.read_text()
@@ -105,11 +100,10 @@ def test_every_method_at_three_lengths_then_resumes(
     page.write_text("<!-- extend:real -->\nkept\n<!-- /extend:real -->\n<!-- extend:gemma3 -->\n"
                     "old\n<!-- /extend:gemma3 -->\n")  # fmt: skip
     assert (
-        _cli("extend", "report", str(out), "--readme", str(page), "--block", "gemma3").exit_code
-        == 0
+        cli("extend", "report", str(out), "--readme", str(page), "--block", "gemma3").exit_code == 0
     )
     assert "kept" in page.read_text() and "old" not in page.read_text()
-    bad = _cli("extend", "report", str(out), "--readme", str(page), "--block", "a b")
+    bad = cli("extend", "report", str(out), "--readme", str(page), "--block", "a b")
     assert bad.exit_code == 2 and "--block must be a name" in bad.output
 
 
@@ -182,7 +176,7 @@ def exported(study: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     ``_IDS`` from stock transformers: the exit codes, configs and logits by method."""
     out = tmp_path_factory.mktemp("exported")
     results = {
-        m: _cli("extend", "export", str(study), "--method", m, "--out", str(out / m))
+        m: cli("extend", "export", str(study), "--method", m, "--out", str(out / m))
         for m in EXPORTED
     }
     ok = {m: out / m for m, r in results.items() if r.exit_code == 0}
@@ -223,7 +217,7 @@ def test_bad_input_is_one_line_and_writes_nothing(folder: Path, tmp_path: Path) 
         (["extend", "export", str(tmp_path), "--method", "yarn", "--out", str(out)], "no run.json"),
     ]  # fmt: skip
     for args, message in cases:
-        result = _cli(*args)
+        result = cli(*args)
         assert result.exit_code == 2, (args, result.output)
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], (
@@ -234,7 +228,7 @@ def test_bad_input_is_one_line_and_writes_nothing(folder: Path, tmp_path: Path) 
 
 def test_self_extend_and_dual_chunk_are_refused_for_export(study: Path, tmp_path: Path) -> None:
     for method in ("self_extend", "dual_chunk"):
-        result = _cli(
+        result = cli(
             "extend", "export", str(study), "--method", method, "--out", str(tmp_path / "x")
         )
         assert result.exit_code == 2 and "cannot be exported" in result.output
@@ -249,7 +243,7 @@ def test_a_gguf_of_an_unsupported_architecture_is_one_line(tmp_path: Path) -> No
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    result = _cli("extend", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "out"))
+    result = cli("extend", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "out"))
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: cannot load") and len(result.output.splitlines()) == 1
     assert not (tmp_path / "out").exists()
@@ -343,7 +337,7 @@ def test_pose_finetune_resumes_and_exports(folder: Path, tmp_path: Path) -> None
     out = tmp_path / "ft"
     args = ["extend", str(folder), "--finetune", "pose", "--steps", "3", "--train-len", "64",
             "--methods", "none", "--lengths", "64,256", "--bin-size", "32", "--out", str(out)]  # fmt: skip
-    result = _cli(*args)
+    result = cli(*args)
     assert result.exit_code == 0, result.output
     state = torch.load(out / "pose" / "checkpoint.pt", weights_only=False)
     assert state["step"] == 3 and len(state["losses"]) == 3
@@ -359,7 +353,7 @@ def test_pose_finetune_resumes_and_exports(folder: Path, tmp_path: Path) -> None
         if not torch.equal(p, dict(original.named_parameters())[n])
     ]
     assert changed  # the weights did move
-    again = _cli(*args)
+    again = cli(*args)
     # The rerun finds the finished checkpoint: no step is trained again.
     assert again.exit_code == 0 and "resumed PoSE at step 3 of 3" in again.output
     assert (
@@ -369,7 +363,7 @@ def test_pose_finetune_resumes_and_exports(folder: Path, tmp_path: Path) -> None
 
 def test_dry_run_says_time_and_memory_and_writes_nothing(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "dry"
-    result = _cli("extend", str(folder), "--methods", "none,self_extend", "--lengths", "64,256",
+    result = cli("extend", str(folder), "--methods", "none,self_extend", "--lengths", "64,256",
                   "--bin-size", "32", "--passkey-lengths", "256", "--dry-run", "--out", str(out))  # fmt: skip
     assert result.exit_code == 0, result.output
     # 2 methods x (1 document + 1 length x 3 default depths)
@@ -384,12 +378,12 @@ def test_dry_run_of_a_resumed_study_costs_what_is_left(folder: Path, study: Path
     args = _study_args(folder, study)
     lines = (study / "results.jsonl").read_text()
     done = len(lines.splitlines())
-    result = _cli(*args, "--dry-run")
+    result = cli(*args, "--dry-run")
     assert result.exit_code == 0, result.output
     assert re.search(r"(^|\s)0 cells \(", result.output), result.output
     assert f"{done} more already in the folder" in result.output
     deeper = [a if a != "0.5" else "0.5,0.9" for a in args]
-    result = _cli(*deeper, "--dry-run")
+    result = cli(*deeper, "--dry-run")
     assert result.exit_code == 0, result.output
     assert re.search(r"(^|\s)4 cells \(", result.output), result.output
     assert f"{done} more already in the folder" in result.output

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
+from _cli_here import cli
 from _tiny import bpe_tokenizer, tiny_folder
-from posenc.cli import app
 from posenc.extend.measures.tasks import get_task, sample_digest
 from posenc.extend.measures.tasks.prompts import cached_samples
 from posenc.extend.reports.tasks import method_lengths, task_table
@@ -30,10 +29,6 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_folder(tmp_path_factory.mktemp("llama"), TRAINED)
 
 
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
 def _args(folder: Path, out: Path, *extra: str) -> list[str]:
     return ["extend", str(folder), "--methods", METHODS, "--lengths", "64,128", "--bin-size", "32",
             "--tasks", "niah_single_1,fwe", "--task-lengths", "384,512",
@@ -43,7 +38,7 @@ def _args(folder: Path, out: Path, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def study(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tasks")
-    result = _cli(*_args(folder, out))
+    result = cli(*_args(folder, out))
     assert result.exit_code == 0, result.output
     return out
 
@@ -75,7 +70,7 @@ def test_task_cells_are_rows_every_method_on_the_same_prompts(study: Path) -> No
 def test_a_rerun_recomputes_nothing_and_rebuilds_no_prompt(folder: Path, study: Path) -> None:
     lines = (study / "results.jsonl").read_text().splitlines()
     prompts = {p: p.stat().st_mtime_ns for p in (study / "prompts").glob("*.json")}
-    again = _cli(*_args(folder, study))
+    again = cli(*_args(folder, study))
     assert again.exit_code == 0, again.output
     assert (study / "results.jsonl").read_text().splitlines() == lines
     assert {p: p.stat().st_mtime_ns for p in (study / "prompts").glob("*.json")} == prompts
@@ -100,11 +95,11 @@ def test_a_damaged_prompt_file_is_built_again_with_the_same_ids(tmp_path: Path,
 def test_report_gives_effective_lengths_heatmap_and_task_figure(study: Path,
                                                                 tmp_path: Path) -> None:  # fmt: skip
     heat, curves = tmp_path / "heat.png", tmp_path / "tasks.svg"
-    result = _cli("extend", "report", str(study), "--heatmap", str(heat), "--task-figure",
+    result = cli("extend", "report", str(study), "--heatmap", str(heat), "--task-figure",
                   str(curves))  # fmt: skip
     assert result.exit_code == 0, result.output
     assert heat.stat().st_size > 10_000 and curves.stat().st_size > 10_000
-    md = _cli("extend", "report", str(study), "--markdown").output
+    md = cli("extend", "report", str(study), "--markdown").output
     assert "effective (85.6%)" in md and "Wilson" in md and "| niah_single_1 | none |" in md
     header, body = task_table(study_rows(study))
     assert header[1:3] == ["score@384", "score@512"] and len(body) == 2
@@ -166,14 +161,14 @@ def test_bad_task_options_are_one_line_and_write_nothing(
     out = tmp_path / "out"
     base = ["extend", str(folder), "--methods", "none", "--lengths", "64,128", "--bin-size", "32",
             "--out", str(out)]  # fmt: skip
-    result = _cli(*base, *extra)
+    result = cli(*base, *extra)
     assert result.exit_code != 0
     assert message in result.output and "Traceback" not in result.output, result.output
     assert not out.exists()
 
 
 def test_another_task_seed_in_the_folder_is_another_study(folder: Path, study: Path) -> None:
-    result = _cli(*_args(folder, study, "--task-seed", "3"))
+    result = cli(*_args(folder, study, "--task-seed", "3"))
     assert result.exit_code != 0 and "another study" in result.output, result.output
 
 
@@ -197,7 +192,7 @@ def test_a_task_row_with_a_field_missing_is_skipped_with_a_warning(study: Path,
 
 def test_dry_run_counts_the_task_cells(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "dry"
-    result = _cli(*_args(folder, out, "--dry-run"))
+    result = cli(*_args(folder, out, "--dry-run"))
     assert result.exit_code == 0, result.output
     assert "12 task cells of 2 samples at 384, 512 tokens" in result.output, result.output
     assert "each answer at most" in result.output and not out.exists()
@@ -222,12 +217,12 @@ def test_a_study_of_tasks_alone_runs_no_perplexity_forward(folder: Path, tmp_pat
     out = tmp_path / "tasks-only"
     args = ["extend", str(folder), "--methods", "none", "--lengths", "384", "--documents", "0",
             "--tasks", "niah_single_1", "--samples", "1", "--out", str(out)]  # fmt: skip
-    dry = _cli(*args, "--dry-run")
+    dry = cli(*args, "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert "1 cell (1 method set for 384 tokens; 1 task cell of 1 sample at 384" in dry.output, (
         dry.output
     )
-    result = _cli(*args)
+    result = cli(*args)
     assert result.exit_code == 0, result.output
     assert [r["kind"] for r in study_rows(out)] == ["task"]
 
@@ -244,7 +239,7 @@ def test_no_documents_needs_something_else_to_measure(
     folder: Path, tmp_path: Path, extra: list[str], message: str
 ) -> None:
     out = tmp_path / "out"
-    result = _cli("extend", str(folder), "--methods", "none", "--lengths", "384", "--documents",
+    result = cli("extend", str(folder), "--methods", "none", "--lengths", "384", "--documents",
                   "0", "--out", str(out), *extra)  # fmt: skip
     assert result.exit_code != 0 and message in result.output, result.output
     assert not out.exists()
@@ -254,10 +249,10 @@ def test_a_heatmap_of_a_study_without_needles_is_refused_before_the_table(
     folder: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "words"
-    run = _cli("extend", str(folder), "--methods", "none", "--lengths", "384", "--documents", "0",
+    run = cli("extend", str(folder), "--methods", "none", "--lengths", "384", "--documents", "0",
                "--tasks", "fwe", "--samples", "1", "--out", str(out))  # fmt: skip
     assert run.exit_code == 0, run.output
-    result = _cli("extend", "report", str(out), "--heatmap", str(tmp_path / "h.png"))
+    result = cli("extend", "report", str(out), "--heatmap", str(tmp_path / "h.png"))
     assert result.exit_code != 0 and result.output.startswith("error: --heatmap draws the needle")
     assert not (tmp_path / "h.png").exists()
 
@@ -268,12 +263,12 @@ def test_export_of_a_tasks_only_study_keeps_the_factor_it_was_measured_with(
     """The methods' factors are set for the longest of every kind of length: a task length past
     --lengths counts, in the study and in the exported config alike."""
     out = tmp_path / "tasks"
-    run = _cli("extend", str(folder), "--methods", "linear", "--lengths", "64", "--documents", "0",
+    run = cli("extend", str(folder), "--methods", "linear", "--lengths", "64", "--documents", "0",
                "--tasks", "niah_single_1", "--task-lengths", "384", "--samples", "1",
                "--out", str(out))  # fmt: skip
     assert run.exit_code == 0, run.output
     (row,) = study_rows(out)
-    result = _cli("extend", "export", str(out), "--method", "linear", "--out", str(tmp_path / "m"))
+    result = cli("extend", "export", str(out), "--method", "linear", "--out", str(tmp_path / "m"))
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     rope = config.get("rope_parameters") or config.get("rope_scaling")
