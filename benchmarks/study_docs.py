@@ -67,6 +67,12 @@ def summary(readme: str, *short: str) -> tuple[str, list[str]]:
                      *short]  # fmt: skip
 
 
+def study_summary(folder: str, block: str) -> tuple[str, list[str]]:
+    """``posenc extend summary`` of one study folder into its block of the page (its paired
+    test between methods, length by length)."""
+    return block, ["extend", "summary", f"{STUDIES}/{folder}", "--readme", PAGE, "--block", block]
+
+
 #: (block, posenc arguments) in the page's order, then the READMEs' summary
 COMMANDS: tuple[tuple[str, list[str]], ...] = (
     report("smollm2-ppl", "real", "--figure", "docs/results/real_smollm2.png"),
@@ -82,18 +88,7 @@ COMMANDS: tuple[tuple[str, list[str]], ...] = (
     ),
     compare("smollm2-135m", "smollm2-135m-bf16", "smollm2-dtype"),
     report("smollm2-135m-window", "smollm2-window", "--command", WINDOW),
-    (
-        "window-summary",
-        [
-            "extend",
-            "summary",
-            f"{STUDIES}/smollm2-135m-window",
-            "--readme",
-            PAGE,
-            "--block",
-            "window-summary",
-        ],
-    ),  # fmt: skip
+    study_summary("smollm2-135m-window", "window-summary"),
     report("gemma3-270m", "gemma3", "--command", GEMMA_PPL),
     report(
         "gemma3-270m-tasks",

@@ -149,7 +149,7 @@ def modeling_module_name(model_type: str) -> str | None:
     config's type included: ``qwen3_5_text`` -> ``qwen3_5``), or None where transformers has no
     such type."""
     try:
-        from transformers import CONFIG_MAPPING
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
         config_module = CONFIG_MAPPING[model_type].__module__
     except (ImportError, KeyError):
