@@ -34,19 +34,19 @@ DUAL_CHUNK = [(12, 4), (9, 2), (20, 3), (64, 8), (400, 3)]  # (chunk, local); 40
 SHAPES = [(45, 45), (200, 200), (30, 200), (5, 45), (1, 200), (1, 45)]  # (queries s, keys t)
 
 
-def qkv(s: int, t: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def qkv(s: int, t: int, seed: int = 0, dv: int = 16) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     return (
         torch.randn(2, 4, s, 16, generator=g),
         torch.randn(2, 2, t, 16, generator=g),
-        torch.randn(2, 2, t, 16, generator=g),
+        torch.randn(2, 2, t, dv, generator=g),
     )
 
 
-def both(method: str, s: int, t: int, shift: int = 0, **options: Any) -> float:
+def both(method: str, s: int, t: int, shift: int = 0, dv: int = 16, **options: Any) -> float:
     """Largest difference of the fused and explicit paths: ``s`` queries, the last of ``t``
-    keys, positions from 0 (batch row 1 ``shift`` later)."""
-    q, k, v = qkv(s, t)
+    keys, positions from 0 (batch row 1 ``shift`` later), values of ``dv`` channels."""
+    q, k, v = qkv(s, t, dv=dv)
     pos = torch.arange(t - s, t).expand(2, -1) + torch.tensor([[0], [shift]])
     common = {"inv_freq": INV_FREQ, "scale": 0.25, **options}
     if method == "self_extend":
@@ -82,6 +82,15 @@ def test_self_extend_fused_equals_explicit(
 def test_dual_chunk_fused_equals_explicit(fused_only: None, chunk: int, local: int) -> None:
     for s, t in SHAPES:
         assert both("dual_chunk", s, t, chunk_size=chunk, local_size=local) <= TOL, (s, t)
+
+
+@pytest.mark.parametrize("dv", [8, 24])
+def test_values_narrower_or_wider_than_the_keys(fused_only: None, dv: int) -> None:
+    """MiMo-V2's values are narrower than its keys, MLA's wider; the flash kernel takes one head
+    size, so the fused path pads to it and gives the explicit path's ``[b, h, s, dv]``."""
+    for s, t in SHAPES:
+        assert both("self_extend", s, t, dv=dv, group_size=3, neighbor_window=7) <= TOL
+        assert both("dual_chunk", s, t, dv=dv, chunk_size=12, local_size=4) <= TOL
 
 
 @pytest.mark.parametrize("shift", [5, 13])

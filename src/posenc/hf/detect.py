@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .shadow import plain_function
-from .supported import Rotation
+from .supported import SINGLE_DETECTABLE, Rotation
 
 _DETECTED: dict[str, tuple[tuple[str, dict[str, Rotation]] | None, str]] = {}
 
@@ -58,8 +58,14 @@ def _detect(
     if not callable(stock):
         return None, "its modeling module has no apply_rotary_pos_emb for posenc to replace"
     params = list(inspect.signature(stock).parameters)
-    if len(params) < 4:
-        return None, f"its apply_rotary_pos_emb takes {params}, not (q, k, cos, sin, ...)"
+    if len(params) >= 2 and params[1:3] == ["cos", "sin"]:
+        # one tensor at a time, ``f(x, cos, sin, unsqueeze_dim=1)``: Gemma-3n's and Gemma-4's
+        # attention rotates its queries and keys by separate calls
+        candidates = SINGLE_DETECTABLE
+    elif len(params) < 4:
+        return None, (
+            f"its apply_rotary_pos_emb takes {params}, not (q, k, cos, sin, ...) or (x, cos, sin)"
+        )
     for rotation in candidates:
         try:
             check(stock, rotation, f"{name}.apply_rotary_pos_emb")

@@ -44,6 +44,9 @@ HALF = Rotation()
 HALF_PARTIAL = Rotation(partial=True)  # GPT-NeoX, Phi-3
 # GLM: cat(freqs, freqs) tables, repeated per pair inside, rotate_half on interleaved pairs.
 GLM = Rotation(interleaved=True, partial=True)
+# Helium, ERNIE-4.5: cat(freqs, freqs) tables, repeated per pair inside, interleaved pairs over
+# the whole head (no channel passed through).
+GLM_FULL = Rotation(interleaved=True)
 # Cohere: repeat_interleave(freqs, 2) tables and interleaved pairs.
 COHERE = Rotation(interleaved=True, table_layout="repeat")
 DEEPSEEK_INTERLEAVE = Rotation(interleaved=True, deinterleave=True)
@@ -136,8 +139,12 @@ def supported_model_types() -> list[str]:
 #: Rotations tried, in this order, on the ``apply_rotary_pos_emb`` of a model type outside
 #: :data:`SUPPORTED` (:func:`~posenc.hf.detect.detected_entry`): the first that gives the stock
 #: function's result on random probes is the type's. A half-split function that passes channels
-#: past the table's width through passes the partial probe too, so ``HALF_PARTIAL`` goes first.
-DETECTABLE: tuple[Rotation, ...] = (HALF_PARTIAL, HALF, GLM, COHERE)
+#: past the table's width through passes the partial probe too, so ``HALF_PARTIAL`` goes first
+#: (and ``GLM`` before ``GLM_FULL``).
+DETECTABLE: tuple[Rotation, ...] = (HALF_PARTIAL, HALF, GLM, GLM_FULL, COHERE)
+#: The same for a one-tensor ``apply_rotary_pos_emb(x, cos, sin, ...)`` (queries and keys rotated
+#: by separate calls): Gemma-3n's half-split pairs over the whole head.
+SINGLE_DETECTABLE: tuple[Rotation, ...] = (GEMMA3N,)
 
 #: Model types never detected, and why (transformers' classes that call ``apply_rotary_pos_emb``
 #: but rotate something else with it, or whose attention adds what posenc does not model).

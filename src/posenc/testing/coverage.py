@@ -82,6 +82,8 @@ _SHRINK: list[tuple[re.Pattern[str], int]] = [
         r"^index_head_dim$": 16, r"^index_topk$": 4, r"^first_k_dense_replace$": 1,
     }.items()
 ]  # fmt: skip
+#: Shrunk keys never raised past the type's own value (ZAYA routes to exactly one expert).
+_NO_GROWTH = frozenset({"num_experts_per_tok", "moe_k", "moe_topk", "num_experts_per_token"})
 _MAX_PARAMETERS = 25_000_000  # a generic shrink that leaves more missed a size key: not tiny
 
 
@@ -153,7 +155,7 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             for pattern, v in _SHRINK:
                 if pattern.match(key):
-                    kw[key] = v
+                    kw[key] = min(v, value) if key in _NO_GROWTH else v
     kw.update({k: v for k, v in SIZES.items() if k in own or k in aliases})
     if "qk_rope_head_dim" in kw and "head_dim" in own:  # MLA: head_dim is the rope part
         kw["head_dim"] = kw["qk_rope_head_dim"]
@@ -170,10 +172,65 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
     for key, value in own.items():  # per-layer lists follow the layer count
         if isinstance(value, list) and value and (key == "layer_types" or len(value) == depth):
             kw[key] = (value * n)[:n]
+    _fit_per_layer(own, kw, n)
+    _fit_rotary(model_type, own, kw)
     kw.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     config = type(text)(**{**own, **kw})
     config._attn_implementation = "eager"
     return config
+
+
+def _fit_per_layer(own: dict[str, Any], kw: dict[str, Any], n: int) -> None:
+    """A per-layer override table (Gemma-4's ``per_layer_config``, keyed by layer index) kept for
+    the ``n`` layers left, its head sizes shrunk by the same ratio as the model's."""
+    table = own.get("per_layer_config")
+    if not isinstance(table, dict):
+        return
+    ratio = kw.get("head_dim", 0) / own["head_dim"] if own.get("head_dim") else None
+    kept: dict[str, Any] = {}
+    for key, entry in table.items():
+        if not (str(key).isdigit() and int(key) < n):
+            continue
+        entry = dict(entry) if isinstance(entry, dict) else entry
+        if isinstance(entry, dict) and ratio and isinstance(entry.get("head_dim"), int):
+            entry["head_dim"] = max(2, round(entry["head_dim"] * ratio))
+        kept[key] = entry
+    kw["per_layer_config"] = kept
+
+
+def _fit_rotary(model_type: str, own: dict[str, Any], kw: dict[str, Any]) -> None:
+    """A head size whose rotary part (``int(head_dim * partial_rotary_factor)``, as transformers
+    rounds it) is even and holds at least three pairs, and an M-RoPE split of those pairs in
+    the proportions of the type's own sections: the shrink must not make a config no real model
+    has (an odd rotary part, sections summing past it)."""
+    from ..hf.architectures import MROPE_MODEL_TYPES
+
+    params = own.get("rope_parameters")
+    groups = [params] if isinstance(params, dict) and "rope_type" in params else (
+        [v for v in params.values() if isinstance(v, dict)] if isinstance(params, dict) else []
+    )  # fmt: skip
+    factors = {float(g.get("partial_rotary_factor", 1.0)) for g in groups}
+    if isinstance(own.get("partial_rotary_factor"), float):
+        factors.add(own["partial_rotary_factor"])
+    if "head_dim" in kw and factors != {1.0}:
+        kw["head_dim"] = next(
+            (d for d in (16, 24, 32, 48, 64)
+             if all(int(d * f) % 2 == 0 and int(d * f) >= 6 for f in factors)),
+            kw["head_dim"],
+        )  # fmt: skip
+    sections = [g.get("mrope_section") for g in groups if g.get("mrope_section")]
+    default = MROPE_MODEL_TYPES.get(model_type)
+    if not (sections or default) or len(groups) != 1:
+        return
+    section = list(sections[0] if sections else default)  # type: ignore[arg-type]
+    pairs = int(kw.get("head_dim", own.get("head_dim") or 0) * min(factors)) // 2
+    total = sum(section)
+    split = [s * pairs // total for s in section]
+    for i in sorted(range(len(split)), key=lambda i: -(section[i] * pairs % total))[
+        : pairs - sum(split)
+    ]:
+        split[i] += 1  # largest remainders first: the split sums to the pairs
+    kw["rope_parameters"] = {**groups[0], "mrope_section": split}
 
 
 def tiny_model(model_type: str) -> Any:

@@ -73,11 +73,18 @@ def _call(
     causal: bool = False,
     mask: torch.Tensor | None = None,
 ) -> Part:
-    """One flash-kernel call: ``q [b, h, r, d]`` over ``k, v [b, hk, n, d]`` (``n >= 1``)."""
+    """One flash-kernel call: ``q [b, h, r, d]`` over ``k [b, hk, n, d]``, ``v [b, hk, n, dv]``
+    (``n >= 1``) -> ``[b, h, r, dv]`` and its log-sum-exp."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if d != dv:
+        # The kernel takes one head size (MiMo-V2's values are narrower than its keys, MLA's
+        # wider): zero channels add nothing to a dot product and come out as zero columns.
+        width = max(d, dv)
+        q, k, v = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, causal, attn_mask=mask, scale=scale
     )
-    return out, lse
+    return out[..., :dv], lse
 
 
 def _until(
