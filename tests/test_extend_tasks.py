@@ -439,7 +439,7 @@ def test_wilson_interval_published_values() -> None:
 # --- the real model ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.long  # about 17 s: `make test-long`
 def test_real_smollm2_retrieves_a_single_needle_at_1k() -> None:
     """RULER's niah_single_1 at 1,024 tokens, needles at depths 0.1, 0.5 and 0.9: SmolLM2-135M
     (trained at 8k) writes the number. 16 new tokens instead of RULER's 128 (it writes the
