@@ -12,7 +12,7 @@ the same ``rope_parameters``, Self-Extend and DCA against the naive full-matrix 
 
 To stay within the suite's time, CI runs :data:`CI_CHECKS` (``none``, ``yarn``, ``self_extend``)
 on every family and compares them with the committed results; the full set (``linear``,
-``llama3``, ``dual_chunk`` too) is the regeneration command's (docs/model.md).
+``llama3``, ``dual_chunk`` and ``export`` too) is the regeneration command's (docs/model.md).
 """
 
 from __future__ import annotations

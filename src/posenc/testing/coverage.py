@@ -15,7 +15,10 @@ then checks, in float32 on the CPU:
   transformers puts a flat scaling) and the same weights;
 * ``self_extend``, ``dual_chunk``: where a naive reference is given (``tests/_keyset_naive.py``,
   transformers' forward with the method's full-matrix attention), ``apply_posenc(extension=)``
-  equals it, prefill and decode.
+  equals it, prefill and decode;
+* ``export``: the folder ``posenc extend export`` writes for :data:`EXPORTED` at twice the
+  trained length, loaded by stock transformers, gives the logits of the model as ``posenc
+  extend`` patches it.
 
 Each check is ``exact``, ``refused: <why>`` (apply_posenc's own one-line ValueError/RuntimeError
 before anything runs) or ``failed: <what>`` (silently wrong or a crash: a bug). A family whose
@@ -53,7 +56,10 @@ EXTENSIONS: dict[str, dict[str, Any]] = {
     "self_extend": {"method": "self_extend", "group_size": 3, "neighbor_window": 4},
     "dual_chunk": {"method": "dual_chunk", "chunk_size": 10, "local_size": 3},
 }
-CHECKS = ("none", *SCALINGS, *EXTENSIONS)
+#: The export check: ``posenc extend export``'s folder of the model under this method (for twice
+#: the trained length), loaded by stock transformers, gives the patched model's logits.
+EXPORTED = "yarn"
+CHECKS = ("none", *SCALINGS, *EXTENSIONS, "export")
 TOL = 1e-4  # float32 logits of a tiny model; a wrong rotation moves them by 1e-2 and more
 BEGIN, END = "<!-- coverage:begin -->", "<!-- coverage:end -->"
 RESULTS = Path("docs/results/coverage.json")
@@ -402,6 +408,8 @@ def sweep_family(
         outcome.checks[name] = _guarded(
             partial(_extended, model, ids, extension, patched, reference)
         )
+    if "export" in checks:
+        outcome.checks["export"] = _guarded(partial(_exported, model, ids))
     return outcome
 
 
@@ -425,6 +433,38 @@ def _extended(
         raise Unchecked(f"the naive reference does not run here ({_line(e, 80)})") from e
     want = torch.cat([want, want[:, -1:]], 1)  # the decode step's position, as laid out
     return _compare(got, want)
+
+
+def _exported(model: Any, ids: torch.Tensor) -> str:
+    """:data:`EXPORTED` as ``posenc extend`` applies it (refused there: ``refused``), against
+    the folder ``posenc extend export`` writes, loaded by stock transformers."""
+    import tempfile
+
+    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
+
+    from ..extend.methods.apply import with_method
+    from ..extend.methods.export import export_model
+    from ..extend.methods.names import parse_method, resolve
+    from ..extend.model.load import rotated_pairs, trained_length
+
+    method, train = parse_method(EXPORTED), trained_length(model.config)
+    try:
+        undo = with_method(model, resolve(method, train, 2 * train, rotated_pairs(model.config)))
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise Refused() from e
+    try:
+        got = prefill_and_decode(model, ids)
+    finally:
+        undo()
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            out = export_model(model, None, method, 2 * train, Path(folder) / "export")
+        except ValueError as e:
+            raise Refused() from e
+        loaded = AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        return _compare(got, prefill_and_decode(loaded, ids))
 
 
 def sweep(
