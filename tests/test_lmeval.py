@@ -334,6 +334,21 @@ def test_the_launcher_runs_lm_evals_cli_with_the_posenc_model(one_process: dict[
     assert recorded["settings"]["extension"]["group_size"] == 4
 
 
+def test_only_the_included_tasks_are_indexed_where_they_are_all_the_run_names(
+    tmp_path: Path,
+) -> None:
+    from posenc.lmeval.launcher import only_included
+
+    tasks = str(tiny_tasks(tmp_path / "tasks"))
+    assert only_included(["--include_path", tasks, "--tasks", "tiny_gen,tiny_mc"])
+    assert only_included([f"--include_path={tasks}", "--tasks=tiny_mc"])
+    # a built-in task, no folder, a task found nowhere, a config file: lm-eval's whole index
+    assert not only_included(["--include_path", tasks, "--tasks", "tiny_mc,arc_easy"])
+    assert not only_included(["--tasks", "tiny_mc"])
+    assert not only_included(["--include_path", tasks, "--tasks", "nothing_by_this_name"])
+    assert not only_included(["--include_path", tasks, "--tasks", "tiny_mc", "--config", "x.yaml"])
+
+
 def test_lm_evals_evaluator_refuses_a_prompt_past_max_length(folder: Path, tmp_path: Path) -> None:
     """lm-eval's own evaluator on the generative task with ``max_length=48``: its longest prompt
     (~190 tokens) refused, where ``HFLM`` would have kept its last 44 tokens with a warning."""

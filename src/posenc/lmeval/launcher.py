@@ -12,12 +12,18 @@ given, so every lm-eval option works as documented there (``--config FILE.yaml``
 
 A mistake posenc reports (an unknown method or option, a request past ``max_length``) ends in
 one line, ``error: ...``, and exit code 2, as posenc's own commands do.
+
+Where every ``--tasks`` name is a task or tag of the ``--include_path`` folders (a folder of
+``posenc extend lm-eval-tasks``, say), lm-eval's own 14 thousand task files are not indexed: that
+index is about 6 s of every start on two cores (and of each ``accelerate`` process), and the
+run is the same without it (:func:`only_included`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..cli_errors import install_hint
 
@@ -41,11 +47,62 @@ def main(argv: Sequence[str] | None = None) -> None:
     saved = sys.argv
     sys.argv = ["lm-eval", *args]  # lm-eval's parser reads sys.argv (and inserts `run`)
     try:
-        cli_evaluate()
+        with _defaults_left_out(only_included(args)):
+            cli_evaluate()
     except ValueError as err:  # posenc's refusals, and lm-eval's own configuration errors
         _fail(str(err))
     finally:
         sys.argv = saved
+
+
+def _option(args: Sequence[str], name: str) -> list[str]:
+    """Every value of ``--name VALUE`` / ``--name=VALUE`` in ``args`` (lm-eval's spelling)."""
+    out = []
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            out.append(args[i + 1])
+        elif a.startswith(name + "="):
+            out.append(a.split("=", 1)[1])
+    return out
+
+
+def only_included(args: Sequence[str]) -> bool:
+    """Whether every task the command line names is a task or a tag of its ``--include_path``
+    folders alone (as lm-eval's own index of those folders reads them): then lm-eval's built-in
+    tasks are not needed. A group (its members may be built-in tasks), a ``--config`` file (its
+    tasks are not on the command line), or a name found nowhere keeps lm-eval's whole index."""
+    from lm_eval.tasks import TaskManager
+
+    paths = [p for value in _option(args, "--include_path") for p in value.split(",") if p]
+    tasks = [t for value in _option(args, "--tasks") for t in value.split(",") if t]
+    if not paths or not tasks or _option(args, "--config"):
+        return False
+    try:
+        included = TaskManager(include_path=paths, include_defaults=False)
+    except Exception:  # lm-eval's own run says what is wrong with the folder
+        return False
+    names = set(included.all_subtasks) | set(included.all_tags)
+    return all(t in names for t in tasks)
+
+
+@contextlib.contextmanager
+def _defaults_left_out(leave_out: bool) -> Iterator[None]:
+    """lm-eval's TaskManager without its built-in tasks while the run lasts (``leave_out``)."""
+    if not leave_out:
+        yield
+        return
+    from lm_eval.tasks import manager
+
+    original = manager.TaskManager.__init__
+
+    def init(self: object, *a: object, include_defaults: bool = True, **kw: object) -> None:
+        original(self, *a, include_defaults=False, **kw)  # type: ignore[arg-type]
+
+    manager.TaskManager.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        manager.TaskManager.__init__ = original  # type: ignore[method-assign]
 
 
 def _fail(message: str) -> None:
