@@ -265,7 +265,7 @@ def extension_layout(rotations: Mapping[str, Rotation]) -> str | None:
     if len(rotations) != 1:
         return None
     (rotation,) = rotations.values()
-    if rotation.trailing or rotation.deinterleave:
+    if rotation.trailing or rotation.deinterleave or rotation.clockwise:
         return None
     if not rotation.interleaved:
         return "half"
@@ -277,6 +277,13 @@ def extension_overrides(rotations: Mapping[str, Rotation]) -> dict[str, Any]:
     attention functions :func:`extension_attention`."""
     same = {n: unrotated_one if r.single else unrotated for n, r in rotations.items()}
     return {**same, **ATTENTION_OVERRIDES}
+
+
+#: Layer types whose attention reads only the keys an indexer picks (Kolibri's, Dots-3's
+#: ``indexed_attention``; DeepSeek-V4's and MiniMax-M3's compressed sparse layers): the key-set
+#: methods, which attend over every key, are refused there.
+SPARSE_LAYER_TYPES = frozenset({"indexed_attention", "compressed_sparse_attention",
+                                "heavily_compressed_attention", "minimax_m3_sparse"})  # fmt: skip
 
 
 def extension_states(
@@ -305,6 +312,12 @@ def extension_states(
         raise ValueError(
             f"{method} acts on full-attention layers with RoPE, and this {model_type} has none "
             f"({', '.join(kinds)}): no layer sees positions past what it was trained on"
+        )
+    sparse = sorted({x.layer_type for x in targets} & SPARSE_LAYER_TYPES)
+    if sparse:
+        raise ValueError(
+            f"{method} on {model_type}: its {', '.join(sparse)} layers attend to the keys a learned "
+            f"indexer selects; {method}'s key sets over every key would replace that selection"
         )
     rotary = _text_rotary(model, modeling, method, model_type)
     options = {k: v for k, v in extension.items() if k != "method"}

@@ -92,6 +92,8 @@ def fused_rotation(
         unsqueeze_dim = kw.get("unsqueeze_dim", 1)
         if "unsqueeze_dim" in extra and extra.index("unsqueeze_dim") < len(args):
             unsqueeze_dim = args[extra.index("unsqueeze_dim")]
+        if rotation.clockwise:
+            sin = -sin
         q, k = apply_rotary_pos_emb(
             q,
             k,

@@ -38,6 +38,9 @@ class Rotation:
     # Llama-4's ``apply_rotary_emb(xq, xk, freqs_cis)``: ``[b, s, h, d]`` tensors and one complex
     # table ``[b, s, r/2]`` (cos + i sin, the rotary's attention scaling folded in).
     freqs_cis: bool = False
+    # Turned by minus the angle: NanoChat's ``rotate_half`` is ``cat(x2, -x1)``, so its
+    # ``q cos + rotate_half(q) sin`` is the usual rotation with ``-sin``.
+    clockwise: bool = False
 
 
 HALF = Rotation()
@@ -47,6 +50,8 @@ GLM = Rotation(interleaved=True, partial=True)
 # Helium, ERNIE-4.5: cat(freqs, freqs) tables, repeated per pair inside, interleaved pairs over
 # the whole head (no channel passed through).
 GLM_FULL = Rotation(interleaved=True)
+# NanoChat: half-split pairs turned by minus the angle.
+HALF_CLOCKWISE = Rotation(clockwise=True)
 # Cohere: repeat_interleave(freqs, 2) tables and interleaved pairs.
 COHERE = Rotation(interleaved=True, table_layout="repeat")
 DEEPSEEK_INTERLEAVE = Rotation(interleaved=True, deinterleave=True)
@@ -141,7 +146,7 @@ def supported_model_types() -> list[str]:
 #: function's result on random probes is the type's. A half-split function that passes channels
 #: past the table's width through passes the partial probe too, so ``HALF_PARTIAL`` goes first
 #: (and ``GLM`` before ``GLM_FULL``).
-DETECTABLE: tuple[Rotation, ...] = (HALF_PARTIAL, HALF, GLM, GLM_FULL, COHERE)
+DETECTABLE: tuple[Rotation, ...] = (HALF_PARTIAL, HALF, GLM, GLM_FULL, COHERE, HALF_CLOCKWISE)
 #: The same for a one-tensor ``apply_rotary_pos_emb(x, cos, sin, ...)`` (queries and keys rotated
 #: by separate calls): Gemma-3n's half-split pairs over the whole head.
 SINGLE_DETECTABLE: tuple[Rotation, ...] = (GEMMA3N,)

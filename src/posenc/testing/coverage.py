@@ -84,12 +84,14 @@ _SHRINK: list[tuple[re.Pattern[str], int]] = [
         r"^(linear_key_head_dim|linear_value_head_dim)$": 16, r"^linear_num_key_heads$": 2,
         r"^linear_num_value_heads$": 4, r"^sliding_window$": 8, r"^attention_chunk_size$": 8,
         r"^vocab_size_per_layer_input$": 128, r"^hidden_size_per_layer_input$": 16,
-        r"^laurel_rank$": 8, r"^num_kv_shared_layers$": 0, r"^index_n_heads$": 2,
+        r"^laurel_rank$": 8, r"^num_kv_shared_layers$": 0, r"^index_(n|num)_heads$": 2,
         r"^index_head_dim$": 16, r"^index_topk$": 4, r"^first_k_dense_replace$": 1,
     }.items()
 ]  # fmt: skip
 #: Shrunk keys never raised past the type's own value (ZAYA routes to exactly one expert).
 _NO_GROWTH = frozenset({"num_experts_per_tok", "moe_k", "moe_topk", "num_experts_per_token"})
+_EXPERT_COUNTS = ("num_experts", "n_routed_experts", "num_local_experts", "n_experts",
+                  "moe_num_experts")  # fmt: skip
 _MAX_PARAMETERS = 25_000_000  # a generic shrink that leaves more missed a size key: not tiny
 
 
@@ -167,10 +169,16 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
         kw["head_dim"] = kw["qk_rope_head_dim"]
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # MLA: one key head per query head
         kw["num_key_value_heads"] = kw["num_attention_heads"]
-    if "mamba_d_head" in kw and isinstance(own.get("mamba_expand"), int):  # heads x dim = inner
+    mamba_inner = "mamba_d_head" in own and "mamba_d_ssm" not in own  # (Falcon-H1: d_ssm)
+    if mamba_inner and isinstance(own.get("mamba_expand"), int):  # heads x dim = expand x hidden
+        if "mamba_n_heads" in own:
+            kw["mamba_n_heads"] = 4
         kw["mamba_d_head"] = (
             own["mamba_expand"] * SIZES["hidden_size"] // kw.get("mamba_n_heads", 4)
         )
+    for key in _NO_GROWTH & own.keys():  # a router left unset (DeepSeek-V2's own default)
+        if own[key] is None and any(isinstance(own.get(k), int) for k in _EXPERT_COUNTS):
+            kw[key] = 2
     kinds = own.get("layer_types") if isinstance(own.get("layer_types"), list) else None
     n = layers or _layer_count(kinds)
     kw["num_hidden_layers"] = n
@@ -178,12 +186,45 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
     for key, value in own.items():  # per-layer lists follow the layer count
         if isinstance(value, list) and value and (key == "layer_types" or len(value) == depth):
             kw[key] = (value * n)[:n]
+        elif _is_layer_index_list(key, value, depth):  # indices of layers: those kept
+            kw[key] = [i for i in value if i < n]
+    _fit_layer_blocks(own, kw, n)
+    _one_attention_layer(own, kw, n)
     _fit_per_layer(own, kw, n)
     _fit_rotary(model_type, own, kw)
     kw.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     config = type(text)(**{**own, **kw})
     config._attn_implementation = "eager"
     return config
+
+
+def _is_layer_index_list(key: str, value: Any, depth: Any) -> bool:
+    """Whether ``value`` names layers by index (Kolibri's ``index_layers``)."""
+    return (
+        isinstance(value, list) and bool(value) and isinstance(depth, int)
+        and key.endswith(("_layers", "_idxs", "_indices"))
+        and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < depth for i in value)
+    )  # fmt: skip
+
+
+def _fit_layer_blocks(own: dict[str, Any], kw: dict[str, Any], n: int) -> None:
+    """Dory's input, looped and output blocks, whose layer counts must add up to the depth:
+    a third each at the ends, the rest looped."""
+    keys = ("n_input_layers", "n_recurrent_layers", "n_output_layers")
+    if all(isinstance(own.get(k), int) for k in keys):
+        end = max(1, n // 3)
+        kw.update(n_input_layers=end, n_recurrent_layers=n - 2 * end, n_output_layers=end)
+
+
+def _one_attention_layer(own: dict[str, Any], kw: dict[str, Any], n: int) -> None:
+    """A hybrid whose default config has no attention layer (Bamba's ``attn_layer_indices``
+    unset, Granite-4.0-H's ``layer_types`` all Mamba; their checkpoints interleave them) gets
+    its last layer as one: without it there are no positions to check."""
+    kinds = kw.get("layer_types")
+    if isinstance(kinds, list) and kinds and set(kinds) == {"linear_attention"}:
+        kw["layer_types"] = [*kinds[:-1], "full_attention"]
+    elif "attn_layer_indices" in own and not own["attn_layer_indices"]:
+        kw["attn_layer_indices"] = [n - 1]
 
 
 def _fit_per_layer(own: dict[str, Any], kw: dict[str, Any], n: int) -> None:
@@ -305,9 +346,14 @@ def prefill_and_decode(model: Any, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([whole, step], 1)
 
 
-def _compare(got: torch.Tensor, want: torch.Tensor) -> str:
-    worst = float((got.float() - want.float()).abs().max())
-    return "exact" if worst <= TOL else f"failed: logits differ by {worst:.2e}"
+def _compare(got: torch.Tensor, want: torch.Tensor, decode_slack: float = 0.0) -> str:
+    """``exact`` where the prefill's logits agree within :data:`TOL` and the decode step's within
+    ``TOL + decode_slack``."""
+    diff = (got.float() - want.float()).abs()
+    prefill, step = float(diff[:, :-1].max()), float(diff[:, -1].max())
+    if prefill <= TOL and step <= TOL + decode_slack:
+        return "exact"
+    return f"failed: logits differ by {max(prefill, step):.2e}"
 
 
 class Refused(Exception):
@@ -406,7 +452,7 @@ def sweep_family(
         if reference is None or name not in checks:
             continue
         outcome.checks[name] = _guarded(
-            partial(_extended, model, ids, extension, patched, reference)
+            partial(_extended, model, ids, extension, patched, reference, stock)
         )
     if "export" in checks:
         outcome.checks["export"] = _guarded(partial(_exported, model, ids))
@@ -423,8 +469,17 @@ def _scaled(model: Any, ids: torch.Tensor, scaling: dict[str, Any], patched: Any
 
 
 def _extended(
-    model: Any, ids: torch.Tensor, extension: dict[str, Any], patched: Any, reference: Any
+    model: Any,
+    ids: torch.Tensor,
+    extension: dict[str, Any],
+    patched: Any,
+    reference: Any,
+    stock: torch.Tensor,
 ) -> str:
+    """The method against the naive reference, a prefill: its last position stands for the
+    decode step, which may differ from it by as much as the stock model's own decode step differs
+    from its prefill (Bamba's Mamba layers: 8e-4 by their step update against their chunked
+    scan), and no more."""
     got = patched(extension=extension)
     options = {k: v for k, v in extension.items() if k != "method"}
     try:
@@ -432,7 +487,8 @@ def _extended(
     except Exception as e:  # the test's reference does not model this family
         raise Unchecked(f"the naive reference does not run here ({_line(e, 80)})") from e
     want = torch.cat([want, want[:, -1:]], 1)  # the decode step's position, as laid out
-    return _compare(got, want)
+    own = float((stock[:, -1] - stock[:, -2]).abs().max())  # the stock decode against prefill
+    return _compare(got, want, decode_slack=own)
 
 
 def _exported(model: Any, ids: torch.Tensor) -> str:
