@@ -106,5 +106,22 @@ def test_refusals_name_what_the_model_lacks() -> None:
     )
     with pytest.raises(ValueError, match=r"this llama4_text has none \(chunk window 8, full "):
         apply_posenc(released, extension=METHODS[0])
-    with pytest.raises(ValueError, match=r"scaling= on llama4_text: .*freqs_cis"):
-        apply_posenc(tiny_family("llama4_text"), scaling={"rope_type": "linear", "factor": 2.0})
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+])  # fmt: skip
+def test_llama4_scaled_through_its_complex_table_equals_transformers(scaling: dict) -> None:
+    """Llama-4's attention reads one complex ``freqs_cis`` table: posenc's rescaled rotary
+    gives it as ``cos + i sin``, and the model equals transformers built with the same
+    ``rope_parameters`` (prefill and a KV-cache decode step)."""
+    from posenc.testing.coverage import scaled_reference
+
+    model = tiny_family("llama4_text")
+    reference = scaled_reference(model, scaling)
+    ids = torch.randint(3, VOCAB, (1, 24), generator=torch.Generator().manual_seed(2))
+    want = prefill_and_decode(reference, ids, 20)
+    got = prefill_and_decode(apply_posenc(model, scaling=scaling), ids, 20)
+    assert (got - want).abs().max() <= 1e-5
+    assert (got - prefill_and_decode(tiny_family("llama4_text"), ids, 20)).abs().max() > 1e-3

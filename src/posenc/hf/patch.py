@@ -43,6 +43,7 @@ from .extension import (
     normalize_extension,
 )
 from .rotary import (
+    ComplexRotaryEmbedding,
     HFRotaryEmbedding,
     apply_rotary_emb,
     apply_rotary_pos_emb,
@@ -333,17 +334,6 @@ def apply_posenc(
     return model
 
 
-def _check_scalable(
-    model_type: str, rotations: Mapping[str, Rotation], scaling: Mapping[str, Any] | None
-) -> None:
-    """Refuse ``scaling=`` where the attention reads a table posenc's rotary modules do not build."""
-    if scaling is not None and any(r.freqs_cis for r in rotations.values()):
-        raise ValueError(
-            f"scaling= on {model_type}: its attention reads one complex freqs_cis table, which "
-            "posenc's rotary modules do not build; give the scaling in the config instead"
-        )
-
-
 def _check_arguments(backend: str, scaling: Any, scaling_layers: str) -> None:
     check_choice("backend", backend, ROTARY_BACKENDS)
     check_scaling_argument(scaling, HF_ROPE_TYPES)
@@ -548,9 +538,9 @@ def _rotary_swaps(
 ) -> list[tuple[nn.Module, str, nn.Module]]:
     """``(parent, attribute, posenc module)`` for each text rotary module of the model (with
     the config's own scaling where ``scaling`` is None)."""
-    _check_scalable(_model_type(model), rotations, scaling)
     check_temperature(model, scaling)
     table_layout = next(iter(rotations.values())).table_layout
+    complex_table = any(r.freqs_cis for r in rotations.values())  # Llama-4's freqs_cis
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     for parent in model.modules():
         for attr, child in parent.named_children():
@@ -563,9 +553,13 @@ def _rotary_swaps(
                 config = getattr(child, "config", None) or model.config
                 legacy = getattr(config, "rope_parameters", None) is None  # transformers 4.x
                 layer_type = _LEGACY_ROTARY_TYPES.get(attr) if legacy else None
-                new = HFRotaryEmbedding(config, scaling, table_layout=table_layout,
-                                        layer_type=layer_type, scaling_layers=scaling_layers)  # fmt: skip
+                new: nn.Module = HFRotaryEmbedding(
+                    config, scaling, table_layout=table_layout, layer_type=layer_type,
+                    scaling_layers=scaling_layers,
+                )  # fmt: skip
                 check_tables(child, new, cls.__name__)
+                if complex_table:
+                    new = ComplexRotaryEmbedding(new)  # type: ignore[arg-type]
                 swaps.append((parent, attr, new))
     if not swaps:
         raise RuntimeError(f"found no rotary module of {modeling.__name__} to rescale")

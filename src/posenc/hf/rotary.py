@@ -506,3 +506,19 @@ def _mrope_cos_sin(
     return mrope_cos_sin(
         pos3, inv_freq, rope.mrope_section, rope.allocation, factor, fractional=fractional
     )
+
+
+class ComplexRotaryEmbedding(nn.Module):
+    """Llama-4's rotary interface on posenc's tables: ``forward(x, position_ids)`` ->
+    ``freqs_cis [b, s, r/2]`` complex64, ``cos + i sin`` of each pair with the attention factor
+    folded in, as ``torch.polar(1, angle) * attention_scaling`` gives it (the rotation,
+    :data:`~posenc.hf.supported.LLAMA4`, reads its real and imaginary parts)."""
+
+    def __init__(self, tables: HFRotaryEmbedding) -> None:
+        super().__init__()
+        tables.table_layout, tables.dtype = "half", torch.float32
+        self.tables = tables
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.tables(x, position_ids)  # [b, s, r/2] float32
+        return torch.complex(cos, sin)
