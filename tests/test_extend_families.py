@@ -125,3 +125,23 @@ def test_llama4_scaled_through_its_complex_table_equals_transformers(scaling: di
     got = prefill_and_decode(apply_posenc(model, scaling=scaling), ids, 20)
     assert (got - want).abs().max() <= 1e-5
     assert (got - prefill_and_decode(tiny_family("llama4_text"), ids, 20)).abs().max() > 1e-3
+
+
+def test_deepseek_v2_complex_rotation_and_mla_softmax_scale_equal_transformers() -> None:
+    """DeepSeek-V2 rotates its MLA rope slices ``[b, h, s, d]`` by one complex table, and YaRN's
+    ``mscale_all_dim`` scales its softmax too (``yarn_apply_mscale``): with both, the patched
+    model equals transformers built with the same ``rope_parameters``."""
+    from posenc.testing.coverage import prefill_and_decode as whole_then_step
+    from posenc.testing.coverage import scaled_reference, tiny_model
+
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+               "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+    model = tiny_model("deepseek_v2")
+    ids = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(3))
+    stock = whole_then_step(model, ids)
+    want = whole_then_step(scaled_reference(model, scaling), ids)
+    got = whole_then_step(apply_posenc(model, scaling=scaling), ids)
+    assert (got - want).abs().max() <= 1e-5
+    assert (got - stock).abs().max() > 1e-3
+    scale = model.model.layers[0].self_attn.scaling
+    assert scale != model.model.layers[0].self_attn.qk_head_dim ** -0.5  # mscale_all_dim read

@@ -155,11 +155,13 @@ def _freqs_cis_rotation(
     ``freqs_cis [b, s, r/2]`` complex, whose real and imaginary parts are the cos and sin of
     each pair (times the rotary's attention scaling)."""
 
+    seq_dim = 1 if rotation.heads_first else 2  # where the table's head axis goes
+
     def rotate(
         xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return apply_rotary_pos_emb(
-            xq, xk, freqs_cis.real, freqs_cis.imag, 2, interleaved=rotation.interleaved,
+            xq, xk, freqs_cis.real, freqs_cis.imag, seq_dim, interleaved=rotation.interleaved,
             table_layout="half", backend=backend,
         )  # fmt: skip
 
@@ -193,10 +195,10 @@ def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) ->
         if rotation.trailing or rotation.single:  # one tensor (DeepSeek-V4 also calls -sin)
             want = (stock(q, cos, sin), stock(k, cos, -sin))
             got = (ours(q, cos, sin), ours(k, cos, -sin))
-        elif rotation.freqs_cis:  # [b, s, h, d] and a complex table [b, s, r/2]
+        elif rotation.freqs_cis:  # [b, s, h, d] (or [b, h, s, d]) and a complex table [b, s, r/2]
             table = torch.complex(cos, sin)
-            bshd = q.transpose(1, 2), k.transpose(1, 2)
-            want, got = stock(*bshd, table), ours(*bshd, table)
+            qk = (q, k) if rotation.heads_first else (q.transpose(1, 2), k.transpose(1, 2))
+            want, got = stock(*qk, table), ours(*qk, table)
         else:
             want, got = stock(q, k, cos, sin), ours(q, k, cos, sin)
         worst = max(float((w - o).abs().max()) for w, o in zip(want, got, strict=True))

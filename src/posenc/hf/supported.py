@@ -38,6 +38,8 @@ class Rotation:
     # Llama-4's ``apply_rotary_emb(xq, xk, freqs_cis)``: ``[b, s, h, d]`` tensors and one complex
     # table ``[b, s, r/2]`` (cos + i sin, the rotary's attention scaling folded in).
     freqs_cis: bool = False
+    # With ``freqs_cis``: ``[b, h, s, d]`` tensors (DeepSeek-V2's MLA rope slices).
+    heads_first: bool = False
     # Turned by minus the angle: NanoChat's ``rotate_half`` is ``cat(x2, -x1)``, so its
     # ``q cos + rotate_half(q) sin`` is the usual rotation with ``-sin``.
     clockwise: bool = False
@@ -65,6 +67,8 @@ DEEPSEEK_V4 = Rotation(interleaved=True, table_layout="half", trailing=True)
 GEMMA3N = Rotation(single=True)
 # Llama-4: interleaved pairs, one complex column per pair.
 LLAMA4 = Rotation(interleaved=True, table_layout="half", freqs_cis=True)
+# DeepSeek-V2: the same complex rotation of its MLA rope slices, heads before positions.
+DEEPSEEK_V2 = Rotation(interleaved=True, table_layout="half", freqs_cis=True, heads_first=True)
 
 _STANDARD = {"apply_rotary_pos_emb": HALF}
 _Entry = tuple[str, dict[str, Rotation]]
@@ -92,6 +96,7 @@ SUPPORTED: dict[str, _Entry] = {
     "qwen3_next": ("qwen3_next", {"apply_rotary_pos_emb": HALF_PARTIAL}),  # beside linear layers
     "gemma3n_text": ("gemma3n", {"apply_rotary_pos_emb": GEMMA3N}),
     "llama4_text": ("llama4", {"apply_rotary_emb": LLAMA4}),
+    "deepseek_v2": ("deepseek_v2", {"apply_rotary_emb": DEEPSEEK_V2}),
     "phi3": ("phi3", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "gpt_neox": ("gpt_neox", {"apply_rotary_pos_emb": HALF_PARTIAL}),
     "cohere": ("cohere", {"apply_rotary_pos_emb": COHERE}),
@@ -121,7 +126,8 @@ LABELLED_ROTARY_MODEL_TYPES = frozenset({"deepseek_v4"})
 
 # Attention whose softmax scale reads the rope parameters: DeepSeek-V3's MLA multiplies it by
 # yarn_mscale(factor, mscale_all_dim) ** 2 when a YaRN scaling sets mscale_all_dim.
-MSCALE_SOFTMAX_MODEL_TYPES = frozenset({"deepseek_v3", "deepseek_v32", "glm_moe_dsa"})
+MSCALE_SOFTMAX_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32",
+                                        "glm_moe_dsa"})  # fmt: skip
 
 
 def mla_softmax_scale(head_dim: int, scaling: Mapping[str, Any]) -> float:
