@@ -76,4 +76,7 @@ def test_inspect_names_what_each_method_does_per_layer_type() -> None:
         / "llama-4-scout-17b-16e-instruct-fp8-dynamic.json"
     )
     out = posenc_here("inspect", str(llama4), "--methods", "yarn")
-    assert "yarn: refused: scaling= on llama4_text" in out
+    # its one rotary module feeds the chunked RoPE layers (one complex table): YaRN scales them,
+    # as transformers does with the same rope_parameters; the NoPE layers have no positions
+    assert "(chunked, rope θ=500k): yarn factor 2" in out
+    assert "(full, NoPE): untouched (no RoPE)" in out

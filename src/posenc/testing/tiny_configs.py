@@ -1,0 +1,227 @@
+"""The tiny random model of a transformers model type that :mod:`posenc.testing.coverage`
+sweeps: the type's own default config, shrunk (hidden 64, 4 query / 2 key heads of 16, vocabulary
+128, 4 MoE experts, windows and chunks of 8) to enough layers to hold every layer type of its
+pattern, with what a shrink must keep consistent (a rotary part of whole pairs and M-RoPE
+sections that add up to it, per-layer tables and layer indices within the depth, Mamba heads
+that fill the inner size, one attention layer in a hybrid whose default has none).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import torch
+
+#: The tiny model's sizes, on the keys the type's config has.
+SIZES: dict[str, int] = {
+    "vocab_size": 128, "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 64,
+}  # fmt: skip
+#: Other integer keys shrunk wherever a config has them (name pattern -> value).
+_SHRINK: list[tuple[re.Pattern[str], int]] = [
+    (re.compile(k), v)
+    for k, v in {
+        r"^(moe_|shared_expert_|expert_|ffn_|dense_)?intermediate_size(_mlp)?$": 64,
+        r"^moe_intermediate_size$": 32,
+        r"^(num_experts|n_routed_experts|num_local_experts|n_experts|moe_num_experts)$": 4,
+        r"^(num_experts_per_tok|moe_k|moe_topk|n_activated_experts|num_experts_per_token)$": 2,
+        r"^(n_shared_experts|num_shared_experts)$": 1,
+        r"^(n_group|topk_group|num_expert_group)$": 1,
+        r"^q_lora_rank$": 32, r"^kv_lora_rank$": 16, r"^qk_rope_head_dim$": 8,
+        r"^qk_nope_head_dim$": 8, r"^v_head_dim$": 16, r"^rotary_dim$": 8,
+        r"^(linear_key_head_dim|linear_value_head_dim)$": 16, r"^linear_num_key_heads$": 2,
+        r"^linear_num_value_heads$": 4, r"^sliding_window$": 8, r"^attention_chunk_size$": 8,
+        r"^vocab_size_per_layer_input$": 128, r"^hidden_size_per_layer_input$": 16,
+        r"^laurel_rank$": 8, r"^num_kv_shared_layers$": 0, r"^index_(n|num)_heads$": 2,
+        r"^index_head_dim$": 16, r"^index_topk$": 4, r"^first_k_dense_replace$": 1,
+    }.items()
+]  # fmt: skip
+#: Shrunk keys never raised past the type's own value (ZAYA routes to exactly one expert).
+_NO_GROWTH = frozenset({"num_experts_per_tok", "moe_k", "moe_topk", "num_experts_per_token"})
+_EXPERT_COUNTS = ("num_experts", "n_routed_experts", "num_local_experts", "n_experts",
+                  "moe_num_experts")  # fmt: skip
+_MAX_PARAMETERS = 25_000_000  # a generic shrink that leaves more missed a size key: not tiny
+
+
+def _layer_count(layer_types: list[str] | None, low: int = 4, high: int = 12) -> int:
+    """The fewest layers (at least ``low``) whose prefix of ``layer_types`` holds every type."""
+    if not layer_types:
+        return low
+    kinds = set(layer_types)
+    for n in range(low, min(high, len(layer_types)) + 1):
+        if set(layer_types[:n]) == kinds:
+            return n
+    return max(low, min(high, len(layer_types)))
+
+
+def tiny_config(model_type: str, layers: int | None = None) -> Any:
+    """``model_type``'s text config, shrunk (module docstring), eager attention."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        text = CONFIG_MAPPING[model_type]().get_text_config(decoder=True)
+    own = text.to_dict()
+    aliases = getattr(type(text), "attribute_map", {})
+    kw: dict[str, Any] = {}
+    for key, value in own.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            for pattern, v in _SHRINK:
+                if pattern.match(key):
+                    kw[key] = min(v, value) if key in _NO_GROWTH else v
+    kw.update({k: v for k, v in SIZES.items() if k in own or k in aliases})
+    if "qk_rope_head_dim" in kw and "head_dim" in own:  # MLA: head_dim is the rope part
+        kw["head_dim"] = kw["qk_rope_head_dim"]
+    if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # MLA: one key head per query head
+        kw["num_key_value_heads"] = kw["num_attention_heads"]
+    mamba_inner = "mamba_d_head" in own and "mamba_d_ssm" not in own  # (Falcon-H1: d_ssm)
+    if mamba_inner and isinstance(own.get("mamba_expand"), int):  # heads x dim = expand x hidden
+        if "mamba_n_heads" in own:
+            kw["mamba_n_heads"] = 4
+        kw["mamba_d_head"] = (
+            own["mamba_expand"] * SIZES["hidden_size"] // kw.get("mamba_n_heads", 4)
+        )
+    for key in _NO_GROWTH & own.keys():  # a router left unset (DeepSeek-V2's own default)
+        if own[key] is None and any(isinstance(own.get(k), int) for k in _EXPERT_COUNTS):
+            kw[key] = 2
+    kinds = own.get("layer_types") if isinstance(own.get("layer_types"), list) else None
+    n = layers or _layer_count(kinds)
+    kw["num_hidden_layers"] = n
+    depth = own.get("num_hidden_layers")
+    for key, value in own.items():  # per-layer lists follow the layer count
+        if isinstance(value, list) and value and (key == "layer_types" or len(value) == depth):
+            kw[key] = (value * n)[:n]
+        elif _is_layer_index_list(key, value, depth):  # indices of layers: those kept
+            kw[key] = [i for i in value if i < n]
+    _fit_layer_blocks(own, kw, n)
+    _one_attention_layer(own, kw, n)
+    _fit_per_layer(own, kw, n)
+    _fit_rotary(model_type, own, kw)
+    kw.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = type(text)(**{**own, **kw})
+    config._attn_implementation = "eager"
+    return config
+
+
+def _is_layer_index_list(key: str, value: Any, depth: Any) -> bool:
+    """Whether ``value`` names layers by index (Kolibri's ``index_layers``)."""
+    return (
+        isinstance(value, list) and bool(value) and isinstance(depth, int)
+        and key.endswith(("_layers", "_idxs", "_indices"))
+        and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < depth for i in value)
+    )  # fmt: skip
+
+
+def _fit_layer_blocks(own: dict[str, Any], kw: dict[str, Any], n: int) -> None:
+    """Dory's input, looped and output blocks, whose layer counts must add up to the depth:
+    a third each at the ends, the rest looped."""
+    keys = ("n_input_layers", "n_recurrent_layers", "n_output_layers")
+    if all(isinstance(own.get(k), int) for k in keys):
+        end = max(1, n // 3)
+        kw.update(n_input_layers=end, n_recurrent_layers=n - 2 * end, n_output_layers=end)
+
+
+def _one_attention_layer(own: dict[str, Any], kw: dict[str, Any], n: int) -> None:
+    """A hybrid whose default config has no attention layer (Bamba's ``attn_layer_indices``
+    unset, Granite-4.0-H's ``layer_types`` all Mamba; their checkpoints interleave them) gets
+    its last layer as one: without it there are no positions to check."""
+    kinds = kw.get("layer_types")
+    if isinstance(kinds, list) and kinds and set(kinds) == {"linear_attention"}:
+        kw["layer_types"] = [*kinds[:-1], "full_attention"]
+    elif "attn_layer_indices" in own and not own["attn_layer_indices"]:
+        kw["attn_layer_indices"] = [n - 1]
+
+
+def _fit_per_layer(own: dict[str, Any], kw: dict[str, Any], n: int) -> None:
+    """A per-layer override table (Gemma-4's ``per_layer_config``, keyed by layer index) kept for
+    the ``n`` layers left, its head sizes shrunk by the same ratio as the model's."""
+    table = own.get("per_layer_config")
+    if not isinstance(table, dict):
+        return
+    ratio = kw.get("head_dim", 0) / own["head_dim"] if own.get("head_dim") else None
+    kept: dict[str, Any] = {}
+    for key, entry in table.items():
+        if not (str(key).isdigit() and int(key) < n):
+            continue
+        entry = dict(entry) if isinstance(entry, dict) else entry
+        if isinstance(entry, dict) and ratio and isinstance(entry.get("head_dim"), int):
+            entry["head_dim"] = max(2, round(entry["head_dim"] * ratio))
+        kept[key] = entry
+    kw["per_layer_config"] = kept
+
+
+def _fit_rotary(model_type: str, own: dict[str, Any], kw: dict[str, Any]) -> None:
+    """A head size whose rotary part (``int(head_dim * partial_rotary_factor)``, as transformers
+    rounds it) is even and holds at least three pairs, and an M-RoPE split of those pairs in
+    the proportions of the type's own sections: the shrink must not make a config no real model
+    has (an odd rotary part, sections summing past it)."""
+    from ..hf.architectures import MROPE_MODEL_TYPES
+
+    params = own.get("rope_parameters")
+    groups = [params] if isinstance(params, dict) and "rope_type" in params else (
+        [v for v in params.values() if isinstance(v, dict)] if isinstance(params, dict) else []
+    )  # fmt: skip
+    factors = {float(g.get("partial_rotary_factor", 1.0)) for g in groups}
+    if isinstance(own.get("partial_rotary_factor"), float):
+        factors.add(own["partial_rotary_factor"])
+    if "head_dim" in kw and factors != {1.0}:
+        kw["head_dim"] = next(
+            (d for d in (16, 24, 32, 48, 64)
+             if all(int(d * f) % 2 == 0 and int(d * f) >= 6 for f in factors)),
+            kw["head_dim"],
+        )  # fmt: skip
+    sections = [g.get("mrope_section") for g in groups if g.get("mrope_section")]
+    default = MROPE_MODEL_TYPES.get(model_type)
+    if not (sections or default) or len(groups) != 1:
+        return
+    section = list(sections[0] if sections else default)  # type: ignore[arg-type]
+    pairs = int(kw.get("head_dim", own.get("head_dim") or 0) * min(factors)) // 2
+    total = sum(section)
+    split = [s * pairs // total for s in section]
+    for i in sorted(range(len(split)), key=lambda i: -(section[i] * pairs % total))[
+        : pairs - sum(split)
+    ]:
+        split[i] += 1  # largest remainders first: the split sums to the pairs
+    kw["rope_parameters"] = {**groups[0], "mrope_section": split}
+
+
+def tiny_model(model_type: str) -> Any:
+    """A random causal LM of :func:`tiny_config` (seed 0) in eval mode; ValueError naming why
+    where none builds (too large after the generic shrink, or the config refuses it)."""
+    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
+
+    errors = []
+    for layers in (None, 0):  # 0: the type's own depth, for per-layer tables keyed by index
+        try:
+            config = tiny_config(model_type, layers or None)
+            if layers == 0:
+                config = tiny_config(model_type, min(int(_own_depth(model_type)), 64))
+            with torch.device("meta"):
+                meta = AutoModelForCausalLM.from_config(config)
+            count = sum(p.numel() for p in meta.parameters())
+            if count > _MAX_PARAMETERS:
+                raise ValueError(f"{count / 1e6:.1f}M parameters after the generic shrink")
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config).eval()
+            with torch.no_grad():
+                model(torch.arange(3, 11)[None])  # it runs
+            return model
+        except Exception as e:  # any reason is the family's verdict
+            errors.append(one_line(e))
+    raise ValueError(
+        errors[0] if errors[0] == errors[-1] else f"{errors[0]}; at full depth: {errors[-1]}"
+    )
+
+
+def _own_depth(model_type: str) -> int:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return int(CONFIG_MAPPING[model_type]().get_text_config(decoder=True).num_hidden_layers)
+
+
+def one_line(e: BaseException, width: int = 160) -> str:
+    """``e``'s message on one line, cut to ``width`` characters."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= width else text[: width - 3] + "..."
