@@ -94,7 +94,8 @@ test: lint setup
 # The runs that `make test` leaves out to keep CI within its time (pytest's `long` marker): the
 # same prompts through lm-eval and through `posenc extend` on SmolLM2-135M (about 5 min on 2
 # cores), lm-eval's own RULER needle task through the launcher on SmolLM2 (about 2 min), the real
-# Gemma-3 and SmolLM2 checks, the study tests again on Qwen2, compiled FlexAttention reuse.
+# Gemma-3 and SmolLM2 checks, the study tests again on Qwen2, compiled FlexAttention reuse, the
+# GPU check's dry run and the two-process FSDP2 training.
 test-long: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m long -q
 

@@ -129,6 +129,9 @@ def worker() -> None:
     os._exit(0)
 
 
+# Two gloo processes training (about 10 s): `make test-long`; the lab's DDP run stays in `make
+# test` (tests/test_lab_grid.py, torchrun).
+@pytest.mark.long
 @pytest.mark.skipif(not sockets_allowed(), reason="this sandbox forbids local TCP sockets (gloo)")
 def test_fully_shard_trains_to_the_single_process_losses() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}

@@ -46,7 +46,9 @@ def _block(text: str, name: str) -> str:
 # --- the dry run, as `make gpu-check` runs it without CUDA --------------------------------------
 
 
-@pytest.mark.slow
+# About 30 s (six phases, each a process of its own): `make test-long`, and `make gpu-check
+# GPU_CHECK_ARGS=--dry-run` on a CPU before a GPU session; the phases' pieces are tested below.
+@pytest.mark.long
 def test_dry_run_passes_and_writes_every_output(tmp_path: Path) -> None:
     from posenc.bench import render
     from posenc.bench.rows import load_all
