@@ -86,6 +86,53 @@ def test_a_fork_that_leaked_into_the_context_is_caught(
                for g, a in zip(grouped[1:], alone[1:], strict=True))  # fmt: skip
 
 
+def test_the_questions_decode_in_shared_steps_and_a_mixed_batch_is_caught(
+    bpe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Questions of 394-400 ids decode in batches that the shorter ones join as they reach a
+    longer one's position: fewer decoder steps than tokens written, the same answers (the test
+    above); and rows stacked in another order than their tokens are caught by that comparison."""
+    from posenc.extend.measures.tasks import generation
+
+    model = _model(bpe)
+    samples = get_task("niah_multikey_1").samples(bpe, 400, 0.5, 4, seed=1, questions=4)
+    assert len({len(s.ids) for s in samples}) > 1  # prompts of several lengths
+    steps = []
+    handle = model.model.register_forward_hook(lambda m, a, kw, o: steps.append(1),
+                                               with_kwargs=True)  # fmt: skip
+    grouped = answer_group(model, bpe, samples, max_new_tokens=12, logprob=False)
+    handle.remove()
+    written = sum(g.new_tokens for g in grouped)
+    # 1 prefill + 4 questions + the decoding steps: fewer than one a token and question
+    assert written == 48 and len(steps) - 5 < written - 4
+    alone = [answer(model, bpe, s, max_new_tokens=12, logprob=False).output for s in samples]
+    assert [g.output for g in grouped] == alone
+    rows = generation._rows
+
+    def swapped(caches: Any, keep: Any = None) -> Any:
+        return rows(list(reversed(caches)), keep)
+
+    monkeypatch.setattr(generation, "_rows", swapped)
+    mixed = answer_group(model, bpe, samples, max_new_tokens=12, logprob=False)
+    assert [g.output for g in mixed] != alone
+
+
+def test_caches_that_cannot_stack_decode_each_question_in_turn(
+    bpe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache with a layer other than a plain or sliding one (a recurrent state) never shares a
+    batch: each question decodes alone, to the same answers."""
+    from posenc.extend.measures.tasks import generation
+
+    model = _model(bpe)
+    samples = get_task("niah_multikey_1").samples(bpe, 400, 0.5, 4, seed=1, questions=4)
+    alone = [answer(model, bpe, s, max_new_tokens=6, logprob=False).output for s in samples]
+    monkeypatch.setattr(generation, "_stackable", lambda cache: False)
+    monkeypatch.setattr(generation, "_rows", lambda *a: pytest.fail("stacked a cache"))
+    grouped = answer_group(model, bpe, samples, max_new_tokens=6, logprob=False)
+    assert [g.output for g in grouped] == alone
+
+
 @pytest.mark.parametrize("name", ["niah_single_1", "niah_multikey_1", "niah_multikey_2",
                                   "niah_multivalue", "niah_multiquery"])  # fmt: skip
 def test_a_group_is_one_context_and_each_question_asks_its_own_needle(bpe: Any, name: str) -> None:

@@ -16,7 +16,13 @@ after them (:func:`_fork`: the layers' tensors shared, never written in place, s
 layer appends by concatenation), feeds its own suffix through the fork, then goes on as
 :func:`answer` does; the same tokens and log-probabilities as its whole prompt prefilled alone
 (the suffix's logits are the decoder's over the same keys and positions, in another order of
-float sums).
+float sums). The questions then decode together (:func:`_greedy_rows`): the forks of one prompt
+length stacked into one batch over the same positions, one decoder step a token for all of
+them, a question leaving the batch at its end-of-sequence token or budget. On a CPU a step's
+cost is the weights read once, so four questions decode in about the time of one or two; each
+row's tokens are those it would write alone (a batch row is the same arithmetic on its own keys;
+rows of one step never mix). Caches with a layer other than a plain or sliding-window one (a
+recurrent state) decode one question at a time.
 
 Whatever method is applied to the model (a RoPE scaling, Self-Extend, DCA) is in place for the
 prefill and every decoding step. Run long prompts inside
@@ -141,6 +147,89 @@ def _greedy(model: Any, last: torch.Tensor, cache: Any, max_new: int,
     return out
 
 
+def _stackable(cache: Any) -> bool:
+    """Whether ``cache`` can share a batch with other forks of its context: transformers'
+    ``DynamicCache`` of plain and sliding-window layers only (a recurrent state cannot)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    return type(cache) is DynamicCache and all(
+        type(layer) in (DynamicLayer, DynamicSlidingWindowLayer)
+        and not getattr(layer, "record_past", False)
+        for layer in cache.layers
+    )
+
+
+def _rows(caches: Sequence[Any], rows: Sequence[int] | None = None) -> Any:
+    """One cache whose batch rows are those of ``caches`` (forks of one context after as many
+    positions each) stacked, or (``rows``) the rows ``rows`` of the one cache ``caches[0]``;
+    layers copied shallowly, their tensors new."""
+    out = copy.copy(caches[0])
+    out.layers = []
+    for i, layer in enumerate(caches[0].layers):
+        new = copy.copy(layer)
+        if layer.keys is not None:
+            if rows is None:
+                new.keys = torch.cat([c.layers[i].keys for c in caches], 0)
+                new.values = torch.cat([c.layers[i].values for c in caches], 0)
+            else:
+                index = torch.tensor(rows, device=layer.keys.device)
+                new.keys, new.values = layer.keys[index], layer.values[index]
+        out.layers.append(new)
+    return out
+
+
+def _greedy_rows(model: Any, lasts: Sequence[torch.Tensor], caches: Sequence[Any],
+                 lengths: Sequence[int], budgets: Sequence[int],
+                 stop: set[int]) -> list[list[int]]:  # fmt: skip
+    """:func:`_greedy` for several prompts of one context at once (their last logits ``lasts``,
+    each ``[vocab]``, their ``lengths`` positions in ``caches``), in decoder steps shared by the
+    rows whose caches hold as many positions: such rows feed their next token at the same
+    position over keys at the same positions, one batch. A shorter prompt steps alone (or with
+    its equals) until it reaches a longer one's position, and they go on together; a row leaves
+    at its first ``stop`` token or its budget. Caches that cannot stack
+    (:func:`_stackable`) decode each prompt in turn."""
+    if not all(_stackable(c) for c in caches):
+        return [_greedy(model, last, cache, budget, stop)
+                for last, cache, budget in zip(lasts, caches, budgets, strict=True)]  # fmt: skip
+    out: list[list[int]] = [[] for _ in lasts]
+    tokens = [int(last.argmax()) for last in lasts]
+    at: dict[int, tuple[list[int], Any]] = {}  # cache length -> its rows, their batched cache
+    for i, token in enumerate(tokens):
+        if token in stop or budgets[i] < 1:
+            continue
+        out[i].append(token)
+        if len(out[i]) < budgets[i]:
+            _join(at, lengths[i], [i], caches[i])
+    device = lasts[0].device
+    decoder = _decoder(model)
+    while at:
+        length = min(at)
+        live, cache = at.pop(length)
+        ids = torch.tensor([[tokens[i]] for i in live], device=device)  # [rows, 1]
+        hidden = decoder(input_ids=ids, use_cache=True,
+                         **{_cache_kw(decoder): cache}).last_hidden_state[:, -1]  # fmt: skip
+        keep = []
+        for row, (i, token) in enumerate(zip(live, _logits(model, hidden).argmax(-1).tolist(),
+                                             strict=True)):  # fmt: skip
+            tokens[i] = token
+            if token not in stop:
+                out[i].append(token)
+                if len(out[i]) < budgets[i]:
+                    keep.append(row)
+        if keep:
+            cache = cache if len(keep) == len(live) else _rows([cache], keep)
+            _join(at, length + 1, [live[row] for row in keep], cache)
+    return out
+
+
+def _join(at: dict[int, tuple[list[int], Any]], length: int, rows: list[int], cache: Any) -> None:
+    """``rows`` (their cache ``cache``, ``length`` positions) into the batch at ``length``."""
+    if length in at:
+        others, theirs = at[length]
+        rows, cache = others + rows, _rows([theirs, cache])
+    at[length] = (rows, cache)
+
+
 def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
     """End-of-sequence ids: the tokenizer's and the generation config's."""
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
@@ -169,9 +258,10 @@ def answer(model: Any, tokenizer: Any, sample: Sample, *, logprob: bool = True,
 def answer_group(model: Any, tokenizer: Any, samples: Sequence[Sample], *, logprob: bool = True,
                  max_new_tokens: int | None = None, task: Task | None = None) -> list[Answer]:  # fmt: skip
     """The questions ``samples`` of one shared context (their first ``prefix`` ids the same)
-    answered as :func:`answer` answers each alone, the context prefilled once and the cache
-    forked after it for each (module docstring). Each answer's ``seconds``: its own decoding
-    and an equal share of the shared prefill."""
+    answered as :func:`answer` answers each alone, the context prefilled once, the cache forked
+    after it for each, and the questions of one prompt length decoded as one batch (module
+    docstring). Each answer's ``seconds``: its own question and reference, and equal shares of
+    the shared prefill and of its batch's decoding."""
     prefix = samples[0].prefix
     shared = samples[0].ids[:prefix]
     if prefix < 1 or any(s.prefix != prefix or s.ids[:prefix] != shared or len(s.ids) <= prefix
@@ -182,7 +272,7 @@ def answer_group(model: Any, tokenizer: Any, samples: Sequence[Sample], *, logpr
     start = time.perf_counter()
     _, context = _prefill(model, torch.tensor([shared], device=device))  # [1, prefix]
     share = (time.perf_counter() - start) / len(samples)
-    out = []
+    asked = []  # per question: its prompt's last logits, cache, reference, seconds so far
     for s in samples:
         suffix = torch.tensor([s.ids[prefix:]], device=device)  # [1, L - prefix]
 
@@ -190,11 +280,43 @@ def answer_group(model: Any, tokenizer: Any, samples: Sequence[Sample], *, logpr
             cache = _fork(context)
             return _step(model, suffix, cache)[-1], cache
 
-        begin = time.perf_counter() - share
+        begin = time.perf_counter()
         last, cache = ask()
-        out.append(_finish(model, tokenizer, s, last, cache, ask, begin, logprob=logprob,
-                           max_new_tokens=max_new_tokens, task=task))  # fmt: skip
-    return out
+        last, cache, reference = _reference(model, tokenizer, s, last, cache, ask, logprob)
+        asked.append((last, cache, reference, share + time.perf_counter() - begin))
+    begin = time.perf_counter()
+    new = _greedy_rows(model, [a[0] for a in asked], [a[1] for a in asked],
+                       [len(s.ids) for s in samples],
+                       [_budget(s, max_new_tokens) for s in samples], _stop_ids(tokenizer, model))  # fmt: skip
+    took = (time.perf_counter() - begin) / len(samples)
+    return [_scored(tokenizer, s, tokens, *a[2], a[3] + took, task)
+            for s, tokens, a in zip(samples, new, asked, strict=True)]  # fmt: skip
+
+
+def _budget(sample: Sample, max_new_tokens: int | None) -> int:
+    return sample.max_new_tokens if max_new_tokens is None else max_new_tokens
+
+
+def _reference(model: Any, tokenizer: Any, sample: Sample, last: torch.Tensor, cache: Any,
+               again: Any, logprob: bool) -> tuple[torch.Tensor, Any, tuple[float | None, int]]:  # fmt: skip
+    """After the prompt (its last logits ``last [vocab]``, its keys in ``cache``): the
+    reference's teacher-forced log-probability and token count (None, 0 without ``logprob``),
+    and the prompt's logits and cache to decode from: ``cache`` cut back, or ``again()``'s."""
+    if not logprob:
+        return last, cache, (None, 0)
+    target = tokenizer(sample.target, add_special_tokens=False)["input_ids"]
+    value = _target_logprob(model, last, torch.tensor(target, device=last.device), cache)
+    if not _rollback(cache, len(sample.ids)):  # a cache that forgets: the prompt again
+        last, cache = again()
+    return last, cache, (value, len(target))
+
+
+def _scored(tokenizer: Any, sample: Sample, new: list[int], target_logprob: float | None,
+            target_len: int, seconds: float, task: Task | None) -> Answer:  # fmt: skip
+    output = postprocess(tokenizer.decode(new, skip_special_tokens=True))
+    task = task or get_task(sample.task)
+    return Answer(output, task.score(output, sample), len(new), target_logprob, target_len,
+                  seconds)  # fmt: skip
 
 
 def _finish(model: Any, tokenizer: Any, sample: Sample, last: torch.Tensor, cache: Any,
@@ -203,20 +325,9 @@ def _finish(model: Any, tokenizer: Any, sample: Sample, last: torch.Tensor, cach
     """The answer after the prompt (its last logits ``last [vocab]``, its keys in ``cache``):
     the reference's log-probability, the cache cut back (or ``again()``: the prompt's logits
     and cache anew), greedy decoding, the score; ``start`` the clock at its beginning."""
-    task = task or get_task(sample.task)
-    device = last.device
-    target_logprob, target_len = None, 0
-    if logprob:
-        target = tokenizer(sample.target, add_special_tokens=False)["input_ids"]
-        target_len = len(target)
-        target_logprob = _target_logprob(model, last, torch.tensor(target, device=device), cache)
-        if not _rollback(cache, len(sample.ids)):  # a cache that forgets: the prompt again
-            last, cache = again()
-    budget = sample.max_new_tokens if max_new_tokens is None else max_new_tokens
-    new = _greedy(model, last, cache, budget, _stop_ids(tokenizer, model))
-    output = postprocess(tokenizer.decode(new, skip_special_tokens=True))
-    return Answer(output, task.score(output, sample), len(new), target_logprob, target_len,
-                  time.perf_counter() - start)  # fmt: skip
+    last, cache, reference = _reference(model, tokenizer, sample, last, cache, again, logprob)
+    new = _greedy(model, last, cache, _budget(sample, max_new_tokens), _stop_ids(tokenizer, model))
+    return _scored(tokenizer, sample, new, *reference, time.perf_counter() - start, task)
 
 
 # --- scores over samples ---------------------------------------------------------------------
