@@ -89,6 +89,9 @@ EXTRA |= {"deepseek_v32": DSA, "glm_moe_dsa": DSA}
 # DeepSeek-V2: the same MLA sizes, its complex rotation (DeepSeek-V3's keys: V2 has no dense
 # first layers' switch of the same name, and its default router leaves top-k unset).
 EXTRA["deepseek_v2"] = {**EXTRA["deepseek_v3"], "topk_method": "greedy"}
+# LongCat-Flash: DeepSeek-V3's MLA sizes and rotation; its query/key head the nope and rope
+# parts together.
+EXTRA["longcat_flash"] = {**EXTRA["deepseek_v3"], "qk_head_dim": 16}
 # The text decoders of the vision-language models are built inside the full model.
 VL = {"qwen2_vl": [2, 3, 3], "qwen2_5_vl": [2, 3, 3]}
 ARCHS = [t for t in supported_model_types() if not t.endswith("_text") or t == "gemma3_text"]
