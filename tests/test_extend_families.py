@@ -127,21 +127,43 @@ def test_llama4_scaled_through_its_complex_table_equals_transformers(scaling: di
     assert (got - prefill_and_decode(tiny_family("llama4_text"), ids, 20)).abs().max() > 1e-3
 
 
-def test_deepseek_v2_complex_rotation_and_mla_softmax_scale_equal_transformers() -> None:
-    """DeepSeek-V2 rotates its MLA rope slices ``[b, h, s, d]`` by one complex table, and YaRN's
-    ``mscale_all_dim`` scales its softmax too (``yarn_apply_mscale``): with both, the patched
-    model equals transformers built with the same ``rope_parameters``."""
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "longcat_flash"])
+def test_mla_rotation_and_softmax_scale_equal_transformers(model_type: str) -> None:
+    """DeepSeek-V2 rotates its MLA rope slices ``[b, h, s, d]`` by one complex table (LongCat-
+    Flash: DeepSeek-V3's de-interleaved pairs), and YaRN's ``mscale_all_dim`` scales their
+    softmax too (``yarn_apply_mscale``): with both, the patched model equals transformers built
+    with the same ``rope_parameters``."""
     from posenc.testing.coverage import prefill_and_decode as whole_then_step
     from posenc.testing.coverage import scaled_reference, tiny_model
 
     scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
-    model = tiny_model("deepseek_v2")
+    model = tiny_model(model_type)
     ids = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(3))
     stock = whole_then_step(model, ids)
     want = whole_then_step(scaled_reference(model, scaling), ids)
     got = whole_then_step(apply_posenc(model, scaling=scaling), ids)
     assert (got - want).abs().max() <= 1e-5
     assert (got - stock).abs().max() > 1e-3
-    scale = model.model.layers[0].self_attn.scaling
-    assert scale != model.model.layers[0].self_attn.qk_head_dim ** -0.5  # mscale_all_dim read
+    attention = model.model.layers[0].self_attn
+    attention = attention[0] if isinstance(attention, torch.nn.ModuleList) else attention
+    assert attention.scaling != attention.qk_head_dim**-0.5  # mscale_all_dim read
+
+
+def test_nanochat_scales_through_its_own_clockwise_rotation_and_no_module_rotates_it() -> None:
+    """NanoChat's tables are RoPE's and its rotation is by minus the angle: a scaling replaces
+    its tables (exact against transformers built with the scaling), while a posenc rotary module
+    of its config, which would rotate the other way, stays refused by name."""
+    from posenc.hf import rope_from_hf
+    from posenc.testing.coverage import prefill_and_decode as whole_then_step
+    from posenc.testing.coverage import scaled_reference, tiny_model
+
+    scaling = {"rope_type": "linear", "factor": 4.0}
+    model = tiny_model("nanochat")
+    ids = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(4))
+    stock = whole_then_step(model, ids)
+    want = whole_then_step(scaled_reference(model, scaling), ids)
+    got = whole_then_step(apply_posenc(model, scaling=scaling), ids)
+    assert (got - want).abs().max() <= 1e-5 < (got - stock).abs().max()
+    with pytest.raises(ValueError, match="nanochat.*rotates by minus the angle"):
+        rope_from_hf(model.config)
