@@ -69,6 +69,8 @@ MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
     "qwen3_5": (11, 11, 10), "qwen3_5_text": (11, 11, 10),
     "qwen3_5_moe": (11, 11, 10), "qwen3_5_moe_text": (11, 11, 10),
     "cosmos3_edge": (24, 20, 20), "cosmos3_edge_text": (24, 20, 20),  # Qwen3-VL's, renamed
+    # Cohere-Compass: Qwen3-VL's interleaved sections, rope parameters by layer type
+    "cohere_compass": (24, 20, 20), "cohere_compass_text": (24, 20, 20),
     # Qwen3-Omni's thinker: Qwen3-VL's rotary class, renamed
     "qwen3_omni_moe": (24, 20, 20), "qwen3_omni_moe_thinker": (24, 20, 20),
     "qwen3_omni_moe_text": (24, 20, 20),
@@ -91,16 +93,24 @@ MROPE_ALLOCATION_MODEL_TYPES: dict[str, str] = {
 INTERLEAVED_MROPE_MODEL_TYPES = frozenset(
     t
     for t in MROPE_MODEL_TYPES
-    if t.startswith(("qwen3_vl", "qwen3_5", "cosmos3_edge", "hy_v4_vl", "qwen3_omni_moe"))
+    if t.startswith(
+        ("qwen3_vl", "qwen3_5", "cosmos3_edge", "hy_v4_vl", "qwen3_omni_moe", "cohere_compass")
+    )
 )
 # The rotary dim is the config's ``rotary_dim`` (else hidden_size), not a factor of head_dim.
 ROTARY_DIM_MODEL_TYPES = frozenset({"codegen", "gptj"})
 # Attention that multiplies queries by ``llama_4_scaling_beta``'s scale (rope parameter key).
 LLAMA4_SCALING_MODEL_TYPES = frozenset({"ministral3", "mistral3", "mistral4"})
 LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
+# Architectures whose tables are RoPE's but whose rotation posenc's modules do not perform: their
+# cos/sin read all the same where only the tables are wanted (a rotary module replaced in the
+# model, whose own patched rotation applies them: NanoChat's, by minus the angle).
+ROTATION_ONLY_UNSUPPORTED = {
+    "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
+}
 # Architectures whose rotation posenc cannot express.
 UNSUPPORTED_MODEL_TYPES = {
-    "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
+    "nanochat": ROTATION_ONLY_UNSUPPORTED["nanochat"],
     "ergo": (
         "its rotary class multiplies float32 frequencies by float64 positions (float64 angles "
         "of float32 frequencies); posenc computes frequencies and angles in one angle_dtype, "

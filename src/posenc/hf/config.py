@@ -55,6 +55,7 @@ from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
     NO_ROPE_MODEL_TYPES,
     ROPE_INTERLEAVE_MODEL_TYPES,
     ROTARY_DIM_MODEL_TYPES,
+    ROTATION_ONLY_UNSUPPORTED,
     UNSUPPORTED_MODEL_TYPES,
     check_has_rope,
     known_model_type,
@@ -263,17 +264,21 @@ def _model_types(config: Any, text: Any) -> frozenset[str]:
 
 
 def read_config(
-    config: Any, use_transformers: bool, unknown_ok: bool = False
+    config: Any, use_transformers: bool, unknown_ok: bool = False, tables: bool = False
 ) -> tuple[Any, frozenset[str]]:
     """``(text config, model types)`` of a config object or dict; ``unknown_ok``: read a
-    ``model_type`` nobody knows (the caller names the pairing) as a Llama-like config."""
+    ``model_type`` nobody knows (the caller names the pairing) as a Llama-like config;
+    ``tables``: for cos/sin tables alone (a rotation posenc does not perform is no refusal)."""
     if isinstance(config, Mapping) and isinstance(config.get("model_type"), str):
         # before the dict's values are checked: a ViT's list-valued keys are not the error
         check_has_rope(frozenset({config["model_type"]}), config)
     text = _text_config(config, use_transformers, unknown_ok)
     model_types = _model_types(config, text)
     check_has_rope(model_types, config)
-    for model_type in sorted(model_types & UNSUPPORTED_MODEL_TYPES.keys()):
+    refused = UNSUPPORTED_MODEL_TYPES.keys() - (
+        ROTATION_ONLY_UNSUPPORTED.keys() if tables else set()
+    )
+    for model_type in sorted(model_types & refused):
         raise ValueError(
             f"posenc cannot reproduce model_type {model_type!r}: "
             f"{UNSUPPORTED_MODEL_TYPES[model_type]}"
@@ -556,6 +561,16 @@ def rope_from_hf(
     cfg, model_types = read_config(raw, use_transformers, unknown_ok=layout is not None)
     kw = rope_kwargs(cfg, model_types, layer_type)
     return rope_module(kw, layout, angle_dtype, cache_len, backend)
+
+
+def table_rope_from_hf(
+    config: Any, layer_type: str | None = None, *, use_transformers: bool = True
+) -> RotaryEmbedding:
+    """:func:`rope_from_hf` for its cos/sin tables alone, as a replaced rotary module of a model
+    serves them to the model's own (patched) rotation: a type whose rotation posenc's modules do
+    not perform (NanoChat's, by minus the angle) is read too."""
+    cfg, model_types = read_config(resolve_config(config), use_transformers, tables=True)
+    return rope_module(rope_kwargs(cfg, model_types, layer_type))
 
 
 def rope_module(

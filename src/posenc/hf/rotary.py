@@ -49,7 +49,7 @@ from ..kernels.rope_op import DirectPlan, Plans, lookup, plan_of, remember
 from ..rotary import MRoPE, RotaryEmbedding
 from ..rotary.embedding import max_position
 from .checks import check_scaling_argument
-from .config import _MODULE_KEYS, HF_ROPE_TYPES, _get, _standardize, rope_from_hf
+from .config import _MODULE_KEYS, HF_ROPE_TYPES, _get, _standardize, table_rope_from_hf
 from .scaling import scaling_by_layer_type
 
 TABLE_LAYOUTS = ("cat", "repeat", "half")
@@ -418,9 +418,9 @@ class HFRotaryEmbedding(nn.Module):
         # Plain attributes, not submodules: the posenc modules keep their frequencies on the CPU
         # (module.to(bfloat16) must not round them) and have no state to save.
         if self.layer_types:
-            self.ropes = {t: rope_from_hf(text, t, **read) for t in self.layer_types}
+            self.ropes = {t: table_rope_from_hf(text, t, **read) for t in self.layer_types}
         else:
-            self.ropes = {None: rope_from_hf(text, **read)}
+            self.ropes = {None: table_rope_from_hf(text, **read)}
         self.layer_type = layer_type if layer_type in self.ropes else None
         if dtype is None and _get(text, "model_type") in FLOAT32_TABLE_TYPES:
             dtype = torch.float32
