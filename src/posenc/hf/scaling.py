@@ -51,8 +51,10 @@ FLAT_SCALING_LAYER_TYPES: dict[str, tuple[str, ...]] = {
 
 LAYER_CHOICES = ("auto", "full", "all")
 
-#: Layer types that attend to every earlier key (the types a long context stretches).
-FULL_LAYER_TYPES = frozenset({"full_attention"})
+#: Layer types that attend to every earlier key (the types a long context stretches): ZAYA's,
+#: Inkling's and Falcon-H1's ``hybrid`` is attention beside a recurrent mixer, over every
+#: earlier key (their windowed kind is ``hybrid_sliding``).
+FULL_LAYER_TYPES = frozenset({"full_attention", "hybrid"})
 
 
 def _text(config: Any) -> Any:
