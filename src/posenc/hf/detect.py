@@ -57,7 +57,15 @@ def _detect(
     stock = plain_function(getattr(modeling, "apply_rotary_pos_emb", None))
     if not callable(stock):
         return None, "its modeling module has no apply_rotary_pos_emb for posenc to replace"
-    params = list(inspect.signature(stock).parameters)
+    signature = inspect.signature(stock)
+    params = list(signature.parameters)
+    if len(params) >= 2 and signature.parameters[params[1]].default is None:
+        # ``f(q, k=None, cos=None, sin=None)``: Qwen4-exp's indexer rotates its queries alone
+        # through the same name, a call neither of posenc's rotations takes
+        return None, (
+            f"its apply_rotary_pos_emb(q, {params[1]}=None, ...) rotates one tensor in some calls "
+            "and two in others; posenc replaces a function of one kind"
+        )
     if len(params) >= 2 and params[1:3] == ["cos", "sin"]:
         # one tensor at a time, ``f(x, cos, sin, unsqueeze_dim=1)``: Gemma-3n's and Gemma-4's
         # attention rotates its queries and keys by separate calls
