@@ -119,7 +119,10 @@ def rotation_of(model: Any) -> tuple[Any, str, Callable[..., Any]]:
     layer = next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
     modeling = sys.modules[type(layer).__module__]
     decoder = model.model if hasattr(model, "model") else model.get_decoder()  # GPT-NeoX, Falcon
-    rotary = decoder.rotary_emb
+    # the decoder's rotary module, by its class (LFM2-MoE names it pos_emb)
+    rotary = getattr(decoder, "rotary_emb", None) or next(
+        m for m in decoder.children() if type(m).__name__.endswith("RotaryEmbedding")
+    )
     name = "apply_rotary_emb" if hasattr(modeling, "apply_rotary_emb") else "apply_rotary_pos_emb"
     stock = _inner(getattr(modeling, name))
     one_tensor = _stock_args(modeling, name)[0] == "x"  # Gemma-3n's f(x, cos, sin)

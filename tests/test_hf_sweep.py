@@ -275,8 +275,8 @@ def _mrope_error(model_type: str, layout: str | None = None) -> float | None:
             rotary = _rotary_classes(module)[0](text)  # text classes first
             rope = rope_from_hf(text, layout=layout)
             break
-        except (ValueError, RuntimeError):
-            continue
+        except (ValueError, RuntimeError, KeyError):  # KeyError: Cohere-Compass's default
+            continue  # config has no rope parameters per type (the registry sweep checks it)
     else:
         return None  # neither config builds (counted by the caller)
     if not isinstance(rope, MRoPE):  # Qwen2-VL's default config has no sections

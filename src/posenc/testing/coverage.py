@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 # tiny_config: re-exported (the tiny model of a type is built there)
-from .tiny_configs import one_line, tiny_config, tiny_model  # noqa: F401
+from .tiny_configs import causal_lm_class, one_line, tiny_config, tiny_model  # noqa: F401
 
 #: The scalings each family is checked under (factor 2 over a trained length of 64).
 SCALINGS: dict[str, dict[str, Any]] = {
@@ -173,8 +173,6 @@ def scaled_reference(model: Any, scaling: dict[str, Any]) -> Any:
     """transformers' own model of ``model``'s config with ``scaling`` as its ``rope_parameters``
     (per layer type where transformers puts a flat scaling; each type keeps its ``rope_theta``
     and rotary fraction) and ``model``'s weights."""
-    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
-
     from ..hf.scaling import scaling_by_layer_type
 
     config = model.config
@@ -193,7 +191,7 @@ def scaled_reference(model: Any, scaling: dict[str, Any]) -> Any:
         params = {**{k: v for k, v in params.items() if k in keep}, **scaling}
     new_config = type(config).from_dict({**config.to_dict(), "rope_parameters": params})
     new_config._attn_implementation = "eager"
-    reference = AutoModelForCausalLM.from_config(new_config).eval()
+    reference = causal_lm_class(new_config)._from_config(new_config).eval()
     reference.load_state_dict(model.state_dict())
     return reference
 
@@ -288,7 +286,7 @@ def _exported(model: Any, ids: torch.Tensor) -> str:
     the folder ``posenc extend export`` writes, loaded by stock transformers."""
     import tempfile
 
-    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from ..extend.methods.apply import with_method
     from ..extend.methods.export import export_model
@@ -309,9 +307,12 @@ def _exported(model: Any, ids: torch.Tensor) -> str:
             out = export_model(model, None, method, 2 * train, Path(folder) / "export")
         except ValueError as e:
             raise Refused() from e
-        loaded = AutoModelForCausalLM.from_pretrained(
-            out, dtype=torch.float32, attn_implementation="eager"
-        ).eval()
+        config = AutoConfig.from_pretrained(out)
+        loaded = (
+            causal_lm_class(config)
+            .from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+            .eval()
+        )
         return _compare(got, prefill_and_decode(loaded, ids))
 
 

@@ -3,7 +3,11 @@ sweeps: the type's own default config, shrunk (hidden 64, 4 query / 2 key heads 
 128, 4 MoE experts, windows and chunks of 8) to enough layers to hold every layer type of its
 pattern, with what a shrink must keep consistent (a rotary part of whole pairs and M-RoPE
 sections that add up to it, per-layer tables and layer indices within the depth, Mamba heads
-that fill the inner size, one attention layer in a hybrid whose default has none).
+that fill the inner size, one attention layer in a hybrid whose default has none, MLA head sizes
+that are sums of their parts), and what a type's default config leaves unset that its
+checkpoints set (expert counts, indexer sizes, a layer pattern, rope parameters per layer type,
+RoPE where it is an option). Text configs registered only under their multimodal type (Mllama's,
+Emu3's) are built with the causal LM whose config class they are (:func:`causal_lm_class`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,17 @@ _SHRINK: list[tuple[re.Pattern[str], int]] = [
 _NO_GROWTH = frozenset({"num_experts_per_tok", "moe_k", "moe_topk", "num_experts_per_token"})
 _EXPERT_COUNTS = ("num_experts", "n_routed_experts", "num_local_experts", "n_experts",
                   "moe_num_experts")  # fmt: skip
+#: Sizes a type's default config leaves unset (None) that its modeling reads: Dots1's experts,
+#: the Qwen4-exp indexer's heads and budget (their checkpoints set them).
+_UNSET: dict[str, int] = {
+    "n_routed_experts": 4, "n_shared_experts": 1, "indexer_n_heads": 2, "indexer_kv_heads": 1,
+    "indexer_head_dim": 16, "indexer_budget": 8, "indexer_compress_ratio": 2,
+}  # fmt: skip
+#: A layer pattern for a type whose default config has none (``layer_types`` None) and whose
+#: model reads one: LFM2-MoE's checkpoints mix short convolutions with attention layers.
+_LAYER_PATTERNS: dict[str, list[str]] = {
+    "lfm2_moe": ["conv", "conv", "full_attention", "conv"],
+}
 _MAX_PARAMETERS = 25_000_000  # a generic shrink that leaves more missed a size key: not tiny
 
 
@@ -72,8 +87,12 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
                 if pattern.match(key):
                     kw[key] = min(v, value) if key in _NO_GROWTH else v
     kw.update({k: v for k, v in SIZES.items() if k in own or k in aliases})
-    if "qk_rope_head_dim" in kw and "head_dim" in own:  # MLA: head_dim is the rope part
-        kw["head_dim"] = kw["qk_rope_head_dim"]
+    if "qk_rope_head_dim" in kw:  # MLA: head sizes that are sums of its parts stay sums
+        whole = kw["qk_rope_head_dim"] + kw.get("qk_nope_head_dim", 0)
+        parts = own["qk_rope_head_dim"] + (own.get("qk_nope_head_dim") or 0)
+        for key in ("head_dim", "qk_head_dim"):  # the rope part (most), or nope + rope
+            if key in own:  # (LongCat's qk_head_dim, Dots-3's sliding layers' head_dim)
+                kw[key] = whole if own[key] == parts else kw["qk_rope_head_dim"]
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # MLA: one key head per query head
         kw["num_key_value_heads"] = kw["num_attention_heads"]
     mamba_inner = "mamba_d_head" in own and "mamba_d_ssm" not in own  # (Falcon-H1: d_ssm)
@@ -83,9 +102,15 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
         kw["mamba_d_head"] = (
             own["mamba_expand"] * SIZES["hidden_size"] // kw.get("mamba_n_heads", 4)
         )
+    kw.update({k: v for k, v in _UNSET.items() if k in own and own[k] is None})
     for key in _NO_GROWTH & own.keys():  # a router left unset (DeepSeek-V2's own default)
-        if own[key] is None and any(isinstance(own.get(k), int) for k in _EXPERT_COUNTS):
+        if own[key] is None and any(isinstance({**own, **kw}.get(k), int) for k in _EXPERT_COUNTS):
             kw[key] = 2
+    if own.get("layer_types", []) is None and model_type in _LAYER_PATTERNS:
+        own["layer_types"] = _LAYER_PATTERNS[model_type]
+    _fill_rope(own, kw)
+    if "position_embedding_type" in own and own["position_embedding_type"] is None:
+        kw["position_embedding_type"] = "rope"  # RoPE an option, off by default (Granite-4.0-H)
     kinds = own.get("layer_types") if isinstance(own.get("layer_types"), list) else None
     n = layers or _layer_count(kinds)
     kw["num_hidden_layers"] = n
@@ -103,6 +128,21 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
     config = type(text)(**{**own, **kw})
     config._attn_implementation = "eager"
     return config
+
+
+def _fill_rope(own: dict[str, Any], kw: dict[str, Any]) -> None:
+    """RoPE parameters a type's default config leaves out where its model reads them: one
+    default set per layer type where ``rope_parameters`` is empty (Cohere-Compass reads them by
+    type), DBRX's ``attn_config.rope_theta`` from its ``rope_parameters``."""
+    params = own.get("rope_parameters")
+    kinds = own.get("layer_types")
+    if params == {} and isinstance(kinds, list) and kinds:
+        kw["rope_parameters"] = {k: {"rope_type": "default", "rope_theta": 10000.0}
+                                 for k in dict.fromkeys(kinds)}  # fmt: skip
+    attn = own.get("attn_config")
+    if isinstance(attn, dict) and "rope_theta" not in attn and isinstance(params, dict) and \
+            "rope_theta" in params:  # fmt: skip
+        kw["attn_config"] = {**attn, "rope_theta": params["rope_theta"]}
 
 
 def _is_layer_index_list(key: str, value: Any, depth: Any) -> bool:
@@ -159,7 +199,7 @@ def _fit_rotary(model_type: str, own: dict[str, Any], kw: dict[str, Any]) -> Non
     has (an odd rotary part, sections summing past it)."""
     from ..hf.architectures import MROPE_MODEL_TYPES
 
-    params = own.get("rope_parameters")
+    params = kw.get("rope_parameters", own.get("rope_parameters"))
     groups = [params] if isinstance(params, dict) and "rope_type" in params else (
         [v for v in params.values() if isinstance(v, dict)] if isinstance(params, dict) else []
     )  # fmt: skip
@@ -174,7 +214,7 @@ def _fit_rotary(model_type: str, own: dict[str, Any], kw: dict[str, Any]) -> Non
         )  # fmt: skip
     sections = [g.get("mrope_section") for g in groups if g.get("mrope_section")]
     default = MROPE_MODEL_TYPES.get(model_type)
-    if not (sections or default) or len(groups) != 1:
+    if not (sections or default) or not groups:
         return
     section = list(sections[0] if sections else default)  # type: ignore[arg-type]
     pairs = int(kw.get("head_dim", own.get("head_dim") or 0) * min(factors)) // 2
@@ -184,14 +224,35 @@ def _fit_rotary(model_type: str, own: dict[str, Any], kw: dict[str, Any]) -> Non
         : pairs - sum(split)
     ]:
         split[i] += 1  # largest remainders first: the split sums to the pairs
-    kw["rope_parameters"] = {**groups[0], "mrope_section": split}
+    if len(groups) == 1 and groups[0] is params:
+        kw["rope_parameters"] = {**params, "mrope_section": split}
+    else:  # by layer type (Cohere-Compass): each type's sections
+        kw["rope_parameters"] = {k: {**v, "mrope_section": split} if isinstance(v, dict) else v
+                                 for k, v in params.items()}  # fmt: skip
+
+
+def causal_lm_class(config: Any) -> Any:
+    """The causal-LM class of ``config``: ``AutoModelForCausalLM``'s, or for a text config that
+    mapping leaves out (Mllama's, Emu3's: registered under their multimodal type) the causal LM
+    of the registry whose ``config_class`` it is."""
+    import transformers
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    )
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    for name in dict.fromkeys(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        if cls is not None and getattr(cls, "config_class", None) is type(config):
+            return cls
+    raise ValueError(f"transformers has no causal LM for {type(config).__name__}")
 
 
 def tiny_model(model_type: str) -> Any:
     """A random causal LM of :func:`tiny_config` (seed 0) in eval mode; ValueError naming why
     where none builds (too large after the generic shrink, or the config refuses it)."""
-    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
-
     errors = []
     for layers in (None, 0):  # 0: the type's own depth, for per-layer tables keyed by index
         try:
@@ -199,12 +260,12 @@ def tiny_model(model_type: str) -> Any:
             if layers == 0:
                 config = tiny_config(model_type, min(int(_own_depth(model_type)), 64))
             with torch.device("meta"):
-                meta = AutoModelForCausalLM.from_config(config)
+                meta = causal_lm_class(config)._from_config(config)
             count = sum(p.numel() for p in meta.parameters())
             if count > _MAX_PARAMETERS:
                 raise ValueError(f"{count / 1e6:.1f}M parameters after the generic shrink")
             torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(config).eval()
+            model = causal_lm_class(config)._from_config(config).eval()
             with torch.no_grad():
                 model(torch.arange(3, 11)[None])  # it runs
             return model
