@@ -92,6 +92,11 @@ EXTRA["deepseek_v2"] = {**EXTRA["deepseek_v3"], "topk_method": "greedy"}
 # LongCat-Flash: DeepSeek-V3's MLA sizes and rotation; its query/key head the nope and rope
 # parts together.
 EXTRA["longcat_flash"] = {**EXTRA["deepseek_v3"], "qk_head_dim": 16}
+# Bailing's hybrid: a linear-attention layer, then an MLA one (its experts by another name).
+EXTRA["bailing_hybrid"] = {
+    **EXTRA["deepseek_v3"], "num_experts": 4, "num_hidden_layers": 2, "layer_group_size": 2,
+    "layer_types": ["linear_attention", "full_attention"],
+}  # fmt: skip
 # The text decoders of the vision-language models are built inside the full model.
 VL = {"qwen2_vl": [2, 3, 3], "qwen2_5_vl": [2, 3, 3]}
 ARCHS = [t for t in supported_model_types() if not t.endswith("_text") or t == "gemma3_text"]

@@ -113,7 +113,12 @@ SUPPORTED: dict[str, _Entry] = {
         {"apply_rotary_pos_emb": HALF, "apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE},
     ),
     "glm_moe_dsa": ("glm_moe_dsa", {"apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE}),
-    "longcat_flash": ("longcat_flash", {"apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE}),
+    # DeepSeek-V3's MLA rotation: LongCat-Flash, Bailing's hybrid (beside linear layers), HY-V4
+    # (its DSA indexer too, by the same function)
+    **{
+        t: (t, {"apply_rotary_pos_emb_interleave": DEEPSEEK_INTERLEAVE})
+        for t in ("longcat_flash", "bailing_hybrid", "hy_v4")
+    },
     # Attention, compressors and indexer: q, the shared key/value, compressed keys; the
     # attention output with -sin (rotation by minus the angle, undoing the values' rotation).
     "deepseek_v4": ("deepseek_v4", {"apply_rotary_pos_emb": DEEPSEEK_V4}),
@@ -128,7 +133,8 @@ LABELLED_ROTARY_MODEL_TYPES = frozenset({"deepseek_v4"})
 # Attention whose softmax scale reads the rope parameters: DeepSeek-V3's MLA multiplies it by
 # yarn_mscale(factor, mscale_all_dim) ** 2 when a YaRN scaling sets mscale_all_dim.
 MSCALE_SOFTMAX_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32",
-                                        "glm_moe_dsa", "longcat_flash"})  # fmt: skip
+                                        "glm_moe_dsa", "longcat_flash", "bailing_hybrid",
+                                        "hy_v4"})  # fmt: skip
 
 
 def mla_softmax_scale(head_dim: int, scaling: Mapping[str, Any]) -> float:
