@@ -165,5 +165,5 @@ def test_nanochat_scales_through_its_own_clockwise_rotation_and_no_module_rotate
     want = whole_then_step(scaled_reference(model, scaling), ids)
     got = whole_then_step(apply_posenc(model, scaling=scaling), ids)
     assert (got - want).abs().max() <= 1e-5 < (got - stock).abs().max()
-    with pytest.raises(ValueError, match="nanochat.*rotates by minus the angle"):
+    with pytest.raises(ValueError, match=r"nanochat.*rotates by minus the angle"):
         rope_from_hf(model.config)
