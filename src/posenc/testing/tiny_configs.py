@@ -112,6 +112,12 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
     if "position_embedding_type" in own and own["position_embedding_type"] is None:
         kw["position_embedding_type"] = "rope"  # RoPE an option, off by default (Granite-4.0-H)
     kinds = own.get("layer_types") if isinstance(own.get("layer_types"), list) else None
+    if kinds and "mlp" in kinds:  # Dory's to_dict: an (attention, mlp) block pair per layer
+        kinds = own["layer_types"] = kinds[::2]
+        for key in ("num_hidden_layers", "n_input_layers", "n_recurrent_layers",
+                    "n_output_layers"):  # fmt: skip
+            if isinstance(own.get(key), int):
+                own[key] //= 2
     n = layers or _layer_count(kinds)
     kw["num_hidden_layers"] = n
     depth = own.get("num_hidden_layers")
