@@ -109,12 +109,38 @@ def test_the_questions_decode_in_shared_steps_and_a_mixed_batch_is_caught(
     assert [g.output for g in grouped] == alone
     rows = generation._rows
 
-    def swapped(caches: Any, keep: Any = None) -> Any:
-        return rows(list(reversed(caches)), keep)
+    def swapped(caches: Any, keep: Any = None, room: int = 0) -> Any:
+        return rows(list(reversed(caches)), keep, room)
 
     monkeypatch.setattr(generation, "_rows", swapped)
     mixed = answer_group(model, bpe, samples, max_new_tokens=12, logprob=False)
     assert [g.output for g in mixed] != alone
+
+
+def test_a_batch_cache_appends_in_place_and_grows_past_its_room(bpe: Any) -> None:
+    """The batch's plain layers write each step into spare room (no copy of the cache a step) and
+    grow when it runs out: the same logits and keys as transformers' own layer, step by step;
+    the fork it was copied from untouched."""
+    import torch
+
+    from posenc.extend.measures.tasks import generation
+
+    model = _model(bpe)
+    ids = torch.randint(3, len(bpe), (1, 30), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        _, context = generation._prefill(model, ids)
+        before = context.layers[0].keys.clone()
+        plain, batch = generation._fork(context), generation._rows([context], room=2)
+        assert type(batch.layers[0]).__name__ == "AppendingLayer"
+        first = batch.layers[0].room
+        for step in range(5):  # two steps in the room, then it grows
+            token = torch.tensor([[7 + step]])
+            want = generation._step(model, token, plain)
+            assert torch.equal(generation._step(model, token, batch), want)
+            for a, b in zip(batch.layers, plain.layers, strict=True):
+                assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert batch.layers[0].room is not first and batch.layers[0].keys.shape[-2] == 35
+        assert torch.equal(context.layers[0].keys, before) and before.shape[-2] == 30
 
 
 def test_caches_that_cannot_stack_decode_each_question_in_turn(

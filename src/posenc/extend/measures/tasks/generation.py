@@ -32,6 +32,7 @@ prefill and every decoding step. Run long prompts inside
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import time
 from collections.abc import Sequence
@@ -150,30 +151,68 @@ def _greedy(model: Any, last: torch.Tensor, cache: Any, max_new: int,
 def _stackable(cache: Any) -> bool:
     """Whether ``cache`` can share a batch with other forks of its context: transformers'
     ``DynamicCache`` of plain and sliding-window layers only (a recurrent state cannot)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+    from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 
+    kinds = (_appending_layer().__base__, _appending_layer(), DynamicSlidingWindowLayer)
     return type(cache) is DynamicCache and all(
-        type(layer) in (DynamicLayer, DynamicSlidingWindowLayer)
-        and not getattr(layer, "record_past", False)
-        for layer in cache.layers
+        type(layer) in kinds and not getattr(layer, "record_past", False) for layer in cache.layers
     )
 
 
-def _rows(caches: Sequence[Any], rows: Sequence[int] | None = None) -> Any:
+@functools.cache
+def _appending_layer() -> type:
+    """transformers' ``DynamicLayer`` whose keys and values are views of buffers with room to
+    grow: a decode step writes its one position in place, where ``DynamicLayer`` copies the whole
+    cache (``torch.cat``) at every step, a copy as large as the batch's keys and values."""
+    from transformers.cache_utils import DynamicLayer
+
+    class AppendingLayer(DynamicLayer):  # type: ignore[misc]
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+            n, s = self.keys.shape[-2], key_states.shape[-2]
+            if n + s > self.room.shape[-2]:  # out of room: twice as much (not on a study's path)
+                self.room = _with_room(self.keys, 2 * (n + s))
+                self.value_room = _with_room(self.values, 2 * (n + s))
+            self.room[..., n : n + s, :] = key_states
+            self.value_room[..., n : n + s, :] = value_states
+            self.keys = self.room[..., : n + s, :]
+            self.values = self.value_room[..., : n + s, :]
+            return self.keys, self.values
+
+    return AppendingLayer
+
+
+def _with_room(x: torch.Tensor, size: int) -> torch.Tensor:
+    """A new ``[b, h, size, d]`` buffer whose first positions are ``x [b, h, n, d]``."""
+    out = x.new_empty(*x.shape[:-2], size, x.shape[-1])
+    out[..., : x.shape[-2], :] = x
+    return out
+
+
+def _rows(caches: Sequence[Any], rows: Sequence[int] | None = None, room: int = 0) -> Any:
     """One cache whose batch rows are those of ``caches`` (forks of one context after as many
     positions each) stacked, or (``rows``) the rows ``rows`` of the one cache ``caches[0]``;
-    layers copied shallowly, their tensors new."""
+    layers copied shallowly, their tensors new, the plain layers' with ``room`` positions to
+    grow in place (:func:`_appending_layer`)."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
     out = copy.copy(caches[0])
     out.layers = []
     for i, layer in enumerate(caches[0].layers):
         new = copy.copy(layer)
         if layer.keys is not None:
             if rows is None:
-                new.keys = torch.cat([c.layers[i].keys for c in caches], 0)
-                new.values = torch.cat([c.layers[i].values for c in caches], 0)
+                keys = torch.cat([c.layers[i].keys for c in caches], 0)
+                values = torch.cat([c.layers[i].values for c in caches], 0)
             else:
                 index = torch.tensor(rows, device=layer.keys.device)
-                new.keys, new.values = layer.keys[index], layer.values[index]
+                keys, values = layer.keys[index], layer.values[index]
+            new.keys, new.values = keys, values
+            if type(layer) is not DynamicSlidingWindowLayer:  # a window's copy is its window
+                new.__class__ = _appending_layer()
+                n = keys.shape[-2]
+                new.room, new.value_room = _with_room(keys, n + room), _with_room(values, n + room)
+                new.keys, new.values = new.room[..., :n, :], new.value_room[..., :n, :]
         out.layers.append(new)
     return out
 
@@ -194,12 +233,13 @@ def _greedy_rows(model: Any, lasts: Sequence[torch.Tensor], caches: Sequence[Any
     out: list[list[int]] = [[] for _ in lasts]
     tokens = [int(last.argmax()) for last in lasts]
     at: dict[int, tuple[list[int], Any]] = {}  # cache length -> its rows, their batched cache
+    room = max(budgets) + max(lengths) - min(lengths)  # positions any batch may still append
     for i, token in enumerate(tokens):
         if token in stop or budgets[i] < 1:
             continue
         out[i].append(token)
         if len(out[i]) < budgets[i]:
-            _join(at, lengths[i], [i], caches[i])
+            _join(at, lengths[i], [i], caches[i], room)
     device = lasts[0].device
     decoder = _decoder(model)
     while at:
@@ -217,16 +257,20 @@ def _greedy_rows(model: Any, lasts: Sequence[torch.Tensor], caches: Sequence[Any
                 if len(out[i]) < budgets[i]:
                     keep.append(row)
         if keep:
-            cache = cache if len(keep) == len(live) else _rows([cache], keep)
-            _join(at, length + 1, [live[row] for row in keep], cache)
+            cache = cache if len(keep) == len(live) else _rows([cache], keep, room)
+            _join(at, length + 1, [live[row] for row in keep], cache, room, fresh=False)
     return out
 
 
-def _join(at: dict[int, tuple[list[int], Any]], length: int, rows: list[int], cache: Any) -> None:
-    """``rows`` (their cache ``cache``, ``length`` positions) into the batch at ``length``."""
+def _join(at: dict[int, tuple[list[int], Any]], length: int, rows: list[int], cache: Any,
+          room: int, fresh: bool = True) -> None:  # fmt: skip
+    """``rows`` (their cache ``cache``, ``length`` positions) into the batch at ``length``; a
+    ``fresh`` cache (a fork's, shared with its context) copied into buffers with ``room``."""
     if length in at:
         others, theirs = at[length]
-        rows, cache = others + rows, _rows([theirs, cache])
+        rows, cache = others + rows, _rows([theirs, cache], room=room)
+    elif fresh:
+        cache = _rows([cache], room=room)
     at[length] = (rows, cache)
 
 
