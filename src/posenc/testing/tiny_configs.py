@@ -40,6 +40,9 @@ _SHRINK: list[tuple[re.Pattern[str], int]] = [
         r"^vocab_size_per_layer_input$": 128, r"^hidden_size_per_layer_input$": 16,
         r"^laurel_rank$": 8, r"^num_kv_shared_layers$": 0, r"^index_(n|num)_heads$": 2,
         r"^index_head_dim$": 16, r"^index_topk$": 4, r"^first_k_dense_replace$": 1,
+        # recurrent mixers: their chunked scans are Python loops over state of these sizes
+        r"^mamba_d_state$": 16, r"^mamba_chunk_size$": 8, r"^linear_head_dim$": 16,
+        r"^linear_num_heads$": 4,
     }.items()
 ]  # fmt: skip
 #: Shrunk keys never raised past the type's own value (ZAYA routes to exactly one expert).
@@ -95,6 +98,8 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
                 kw[key] = whole if own[key] == parts else kw["qk_rope_head_dim"]
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # MLA: one key head per query head
         kw["num_key_value_heads"] = kw["num_attention_heads"]
+    if isinstance(own.get("mamba_d_ssm"), int) and "mamba_d_head" in own:  # Falcon-H1: heads
+        kw.update(mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64)  # x dim = d_ssm
     mamba_inner = "mamba_d_head" in own and "mamba_d_ssm" not in own  # (Falcon-H1: d_ssm)
     if mamba_inner and isinstance(own.get("mamba_expand"), int):  # heads x dim = expand x hidden
         if "mamba_n_heads" in own:
