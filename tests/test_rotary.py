@@ -628,3 +628,19 @@ def test_functional_rotation_of_q_and_k_in_different_dtypes() -> None:
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     with pytest.raises(ValueError, match="needs q and k of one dtype"):
         apply_rotary_qk(q, k, cos, sin, backend="cpu")
+
+
+@pytest.mark.parametrize("angle_dtype", ["float32", "float64"])
+def test_cos_sin_of_a_few_far_positions_is_the_tables_without_growing_it(angle_dtype: str) -> None:
+    """A few positions far past the table (51 up to 130k against 4096 rows) are computed for the
+    call, bit for bit the rows a table holding them gives, and no table is built; positions a
+    call walks up to (a prefill of 10k) grow it as before."""
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    positions = torch.randint(0, 130_000, (3, 17), generator=torch.Generator().manual_seed(0))
+    few = RotaryEmbedding(128, scaling=scaling, angle_dtype=angle_dtype)
+    table = RotaryEmbedding(128, scaling=scaling, angle_dtype=angle_dtype, cache_len=2**17)
+    for got, want in zip(few.cos_sin(positions), table.cos_sin(positions), strict=True):
+        assert torch.equal(got, want)
+    assert not few._tables and table._tables
+    few.cos_sin(torch.arange(10_000))
+    assert next(iter(few._tables.values()))[0].shape[1] >= 10_000

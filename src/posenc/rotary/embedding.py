@@ -317,6 +317,16 @@ class RotaryEmbedding(RotaryEncoding):
                 self._plans.clear()  # they hold the old table: keep them from keeping it alive
         return entry[0], entry[1]
 
+    def _far_and_few(self, device: torch.device, key: str, top: int, count: int) -> bool:
+        """Whether :meth:`cos_sin`'s ``count`` positions up to ``top`` lie so far past the table
+        (twice its rows or more) that growing it would fill over 64 rows for each: they are
+        computed for the call instead (7 positions up to 1e6: 0.4 ms, against 1.5 s and 512 MiB
+        of table at r = 128). Positions a call walks up to (a prefill, decode steps) grow the
+        table as before; ``forward``'s tables are not this method's."""
+        entry = self._tables.get((device, key))
+        rows = entry[0].shape[1] if entry is not None else self.cache_len
+        return top >= 2 * rows and 64 * count < top - rows
+
     def _window(
         self, device: torch.device, key: str, low: int, high: int
     ) -> tuple[torch.Tensor, torch.Tensor, int] | None:
@@ -352,6 +362,8 @@ class RotaryEmbedding(RotaryEncoding):
         top = position_range(positions, positions)
         seq_len = top + 1 if seq_len is None else seq_len
         key = self._freq_key(seq_len)
+        if key != "grown" and self._far_and_few(positions.device, key, top, positions.numel()):
+            return rope_cos_sin(positions, *self.frequencies(seq_len))
         table = None if key == "grown" else self._table(positions.device, key, top)
         if table is not None:
             cos, sin = table  # [1, N, n], N > top
