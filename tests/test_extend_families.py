@@ -19,6 +19,7 @@ softmax ones) and Gemma-3n (a one-tensor rotation, shared keys and values).
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -167,3 +168,33 @@ def test_nanochat_scales_through_its_own_clockwise_rotation_and_no_module_rotate
     assert (got - want).abs().max() <= 1e-5 < (got - stock).abs().max()
     with pytest.raises(ValueError, match=r"nanochat.*rotates by minus the angle"):
         rope_from_hf(model.config)
+
+
+@pytest.mark.parametrize("original", [8, None])
+def test_ministral3_query_temperature_follows_the_scaling_as_transformers_reads_it(
+    original: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ministral-3 scales its queries by ``1 + beta log(1 + floor(p / original length))``, both
+    read from the rope parameters: under ``scaling=`` the patched model equals transformers built
+    with those parameters (a scaling's own original length, 8 here: positions 8-23 scaled;
+    without one, the model's), and a patch that left the temperature on the old parameters is
+    caught."""
+    from posenc.hf import patch as patch_module
+    from posenc.testing.coverage import prefill_and_decode as whole_then_step
+    from posenc.testing.coverage import scaled_reference, tiny_model
+
+    scaling: dict[str, Any] = {"rope_type": "yarn", "factor": 4.0}
+    if original is not None:
+        scaling["original_max_position_embeddings"] = original
+    model = tiny_model("ministral3")
+    model.config.rope_parameters["llama_4_scaling_beta"] = 0.5  # a temperature that shows
+    if original is None:  # the model's own original length, short enough to act
+        model.config.rope_parameters["original_max_position_embeddings"] = 6
+    ids = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(5))
+    want = whole_then_step(scaled_reference(model, scaling), ids)
+    got = whole_then_step(apply_posenc(copy.deepcopy(model), scaling=scaling), ids)
+    assert (got - want).abs().max() <= 1e-5
+    monkeypatch.setattr(patch_module, "temperature_parameters", lambda m, s: None)
+    if original is not None:  # the old parameters' length (16384): no temperature at all
+        stale = whole_then_step(apply_posenc(copy.deepcopy(model), scaling=scaling), ids)
+        assert (stale - want).abs().max() > 1e-3

@@ -563,16 +563,6 @@ def rope_from_hf(
     return rope_module(kw, layout, angle_dtype, cache_len, backend)
 
 
-def table_rope_from_hf(
-    config: Any, layer_type: str | None = None, *, use_transformers: bool = True
-) -> RotaryEmbedding:
-    """:func:`rope_from_hf` for its cos/sin tables alone, as a replaced rotary module of a model
-    serves them to the model's own (patched) rotation: a type whose rotation posenc's modules do
-    not perform (NanoChat's, by minus the angle) is read too."""
-    cfg, model_types = read_config(resolve_config(config), use_transformers, tables=True)
-    return rope_module(rope_kwargs(cfg, model_types, layer_type))
-
-
 def rope_module(
     kw: Mapping[str, Any],
     layout: str | None = None,

@@ -49,7 +49,7 @@ from .rotary import (
     apply_rotary_pos_emb,
     apply_rotary_trailing,
 )
-from .scaling import check_layers, check_tables, check_temperature
+from .scaling import check_layers, check_tables, temperature_parameters, with_temperature
 from .shadow import PatchedForward, code_names, plain_function, shadow_module
 from .supported import (  # noqa: F401 - SUPPORTED and the rotations are read from here too
     COHERE,
@@ -227,6 +227,9 @@ class PosencPatch:
     forwards: list[tuple[nn.Module, str, Any]] = field(default_factory=list)
     rotary: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
     softmax_scale: list[tuple[nn.Module, float]] = field(default_factory=list)
+    # (attention layer, its own config): a layer given a config of its own whose rope
+    # parameters its temperature reads (Ministral-3's llama_4_scaling_beta under scaling=)
+    configs: list[tuple[nn.Module, Any]] = field(default_factory=list)
     # With an extension: one line per decoder layer, what the method does there (or why not).
     layers: tuple[str, ...] = ()
 
@@ -332,7 +335,7 @@ def apply_posenc(
     _check_forwards(layers)
     _install(model, patch, layers, shadow_for)
     if swaps:
-        _rescale(patch, swaps, scaling)
+        _rescale(model, patch, swaps, scaling)
     return model
 
 
@@ -510,14 +513,17 @@ def _attention_layers(
 
 
 def _rescale(
+    model: nn.Module,
     patch: PosencPatch,
     swaps: list[tuple[nn.Module, str, nn.Module]],
     scaling: Mapping[str, Any] | None,
 ) -> None:
-    """Swap in the rescaled rotary modules (and DeepSeek-V3's softmax scale), keeping the old."""
+    """Swap in the rescaled rotary modules (and DeepSeek-V3's softmax scale, Ministral-3's
+    query temperature), keeping the old."""
     for parent, attr, new in swaps:
         patch.rotary.append((parent, attr, getattr(parent, attr)))
         setattr(parent, attr, new)
+    patch.configs += with_temperature(patch.attention, temperature_parameters(model, scaling))
     if scaling is not None and patch.model_type in MSCALE_SOFTMAX_MODEL_TYPES:
         for module in patch.attention:
             if not hasattr(module, "qk_head_dim"):
@@ -540,7 +546,7 @@ def _rotary_swaps(
 ) -> list[tuple[nn.Module, str, nn.Module]]:
     """``(parent, attribute, posenc module)`` for each text rotary module of the model (with
     the config's own scaling where ``scaling`` is None)."""
-    check_temperature(model, scaling)
+    temperature_parameters(model, scaling)  # its refusal, before anything is swapped
     table_layout = next(iter(rotations.values())).table_layout
     complex_table = any(r.freqs_cis for r in rotations.values())  # Llama-4's freqs_cis
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
@@ -582,6 +588,8 @@ def remove_posenc(model: nn.Module) -> nn.Module:
         setattr(parent, attr, original)
     for module, scale in patch.softmax_scale:
         setattr(module, "scaling", scale)  # noqa: B010 - a plain float attribute
+    for module, config in patch.configs:
+        module.config = config
     for layer in patch.attention:
         layer.__dict__.pop("posenc_extension", None)
     del model.posenc_patch

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_positions, host_readable
+from ..functional.rope_scaling import ROPE_SCALING
 from ..functional.rotary import mrope_cos_sin
 from ..kernels import rope_qk
 from ..kernels.canonical import call_key
@@ -49,7 +50,16 @@ from ..kernels.rope_op import DirectPlan, Plans, lookup, plan_of, remember
 from ..rotary import MRoPE, RotaryEmbedding
 from ..rotary.embedding import max_position
 from .checks import check_scaling_argument
-from .config import _MODULE_KEYS, HF_ROPE_TYPES, _get, _standardize, table_rope_from_hf
+from .config import (
+    _MODULE_KEYS,
+    HF_ROPE_TYPES,
+    _get,
+    _standardize,
+    read_config,
+    rope_kwargs,
+    rope_module,
+)
+from .load import resolve_config
 from .scaling import scaling_by_layer_type
 
 TABLE_LAYOUTS = ("cat", "repeat", "half")
@@ -285,6 +295,33 @@ def apply_rotary_trailing(
 # --- the rotary module ---------------------------------------------------------------------------
 
 
+def table_rope_from_hf(
+    config: Any, layer_type: str | None = None, *, use_transformers: bool = True
+) -> RotaryEmbedding:
+    """:func:`rope_from_hf` for its cos/sin tables alone, as a replaced rotary module of a model
+    serves them to the model's own (patched) rotation: a type whose rotation posenc's modules do
+    not perform (NanoChat's, by minus the angle) is read too."""
+    cfg, model_types = read_config(resolve_config(config), use_transformers, tables=True)
+    return rope_module(rope_kwargs(cfg, model_types, layer_type))
+
+
+def _rescaled(own: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A layer type's rope parameters ``own`` with the scaling ``new`` in place of its own."""
+    kept = {k: v for k, v in own.items() if k in _MODULE_KEYS and k not in ("rope_type", "type")}
+    orig = "original_max_position_embeddings"
+    spec = ROPE_SCALING.get(str(new.get("rope_type", new.get("type"))))
+    if (
+        "llama_4_scaling_beta" in own
+        and orig in own
+        and spec
+        and orig in (*spec.required, *spec.optional)
+    ):
+        # the attention temperature's length stays (Ministral-3): transformers reads one key
+        # for it and for a YaRN that gives none
+        kept[orig] = own[orig]
+    return {**kept, **new}
+
+
 def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any], layers: str = "auto") -> Any:
     """A copy of a transformers text config whose RoPE scaling is ``scaling``.
 
@@ -308,19 +345,13 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any], layers: s
     nested = [k for k, v in params.items() if k in labels or isinstance(v, Mapping)]
     keyed = bool(scaling) and all(isinstance(v, Mapping) for v in scaling.values())
 
-    def rescaled(own: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-        kept = {
-            k: v for k, v in own.items() if k in _MODULE_KEYS and k not in ("rope_type", "type")
-        }
-        return {**kept, **new}
-
     if not nested:
         if keyed:
             raise ValueError(
                 f"scaling is keyed by layer type {sorted(scaling)} but this config has one set "
                 "of rope parameters: pass a flat dict ({'rope_type': ..., ...})"
             )
-        params = rescaled(params, scaling)
+        params = _rescaled(params, scaling)
     elif keyed:
         unknown = sorted(set(scaling) - set(nested))
         if unknown:
@@ -328,7 +359,7 @@ def with_rope_parameters(text_config: Any, scaling: Mapping[str, Any], layers: s
         for key, new in scaling.items():
             if params[key] is None:
                 raise ValueError(f"layer type {key!r} uses no RoPE: it cannot be scaled")
-            params[key] = rescaled(params[key], new)
+            params[key] = _rescaled(params[key], new)
     else:  # a flat scaling on a per-type config: scaling_by_layer_type keyed it above
         raise AssertionError("unreachable: a flat scaling on per-type rope parameters")
     if legacy:  # filled in as the 5.x class would (Phi-3's config-level original length wins)

@@ -27,6 +27,7 @@ layer, and ``layers="full"`` is refused by name.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -149,21 +150,42 @@ def is_keyed(scaling: Mapping[str, Any]) -> bool:
 # --- what apply_posenc(scaling=) checks before it swaps a model's rotary modules -------------------
 
 
-def check_temperature(model: Any, scaling: Mapping[str, Any] | None) -> None:
-    """Refuse ``scaling=`` where the attention scales its queries by the rope parameters'
-    ``llama_4_scaling_beta`` and ``original_max_position_embeddings`` (Ministral-3, Mistral-4):
-    they are read from the model's config, which ``scaling=`` does not rewrite."""
+#: The rope parameters an attention temperature reads (Ministral-3, Mistral-4's queries scaled
+#: by ``1 + beta * log(1 + floor(position / original_max_position_embeddings))``).
+TEMPERATURE_KEYS = ("llama_4_scaling_beta", "original_max_position_embeddings")
+
+
+def temperature_parameters(model: Any, scaling: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The rope parameters the attention temperature of ``model`` reads under ``scaling``: its
+    own, with the scaling's ``llama_4_scaling_beta`` and ``original_max_position_embeddings``
+    where it gives them, as transformers reads them from a config holding that scaling; None
+    where the model has no such temperature (or no scaling is given). One-line refusal where
+    its rope parameters are per layer type (no model has both today)."""
     config = model.config
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     params = getattr(text, "rope_parameters", None) or {}
     sets = [v for v in params.values() if isinstance(v, Mapping)] or [params]
-    if scaling is not None and any(p.get("llama_4_scaling_beta") for p in sets):
+    if scaling is None or not any(p.get("llama_4_scaling_beta") for p in sets):
+        return None
+    if sets != [params] or not all(k in params for k in TEMPERATURE_KEYS):
         raise ValueError(
             f"scaling= on this {getattr(text, 'model_type', '')}: its attention temperature "
-            "(llama_4_scaling_beta) reads original_max_position_embeddings from the model's own "
-            "rope parameters, which scaling= leaves as they are; give the scaling in the config "
-            "(transformers then reads both from it)"
+            "(llama_4_scaling_beta) needs one set of rope parameters holding "
+            f"{' and '.join(TEMPERATURE_KEYS)}; give the scaling in the config"
         )
+    return {**params, **{k: scaling[k] for k in TEMPERATURE_KEYS if k in scaling}}
+
+
+def with_temperature(attention: list[Any], params: dict[str, Any] | None) -> list[tuple[Any, Any]]:
+    """Give each of ``attention``'s layers a config of its own whose rope parameters are
+    ``params`` (:func:`temperature_parameters`; None: nothing to do), the model's left as it
+    is -> ``(layer, its config before)`` to restore."""
+    saved = []
+    for module in attention if params is not None else []:
+        saved.append((module, module.config))
+        module.config = copy.copy(module.config)
+        module.config.rope_parameters = params
+    return saved
 
 
 def check_tables(old: Any, new: Any, name: str) -> None:

@@ -176,8 +176,13 @@ def scaled_reference(model: Any, scaling: dict[str, Any]) -> Any:
     from ..hf.scaling import scaling_by_layer_type
 
     config = model.config
-    keep = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+    # and an attention temperature's parameters (Ministral-3's: its beta, and the original
+    # length a scaling without one leaves as it was), as a user rescaling it keeps them
+    keep: tuple[str, ...] = ("rope_theta", "partial_rotary_factor", "mrope_section",
+                             "mrope_interleaved", "llama_4_scaling_beta")  # fmt: skip
     params = copy.deepcopy(dict(config.rope_parameters or {}))
+    if params.get("llama_4_scaling_beta") and "original_max_position_embeddings" not in scaling:
+        keep += ("original_max_position_embeddings",)
     keyed = scaling_by_layer_type(config, scaling)
     nested = (
         keyed is not None
@@ -286,7 +291,7 @@ def _exported(model: Any, ids: torch.Tensor) -> str:
     the folder ``posenc extend export`` writes, loaded by stock transformers."""
     import tempfile
 
-    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import AutoConfig
 
     from ..extend.methods.apply import with_method
     from ..extend.methods.export import export_model

@@ -90,23 +90,8 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
                 if pattern.match(key):
                     kw[key] = min(v, value) if key in _NO_GROWTH else v
     kw.update({k: v for k, v in SIZES.items() if k in own or k in aliases})
-    if "qk_rope_head_dim" in kw:  # MLA: head sizes that are sums of its parts stay sums
-        whole = kw["qk_rope_head_dim"] + kw.get("qk_nope_head_dim", 0)
-        parts = own["qk_rope_head_dim"] + (own.get("qk_nope_head_dim") or 0)
-        for key in ("head_dim", "qk_head_dim"):  # the rope part (most), or nope + rope
-            if key in own:  # (LongCat's qk_head_dim, Dots-3's sliding layers' head_dim)
-                kw[key] = whole if own[key] == parts else kw["qk_rope_head_dim"]
-    if "kv_lora_rank" in kw and "num_key_value_heads" in kw:  # MLA: one key head per query head
-        kw["num_key_value_heads"] = kw["num_attention_heads"]
-    if isinstance(own.get("mamba_d_ssm"), int) and "mamba_d_head" in own:  # Falcon-H1: heads
-        kw.update(mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64)  # x dim = d_ssm
-    mamba_inner = "mamba_d_head" in own and "mamba_d_ssm" not in own  # (Falcon-H1: d_ssm)
-    if mamba_inner and isinstance(own.get("mamba_expand"), int):  # heads x dim = expand x hidden
-        if "mamba_n_heads" in own:
-            kw["mamba_n_heads"] = 4
-        kw["mamba_d_head"] = (
-            own["mamba_expand"] * SIZES["hidden_size"] // kw.get("mamba_n_heads", 4)
-        )
+    _fit_mla(own, kw)
+    _fit_mamba(own, kw)
     kw.update({k: v for k, v in _UNSET.items() if k in own and own[k] is None})
     for key in _NO_GROWTH & own.keys():  # a router left unset (DeepSeek-V2's own default)
         if own[key] is None and any(isinstance({**own, **kw}.get(k), int) for k in _EXPERT_COUNTS):
@@ -139,6 +124,31 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
     config = type(text)(**{**own, **kw})
     config._attn_implementation = "eager"
     return config
+
+
+def _fit_mla(own: dict[str, Any], kw: dict[str, Any]) -> None:
+    """MLA: head sizes that are sums of their parts stay sums (LongCat's ``qk_head_dim``), the
+    others the rope part; one key head per query head."""
+    if "qk_rope_head_dim" in kw:
+        whole = kw["qk_rope_head_dim"] + kw.get("qk_nope_head_dim", 0)
+        parts = own["qk_rope_head_dim"] + (own.get("qk_nope_head_dim") or 0)
+        for key in ("head_dim", "qk_head_dim"):
+            if key in own:
+                kw[key] = whole if own[key] == parts else kw["qk_rope_head_dim"]
+    if "kv_lora_rank" in kw and "num_key_value_heads" in kw:
+        kw["num_key_value_heads"] = kw["num_attention_heads"]
+
+
+def _fit_mamba(own: dict[str, Any], kw: dict[str, Any]) -> None:
+    """Mamba heads x head size = the inner size: Falcon-H1's ``d_ssm``, else expand x hidden."""
+    if isinstance(own.get("mamba_d_ssm"), int) and "mamba_d_head" in own:
+        kw.update(mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64)
+    elif "mamba_d_head" in own and isinstance(own.get("mamba_expand"), int):
+        if "mamba_n_heads" in own:
+            kw["mamba_n_heads"] = 4
+        kw["mamba_d_head"] = (
+            own["mamba_expand"] * SIZES["hidden_size"] // kw.get("mamba_n_heads", 4)
+        )
 
 
 def _fill_rope(own: dict[str, Any], kw: dict[str, Any]) -> None:
@@ -237,7 +247,7 @@ def _fit_rotary(model_type: str, own: dict[str, Any], kw: dict[str, Any]) -> Non
         split[i] += 1  # largest remainders first: the split sums to the pairs
     if len(groups) == 1 and groups[0] is params:
         kw["rope_parameters"] = {**params, "mrope_section": split}
-    else:  # by layer type (Cohere-Compass): each type's sections
+    elif isinstance(params, dict):  # by layer type (Cohere-Compass): each type's sections
         kw["rope_parameters"] = {k: {**v, "mrope_section": split} if isinstance(v, dict) else v
                                  for k, v in params.items()}  # fmt: skip
 
