@@ -167,12 +167,17 @@ def _appending_layer() -> type:
     from transformers.cache_utils import DynamicLayer
 
     class AppendingLayer(DynamicLayer):  # type: ignore[misc]
+        room: torch.Tensor  # [b, h, capacity, d]: keys in the first positions
+        value_room: torch.Tensor
+
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-            n, s = self.keys.shape[-2], key_states.shape[-2]
+            keys, values = self.keys, self.values
+            assert keys is not None and values is not None  # filled when the batch was made
+            n, s = keys.shape[-2], key_states.shape[-2]
             if n + s > self.room.shape[-2]:  # out of room: twice as much (not on a study's path)
-                self.room = _with_room(self.keys, 2 * (n + s))
-                self.value_room = _with_room(self.values, 2 * (n + s))
+                self.room = _with_room(keys, 2 * (n + s))
+                self.value_room = _with_room(values, 2 * (n + s))
             self.room[..., n : n + s, :] = key_states
             self.value_room[..., n : n + s, :] = value_states
             self.keys = self.room[..., : n + s, :]
