@@ -26,7 +26,7 @@ import torch
 
 from _keyset_naive import prefill_and_decode, reference_logits
 from _tiny_families import VOCAB, tiny_family
-from posenc.hf import apply_posenc
+from posenc.hf import apply_posenc, remove_posenc
 
 FAMILIES = ["gpt_oss", "llama4_text", "qwen3_next", "gemma3n_text"]
 TOL = 1e-5
@@ -192,8 +192,14 @@ def test_ministral3_query_temperature_follows_the_scaling_as_transformers_reads_
         model.config.rope_parameters["original_max_position_embeddings"] = 6
     ids = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(5))
     want = whole_then_step(scaled_reference(model, scaling), ids)
-    got = whole_then_step(apply_posenc(copy.deepcopy(model), scaling=scaling), ids)
+    patched = apply_posenc(copy.deepcopy(model), scaling=scaling)
+    got = whole_then_step(patched, ids)
     assert (got - want).abs().max() <= 1e-5
+    # the layers read their own rope parameters and the live config for the rest; restored
+    view, shared = patched.model.layers[0].self_attn.config, patched.config
+    shared.sliding_window = 5  # a later edit of the model's config reaches the layer
+    assert view.sliding_window == 5 and view.rope_parameters is not shared.rope_parameters
+    assert remove_posenc(patched).model.layers[0].self_attn.config is shared
     monkeypatch.setattr(patch_module, "temperature_parameters", lambda m, s: None)
     if original is not None:  # the old parameters' length (16384): no temperature at all
         stale = whole_then_step(apply_posenc(copy.deepcopy(model), scaling=scaling), ids)

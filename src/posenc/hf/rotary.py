@@ -311,7 +311,7 @@ def _rescaled(own: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     orig = "original_max_position_embeddings"
     spec = ROPE_SCALING.get(str(new.get("rope_type", new.get("type"))))
     if (
-        "llama_4_scaling_beta" in own
+        own.get("llama_4_scaling_beta")
         and orig in own
         and spec
         and orig in (*spec.required, *spec.optional)

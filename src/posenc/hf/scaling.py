@@ -27,7 +27,6 @@ layer, and ``layers="full"`` is refused by name.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -176,15 +175,37 @@ def temperature_parameters(model: Any, scaling: Mapping[str, Any] | None) -> dic
     return {**params, **{k: scaling[k] for k in TEMPERATURE_KEYS if k in scaling}}
 
 
+class _RopeParametersView:
+    """The model's config as one attention layer reads it: its own ``rope_parameters``, every
+    other attribute the live shared config's (a later ``set_attn_implementation`` reaches the
+    layer as it reaches the others)."""
+
+    def __init__(self, config: Any, rope_parameters: dict[str, Any]) -> None:
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "rope_parameters", rope_parameters)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_config":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self._config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._config, name, value)
+
+
 def with_temperature(attention: list[Any], params: dict[str, Any] | None) -> list[tuple[Any, Any]]:
-    """Give each of ``attention``'s layers a config of its own whose rope parameters are
-    ``params`` (:func:`temperature_parameters`; None: nothing to do), the model's left as it
-    is -> ``(layer, its config before)`` to restore."""
-    saved = []
-    for module in attention if params is not None else []:
-        saved.append((module, module.config))
-        module.config = copy.copy(module.config)
-        module.config.rope_parameters = params
+    """Give each of ``attention``'s layers a view of its config whose rope parameters are
+    ``params`` (:func:`temperature_parameters`; None: nothing to do), the model's config left
+    as it is -> ``(layer, its config before)`` to restore. Refused before any layer changes
+    where one has no config to read them from."""
+    if params is None:
+        return []
+    bare = [type(m).__name__ for m in attention if not hasattr(m, "config")]
+    if bare:
+        raise ValueError(f"{bare[0]} has no config for its attention temperature to read")
+    saved = [(module, module.config) for module in attention]
+    for module, config in saved:
+        module.config = _RopeParametersView(config, params)
     return saved
 
 

@@ -16,13 +16,14 @@ after them (:func:`_fork`: the layers' tensors shared, never written in place, s
 layer appends by concatenation), feeds its own suffix through the fork, then goes on as
 :func:`answer` does; the same tokens and log-probabilities as its whole prompt prefilled alone
 (the suffix's logits are the decoder's over the same keys and positions, in another order of
-float sums). The questions then decode together (:func:`_greedy_rows`): the forks of one prompt
-length stacked into one batch over the same positions, one decoder step a token for all of
-them, a question leaving the batch at its end-of-sequence token or budget. On a CPU a step's
-cost is the weights read once, so four questions decode in about the time of one or two; each
-row's tokens are those it would write alone (a batch row is the same arithmetic on its own keys;
-rows of one step never mix). Caches with a layer other than a plain or sliding-window one (a
-recurrent state) decode one question at a time.
+float sums). The questions then decode together (:func:`_greedy_rows`): the forks that hold as
+many positions stacked into one batch (a shorter question stepping alone until it reaches a
+longer one's position), one decoder step a token for all of them, a question leaving the batch
+at its end-of-sequence token or budget. On a CPU a step's cost is the weights read once, so
+four questions decode in about the time of one or two; each row's tokens are those it would
+write alone up to the float differences of the batched kernels (rows of one step never mix;
+equal on the tested tiny models and on SmolLM2's benchmark cells). Caches with a layer other
+than a plain or sliding-window one (a recurrent state) decode one question at a time.
 
 Whatever method is applied to the model (a RoPE scaling, Self-Extend, DCA) is in place for the
 prefill and every decoding step. Run long prompts inside
@@ -245,6 +246,8 @@ def _greedy_rows(model: Any, lasts: Sequence[torch.Tensor], caches: Sequence[Any
         out[i].append(token)
         if len(out[i]) < budgets[i]:
             _join(at, lengths[i], [i], caches[i], room)
+            if isinstance(caches, list):
+                caches[i] = None  # the fork's memory freed once the batch holds its copy
     device = lasts[0].device
     decoder = _decoder(model)
     while at:
@@ -310,7 +313,7 @@ def answer_group(model: Any, tokenizer: Any, samples: Sequence[Sample], *, logpr
     answered as :func:`answer` answers each alone, the context prefilled once, the cache forked
     after it for each, and the questions of one prompt length decoded as one batch (module
     docstring). Each answer's ``seconds``: its own question and reference, and equal shares of
-    the shared prefill and of its batch's decoding."""
+    the shared prefill and of all the questions' decoding."""
     prefix = samples[0].prefix
     shared = samples[0].ids[:prefix]
     if prefix < 1 or any(s.prefix != prefix or s.ids[:prefix] != shared or len(s.ids) <= prefix
@@ -333,8 +336,10 @@ def answer_group(model: Any, tokenizer: Any, samples: Sequence[Sample], *, logpr
         last, cache = ask()
         last, cache, reference = _reference(model, tokenizer, s, last, cache, ask, logprob)
         asked.append((last, cache, reference, share + time.perf_counter() - begin))
+    caches = [a[1] for a in asked]  # emptied as their questions join a batch (then copied)
+    asked = [(a[0], None, a[2], a[3]) for a in asked]
     begin = time.perf_counter()
-    new = _greedy_rows(model, [a[0] for a in asked], [a[1] for a in asked],
+    new = _greedy_rows(model, [a[0] for a in asked], caches,
                        [len(s.ids) for s in samples],
                        [_budget(s, max_new_tokens) for s in samples], _stop_ids(tokenizer, model))  # fmt: skip
     took = (time.perf_counter() - begin) / len(samples)
