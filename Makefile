@@ -98,7 +98,7 @@ test: lint setup
 # same prompts through lm-eval and through `posenc extend` on SmolLM2-135M (about 5 min on 2
 # cores), lm-eval's own RULER needle task through the launcher on SmolLM2 (about 2 min), the real
 # Gemma-3 and SmolLM2 checks, the study tests again on Qwen2, compiled FlexAttention reuse, the
-# GPU check's dry run and the two-process FSDP2 training.
+# GPU check's dry run, the two-process FSDP2 training and lm-eval under two accelerate processes.
 test-long: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m long -q
 

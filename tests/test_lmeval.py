@@ -390,7 +390,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 13-16 s of two processes: `make test-long` (CI's ten minutes)
 def test_two_accelerate_processes_give_the_same_answers(
     folder: Path, one_process: dict[str, Any], tmp_path: Path
 ) -> None:
