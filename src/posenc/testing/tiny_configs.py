@@ -42,7 +42,7 @@ _SHRINK: list[tuple[re.Pattern[str], int]] = [
         r"^index_head_dim$": 16, r"^index_topk$": 4, r"^first_k_dense_replace$": 1,
         # recurrent mixers: their chunked scans are Python loops over state of these sizes
         r"^mamba_d_state$": 16, r"^mamba_chunk_size$": 8, r"^linear_head_dim$": 16,
-        r"^linear_num_heads$": 4,
+        r"^linear_num_heads$": 4, r"^ffn_hidden_size$": 64, r"^moe_num_experts$": 4,
     }.items()
 ]  # fmt: skip
 #: Shrunk keys never raised past the type's own value (ZAYA routes to exactly one expert).
@@ -89,7 +89,9 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
             for pattern, v in _SHRINK:
                 if pattern.match(key):
                     kw[key] = min(v, value) if key in _NO_GROWTH else v
-    kw.update({k: v for k, v in SIZES.items() if k in own or k in aliases})
+    # a size under the config's own name where it aliases ours (DBRX's d_model, n_heads)
+    kw.update({aliases.get(k, k): v for k, v in SIZES.items() if k in own or k in aliases})
+    _shrink_blocks(own, kw)
     _fit_mla(own, kw)
     _fit_mamba(own, kw)
     kw.update({k: v for k, v in _UNSET.items() if k in own and own[k] is None})
@@ -126,6 +128,21 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
     return config
 
 
+def _shrink_blocks(own: dict[str, Any], kw: dict[str, Any]) -> None:
+    """Sub-configs of one block (DBRX's ``attn_config``, ``ffn_config``) shrunk as the config
+    is, their unset query clip set (its checkpoints clip at 8; unset, its clamp fails)."""
+    for key, block in own.items():
+        if not (key.endswith(("attn_config", "ffn_config")) and isinstance(block, dict)):
+            continue
+        sub = dict(block)
+        for k, v in block.items():
+            if isinstance(v, int) and not isinstance(v, bool):
+                sub[k] = SIZES.get(k, next((n for p, n in _SHRINK if p.match(k)), v))
+        if "clip_qkv" in sub and sub["clip_qkv"] is None:
+            sub["clip_qkv"] = 8.0
+        kw[key] = sub
+
+
 def _fit_mla(own: dict[str, Any], kw: dict[str, Any]) -> None:
     """MLA: head sizes that are sums of their parts stay sums (LongCat's ``qk_head_dim``), the
     others the rope part; one key head per query head."""
@@ -160,7 +177,7 @@ def _fill_rope(own: dict[str, Any], kw: dict[str, Any]) -> None:
     if params == {} and isinstance(kinds, list) and kinds:
         kw["rope_parameters"] = {k: {"rope_type": "default", "rope_theta": 10000.0}
                                  for k in dict.fromkeys(kinds)}  # fmt: skip
-    attn = own.get("attn_config")
+    attn = kw.get("attn_config", own.get("attn_config"))
     if isinstance(attn, dict) and "rope_theta" not in attn and isinstance(params, dict) and \
             "rope_theta" in params:  # fmt: skip
         kw["attn_config"] = {**attn, "rope_theta": params["rope_theta"]}
