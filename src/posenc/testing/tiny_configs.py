@@ -132,7 +132,8 @@ def _shrink_blocks(own: dict[str, Any], kw: dict[str, Any]) -> None:
     """Sub-configs of one block (DBRX's ``attn_config``, ``ffn_config``) shrunk as the config
     is, their unset query clip set (its checkpoints clip at 8; unset, its clamp fails)."""
     for key, block in own.items():
-        if not (key.endswith(("attn_config", "ffn_config")) and isinstance(block, dict)):
+        if not (key.endswith(("attn_config", "ffn_config", "vision_config", "audio_config"))
+                and isinstance(block, dict)):  # fmt: skip
             continue
         sub = dict(block)
         for k, v in block.items():
