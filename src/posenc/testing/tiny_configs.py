@@ -42,7 +42,7 @@ _SHRINK: list[tuple[re.Pattern[str], int]] = [
         r"^index_head_dim$": 16, r"^index_topk$": 4, r"^first_k_dense_replace$": 1,
         # recurrent mixers: their chunked scans are Python loops over state of these sizes
         r"^mamba_d_state$": 16, r"^mamba_chunk_size$": 8, r"^linear_head_dim$": 16,
-        r"^linear_num_heads$": 4, r"^ffn_hidden_size$": 64, r"^moe_num_experts$": 4,
+        r"^linear_num_heads$": 4, r"^ffn_hidden_size$": 64,
     }.items()
 ]  # fmt: skip
 #: Shrunk keys never raised past the type's own value (ZAYA routes to exactly one expert).
@@ -84,11 +84,7 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
     own = text.to_dict()
     aliases = getattr(type(text), "attribute_map", {})
     kw: dict[str, Any] = {}
-    for key, value in own.items():
-        if isinstance(value, int) and not isinstance(value, bool):
-            for pattern, v in _SHRINK:
-                if pattern.match(key):
-                    kw[key] = min(v, value) if key in _NO_GROWTH else v
+    kw.update({key: v for key, value in own.items() if (v := _shrunk(key, value)) is not None})
     # a size under the config's own name where it aliases ours (DBRX's d_model, n_heads)
     kw.update({aliases.get(k, k): v for k, v in SIZES.items() if k in own or k in aliases})
     _shrink_blocks(own, kw)
@@ -128,6 +124,18 @@ def tiny_config(model_type: str, layers: int | None = None) -> Any:
     return config
 
 
+def _shrunk(key: str, value: Any) -> int | None:
+    """The shrunk value of an integer ``key`` of a config (the last :data:`_SHRINK` pattern
+    that matches it; never above the type's own for :data:`_NO_GROWTH`), None for another."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    out = None
+    for pattern, v in _SHRINK:
+        if pattern.match(key):
+            out = min(v, value) if key in _NO_GROWTH else v
+    return out
+
+
 def _shrink_blocks(own: dict[str, Any], kw: dict[str, Any]) -> None:
     """Sub-configs of one block (DBRX's ``attn_config``, ``ffn_config``) shrunk as the config
     is, their unset query clip set (its checkpoints clip at 8; unset, its clamp fails)."""
@@ -137,8 +145,8 @@ def _shrink_blocks(own: dict[str, Any], kw: dict[str, Any]) -> None:
             continue
         sub = dict(block)
         for k, v in block.items():
-            if isinstance(v, int) and not isinstance(v, bool):
-                sub[k] = SIZES.get(k, next((n for p, n in _SHRINK if p.match(k)), v))
+            small = SIZES.get(k, _shrunk(k, v)) if isinstance(v, int) else None
+            sub[k] = v if small is None or isinstance(v, bool) else small
         if "clip_qkv" in sub and sub["clip_qkv"] is None:
             sub["clip_qkv"] = 8.0
         kw[key] = sub

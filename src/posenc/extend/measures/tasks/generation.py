@@ -152,9 +152,9 @@ def _greedy(model: Any, last: torch.Tensor, cache: Any, max_new: int,
 def _stackable(cache: Any) -> bool:
     """Whether ``cache`` can share a batch with other forks of its context: transformers'
     ``DynamicCache`` of plain and sliding-window layers only (a recurrent state cannot)."""
-    from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-    kinds = (_appending_layer().__base__, _appending_layer(), DynamicSlidingWindowLayer)
+    kinds = (DynamicLayer, _appending_layer(), DynamicSlidingWindowLayer)
     return type(cache) is DynamicCache and all(
         type(layer) in kinds and not getattr(layer, "record_past", False) for layer in cache.layers
     )
