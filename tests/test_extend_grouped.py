@@ -283,6 +283,19 @@ def test_a_study_asks_several_questions_of_each_context(tmp_path: Any) -> None:
     assert rows[0]["digests"] == rows[1]["digests"] and len(set(rows[0]["digests"])) == 4
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0 and len(study_rows(out)) == 2
+    # A task that asks one question beside the needles: it asks one a context, they share theirs
+    mixed = [*args[:-1], str(tmp_path / "mixed")]
+    mixed[mixed.index("niah_single_1")] = "niah_single_1,vt"
+    mixed[mixed.index("384")] = "640"  # vt's chains need more room
+    dry = CliRunner().invoke(app, [*mixed, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "of 2 questions for niah_single_1; one question a context for the others" in " ".join(
+        dry.output.split()
+    )
+    assert CliRunner().invoke(app, mixed).exit_code == 0
+    rows = {r["task"]: r for r in study_rows(tmp_path / "mixed") if r["method"] == "none"}
+    assert rows["niah_single_1"]["questions"] == 2 and len(set(rows["niah_single_1"]["contexts"])) == 2
+    assert "questions" not in rows["vt"] and "contexts" not in rows["vt"]
     for bad, says in (
         (["--tasks", "vt"], "task vt asks one question of a context"),
         (["--samples", "3"], "3 samples are not a whole number of contexts of 2"),

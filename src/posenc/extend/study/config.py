@@ -114,8 +114,18 @@ class StudyConfig:
             raise ValueError(f"task samples must be at least 1, got {self.task_samples}")
         from ..measures.tasks.base import check_questions
 
-        for name in self.tasks:  # one line naming the tasks that take it, or the multiple
+        # Several questions a context go to the tasks that take them (the needles); the others
+        # ask one each. Refused where no task of the study takes them, or they do not divide.
+        takes = [name for name in self.tasks if get_task(name).group is not None]
+        for name in takes or self.tasks[:1]:  # one line naming the tasks that take it
             check_questions(get_task(name), self.task_samples, self.task_questions)
+
+    def questions_for(self, task: str) -> int:
+        """Questions asked of one prefilled context of ``task``: ``task_questions`` for a task
+        that groups its questions (the needles), one for the others (vt, cwe, qa, ...)."""
+        from ..measures.tasks import get_task
+
+        return self.task_questions if get_task(task).group is not None else 1
 
     def _check_longppl(self) -> None:
         for name, value in (("LongPPL trunc", self.longppl_trunc),
@@ -234,8 +244,8 @@ def cell_identity(
         )
     elif cell.kind == "task":
         ident.update(task=cell.task, depth=cell.depth, seed=cfg.task_seed, n=cfg.task_samples)
-        if cfg.task_questions > 1:  # rows of one question a context keep their identity
-            ident["questions"] = cfg.task_questions
+        if cfg.questions_for(str(cell.task)) > 1:  # rows of one question keep their identity
+            ident["questions"] = cfg.questions_for(str(cell.task))
     elif cell.kind in ("keytokens", "longppl"):
         from .longppl_cells import longppl_settings
 

@@ -34,7 +34,7 @@ def study_seconds(model: Any, shape: Any, cfg: Any, todo: list[Any]) -> float:
             continue
         steps = get_task(c.task).max_new_tokens + 16  # the reference's tokens: a few
         flops = task_cell_flops(shape, c.length, c.method.name, cfg.task_samples, steps,
-                                cfg.task_questions)  # fmt: skip
+                                cfg.questions_for(str(c.task)))  # fmt: skip
         total += flops * per_flop + cfg.task_samples * steps * per_step
     return total
 
@@ -61,9 +61,13 @@ def plan_text(model: Any, shape: Any, cfg: Any, todo: list[Any], need: int, have
         parts.append(counted(kinds["passkey"], "passkey prompt"))
     tasks = [c for c in todo if c.kind == "task"]
     task_text = f"{counted(kinds['task'], 'task cell')} of {counted(cfg.task_samples, 'sample')}"
-    if cfg.task_questions > 1:
+    grouped = sorted({str(c.task) for c in tasks if cfg.questions_for(str(c.task)) > 1})
+    if grouped:
         contexts = counted(cfg.task_samples // cfg.task_questions, "prefilled context")
-        task_text += f" ({contexts} of {cfg.task_questions} questions)"
+        task_text += f" ({contexts} of {cfg.task_questions} questions"
+        if len(grouped) < len({c.task for c in tasks}):
+            task_text += f" for {', '.join(grouped)}; one question a context for the others"
+        task_text += ")"
     if tasks:
         lengths = ", ".join(str(n) for n in sorted({c.length for c in tasks}))
         answer = max(get_task(str(c.task)).max_new_tokens for c in tasks)

@@ -91,9 +91,9 @@ def check_texts(tokenizer: Any, cfg: StudyConfig, model: Any = None) -> None:
         task, shortest = get_task(name), cfg.task_lengths[0]
         depth = cfg.task_depths[0] if task.uses_depth else None
         try:  # with every question's needle where several share a context
-            if cfg.task_questions > 1:
+            if cfg.questions_for(name) > 1:
                 samples = task.context(tokenizer, shortest, depth, cfg.task_seed, 0,
-                                       cfg.task_questions)  # fmt: skip
+                                       cfg.questions_for(name))  # fmt: skip
             else:
                 samples = [task.sample(tokenizer, shortest, depth, cfg.task_seed)]
         except ValueError as err:  # which task and which option, beside the tokens it needs
@@ -130,10 +130,11 @@ def _answer_task(model: Any, tokenizer: Any, cell: Cell, cfg: StudyConfig, folde
     from ..measures.tasks.prompts import cached_samples
 
     task = str(cell.task)
+    questions = cfg.questions_for(task)
     samples = cached_samples(folder, tokenizer, task, cell.length, cell.depth, cfg.task_samples,
-                             cfg.task_seed, tokenizer_id, cfg.task_questions)  # fmt: skip
+                             cfg.task_seed, tokenizer_id, questions)  # fmt: skip
     numbers = answer_cell(model, tokenizer, task, cell.length, cell.depth, cfg.task_samples,
-                          cfg.task_seed, samples=samples, questions=cfg.task_questions)  # fmt: skip
+                          cfg.task_seed, samples=samples, questions=questions)  # fmt: skip
     numbers["task_seed"] = numbers.pop("seed")
     del numbers["seconds"]
     return numbers
