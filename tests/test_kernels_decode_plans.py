@@ -181,17 +181,17 @@ def test_a_planned_module_copies() -> None:
 def test_the_plan_key_changes_with_every_checked_property() -> None:
     q, k = _qk()
     cos, sin = _table()
-    base = canonical.call_key(q, k, cos, sin, None, None, None, None, "auto")
+    base = canonical.call_key((q, k, cos, sin, None, None, None, None), "auto")
     changed = [
-        canonical.call_key(q.double(), k, cos, sin, None, None, None, None, "auto"),
-        canonical.call_key(q.transpose(1, 2), k, cos, sin, None, None, None, None, "auto"),
-        canonical.call_key(q[:1], k, cos, sin, None, None, None, None, "auto"),
-        canonical.call_key(q, k, cos.requires_grad_(), sin, None, None, None, None, "auto"),
-        canonical.call_key(q, k, cos, sin, None, None, None, None, "torch"),
-        canonical.call_key(q, k, cos, sin, None, None, torch.zeros(1, dtype=torch.long), None),
+        canonical.call_key((q.double(), k, cos, sin, None, None, None, None), "auto"),
+        canonical.call_key((q.transpose(1, 2), k, cos, sin, None, None, None, None), "auto"),
+        canonical.call_key((q[:1], k, cos, sin, None, None, None, None), "auto"),
+        canonical.call_key((q, k, cos.requires_grad_(), sin, None, None, None, None), "auto"),
+        canonical.call_key((q, k, cos, sin, None, None, None, None), "torch"),
+        canonical.call_key((q, k, cos, sin, None, None, torch.zeros(1, dtype=torch.long), None)),
     ]
     assert all(c != base for c in changed)
-    assert canonical.call_key([1], k, cos, sin, None, None, None, None) is None
+    assert canonical.call_key(([1], k, cos, sin, None, None, None, None)) is None
 
 
 def test_k_own_table_through_q_positions_is_planned_and_checked() -> None:

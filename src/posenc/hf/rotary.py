@@ -141,7 +141,7 @@ def apply_rotary_pos_emb(
         # A layout seen before passed every check below: run its plan (_DropInPlan).
         options = (unsqueeze_dim, interleaved, table_layout, backend)
         key, plan = lookup(
-            _DROP_IN_PLANS, call_key(q, k, cos, sin, None, None, None, None, *options)
+            _DROP_IN_PLANS, call_key((q, k, cos, sin, None, None, None, None), *options)
         )
         if plan is not None:
             return plan.run(q, k, cos, sin)

@@ -17,6 +17,14 @@ from .._checks import check_device, check_values, host_readable
 from .constants import SEQ_LAYOUTS
 from .reference import RopeArgs
 
+#: A rotation call's tensors in :func:`~posenc.kernels.rope_op.rope_qk`'s order: ``(q, k, cos,
+#: sin, cos_k, sin_k, positions, k_positions)`` (the last four may be None). The checks, the
+#: plan key and the canonical form read them as one tuple, as ``rope_qk`` passes them on.
+Given = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+    torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None,
+]  # fmt: skip
+
 
 def check_kernel_tensor(
     name: str, t: torch.Tensor, kernel: str, device: torch.device | str, dtypes: tuple
@@ -131,25 +139,17 @@ def _meta(t: torch.Tensor) -> tuple:
     return (type(t), t.shape, t.stride(), t.dtype, t.is_cpu, t.requires_grad)
 
 
-def call_key(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    cos_k: torch.Tensor | None,
-    sin_k: torch.Tensor | None,
-    positions: torch.Tensor | None,
-    k_positions: torch.Tensor | None,
-    *options: object,
-) -> tuple | None:
+def call_key(given: Given, *options: object) -> tuple | None:
     """Everything :func:`canonicalize`'s shape checks and the backend choice read about a CPU
-    call, as a dict key (None when an argument is not a tensor: the checks will say so). Two
-    calls with one key pass or fail those checks alike; only the positions' values differ.
+    call ``given`` (:data:`Given`), as a dict key (None when an argument is not a tensor: the
+    checks will say so). Two calls with one key pass or fail those checks alike; only the
+    positions' values differ.
 
     ``options``: the call's other arguments (rotary_dim, layouts, backend, ...). Grad mode and
     the thread count are added (the backend choice and the CPU kernel's arguments read them).
     Runs on every decode step: one flat tuple, q's to sin's fields written out.
     """
+    q, k, cos, sin, cos_k, sin_k, positions, k_positions = given
     try:
         return (
             type(q), q.shape, q.stride(), q.dtype, q.is_cpu, q.requires_grad,
@@ -342,20 +342,15 @@ def _canonical_positions(
 
 
 def canonicalize(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    cos_k: torch.Tensor | None,
-    sin_k: torch.Tensor | None,
-    positions: torch.Tensor | None,
-    k_positions: torch.Tensor | None,
+    given: Given,
     cu_seqlens: torch.Tensor | None,
     rotary_dim: int | None,
     seq_layout: str,
     interleaved: bool,
 ) -> RopeArgs:
-    """Check every accepted input form and return the canonical one (module docstring)."""
+    """Check every accepted input form of the call ``given`` (:data:`Given`) and return the
+    canonical one (module docstring)."""
+    q, k, cos, sin, cos_k, sin_k, positions, k_positions = given
     _check_qk(q, k, seq_layout)
     q4, k4, positions, k_positions = _bhsd_views(
         q, k, cu_seqlens, seq_layout, positions, k_positions

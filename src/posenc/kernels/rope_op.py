@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import torch
 
 from .backends import available_backends, mixed_backend, select_backend, triton_status
-from .canonical import call_key, canonicalize, check_inplace, check_rows, unit_last
+from .canonical import Given, call_key, canonicalize, check_inplace, check_rows, unit_last
 from .constants import ROTARY_LAYOUTS
 from .cpu_rope import CpuCall, prepare_cpu_qk, rope_cpu_qk
 from .reference import RopeArgs, rope_qk_reference
@@ -308,7 +308,7 @@ _MAX_PLANS = 512
 
 def direct_plan(
     a: RopeArgs,
-    given: tuple[torch.Tensor | None, ...],
+    given: Given,
     outs: tuple[torch.Tensor, torch.Tensor],
     fallback: bool = False,
 ) -> DirectPlan | None:
@@ -325,7 +325,7 @@ def plan_of(*given: torch.Tensor | None, options: tuple) -> DirectPlan | None:
     their own inputs on top of :func:`rope_qk` (:func:`posenc.hf.apply_rotary_pos_emb`)."""
     if torch.compiler.is_compiling():
         return None
-    return lookup(_PLANS, call_key(*given, *options))[1]  # type: ignore[arg-type]
+    return lookup(_PLANS, call_key(given, *options))[1]  # type: ignore[arg-type]
 
 
 def _aliases(canonical: torch.Tensor | None, given: torch.Tensor | None) -> bool:
@@ -337,7 +337,7 @@ def _aliases(canonical: torch.Tensor | None, given: torch.Tensor | None) -> bool
 
 def _direct_plan(
     a: RopeArgs,
-    given: tuple[torch.Tensor | None, ...],
+    given: Given,
     outs: tuple[torch.Tensor, torch.Tensor],
     canonical_outs: tuple[torch.Tensor, torch.Tensor],
     inplace: bool,
@@ -432,7 +432,7 @@ def rope_qk(
     if cu_seqlens is None and not torch.compiler.is_compiling():
         # A layout seen before passed every shape check: the kernel checks the values.
         options = (rotary_dim, seq_layout, layout, inplace, backend)
-        key, plan = lookup(_PLANS, call_key(*given, *options))
+        key, plan = lookup(_PLANS, call_key(given, *options))
         if plan is not None:
             return plan.run(*given)
     return _checked(given, key, cu_seqlens, rotary_dim, seq_layout, layout, inplace, backend)
@@ -449,11 +449,8 @@ def _checked(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rope_qk` with every check, keeping its plan under ``key`` where one applies."""
-    q, k, cos, sin, cos_k, sin_k, positions, k_positions = given
-    a = canonicalize(
-        q, k, cos, sin, cos_k, sin_k, positions, k_positions, cu_seqlens, rotary_dim, seq_layout,
-        layout == "interleaved",
-    )  # fmt: skip
+    q, k = given[0], given[1]
+    a = canonicalize(given, cu_seqlens, rotary_dim, seq_layout, layout == "interleaved")
     if inplace:
         check_inplace(q, k)  # then the backend, which rope_qk_canonical would choose likewise
     chosen = mixed_backend(backend, q, k) or select_backend(backend, a.q, a[2:6])
