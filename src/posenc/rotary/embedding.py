@@ -401,9 +401,7 @@ class RotaryEmbedding(RotaryEncoding):
             windows.hot = False
         out = None if plan is None else self._run_plan(plan, q, k, positions, k_positions)
         if out is None:
-            out = windows.run(key, q, k, positions, k_positions)
-            if out is None:
-                out = windows.serve(self, key, q, k, positions, k_positions)
+            out = windows.run(key, q, k, positions, k_positions, rope=self)
             windows.hot = out is not None
         return key, out
 

@@ -204,24 +204,27 @@ class Windows:
         k: torch.Tensor,
         positions: torch.Tensor,
         k_positions: torch.Tensor | None,
+        rope: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The layout's plan on its window (None: no plan, or a position outside the window)."""
+        """The layout's plan on its window; where it has none, or a position falls outside its
+        window, ``rope``'s call served from a new window (:meth:`serve`; without ``rope``, or
+        where no window serves it: None)."""
         hit = self.plans.get(key)
-        if hit is None:
-            return None
-        plan, (cos, sin, start) = hit
-        rows = positions - start  # [s] or [b, s]: rows of the window
-        k_rows = (
-            None
-            if k_positions is None
-            else rows
-            if k_positions is positions
-            else k_positions - start
-        )
-        try:
-            return plan.run(q, k, cos, sin, None, None, rows, k_rows)
-        except OutsideTable:
-            return None
+        if hit is not None:
+            plan, (cos, sin, start) = hit
+            rows = positions - start  # [s] or [b, s]: rows of the window
+            k_rows = (
+                None
+                if k_positions is None
+                else rows
+                if k_positions is positions
+                else k_positions - start
+            )
+            try:
+                return plan.run(q, k, cos, sin, None, None, rows, k_rows)
+            except OutsideTable:  # past this window: a new one, where rope is given
+                pass
+        return None if rope is None else self.serve(rope, key, q, k, positions, k_positions)
 
     def serve(
         self,
