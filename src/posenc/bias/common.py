@@ -95,6 +95,16 @@ def position_reader(positions: torch.Tensor) -> PositionReader:
     return read_2d
 
 
+def index_reader(offset: int) -> PositionReader:
+    """``read(b, idx) -> idx + offset`` inside a ``score_mod``: the index layout's position of
+    index ``idx`` (:func:`check_index_layout`), read from no tensor."""
+
+    def read_index(b: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return idx + offset
+
+    return read_index
+
+
 def column_readers(table: torch.Tensor) -> list[PositionReader]:
     """One :func:`position_reader` per column of a table with a row per query (or key) index.
 
@@ -141,22 +151,12 @@ def term_score_mod(
     query ``q_idx`` at key index ``q_idx + index_offset``) the indices stand for the positions
     instead, which a term depending on ``j - i`` only gives the same values: no position is read.
     """
-    if index_offset is not None:
-        offset = index_offset
+    if index_offset is not None:  # the index layout: no position read
+        read_q, read_k = index_reader(index_offset), index_reader(0)
+    else:
+        read_q, read_k = position_reader(positions.long()), position_reader(k_positions.long())
 
-        def by_index(
-            score: torch.Tensor,
-            b: torch.Tensor,
-            h: torch.Tensor,
-            q_idx: torch.Tensor,
-            kv_idx: torch.Tensor,
-        ) -> torch.Tensor:
-            return score + term(q_idx + offset, kv_idx, h).to(score.dtype)
-
-        return _own_code(by_index, term)
-    read_q, read_k = position_reader(positions.long()), position_reader(k_positions.long())
-
-    def by_position(
+    def add_term(
         score: torch.Tensor,
         b: torch.Tensor,
         h: torch.Tensor,
@@ -165,7 +165,7 @@ def term_score_mod(
     ) -> torch.Tensor:
         return score + term(read_q(b, q_idx), read_k(b, kv_idx), h).to(score.dtype)
 
-    return _own_code(by_position, term)
+    return _own_code(add_term, term)
 
 
 # (wrapper code, term code) -> the wrapper's code object for that term.
