@@ -24,7 +24,8 @@ from torch import nn
 
 from .._checks import check_positions, default_positions
 from .._context import PositionContext
-from ..kernels.canonical import small_range
+from ..kernels.canonical import qk_key, small_range
+from ..kernels.rope_op import lookup
 
 #: Positions as ``forward`` takes them (None: the defaults).
 Positions: TypeAlias = torch.Tensor | None
@@ -55,6 +56,7 @@ class RotaryEncoding(nn.Module):
 
     family: ClassVar[str] = "rotary"
     head_dim: int
+    _plans: Any  # a decode-planning subclass's plans by layout key (:meth:`plan_lookup`)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -64,6 +66,15 @@ class RotaryEncoding(nn.Module):
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """Shape, dtype and device checks of ``forward``'s ``q`` and ``k``."""
         check_qk(q, k, self.head_dim)
+
+    def plan_lookup(
+        self, q: torch.Tensor, k: torch.Tensor, positions: Any, k_positions: Any, *options: Any
+    ) -> tuple[tuple | None, Any]:
+        """``(key, plan)`` of a decode-planning module's call: the layout's key
+        (:func:`~posenc.kernels.canonical.qk_key` of the call and the module's ``options``; None
+        where an argument is no tensor) and what ``self._plans`` keeps under it (None: nothing
+        yet)."""
+        return lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
 
     def checks_position_values(self, q: torch.Tensor) -> bool:
         """Whether ``forward`` checks the positions' values (non-negative) as it resolves them;

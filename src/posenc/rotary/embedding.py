@@ -23,14 +23,12 @@ from ..functional.rope_scaling import (
     scaled_inv_freq,
 )
 from ..functional.rotary import angles_cos_sin, rope_cos_sin
-from ..kernels.canonical import qk_key
 from ..kernels.constants import ANGLE_DTYPES, ROTARY_BACKENDS, ROTARY_LAYOUTS
 from ..kernels.reference import RopeArgs
 from ..kernels.rope_op import (
     DirectPlan,
     OutsideTable,
     Plans,
-    lookup,
     mixed_backend,
     remember,
     rope_qk_canonical,
@@ -390,7 +388,7 @@ class RotaryEmbedding(RotaryEncoding):
         if self._plans is None:
             return None, None
         options = (self.span, self._interleaved_pairs, self.backend)
-        key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
+        key, plan = self.plan_lookup(q, k, positions, k_positions, *options)
         if key is None:
             return None, None
         windows = self._windows

@@ -33,8 +33,7 @@ from ..functional.rotary import (
     mrope_axis_index,
     mrope_cos_sin,
 )
-from ..kernels.canonical import qk_key
-from ..kernels.rope_op import Plans, lookup
+from ..kernels.rope_op import Plans
 from .base import QK, CheckedCall, Positions, RotaryEncoding
 from .embedding import RotaryEmbedding, max_position, position_range, resolve_qk_positions
 
@@ -133,7 +132,7 @@ class MRoPE(RotaryEmbedding):
         ):
             return None, None
         options = (self.span, self._interleaved_pairs, self.backend)
-        key, plan = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
+        key, plan = self.plan_lookup(q, k, positions, k_positions, *options)
         return key, None if plan is None else self._run_plan(plan, q, k, positions, k_positions)
 
     def keep_plan(self, key: tuple, call: CheckedCall) -> None:

@@ -34,12 +34,10 @@ from .._checks import (
 )
 from .._constants import DeviceConstants
 from ..functional.rotary import ROTARY_BACKENDS, ROTARY_LAYOUTS, apply_rotary_qk, rope_inv_freq
-from ..kernels.canonical import qk_key
 from ..kernels.rope_op import (
     DirectPlan,
     OutsideTable,
     Plans,
-    lookup,
     mixed_backend,
     remember,
     select_backend,
@@ -184,7 +182,7 @@ class XPos(RotaryEncoding):
         """A call of a layout that passed the checks before runs its plan on the cached tables
         (the kernel checks that the positions index them; past them the checked path runs)."""
         options = (self.layout, self.backend, self.center, self.scale_base)
-        key, planned = lookup(self._plans, qk_key(q, k, positions, k_positions, *options))
+        key, planned = self.plan_lookup(q, k, positions, k_positions, *options)
         if planned is not None:
             plan, table = planned
             try:
