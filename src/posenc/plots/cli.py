@@ -297,16 +297,12 @@ def report_command(
     attention_steps: int = typer.Option(300, min=1, help="training steps of the tiny model"),
 ) -> None:
     """One self-contained HTML page: every figure embedded, and the lab's latest table."""
-    from .report import write_report
+    from ..runs.atomic import write_file_atomically
+    from .report import build_report
 
     if out.suffix.lower() not in (".html", ".htm"):
         raise typer.BadParameter(f"must end in .html, got {str(out)!r}", param_hint="--out")
     _writable_folder(out.parent)
-    path = write_report(
-        out,
-        results=results,
-        checkpoint=checkpoint,
-        attention_steps=attention_steps,
-        log=typer.echo,
-    )
-    typer.echo(f"wrote {path}")
+    page = build_report(results, checkpoint, attention_steps, log=typer.echo)
+    write_file_atomically(out, page)  # an interrupted write leaves the previous page whole
+    typer.echo(f"wrote {out}")

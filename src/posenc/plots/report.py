@@ -251,19 +251,3 @@ def build_report(
         "encodings, shown: each figure's caption says what to look at.</p></header>"
         f"<nav><ul>{toc}</ul></nav>{''.join(sections)}</body></html>\n"
     )
-
-
-def write_report(
-    out: str | Path = "report.html",
-    results: str | Path = "runs/lab",
-    checkpoint: str | Path | None = None,
-    attention_steps: int = 300,
-    kinds: list[str] | None = None,
-    log: Callable[[str], Any] | None = None,
-) -> Path:
-    """Write :func:`build_report` to ``out`` (UTF-8) and return its path."""
-    path = Path(out)
-    page = build_report(results, checkpoint, attention_steps, kinds, log)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
