@@ -68,6 +68,8 @@ MROPE_MODEL_TYPES: dict[str, tuple[int, int, int] | None] = {
     "qwen3_vl_moe": (24, 20, 20), "qwen3_vl_moe_text": (24, 20, 20),
     "qwen3_5": (11, 11, 10), "qwen3_5_text": (11, 11, 10),
     "qwen3_5_moe": (11, 11, 10), "qwen3_5_moe_text": (11, 11, 10),
+    # Qwen4-exp: Qwen3.5's rotary class, renamed (its text model always passes [3, b, s])
+    "qwen4_exp": (11, 11, 10), "qwen4_exp_text": (11, 11, 10),
     "cosmos3_edge": (24, 20, 20), "cosmos3_edge_text": (24, 20, 20),  # Qwen3-VL's, renamed
     # Cohere-Compass: Qwen3-VL's interleaved sections, rope parameters by layer type
     "cohere_compass": (24, 20, 20), "cohere_compass_text": (24, 20, 20),
@@ -94,7 +96,15 @@ INTERLEAVED_MROPE_MODEL_TYPES = frozenset(
     t
     for t in MROPE_MODEL_TYPES
     if t.startswith(
-        ("qwen3_vl", "qwen3_5", "cosmos3_edge", "hy_v4_vl", "qwen3_omni_moe", "cohere_compass")
+        (
+            "qwen3_vl",
+            "qwen3_5",
+            "qwen4_exp",
+            "cosmos3_edge",
+            "hy_v4_vl",
+            "qwen3_omni_moe",
+            "cohere_compass",
+        )
     )
 )
 # The rotary dim is the config's ``rotary_dim`` (else hidden_size), not a factor of head_dim.
@@ -108,13 +118,19 @@ LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
 ROTATION_ONLY_UNSUPPORTED = {
     "nanochat": "its rotate_half flips the signs, i.e. it rotates by minus the angle",
 }
+# Rotary classes whose angles are float64 products of float32 frequencies (Ergo's
+# ``position.double() * inv_freq.double()``): no one ``angle_dtype`` of a posenc module gives
+# them, so rope_from_hf refuses them (below) while HFRotaryEmbedding, which computes its tables
+# that way for these types, reads their frequencies.
+FLOAT64_ANGLE_MODEL_TYPES = frozenset({"ergo"})
 # Architectures whose rotation posenc cannot express.
 UNSUPPORTED_MODEL_TYPES = {
     "nanochat": ROTATION_ONLY_UNSUPPORTED["nanochat"],
     "ergo": (
         "its rotary class multiplies float32 frequencies by float64 positions (float64 angles "
-        "of float32 frequencies); posenc computes frequencies and angles in one angle_dtype, "
-        "whose cos/sin differ from its own by up to 0.05 at 4x its context (transformers 5.25)"
+        "of float32 frequencies); rope_from_hf's module computes frequencies and angles in one "
+        "angle_dtype, whose cos/sin differ from its own by up to 0.05 at 4x its context "
+        "(transformers 5.25); posenc.hf.HFRotaryEmbedding and apply_posenc reproduce it"
     ),
     **dict.fromkeys(
         ("interns1_pro", "interns1_pro_text"),
@@ -138,6 +154,11 @@ NO_ROPE_MODEL_TYPES: dict[str, str] = {
     **dict.fromkeys(("bloom", "mpt"), "ALiBi biases (posenc.bias)"),
     "t5": "bucketed relative position biases (posenc.bias)",
     **dict.fromkeys(("mamba", "mamba2", "rwkv"), "no attention"),
+    # its modeling file's one rotary class is the vision encoder's (axial, pairwise)
+    "inkling2_text": (
+        "a relative position bias conditioned on the hidden states (Inkling2RelativePositionBias) "
+        "and log(position)-scaled queries; its one rotary class is its vision encoder's"
+    ),
 }
 
 

@@ -44,6 +44,7 @@ from ..functional.rope_scaling import ORIG, ROPE_SCALING
 from ..functional.rotary import normalize_scaling
 from ..rotary import MRoPE, RotaryEmbedding, TrailingRotaryEmbedding
 from .architectures import (  # noqa: F401 (re-exported by posenc.hf)
+    FLOAT64_ANGLE_MODEL_TYPES,
     HALF_MODEL_TYPES,
     INTERLEAVED_MODEL_TYPES,
     INTERLEAVED_MROPE_MODEL_TYPES,
@@ -73,6 +74,7 @@ from .defaults import (
 )
 from .labels import LABELLED_DEFAULTS, rope_label
 from .load import resolve_config
+from .longrope_mscale import MscaleLongRoPE, split_mscales
 
 # Keys of a rope parameter dict that are not scaling options: the module's own, and those other
 # posenc functions read. Everything else goes to the scaling dict, which rejects unknown keys.
@@ -268,7 +270,8 @@ def read_config(
 ) -> tuple[Any, frozenset[str]]:
     """``(text config, model types)`` of a config object or dict; ``unknown_ok``: read a
     ``model_type`` nobody knows (the caller names the pairing) as a Llama-like config;
-    ``tables``: for cos/sin tables alone (a rotation posenc does not perform is no refusal)."""
+    ``tables``: for cos/sin tables alone (a rotation posenc does not perform is no refusal, nor
+    float64 angles of float32 frequencies, which HFRotaryEmbedding computes itself)."""
     if isinstance(config, Mapping) and isinstance(config.get("model_type"), str):
         # before the dict's values are checked: a ViT's list-valued keys are not the error
         check_has_rope(frozenset({config["model_type"]}), config)
@@ -276,7 +279,7 @@ def read_config(
     model_types = _model_types(config, text)
     check_has_rope(model_types, config)
     refused = UNSUPPORTED_MODEL_TYPES.keys() - (
-        ROTATION_ONLY_UNSUPPORTED.keys() if tables else set()
+        ROTATION_ONLY_UNSUPPORTED.keys() | FLOAT64_ANGLE_MODEL_TYPES if tables else set()
     )
     for model_type in sorted(model_types & refused):
         raise ValueError(
@@ -481,6 +484,15 @@ def _mrope(params: Mapping[str, Any], model_types: frozenset[str]) -> dict[str, 
     return {"mrope_section": list(section), "mrope_interleaved": interleaved}
 
 
+def _temporal_rest(kw: dict[str, Any]) -> None:
+    """Interleaved sections over fewer pairs than are rotated (Qwen4-exp's default ``[11, 11,
+    10]`` of 128 pairs): Qwen3-VL's recomposition, which these models share, leaves every pair
+    past the height and width sections temporal, so the temporal section takes the rest."""
+    section, pairs = kw.get("mrope_section"), (kw.get("rotary_dim") or 0) // 2
+    if section is not None and kw.get("mrope_interleaved") is True and 0 < sum(section) < pairs:
+        kw["mrope_section"] = [section[0] + pairs - sum(section), *section[1:]]
+
+
 def _layout(cfg: Any, model_types: frozenset[str]) -> str:
     flagged = model_types & ROPE_INTERLEAVE_MODEL_TYPES.keys()
     if flagged:
@@ -497,9 +509,10 @@ def hf_rope_kwargs(
     """The posenc arguments of a Hugging Face config's RoPE (see :func:`rope_from_hf`).
 
     Returns a dict with ``head_dim``, ``base``, ``scaling``, ``layout``, ``rotary_dim`` and, for
-    multimodal RoPE, ``mrope_section`` and ``mrope_interleaved``. ``use_transformers=False``
-    reads a dict with posenc's table of class defaults instead of building the transformers
-    config (what happens when transformers is not installed).
+    multimodal RoPE, ``mrope_section`` and ``mrope_interleaved``; for PhiMoE's LongRoPE,
+    ``mscales`` (``(short_mscale, long_mscale)``, :mod:`.longrope_mscale`).
+    ``use_transformers=False`` reads a dict with posenc's table of class defaults instead of
+    building the transformers config (what happens when transformers is not installed).
     """
     cfg, model_types = read_config(resolve_config(config), use_transformers)
     return rope_kwargs(cfg, model_types, layer_type)
@@ -512,6 +525,7 @@ def rope_kwargs(cfg: Any, model_types: frozenset[str], layer_type: str | None) -
     rope_type = _rope_type(params, model_types)
     ignored = set().union(*(IGNORED_ROPE_KEYS.get(t, frozenset()) for t in model_types))
     params = {k: v for k, v in params.items() if k not in ignored}
+    params, mscales = split_mscales(params, model_types, rope_type)  # PhiMoE's, not the scaling's
     base = params.get("rope_theta")
     if base is None:
         base = _get(cfg, "rope_theta", 10000.0)
@@ -525,6 +539,9 @@ def rope_kwargs(cfg: Any, model_types: frozenset[str], layer_type: str | None) -
         "rotary_dim": _rotary_dim(cfg, params, head_dim, model_types, rope_type),
     }
     out.update(_mrope(params, model_types))
+    _temporal_rest(out)
+    if mscales is not None:
+        out["mscales"] = mscales
     return out if label is None else label.apply(out, cfg)
 
 
@@ -583,6 +600,11 @@ def rope_module(
             backend=backend,
             layout=layout or kw["layout"],
         )
+    if kw.get("mscales") is not None:  # PhiMoE's LongRoPE
+        return MscaleLongRoPE(
+            kw["head_dim"], kw["base"], kw["scaling"], layout or kw["layout"], kw["rotary_dim"],
+            angle_dtype=angle_dtype, cache_len=cache_len, backend=backend, mscales=kw["mscales"],
+        )  # fmt: skip
     cls = TrailingRotaryEmbedding if kw.get("rope_slice") == "trailing" else RotaryEmbedding
     return cls(
         kw["head_dim"],

@@ -16,8 +16,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from .architectures import NO_ROPE_MODEL_TYPES
 from .shadow import plain_function
-from .supported import SINGLE_DETECTABLE, Rotation
+from .supported import OPTIONAL_K_DETECTABLE, SINGLE_DETECTABLE, Rotation
 
 _DETECTED: dict[str, tuple[tuple[str, dict[str, Rotation]] | None, str]] = {}
 
@@ -39,6 +40,8 @@ def detected_entry(
     name = modeling_module_name(model_type)
     if model_type in NOT_DETECTED:
         found = None, NOT_DETECTED[model_type]
+    elif model_type in NO_ROPE_MODEL_TYPES:  # by name: its module may rotate a vision encoder
+        found = None, f"it has no RoPE: {NO_ROPE_MODEL_TYPES[model_type]}"
     elif name is None:
         found = None, "transformers has no such model type"
     else:
@@ -59,14 +62,11 @@ def _detect(
         return None, "its modeling module has no apply_rotary_pos_emb for posenc to replace"
     signature = inspect.signature(stock)
     params = list(signature.parameters)
-    if len(params) >= 2 and signature.parameters[params[1]].default is None:
+    if len(params) >= 4 and signature.parameters[params[1]].default is None:
         # ``f(q, k=None, cos=None, sin=None)``: Qwen4-exp's indexer rotates its queries alone
-        # through the same name, a call neither of posenc's rotations takes
-        return None, (
-            f"its apply_rotary_pos_emb(q, {params[1]}=None, ...) rotates one tensor in some calls "
-            "and two in others; posenc replaces a function of one kind"
-        )
-    if len(params) >= 2 and params[1:3] == ["cos", "sin"]:
+        # through the same name; the stand-in takes both forms (each probed by ``check``)
+        candidates = OPTIONAL_K_DETECTABLE
+    elif len(params) >= 2 and params[1:3] == ["cos", "sin"]:
         # one tensor at a time, ``f(x, cos, sin, unsqueeze_dim=1)``: Gemma-3n's and Gemma-4's
         # attention rotates its queries and keys by separate calls
         candidates = SINGLE_DETECTABLE

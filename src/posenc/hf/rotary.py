@@ -49,6 +49,7 @@ from ..kernels.canonical import call_key
 from ..kernels.rope_op import DirectPlan, Plans, lookup, plan_of, remember
 from ..rotary import MRoPE, RotaryEmbedding
 from ..rotary.embedding import max_position
+from .architectures import FLOAT64_ANGLE_MODEL_TYPES
 from .checks import check_scaling_argument
 from .config import (
     _MODULE_KEYS,
@@ -405,6 +406,8 @@ class HFRotaryEmbedding(nn.Module):
         dtype: the dtype of the returned tables; None (default) returns ``x.dtype`` as
             transformers does, and float32 for the model types whose own class keeps its
             tables in float32 (:data:`FLOAT32_TABLE_TYPES`: OLMo-3, Beam, LFM3).
+            The model types whose class takes float64 angles of its float32 frequencies
+            (:data:`~posenc.hf.architectures.FLOAT64_ANGLE_MODEL_TYPES`: Ergo) get theirs so.
         layer_type: with per-layer-type parameters, the type of a call that names none
             (transformers 4.x's Gemma-3 has a rotary module per type, called without one).
         scaling_layers: where a flat ``scaling`` goes on a model with rope parameters per layer
@@ -453,10 +456,18 @@ class HFRotaryEmbedding(nn.Module):
         else:
             self.ropes = {None: table_rope_from_hf(text, **read)}
         self.layer_type = layer_type if layer_type in self.ropes else None
+        # transformers' attribute, which some models read (Ergo iterates it for the layer types
+        # with RoPE): a rope type per layer type, or the one rope type
+        self.rope_type: dict[str, str] | str = (
+            {t: _rope_type_of(params[t]) for t in self.layer_types}
+            if self.layer_types
+            else _rope_type_of(params)
+        )
         if dtype is None and _get(text, "model_type") in FLOAT32_TABLE_TYPES:
             dtype = torch.float32
         self.table_layout, self.dtype = table_layout, dtype
         self.fractional = _get(text, "model_type") in FRACTIONAL_POSITION_MODEL_TYPES
+        self.float64_angles = _get(text, "model_type") in FLOAT64_ANGLE_MODEL_TYPES
         # Dynamic NTK as transformers keeps it: the longest length seen since the last call
         # within the original length (its ``max_seq_len_cached``), per layer type.
         self.dynamic_len: dict[str | None, int] = {}
@@ -483,7 +494,11 @@ class HFRotaryEmbedding(nn.Module):
             cos, sin = _mrope_cos_sin(rope, position_ids, self.fractional)  # [b, s, n]
         else:
             positions = check_positions(position_ids, "position_ids", ranks=(1, 2))
-            cos, sin = rope.cos_sin(positions, self._dynamic_length(rope, layer_type, positions))
+            seq_len = self._dynamic_length(rope, layer_type, positions)
+            if self.float64_angles:
+                cos, sin = float64_angle_cos_sin(rope, positions, seq_len)
+            else:
+                cos, sin = rope.cos_sin(positions, seq_len)
         if self.table_layout == "cat":  # [f0 .. f(n-1)] -> [f0 .. f(n-1) f0 .. f(n-1)]
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         elif self.table_layout == "repeat":  # [f0 f1 ..] -> [f0 f0 f1 f1 ..]
@@ -511,6 +526,30 @@ class HFRotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"ropes={self.ropes}, table_layout={self.table_layout!r}"
+
+
+def _rope_type_of(params: Any) -> str:
+    """transformers' name of one set of rope parameters' type (``"default"`` without one)."""
+    name = params.get("rope_type", params.get("type")) if isinstance(params, Mapping) else None
+    return str(name or "default")
+
+
+def float64_angle_cos_sin(
+    rope: RotaryEmbedding, positions: torch.Tensor, seq_len: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin [*, n]`` (float64, attention factor included) of integer ``positions [*]``
+    from float64 angles of ``rope``'s frequencies as it holds them (float32 for a module of
+    :func:`table_rope_from_hf`): Ergo's ``position.double() * inv_freq.double()``. Its cached
+    tables are float32 angles, and a float64 ``angle_dtype`` computes the frequencies in
+    float64 too; either moves cos/sin by up to 0.05 at 4x Ergo's context. ``seq_len``: as for
+    :meth:`~posenc.rotary.RotaryEmbedding.cos_sin` (None: the positions' own length)."""
+    if seq_len is None:  # chosen on the positions' device: nothing is read back to the host
+        inv_freq, factor = rope._traced_frequencies(positions, positions)
+    else:
+        inv_freq, factor = rope.frequencies(seq_len)
+    inv_freq = inv_freq.to(device=positions.device, dtype=torch.float64)
+    angle = positions.to(torch.float64)[..., None] * inv_freq  # [*, n]
+    return angle.cos() * factor, angle.sin() * factor
 
 
 def _mrope_cos_sin(

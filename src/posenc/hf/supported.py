@@ -9,7 +9,7 @@ transformers before patching (:func:`~posenc.hf.patch.check_rotation`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..functional.rope_scaling import yarn_mscale
@@ -43,6 +43,10 @@ class Rotation:
     # Turned by minus the angle: NanoChat's ``rotate_half`` is ``cat(x2, -x1)``, so its
     # ``q cos + rotate_half(q) sin`` is the usual rotation with ``-sin``.
     clockwise: bool = False
+    # ``f(q, k=None, cos=None, sin=None, unsqueeze_dim=1)``: ``(q', k')`` with k, else ``q'``
+    # alone (Qwen4-exp, whose indexer rotates its queries and its pooled keys ``[n, 1, d]``
+    # against tables ``[n, r]`` through the attention's own function).
+    optional_k: bool = False
 
 
 HALF = Rotation()
@@ -163,6 +167,9 @@ DETECTABLE: tuple[Rotation, ...] = (HALF_PARTIAL, HALF, GLM, GLM_FULL, COHERE, H
 #: The same for a one-tensor ``apply_rotary_pos_emb(x, cos, sin, ...)`` (queries and keys rotated
 #: by separate calls): Gemma-3n's half-split pairs over the whole head.
 SINGLE_DETECTABLE: tuple[Rotation, ...] = (GEMMA3N,)
+#: The same for ``apply_rotary_pos_emb(q, k=None, cos=None, sin=None, ...)``, which rotates q and
+#: k, or q alone (Qwen4-exp): :data:`DETECTABLE`'s rotations, each taking both call forms.
+OPTIONAL_K_DETECTABLE: tuple[Rotation, ...] = tuple(replace(r, optional_k=True) for r in DETECTABLE)
 
 #: Model types never detected, and why (transformers' classes that call ``apply_rotary_pos_emb``
 #: but rotate something else with it, or whose attention adds what posenc does not model).
