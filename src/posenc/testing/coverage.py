@@ -12,7 +12,18 @@ then checks, in float32 on the CPU:
   23-token prefill then one decode step through transformers' KV cache);
 * ``linear``, ``yarn``, ``llama3`` (factor 2): ``apply_posenc(model, scaling=...)`` gives the
   logits of transformers' own model built with the same ``rope_parameters`` (per layer type where
-  transformers puts a flat scaling) and the same weights;
+  transformers puts a flat scaling) and the same weights; where apply_posenc refuses a flat
+  scaling because no layer type with RoPE is a full-attention one (Beam: sliding RoPE layers
+  beside NoPE full ones; DeepSeek-V4: rope sets by label), the scaling keyed by the model's own
+  RoPE layer types, as that refusal tells a user to pass it (:data:`KEYED_WHEN`; the verdict says
+  so);
+* ``longrope`` (:data:`FALLBACK`), only where transformers' config class refuses every one of
+  those three and takes LongRoPE (Phi-3, PhiMoE, Phi-4-multimodal: their long-context
+  checkpoints ship it): the same check with :func:`longrope_scaling`'s parameters (short and
+  long factor lists of the rotary dim, PhiMoE's mscales where the config class asks for them)
+  and an original length of :data:`LONGROPE_ORIGINAL`, the model's config-level one too (Phi-3
+  reads that one), so the long factors serve the 24-token prefill and the decode step and the
+  short ones the 23-token prefill whose cache that step reads;
 * ``self_extend``, ``dual_chunk``: where a naive reference is given (``tests/_keyset_naive.py``,
   transformers' forward with the method's full-matrix attention), ``apply_posenc(extension=)``
   equals it, prefill and decode;
@@ -22,9 +33,12 @@ then checks, in float32 on the CPU:
 
 Each check is ``exact``, ``refused: <why>`` (apply_posenc's own one-line ValueError/RuntimeError
 before anything runs) or ``failed: <what>`` (silently wrong or a crash: a bug). A family whose
-tiny model cannot be built generically is ``unbuilt: <why>``. ``python -m posenc.testing.coverage
---write docs/model.md`` runs the sweep and rewrites the table between the markers
-(:data:`BEGIN`, :data:`END`) and the results file :data:`RESULTS`.
+tiny model cannot be built generically is ``unbuilt: <why>``. :func:`counts` counts a family
+exact when it is exact under ``none`` and under every scaling its transformers config takes
+(:func:`required_checks`): the three of :data:`SCALINGS`, or ``longrope`` where it takes only
+that (so at least one scaling is always checked). ``python -m posenc.testing.coverage --write
+docs/model.md`` runs the sweep and rewrites the table between the markers (:data:`BEGIN`,
+:data:`END`) and the results file :data:`RESULTS`.
 
 Shapes: ``ids [1, 24]``, logits ``[1, 24, vocab]``.
 """
@@ -36,7 +50,8 @@ import importlib.util
 import json
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,6 +69,15 @@ SCALINGS: dict[str, dict[str, Any]] = {
     "llama3": {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
 }  # fmt: skip
+#: The scaling checked in their place where transformers' config class refuses all of
+#: :data:`SCALINGS` (:func:`fallback_scaling`): LongRoPE, the one Phi-3's and PhiMoE's take.
+FALLBACK = "longrope"
+#: LongRoPE's original length in that check: below the 24-token prefill (long factors) and equal
+#: to the 23-token one (short factors), so one decode step reads a cache the short ones rotated.
+LONGROPE_ORIGINAL = 23
+#: PhiMoE's cos/sin multipliers (its config class requires both; Phi-3.5-MoE ships 1.243 twice):
+#: two values, so that taking one for the other shows.
+LONGROPE_MSCALES = {"short_mscale": 1.1, "long_mscale": 1.3}
 #: The key-set methods checked against the naive reference (windows well inside 24 tokens).
 EXTENSIONS: dict[str, dict[str, Any]] = {
     "self_extend": {"method": "self_extend", "group_size": 3, "neighbor_window": 4},
@@ -62,7 +86,7 @@ EXTENSIONS: dict[str, dict[str, Any]] = {
 #: The export check: ``posenc extend export``'s folder of the model under this method (for twice
 #: the trained length), loaded by stock transformers, gives the patched model's logits.
 EXPORTED = "yarn"
-CHECKS = ("none", *SCALINGS, *EXTENSIONS, "export")
+CHECKS = ("none", *SCALINGS, FALLBACK, *EXTENSIONS, "export")
 TOL = 1e-4  # float32 logits of a tiny model; a wrong rotation moves them by 1e-2 and more
 BEGIN, END = "<!-- coverage:begin -->", "<!-- coverage:end -->"
 RESULTS = Path("docs/results/coverage.json")
@@ -173,9 +197,18 @@ def scaled_reference(model: Any, scaling: dict[str, Any]) -> Any:
     """transformers' own model of ``model``'s config with ``scaling`` as its ``rope_parameters``
     (per layer type where transformers puts a flat scaling; each type keeps its ``rope_theta``
     and rotary fraction) and ``model``'s weights."""
+    new_config = scaled_config(model.config, scaling)
+    new_config._attn_implementation = "eager"
+    reference = causal_lm_class(new_config)._from_config(new_config).eval()
+    reference.load_state_dict(model.state_dict())
+    return reference
+
+
+def scaled_config(config: Any, scaling: dict[str, Any]) -> Any:
+    """``config`` rebuilt by its own class with ``scaling`` as its rope parameters (as
+    :func:`scaled_reference` takes them); the class's validation raises where it refuses them."""
     from ..hf.scaling import scaling_by_layer_type
 
-    config = model.config
     # and an attention temperature's parameters (Ministral-3's: its beta, and the original
     # length a scaling without one leaves as it was), as a user rescaling it keeps them
     keep: tuple[str, ...] = ("rope_theta", "partial_rotary_factor", "mrope_section",
@@ -194,11 +227,74 @@ def scaled_reference(model: Any, scaling: dict[str, Any]) -> Any:
             params[t] = {**{k: v for k, v in params[t].items() if k in keep}, **new}
     else:
         params = {**{k: v for k, v in params.items() if k in keep}, **scaling}
-    new_config = type(config).from_dict({**config.to_dict(), "rope_parameters": params})
-    new_config._attn_implementation = "eager"
-    reference = causal_lm_class(new_config)._from_config(new_config).eval()
-    reference.load_state_dict(model.state_dict())
-    return reference
+    return type(config).from_dict({**config.to_dict(), "rope_parameters": params})
+
+
+def _config_takes(config: Any, scaling: dict[str, Any]) -> bool:
+    """Whether transformers' config class of ``config`` builds a config with ``scaling``."""
+    try:
+        scaled_config(config, scaling)
+    except Exception:  # its validation: ValueError, TypeError, strict-dataclass errors
+        return False
+    return True
+
+
+def _rotary_pairs(config: Any) -> int:
+    """The rotated pairs of ``config``'s heads, as transformers' LongRoPE sizes its factor lists
+    (``int(head_dim * partial_rotary_factor) // 2``)."""
+    params = getattr(config, "rope_parameters", None) or {}  # GPT-J's class keeps none
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head_dim * params.get("partial_rotary_factor", 1.0)) // 2
+
+
+def longrope_scaling(config: Any) -> dict[str, Any]:
+    """LongRoPE's parameters for ``config``'s rotary dim, with an original length of
+    :data:`LONGROPE_ORIGINAL` and no ``factor`` (transformers derives it, and the attention
+    factor, from ``max_position_embeddings``, as Phi-3's checkpoints leave it). The factors rise
+    over the pairs as shipped ones do, short ``1 .. 2`` linearly and long ``2 .. 8``
+    quadratically, and differ at every pair, the fast ones too: over 24 positions only those
+    turn far enough for a swap or a missed branch to show in the logits."""
+    n = _rotary_pairs(config)
+    ramp = [i / max(n - 1, 1) for i in range(n)]
+    return {
+        "rope_type": "longrope",
+        "short_factor": [1.0 + r for r in ramp],
+        "long_factor": [2.0 + 6.0 * r * r for r in ramp],
+        "original_max_position_embeddings": LONGROPE_ORIGINAL,
+    }
+
+
+def fallback_scaling(config: Any) -> dict[str, Any] | None:
+    """The :data:`FALLBACK` scaling to check where transformers' config class refuses every one
+    of :data:`SCALINGS` (None where it takes one of them, or takes no LongRoPE either): the
+    plain :func:`longrope_scaling`, or with :data:`LONGROPE_MSCALES` where the class refuses it
+    without them (PhiMoE)."""
+    if any(_config_takes(config, s) for s in SCALINGS.values()):
+        return None
+    plain = longrope_scaling(config)
+    with original_length(config):
+        for scaling in (plain, {**plain, **LONGROPE_MSCALES}):
+            if _config_takes(config, scaling):
+                return scaling
+    return None
+
+
+@contextmanager
+def original_length(config: Any) -> Iterator[None]:
+    """Within: ``config``'s config-level ``original_max_position_embeddings`` is
+    :data:`LONGROPE_ORIGINAL` where it keeps one. Phi-3's class puts that one in the rope
+    parameters over theirs (its 128k checkpoints hold the same value in both), and the tiny
+    model keeps the class default 4096, past any length the sweep runs; the patched model and
+    the reference both read it from here."""
+    old = getattr(config, "original_max_position_embeddings", None)
+    if old is None:  # PhiMoE: the rope parameters' own, which the class copies up
+        yield
+        return
+    config.original_max_position_embeddings = LONGROPE_ORIGINAL
+    try:
+        yield
+    finally:
+        config.original_max_position_embeddings = old
 
 
 def sweep_family(
@@ -242,7 +338,10 @@ def sweep_family(
         outcome.checks["none"] = _guarded(lambda: _compare(patched(), stock))
     for name, scaling in SCALINGS.items():
         if name in checks:
-            outcome.checks[name] = _guarded(partial(_scaled, model, ids, scaling, patched))
+            outcome.checks[name] = _guarded(partial(_scaled_or_keyed, model, ids, scaling, patched))
+    fallback = fallback_scaling(model.config) if FALLBACK in checks else None
+    if fallback is not None:  # only where the config class refused every one of SCALINGS
+        outcome.checks[FALLBACK] = _guarded(partial(_fallback, model, ids, fallback, patched))
     for name, extension in EXTENSIONS.items():
         if reference is None or name not in checks:
             continue
@@ -261,6 +360,37 @@ def _scaled(model: Any, ids: torch.Tensor, scaling: dict[str, Any], patched: Any
     except Exception as e:  # transformers refuses these rope parameters
         raise Unchecked(f"transformers builds no model with them ({one_line(e, 80)})") from e
     return _compare(got, prefill_and_decode(reference, ids))
+
+
+#: apply_posenc's refusal of a flat scaling that no layer type takes by default: the scaling
+#: keyed by the model's RoPE layer types is what it asks for (:func:`_scaled_or_keyed`).
+KEYED_WHEN = "has no full-attention layer type with RoPE"
+
+
+def rope_layer_types(model: Any) -> list[str]:
+    """The layer types of ``model``'s per-type rope parameters (``[]``: one set for all)."""
+    params = model.config.get_text_config(decoder=True).rope_parameters or {}
+    return [t for t, v in params.items() if isinstance(v, dict)]
+
+
+def _scaled_or_keyed(model: Any, ids: torch.Tensor, scaling: dict[str, Any], patched: Any) -> str:
+    """:func:`_scaled`; where the flat scaling is refused with :data:`KEYED_WHEN`, the same
+    scaling keyed by every RoPE layer type of the model, checked the same way."""
+    try:
+        return _scaled(model, ids, scaling, patched)
+    except Refused as e:
+        if KEYED_WHEN not in str(e.__cause__) or not rope_layer_types(model):
+            raise
+    keyed = {t: dict(scaling) for t in rope_layer_types(model)}
+    verdict = _scaled(model, ids, keyed, patched)
+    return f"{verdict}: keyed by layer type ({', '.join(keyed)})" if verdict == "exact" else verdict
+
+
+def _fallback(model: Any, ids: torch.Tensor, scaling: dict[str, Any], patched: Any) -> str:
+    """:func:`_scaled` with :data:`FALLBACK`'s scaling, the model's config-level original
+    length set as the scaling's (:func:`original_length`) for both sides."""
+    with original_length(model.config):
+        return _scaled(model, ids, scaling, patched)
 
 
 def _extended(
@@ -346,14 +476,23 @@ def sweep(
 # --- the table ------------------------------------------------------------------------------------
 
 
+def required_checks(outcome: Outcome) -> tuple[str, ...]:
+    """The checks ``outcome``'s family must pass to count exact: ``none`` and every scaling its
+    transformers config takes, which are :data:`SCALINGS` or, where the sweep checked
+    :data:`FALLBACK` (it does only where the config class refuses all of them), that one."""
+    if FALLBACK in outcome.checks:
+        return ("none", FALLBACK)
+    return ("none", *SCALINGS)
+
+
 def counts(outcomes: list[Outcome]) -> dict[str, int]:
-    """Families found, built, exact under ``none`` and every scaling, refused, failed."""
+    """Families found, built, exact under ``none`` and every scaling their transformers config
+    takes (:func:`required_checks`), refused, failed."""
     built = [o for o in outcomes if not o.unbuilt]
-    scaled = ("none", *SCALINGS)
     return {
         "families": len(outcomes),
         "built": len(built),
-        "exact": sum(all(o.verdict(c) == "exact" for c in scaled) for o in built),
+        "exact": sum(all(o.verdict(c) == "exact" for c in required_checks(o)) for o in built),
         "none_exact": sum(o.verdict("none") == "exact" for o in built),
         "refused": sum(o.verdict("none") == "refused" for o in built),
         "failed": sum(any(o.verdict(c) == "failed" for c in o.checks) for o in built),
@@ -373,8 +512,10 @@ def render(outcomes: list[Outcome]) -> str:
     lines = [
         BEGIN,
         f"{c['families']} rotary decoder families in transformers' registry; {c['built']} build "
-        f"a tiny model generically; {c['exact']} exact under `none` and every scaling "
-        f"({', '.join(SCALINGS)}); {c['refused']} refused by name; {c['failed']} failed.",
+        f"a tiny model generically; {c['exact']} exact under `none` and every scaling their "
+        f"transformers config takes ({', '.join(SCALINGS)}, keyed by layer type where no "
+        f"full-attention layer has RoPE; {FALLBACK} for the families whose config takes only "
+        f"it); {c['refused']} refused by name; {c['failed']} failed.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -387,16 +528,27 @@ def render(outcomes: list[Outcome]) -> str:
         )
     reasons = []
     for o in outcomes:  # one line per family and reason, naming the checks it covers
-        why: dict[str, list[str]] = {}
-        for k, v in o.checks.items():
-            if v.split(":")[0] in ("refused", "failed", "unchecked"):
-                why.setdefault(v, []).append(k)
+        why = _by_verdict(o, ("refused", "failed", "unchecked"))
         reasons += [f"- {o.family} ({', '.join(ks)}): {v}" for v, ks in why.items()]
         if o.unbuilt:
             reasons.append(f"- {o.family}: no tiny model: {o.unbuilt}")
+    keyed = [f"- {o.family} ({', '.join(ks)}): {v.split(': ', 1)[1]}" for o in outcomes
+             for v, ks in _by_verdict(o, ("exact",)).items() if ": " in v]  # fmt: skip
+    if keyed:
+        lines += ["", "Exact with the scaling keyed by layer type (a flat one is refused: no "
+                  "full-attention layer type has RoPE):", "", *keyed]  # fmt: skip
     if reasons:
         lines += ["", "Refused, unchecked and failed, each with its reason:", "", *reasons]
     return "\n".join([*lines, END])
+
+
+def _by_verdict(o: Outcome, kinds: tuple[str, ...]) -> dict[str, list[str]]:
+    """``o``'s checks of verdict kinds ``kinds``, grouped by their whole verdict text."""
+    out: dict[str, list[str]] = {}
+    for k, v in o.checks.items():
+        if v.split(":")[0] in kinds:
+            out.setdefault(v, []).append(k)
+    return out
 
 
 def write_block(path: Path, block: str) -> None:
