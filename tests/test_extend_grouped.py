@@ -294,7 +294,9 @@ def test_a_study_asks_several_questions_of_each_context(tmp_path: Any) -> None:
     )
     assert CliRunner().invoke(app, mixed).exit_code == 0
     rows = {r["task"]: r for r in study_rows(tmp_path / "mixed") if r["method"] == "none"}
-    assert rows["niah_single_1"]["questions"] == 2 and len(set(rows["niah_single_1"]["contexts"])) == 2
+    assert (
+        rows["niah_single_1"]["questions"] == 2 and len(set(rows["niah_single_1"]["contexts"])) == 2
+    )
     assert "questions" not in rows["vt"] and "contexts" not in rows["vt"]
     for bad, says in (
         (["--tasks", "vt"], "task vt asks one question of a context"),

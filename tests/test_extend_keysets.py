@@ -233,6 +233,22 @@ def test_fused_equals_explicit(
             assert float((got - want).abs().max()) <= TOL, (s, t, extra)
 
 
+@pytest.mark.parametrize(("method", "options"), FAST_CASES, ids=lambda x: str(x))
+def test_fused_output_keeps_the_values_dtype(
+    monkeypatch: pytest.MonkeyPatch, method: str, options: dict[str, Any]
+) -> None:
+    """bfloat16 in, bfloat16 out on every shape (a cached prompt's suffix merges in float32),
+    as the explicit path gives; within bf16's rounding of it."""
+    monkeypatch.setattr(fused, "PATH", "fused")
+    for s, t in SHAPES:
+        q, k, v = (x.bfloat16() for x in qkv(s, t))
+        pos = torch.arange(t - s, t).expand(2, -1)
+        got = run(fused.keyset, method, options, q, k, v, pos)
+        want = run(explicit.keyset_attention, method, options, q, k, v, pos)
+        assert got.dtype == want.dtype == torch.bfloat16, (s, t, got.dtype)
+        assert float((got.float() - want.float()).abs().max()) <= 0.05, (s, t)
+
+
 def test_flex_equals_explicit() -> None:
     """One FlexAttention call per set (eager on the CPU), with sinks and a left-padded batch."""
     q, k, v = qkv(30, 40)

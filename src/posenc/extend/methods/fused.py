@@ -299,7 +299,8 @@ def _one_set(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, job: _Job) -
     rule, t = job.sets.sets[0], k.shape[2]
     qr = _rotate(q, positions(rule.query, q_pos), _rope(rope, rule))
     kr = _keys(rule, k, key_positions(q_pos, t), rope)
-    return merge(_until(qr, kr, v, 0, t - q.shape[2], t, scale), job.sinks)
+    # merged in float32 where a cache splits the keys: the output in v's dtype, as the others'
+    return merge(_until(qr, kr, v, 0, t - q.shape[2], t, scale), job.sinks).to(v.dtype)
 
 
 def fused_shape(sets: KeySets) -> str | None:
