@@ -30,6 +30,7 @@ ds4 = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4"
 
 from _tiny import DEEPSEEK_V4_TINY as TINY  # noqa: E402
 from posenc.hf import apply_posenc, remove_posenc, rope_from_hf  # noqa: E402
+from posenc.hf import one_tensor as hf_one_tensor  # noqa: E402
 from posenc.hf import patch as hf_patch  # noqa: E402
 from posenc.hf import shadow as hf_shadow  # noqa: E402
 from posenc.hf.rotary import HFRotaryEmbedding, apply_rotary_emb  # noqa: E402
@@ -170,7 +171,7 @@ def _plant(m: pytest.MonkeyPatch, fault: str) -> None:
         entry = ("deepseek_v4", {"apply_rotary_pos_emb": wrong})
         m.setitem(hf_patch.SUPPORTED, "deepseek_v4", entry)
     elif fault == "leading slice":
-        m.setattr(hf_patch, "apply_rotary_trailing", _leading_slice)
+        m.setattr(hf_one_tensor, "apply_rotary_trailing", _leading_slice)
     elif fault == "output rotated by +theta":
         m.setattr(ds4.DeepseekV4Attention, "forward", _attention_forward("cos, -sin", "cos, sin"))
     elif fault == "output not rotated back":

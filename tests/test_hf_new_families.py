@@ -23,8 +23,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from posenc.hf import HFRotaryEmbedding, apply_posenc, remove_posenc, rope_from_hf
-from posenc.hf import config as hf_config
+from posenc.hf import HFRotaryEmbedding, apply_posenc, mrope_read, remove_posenc, rope_from_hf
+from posenc.hf import one_tensor as hf_one_tensor
 from posenc.hf import patch as hf_patch
 from posenc.hf import rotary as hf_rotary
 from posenc.testing import coverage as C
@@ -186,13 +186,13 @@ def test_qwen4_exp_indexer_queries_go_through_posenc(
 ) -> None:
     """The indexer's one-tensor call reaches posenc's kernel (not the stock function)."""
     seen: list[tuple[int, ...]] = []
-    rotate = hf_patch.apply_rotary_emb
+    rotate = hf_one_tensor.apply_rotary_emb
 
     def spy(x: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
         seen.append(tuple(x.shape))
         return rotate(x, *a, **k)
 
-    monkeypatch.setattr(hf_patch, "apply_rotary_emb", spy)
+    monkeypatch.setattr(hf_one_tensor, "apply_rotary_emb", spy)
     model = apply_posenc(models["qwen4_exp_text"])
     try:
         with torch.no_grad():
@@ -223,14 +223,14 @@ def test_qwen4_exp_scaled_mrope_with_3d_positions(
     contiguously (Qwen2-VL's) are caught."""
     model, yarn = models["qwen4_exp_text"], C.SCALINGS["yarn"]
     assert _mrope_error(model, yarn) <= 1e-6
-    monkeypatch.setattr(hf_config, "INTERLEAVED_MROPE_MODEL_TYPES", frozenset())
+    monkeypatch.setattr(mrope_read, "INTERLEAVED_MROPE_MODEL_TYPES", frozenset())
     assert _mrope_error(model, yarn) > 0.1
 
 
 def test_qwen4_exp_default_sections_cover_fewer_pairs_than_rotated() -> None:
     """Its default config rotates 128 pairs with sections [11, 11, 10]: transformers'
     recomposition leaves every pair past them temporal, and posenc's temporal section takes the
-    rest (hf.config._temporal_rest); with distinct axes the rotation is transformers'."""
+    rest (hf.mrope_read.temporal_rest); with distinct axes the rotation is transformers'."""
     from transformers import CONFIG_MAPPING
     from transformers.models.qwen4_exp import modeling_qwen4_exp as M
 

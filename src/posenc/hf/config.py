@@ -75,6 +75,7 @@ from .defaults import (
 from .labels import LABELLED_DEFAULTS, rope_label
 from .load import resolve_config
 from .longrope_mscale import MscaleLongRoPE, split_mscales
+from .mrope_read import mrope_kwargs, temporal_rest
 
 # Keys of a rope parameter dict that are not scaling options: the module's own, and those other
 # posenc functions read. Everything else goes to the scaling dict, which rejects unknown keys.
@@ -450,49 +451,6 @@ def yarn_factor_mismatch(max_pos: float, factor: Any, orig: Any) -> str | None:
     )
 
 
-def _mrope(params: Mapping[str, Any], model_types: frozenset[str]) -> dict[str, Any]:
-    known = model_types & MROPE_MODEL_TYPES.keys()
-    section = params.get("mrope_section")
-    refused = model_types & MROPE_REFUSALS.keys()
-    if refused:
-        section = section if section is not None else params.get("xdrope_section")
-        if section is not None:
-            listed = list(section) if isinstance(section, (list, tuple)) else section
-            n = len(listed) if isinstance(listed, list) else "?"
-            reason = MROPE_REFUSALS[min(refused)].format(n=n, section=listed)
-            raise ValueError(f"model_type {sorted(model_types)}: {reason}")
-    if section is None and known:
-        section = next((MROPE_MODEL_TYPES[t] for t in sorted(known) if MROPE_MODEL_TYPES[t]), None)
-    if section is None:
-        return {}
-    if model_types and not known:
-        raise ValueError(
-            f"model_type {sorted(model_types)} has mrope_section but posenc reproduces the "
-            f"M-RoPE of {sorted(MROPE_MODEL_TYPES)} only (other models lay sections out "
-            "differently)"
-        )
-    allocation = model_types & MROPE_ALLOCATION_MODEL_TYPES.keys()
-    interleaved: bool | str
-    if allocation:
-        interleaved = MROPE_ALLOCATION_MODEL_TYPES[min(allocation)]
-    elif model_types & INTERLEAVED_MROPE_MODEL_TYPES:
-        interleaved = True
-    elif known:
-        interleaved = False  # Qwen2-VL and Qwen2.5-VL ignore mrope_interleaved
-    else:
-        interleaved = bool(params.get("mrope_interleaved", False))
-    return {"mrope_section": list(section), "mrope_interleaved": interleaved}
-
-
-def _temporal_rest(kw: dict[str, Any]) -> None:
-    """Interleaved sections over fewer pairs than are rotated (Qwen4-exp's default ``[11, 11,
-    10]`` of 128 pairs): Qwen3-VL's recomposition, which these models share, leaves every pair
-    past the height and width sections temporal, so the temporal section takes the rest."""
-    section, pairs = kw.get("mrope_section"), (kw.get("rotary_dim") or 0) // 2
-    if section is not None and kw.get("mrope_interleaved") is True and 0 < sum(section) < pairs:
-        kw["mrope_section"] = [section[0] + pairs - sum(section), *section[1:]]
-
-
 def _layout(cfg: Any, model_types: frozenset[str]) -> str:
     flagged = model_types & ROPE_INTERLEAVE_MODEL_TYPES.keys()
     if flagged:
@@ -538,8 +496,8 @@ def rope_kwargs(cfg: Any, model_types: frozenset[str], layer_type: str | None) -
         "layout": _layout(cfg, model_types),
         "rotary_dim": _rotary_dim(cfg, params, head_dim, model_types, rope_type),
     }
-    out.update(_mrope(params, model_types))
-    _temporal_rest(out)
+    out.update(mrope_kwargs(params, model_types))
+    temporal_rest(out)
     if mscales is not None:
         out["mscales"] = mscales
     return out if label is None else label.apply(out, cfg)

@@ -42,12 +42,11 @@ from .extension import (
     extension_states,
     normalize_extension,
 )
+from .one_tensor import one_tensor_forms, one_tensor_rotation, optional_k_rotation
 from .rotary import (
     ComplexRotaryEmbedding,
     HFRotaryEmbedding,
-    apply_rotary_emb,
     apply_rotary_pos_emb,
-    apply_rotary_trailing,
 )
 from .scaling import check_layers, check_tables, temperature_parameters, with_temperature
 from .shadow import PatchedForward, code_names, plain_function, shadow_module
@@ -76,10 +75,11 @@ def fused_rotation(
     says: the same signature (``q, k, cos, sin`` then ``stock``'s own optional arguments), the
     same result, computed by :func:`posenc.hf.apply_rotary_pos_emb`."""
     stock = plain_function(stock)  # transformers >= 5.25 with kernels: a module wrapping it
-    if rotation.optional_k:
-        return _optional_k_rotation(rotation, stock, backend)  # type: ignore[return-value]
+    if rotation.optional_k:  # Qwen4-exp: q and k, or one tensor (.optional_k)
+        pair = fused_rotation(replace(rotation, optional_k=False), stock, backend)
+        return _named(optional_k_rotation(rotation, stock, pair, backend), stock)  # type: ignore[no-any-return]
     if rotation.trailing or rotation.single:
-        return _one_tensor_rotation(rotation, stock, backend)  # type: ignore[return-value]
+        return _named(one_tensor_rotation(rotation, backend), stock)  # type: ignore[no-any-return]
     if rotation.freqs_cis:
         return _freqs_cis_rotation(rotation, stock, backend)
     extra = list(inspect.signature(stock).parameters)[4:]  # e.g. ["unsqueeze_dim"]
@@ -123,87 +123,6 @@ def _named(rotate: Any, stock: Callable[..., Any]) -> Any:
         f"posenc's fused stand-in for transformers' {stock.__module__}.{stock.__name__}."
     )
     return rotate
-
-
-def _one_tensor_rotation(
-    rotation: Rotation, stock: Callable[..., Any], backend: str
-) -> Callable[..., torch.Tensor]:
-    """posenc's stand-in for a one-tensor ``stock(x, cos, sin, unsqueeze_dim=1)`` that rotates
-    the trailing channels (:func:`posenc.hf.rotary.apply_rotary_trailing`) or the leading ones
-    (:func:`posenc.hf.rotary.apply_rotary_emb`; Gemma-3n)."""
-
-    def rotate(
-        x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
-    ) -> torch.Tensor:
-        pairs, table = rotation.interleaved, rotation.table_layout
-        if rotation.trailing:
-            return apply_rotary_trailing(
-                x, cos, sin, unsqueeze_dim, interleaved=pairs, table_layout=table, backend=backend
-            )
-        if unsqueeze_dim not in (1, 2):
-            raise ValueError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim!r}")
-        layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
-        return apply_rotary_emb(
-            x, cos, sin, interleaved=pairs, table_layout=table, seq_layout=layout, backend=backend
-        )
-
-    return _named(rotate, stock)
-
-
-def _optional_k_rotation(
-    rotation: Rotation, stock: Callable[..., Any], backend: str
-) -> Callable[..., tuple[torch.Tensor, torch.Tensor] | torch.Tensor]:
-    """posenc's stand-in for ``stock(q, k=None, cos=None, sin=None, unsqueeze_dim=1)``
-    (Qwen4-exp): with k, ``(q', k')`` as :func:`fused_rotation` gives them; without, ``q'``
-    alone, as the stock function returns it. Arguments are read by ``stock``'s own names."""
-    signature = inspect.signature(stock)
-    q_name, k_name, cos_name, sin_name = list(signature.parameters)[:4]
-    pair = fused_rotation(replace(rotation, optional_k=False), stock, backend)
-
-    def rotate(*args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
-        given = signature.bind(*args, **kw).arguments
-        q, k, cos, sin = (given.get(n) for n in (q_name, k_name, cos_name, sin_name))
-        unsqueeze_dim = given.get("unsqueeze_dim", 1)
-        if q is None or cos is None or sin is None:
-            raise TypeError(f"posenc_{stock.__name__} needs {q_name}, {cos_name} and {sin_name}")
-        if k is not None:
-            return pair(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-        return _rotate_alone(rotation, q, cos, sin, unsqueeze_dim, backend)
-
-    return _named(rotate, stock)
-
-
-def _rotate_alone(
-    rotation: Rotation,
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    unsqueeze_dim: int,
-    backend: str,
-) -> torch.Tensor:
-    """``x`` rotated by ``cos.unsqueeze(unsqueeze_dim)``, ``sin.unsqueeze(...)`` broadcast
-    against it, as transformers' ``x * cos + rotate_half(x) * sin`` broadcasts (channels past
-    the tables' width pass). ``x [b, h, s, d]`` / ``[b, s, h, d]`` with per-token tables
-    ``[b or 1, s, w]`` is one kernel call as it lies; any other broadcast (Qwen4-exp's pooled
-    keys ``[n, 1, d]`` against ``[n, w]``) is laid out as one table row per row of x first."""
-    pairs, table = rotation.interleaved, rotation.table_layout
-    if rotation.clockwise:
-        sin = -sin
-    if x.dim() == 4 and cos.dim() == 3 and unsqueeze_dim in (1, 2):
-        layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
-        return apply_rotary_emb(
-            x, cos, sin, interleaved=pairs, table_layout=table, seq_layout=layout, backend=backend
-        )
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    rows = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1])  # what the stock result has
-    w, d = cos.shape[-1], x.shape[-1]
-    cos_rows = cos.expand(*rows, w).reshape(1, -1, w)  # [1, N, w]: the row of each x row
-    sin_rows = sin.expand(*rows, w).reshape(1, -1, w)
-    out = apply_rotary_emb(
-        x.expand(*rows, d).reshape(1, -1, 1, d), cos_rows, sin_rows, interleaved=pairs,
-        table_layout=table, seq_layout="bshd", backend=backend,
-    )  # fmt: skip
-    return out.reshape(*rows, d)
 
 
 def _freqs_cis_rotation(
@@ -260,7 +179,8 @@ def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) ->
         else:
             want, got = stock(q, k, cos, sin), ours(q, k, cos, sin)
         if rotation.optional_k:  # and each one-tensor form its callers use
-            want, got = (*want, *_alone(stock, q, cos, sin)), (*got, *_alone(ours, q, cos, sin))
+            want = (*want, *one_tensor_forms(stock, q, cos, sin))
+            got = (*got, *one_tensor_forms(ours, q, cos, sin))
         worst = max(float((w - o).abs().max()) for w, o in zip(want, got, strict=True))
         if worst > 1e-5:
             raise RuntimeError(
@@ -268,20 +188,6 @@ def check_rotation(stock: Callable[..., Any], rotation: Rotation, where: str) ->
                 f"{worst:.3g} on a random probe of rotary dim {2 * n} of 8): this transformers "
                 "version is not supported by apply_posenc"
             )
-
-
-def _alone(
-    f: Callable[..., Any], q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    """``f(q, k=None, cos, sin, ...)`` on one tensor, in the forms Qwen4-exp's indexer calls:
-    ``q [b, h, s, d]``; ``[b, s, h, d]`` with ``unsqueeze_dim=2``; rows ``[n, 1, d]`` against
-    tables ``[n, w]`` (its pooled keys)."""
-    rows = q[:, :1].reshape(-1, 1, q.shape[-1])  # [b * s, 1, d]
-    return (
-        f(q, cos=cos, sin=sin),
-        f(q.transpose(1, 2), cos=cos, sin=sin, unsqueeze_dim=2),
-        f(rows, cos=cos.reshape(-1, cos.shape[-1]), sin=sin.reshape(-1, sin.shape[-1])),
-    )
 
 
 # --- apply / remove -----------------------------------------------------------------------------
