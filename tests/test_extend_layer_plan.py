@@ -80,3 +80,15 @@ def test_inspect_names_what_each_method_does_per_layer_type() -> None:
     # as transformers does with the same rope_parameters; the NoPE layers have no positions
     assert "(chunked, rope θ=500k): yarn factor 2" in out
     assert "(full, NoPE): untouched (no RoPE)" in out
+
+
+def test_a_family_only_the_hf_rotary_module_reproduces_gets_a_plan() -> None:
+    """Ergo's float64 angles of float32 frequencies: rope_from_hf refuses it, apply_posenc takes
+    it, and the dry run's plan reads its layers (it said "no per-layer plan" before)."""
+    from posenc.testing.coverage import tiny_model
+
+    line = _plan(tiny_model("ergo"), "yarn")
+    assert line == (
+        "yarn: layers 0-2 (sliding, rope θ=1M): yarn factor 4; layer 3 (full, NoPE): untouched "
+        "(no RoPE)"
+    ), line

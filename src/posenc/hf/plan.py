@@ -349,20 +349,23 @@ def position_plan(
     cache_len: int = 4096,
     backend: str = "auto",
     use_transformers: bool = True,
+    tables: bool = False,
 ) -> PositionPlan:
     """What each decoder layer of a Hugging Face model does with positions.
 
     ``config``: a ``config.json`` dict, a transformers config object, a path to a
     ``config.json`` or a model folder, or a model id in the local Hugging Face cache (see
     :func:`~posenc.hf.load.resolve_config`). The other arguments go to each layer's rotary
-    module (as :func:`~posenc.hf.rope_from_hf`).
+    module (as :func:`~posenc.hf.rope_from_hf`); ``tables=True`` also reads a model whose
+    rotation or angle arithmetic only :class:`~posenc.hf.HFRotaryEmbedding` reproduces (NanoChat,
+    Ergo), for a plan of its layers.
 
     >>> plan = position_plan({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
     ...                       "num_attention_heads": 4, "max_position_embeddings": 2048})
     >>> [(x.index, x.span, x.rotary_dim) for x in plan.layers]
     [(0, 'full', 16), (1, 'full', 16)]
     """
-    cfg, model_types = read_config(resolve_config(config), use_transformers)
+    cfg, model_types = read_config(resolve_config(config), use_transformers, tables=tables)
     return plan_of(cfg, model_types, angle_dtype, cache_len, backend)
 
 

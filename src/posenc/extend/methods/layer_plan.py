@@ -48,7 +48,7 @@ def layer_treatments(model: Any, resolved: Resolved, applied_lines: tuple[str, .
     tuple[int, str, str]
 ]:  # fmt: skip
     """``(layer index, kind, what the method does there)`` for every decoder layer."""
-    plan = position_plan(model.config, cache_len=1)
+    plan = position_plan(model.config, cache_len=1, tables=True)
     out = []
     keyed = None
     if resolved.scaling is not None:

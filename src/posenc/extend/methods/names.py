@@ -207,7 +207,7 @@ def _rope_of_types(config: Any) -> dict[str | None, tuple[float, int]]:
     first layer with RoPE, for a config with one set of rope parameters)."""
     from ...hf.plan import position_plan
 
-    plan = position_plan(config, cache_len=1)
+    plan = position_plan(config, cache_len=1, tables=True)
     own: dict[str | None, tuple[float, int]] = {}
     for layer in plan.layers:
         if layer.base is not None and layer.rotary_dim is not None:
