@@ -143,6 +143,18 @@ def test_phimoe_device_path_picks_the_hosts_multiplier() -> None:
         torch.testing.assert_close(inv_freq, host_inv, rtol=0, atol=0)
 
 
+def test_phimoe_multipliers_that_differ_compile_without_a_host_read() -> None:
+    """Positions a compiled graph cannot read: the multiplier is chosen on the device and
+    applied unread (a bool() of it broke the graph), with the eager values."""
+    rope = HFRotaryEmbedding(_phimoe_config()).rope()
+    assert rope.mscales[0] != rope.mscales[1]
+    compiled = torch.compile(lambda p: rope.cos_sin(p), backend="eager", fullgraph=True)
+    for length in (C.LONGROPE_ORIGINAL, C.LONGROPE_ORIGINAL + 1):
+        pos = torch.arange(length)
+        for got, want in zip(compiled(pos), rope.cos_sin(pos), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
 def test_counts_take_longrope_in_place_of_the_flat_scalings() -> None:
     refused = {k: "refused: transformers' Phi3Config refuses these" for k in C.SCALINGS}
     flat = C.Outcome(
@@ -153,8 +165,12 @@ def test_counts_take_longrope_in_place_of_the_flat_scalings() -> None:
         "phimoe", ["phimoe"], checks={"none": "exact", **refused, "longrope": "failed: 1e-3"}
     )
     unscaled = C.Outcome("x", ["x"], checks={"none": "exact", **refused})  # no scaling checked
+    hidden = C.Outcome(  # a flat scaling's failure is a bug, whatever the fallback says
+        "phi4", ["phi4"], checks={"none": "exact", **refused, "yarn": "failed: crash",
+                                  "longrope": "exact"}
+    )  # fmt: skip
     assert C.required_checks(phi3) == ("none", "longrope")
-    assert C.counts([flat, phi3, wrong, unscaled])["exact"] == 2
+    assert C.counts([flat, phi3, wrong, unscaled, hidden])["exact"] == 2
     header = C.render([flat, phi3]).splitlines()[1]
     assert "2 exact under `none` and every scaling their transformers config takes" in header
     assert "longrope for the families whose config takes only it" in header

@@ -88,7 +88,7 @@ def rope_cos_sin(
 
 
 def angles_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float = 1.0
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float | torch.Tensor = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The unchecked core of :func:`rope_cos_sin`, for callers that checked their inputs once.
 
@@ -97,7 +97,8 @@ def angles_cos_sin(
     """
     angles = positions.to(inv_freq.dtype) * inv_freq.to(positions.device)  # [*, n]
     cos, sin = angles.cos(), angles.sin()
-    if attention_factor != 1.0:
+    # a 0-d tensor factor (chosen on the device: PhiMoE's multipliers) is applied unread
+    if isinstance(attention_factor, torch.Tensor) or attention_factor != 1.0:
         cos, sin = cos * attention_factor, sin * attention_factor
     return cos.float(), sin.float()
 

@@ -53,6 +53,8 @@ def optional_k_rotation(
     q_name, k_name, cos_name, sin_name = list(signature.parameters)[:4]
 
     def rotate(*args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        if len(args) == 4 and not kw and args[1] is not None:  # the attention's (q, k, cos, sin)
+            return pair(*args)  # type: ignore[no-any-return]
         given = signature.bind(*args, **kw).arguments
         q, k, cos, sin = (given.get(n) for n in (q_name, k_name, cos_name, sin_name))
         unsqueeze_dim = given.get("unsqueeze_dim", 1)

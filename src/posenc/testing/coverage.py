@@ -339,7 +339,11 @@ def sweep_family(
     for name, scaling in SCALINGS.items():
         if name in checks:
             outcome.checks[name] = _guarded(partial(_scaled_or_keyed, model, ids, scaling, patched))
-    fallback = fallback_scaling(model.config) if FALLBACK in checks else None
+    try:
+        fallback = fallback_scaling(model.config) if FALLBACK in checks else None
+    except Exception as e:  # a config the sizing cannot read: a verdict, not a stopped sweep
+        outcome.checks[FALLBACK] = f"failed: {type(e).__name__}: {one_line(e)}"
+        fallback = None
     if fallback is not None:  # only where the config class refused every one of SCALINGS
         outcome.checks[FALLBACK] = _guarded(partial(_fallback, model, ids, fallback, patched))
     for name, extension in EXTENSIONS.items():
@@ -485,6 +489,13 @@ def required_checks(outcome: Outcome) -> tuple[str, ...]:
     return ("none", *SCALINGS)
 
 
+def _exact(o: Outcome) -> bool:
+    """Every required check exact, and no check of the family failed (a failure is a bug,
+    whichever check it is in)."""
+    required = all(o.verdict(c) == "exact" for c in required_checks(o))
+    return required and not any(o.verdict(c) == "failed" for c in o.checks)
+
+
 def counts(outcomes: list[Outcome]) -> dict[str, int]:
     """Families found, built, exact under ``none`` and every scaling their transformers config
     takes (:func:`required_checks`), refused, failed."""
@@ -492,7 +503,7 @@ def counts(outcomes: list[Outcome]) -> dict[str, int]:
     return {
         "families": len(outcomes),
         "built": len(built),
-        "exact": sum(all(o.verdict(c) == "exact" for c in required_checks(o)) for o in built),
+        "exact": sum(_exact(o) for o in built),
         "none_exact": sum(o.verdict("none") == "exact" for o in built),
         "refused": sum(o.verdict("none") == "refused" for o in built),
         "failed": sum(any(o.verdict(c) == "failed" for c in o.checks) for o in built),
