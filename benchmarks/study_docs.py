@@ -37,9 +37,9 @@ SMOLLM2_TASKS = (
 )
 WINDOW = (
     "python benchmarks/extend_smollm2_window.py 4k 8k 2k  # = posenc extend smollm2 --methods"
-    " none,string --lengths 2k,4k,8k --documents 0 --tasks niah_single_2 --task-depths 0.1,0.5,0.9"
-    " --samples 8 --questions-per-context 4 --threads 1 --dtype bfloat16"
-    f" --out {STUDIES}/smollm2-135m-window"
+    " none,string,rerope,leaky_rerope,logn --lengths 2k,4k,8k --documents 0 --tasks niah_single_2"
+    " --task-depths 0.1,0.5,0.9 --samples 8 --questions-per-context 4 --threads 1"
+    f" --dtype bfloat16 --out {STUDIES}/smollm2-135m-window"
 )
 GEMMA_PPL = (
     f"posenc extend gemma3-270m --methods {METHODS} --lengths 4k,8k,16k,32k,64k --documents 1"
