@@ -68,6 +68,7 @@ from .scalings import (  # noqa: F401
     original_length,
     scaled_config,
 )
+from ..hf.scaling import NoFullRopeLayerError
 from .tiny_configs import causal_lm_class, one_line, tiny_config, tiny_model  # noqa: F401
 
 #: The key-set methods checked against the naive reference (windows well inside 24 tokens).
@@ -267,7 +268,7 @@ def _scaled(model: Any, ids: torch.Tensor, scaling: dict[str, Any], patched: Any
 
 #: apply_posenc's refusal of a flat scaling that no layer type takes by default: the scaling
 #: keyed by the model's RoPE layer types is what it asks for (:func:`_scaled_or_keyed`).
-KEYED_WHEN = "has no full-attention layer type with RoPE"
+KEYED_WHEN = NoFullRopeLayerError
 
 
 def rope_layer_types(model: Any) -> list[str]:
@@ -282,7 +283,7 @@ def _scaled_or_keyed(model: Any, ids: torch.Tensor, scaling: dict[str, Any], pat
     try:
         return _scaled(model, ids, scaling, patched)
     except Refused as e:
-        if KEYED_WHEN not in str(e.__cause__) or not rope_layer_types(model):
+        if not isinstance(e.__cause__, KEYED_WHEN) or not rope_layer_types(model):
             raise
     keyed = {t: dict(scaling) for t in rope_layer_types(model)}
     verdict = _scaled(model, ids, keyed, patched)
