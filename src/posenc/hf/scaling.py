@@ -57,12 +57,12 @@ LAYER_CHOICES = ("auto", "full", "all")
 FULL_LAYER_TYPES = frozenset({"full_attention", "hybrid"})
 
 
-
 class NoFullRopeLayerError(ValueError):
     """A flat scaling refused because the model has no full-attention layer type with RoPE (it
     names the types a scaling keyed by layer type would take): a type of its own so that a caller
     that can key the scaling (the coverage sweep) tells this refusal from the others without
     reading its text."""
+
 
 def _text(config: Any) -> Any:
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

@@ -57,6 +57,8 @@ from typing import Any
 
 import torch
 
+from ..hf.scaling import NoFullRopeLayerError
+
 # re-exported: the scalings checked (built there) and the tiny model of a type
 from .scalings import (  # noqa: F401
     FALLBACK,
@@ -68,7 +70,6 @@ from .scalings import (  # noqa: F401
     original_length,
     scaled_config,
 )
-from ..hf.scaling import NoFullRopeLayerError
 from .tiny_configs import causal_lm_class, one_line, tiny_config, tiny_model  # noqa: F401
 
 #: The key-set methods checked against the naive reference (windows well inside 24 tokens).
