@@ -194,27 +194,64 @@ def cluster_wilson_interval(scores: Sequence[float], clusters: Sequence[object],
     intra-cluster correlation in ``[0, 1]``: ``n_eff`` between ``C`` and ``n``). Where it cannot
     be estimated (every score equal, or one cluster) the most cautious ``deff = mbar`` is taken:
     the interval of ``C`` independent samples. Every cluster of one sample: exactly
-    :func:`wilson_interval`."""
+    :func:`wilson_interval`. The equal-weight case of :func:`weighted_cluster_wilson_interval`."""
     values = [float(v) for v in scores]
     if len(values) != len(clusters) or not values:
         raise ValueError(f"cluster_wilson_interval needs one cluster per score, got "
                          f"{len(values)} scores and {len(clusters)} clusters")  # fmt: skip
+    if len(set(clusters)) == len(values) and all(0.0 <= v <= 1.0 for v in values):
+        return wilson_interval(sum(values), len(values), level)
+    return weighted_cluster_wilson_interval(values, [1.0] * len(values), clusters, level=level)
+
+
+def weighted_cluster_wilson_interval(scores: Sequence[float], weights: Sequence[float],
+                                     clusters: Sequence[object], *,
+                                     strata: Sequence[object] | None = None,
+                                     level: float = 0.95) -> tuple[float, float]:  # fmt: skip
+    """The Wilson interval of the *weighted* mean ``p = sum_i w_i s_i`` (weights normalized to
+    sum 1; each score in ``[0, 1]``) where samples of one cluster are not independent: RULER's
+    score at a length, the mean over tasks of each task's mean, weighs a sample ``1 / (T n_t)``,
+    each task a stratum (its samples drawn apart from the other tasks'). Wilson's formula at the
+    effective size ``n_eff = p (1 - p) / V``, ``V`` the stratified cluster-robust (Taylor
+    linearized) variance of ``p``: with ``z_c = sum_{i in c} w_i (s_i - p)`` per cluster,
+    ``V = sum_h C_h / (C_h - 1) sum_{c in h} (z_c - mean_h z)**2`` over the ``C_h`` clusters of
+    stratum ``h`` (Cochran 1977, *Sampling Techniques*, 5A.12; the centring within a stratum
+    leaves the differences between tasks out; one stratum: ``C / (C - 1) sum_c z_c**2``).
+    ``n_eff`` is held to ``[min(C, n_kish), n_kish]``, ``n_kish = 1 / sum_i w_i**2`` (Kish's size
+    of a weighted sample of independent draws; ``n`` where the weights are equal): never wider
+    than the clusters alone, never narrower than independent draws. Every cluster of one
+    sample: ``n_kish``; every score equal, one cluster, or a stratum of one cluster (its
+    variance unknown): ``min(C, n_kish)``. Equal weights, one stratum: exactly
+    :func:`cluster_wilson_interval`."""
+    values, mass = [float(v) for v in scores], [float(w) for w in weights]
+    layers = [None] * len(values) if strata is None else list(strata)
+    if not values or not len(values) == len(mass) == len(clusters) == len(layers):
+        raise ValueError(f"weighted_cluster_wilson_interval needs one weight, one cluster and "
+                         f"one stratum per score, got {len(values)} scores, {len(mass)} weights, "
+                         f"{len(clusters)} clusters and {len(layers)} strata")  # fmt: skip
     if any(not 0.0 <= v <= 1.0 for v in values):
         raise ValueError(f"scores must be in [0, 1], got {values}")
-    sums: dict[object, list[float]] = {}
-    for v, c in zip(values, clusters, strict=True):
-        sums.setdefault(c, []).append(v)
-    n, k = len(values), len(sums)
-    if k == n:
-        return wilson_interval(sum(values), n, level)
-    p, mbar = sum(values) / n, n / k
-    independent = p * (1.0 - p) / n
-    if k < 2 or independent == 0.0:
-        deff = mbar
-    else:
-        robust = k / (k - 1) * sum((sum(g) - p * len(g)) ** 2 for g in sums.values()) / n**2
-        deff = min(mbar, max(1.0, robust / independent))
-    return _wilson(p, n / deff, level)
+    if any(not math.isfinite(w) or w <= 0.0 for w in mass):
+        raise ValueError(f"weights must be finite and > 0, got {mass}")
+    total = sum(mass)  # normalized last, so that equal weights give the unweighted p and n exactly
+    p = min(1.0, max(0.0, sum(m * v for m, v in zip(mass, values, strict=True)) / total))
+    n_kish = total * total / sum(m * m for m in mass)
+    z: dict[tuple[object, object], float] = {}
+    for m, v, c, h in zip(mass, values, clusters, layers, strict=True):
+        z[(h, c)] = z.get((h, c), 0.0) + m / total * (v - p)
+    k = len(z)
+    if k == len(values):
+        return _wilson(p, n_kish, level)
+    by_stratum: dict[object, list[float]] = {}
+    for (h, _), zc in z.items():
+        by_stratum.setdefault(h, []).append(zc)
+    fewest = min(float(k), n_kish)  # n_eff never below the clusters (nor above n_kish)
+    if p * (1.0 - p) == 0.0 or any(len(zs) < 2 for zs in by_stratum.values()):
+        return _wilson(p, fewest, level)
+    robust = sum(len(zs) / (len(zs) - 1) * sum((x - sum(zs) / len(zs)) ** 2 for x in zs)
+                 for zs in by_stratum.values())  # fmt: skip
+    n_eff = n_kish if robust == 0.0 else min(n_kish, max(fewest, p * (1.0 - p) / robust))
+    return _wilson(p, n_eff, level)
 
 
 def _wilson(p: float, n: float, level: float) -> tuple[float, float]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._markdown import counted
-from ..measures.tasks import RELATIVE_FRACTION, scores_by_length
+from ..measures.tasks import RELATIVE_FRACTION, intervals_by_length, scores_by_length
 from .ranking import better_than, rank, ranking_line
 from .tables import cost_line
 from .tasks import (
@@ -48,16 +48,21 @@ def _labels(studies: Sequence[Rows], names: Sequence[str]) -> list[str]:
 
 def _score_cell(rows: Rows, cover: dict[tuple[str, int], tuple[int, int]], method: str,
                 n: int) -> str:  # fmt: skip
-    """The score in % at ``n``, bold at the trained length; ``k of N cells`` (no score) where the
-    method has answered only some of the study's cells there."""
+    """The score in % at ``n`` and its 95 % interval (``62.5 [48–75]``,
+    :func:`~posenc.extend.measures.tasks.intervals_by_length`: samples that share a context one
+    cluster), the score bold at the trained length; ``k of N cells`` (no score) where the method
+    has answered only some of the study's cells there."""
     if (method, n) not in cover:
         return ""
     done, total = cover[(method, n)]
     if done < total:
         text = f"{done} of {total} cells"
-    else:
-        text = f"{100 * scores_by_length([r for r in rows if r['method'] == method])[n]:.1f}"
-    return f"**{text}**" if n == _trained(rows) else text
+        return f"**{text}**" if n == _trained(rows) else text
+    mine = [r for r in rows if r["method"] == method and int(r["length"]) == n]
+    score = f"{100 * scores_by_length(mine)[n]:.1f}"
+    low, high = intervals_by_length(mine)[n]
+    score = f"**{score}**" if n == _trained(rows) else score
+    return f"{score} [{100 * low:.0f}–{100 * high:.0f}]"
 
 
 def summary_table(
@@ -189,7 +194,9 @@ def summary_markdown(studies: Sequence[Rows], names: Sequence[str], short: bool 
     lines = [
         "RULER-style tasks answered by each model with each method (`posenc extend --tasks`): the "
         "score at a length is each task's mean over its samples, then the mean over the study's "
-        "tasks, in %; **bold**: the trained length; `k of N cells`: a length a method has "
+        "tasks, in %, then its 95 % interval (Wilson's at the effective sample size: each "
+        "sample weighing what it weighs in that mean, the questions asked of one prefilled "
+        "context one cluster); **bold**: the trained length; `k of N cells`: a length a method has "
         "answered only in part (no score yet). Effective length: the longest length up to which "
         "the score stays at or above RULER's 85.6 %, or the study's relative bar (90 % of the "
         "model's own score as trained at the study's shortest length); (again at ...): longer "

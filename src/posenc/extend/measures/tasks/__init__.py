@@ -24,6 +24,7 @@ from .base import TASKS, Sample, Span, Task, get_task, register, task_names
 from .cell import (
     context_digest,
     effective_lengths,
+    intervals_by_length,
     paired_difference,
     run_cell,
     sample_digest,
@@ -61,6 +62,7 @@ __all__ = [
     "effective_length",
     "effective_lengths",
     "get_task",
+    "intervals_by_length",
     "paired_difference",
     "postprocess",
     "register",

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ...._stats import paired_mean_ci
+from ...._stats import paired_mean_ci, weighted_cluster_wilson_interval
 from .base import Sample, get_task
 from .effective import (
     RELATIVE_FRACTION,
@@ -118,6 +118,38 @@ def scores_by_length(cells: Iterable[Mapping[str, Any]]) -> dict[int, float]:
         n: sum(sum(v) / len(v) for v in tasks.values()) / len(tasks)
         for n, tasks in sorted(per.items())
     }
+
+
+def intervals_by_length(cells: Iterable[Mapping[str, Any]],
+                        level: float = 0.95) -> dict[int, tuple[float, float]]:  # fmt: skip
+    """Length -> the Wilson interval of :func:`scores_by_length`'s score there: every sample
+    weighing what it weighs in that mean (``1 / (T n_t)``: ``T`` tasks, ``n_t`` samples of its
+    task at that length), each task a stratum, the questions of one prefilled context (a row's
+    ``contexts``) one cluster (:func:`posenc._stats.weighted_cluster_wilson_interval`). A cell
+    without ``contexts`` (one question a context) is its samples' own clusters, named by
+    digest."""
+    per: dict[int, dict[str, list[tuple[float, str]]]] = defaultdict(lambda: defaultdict(list))
+    for c in cells:
+        names = c.get("contexts") or c["digests"]
+        if len(names) != len(c["scores"]):
+            raise ValueError(f"a {c['task']} row at {c['length']} has {len(c['scores'])} scores "
+                             f"and {len(names)} context names; the rows are damaged")  # fmt: skip
+        per[int(c["length"])][str(c["task"])].extend(
+            (float(v), f"{c['task']}:{name}") for v, name in zip(c["scores"], names, strict=True)
+        )
+    out = {}
+    for n, tasks in sorted(per.items()):
+        scores, weights, clusters, strata = [], [], [], []
+        for task, samples in tasks.items():
+            for v, name in samples:
+                scores.append(v)
+                weights.append(1.0 / (len(tasks) * len(samples)))
+                clusters.append(name)
+                strata.append(task)
+        out[n] = weighted_cluster_wilson_interval(
+            scores, weights, clusters, strata=strata, level=level
+        )
+    return out
 
 
 def effective_lengths(cells: Sequence[Mapping[str, Any]], fraction: float = RELATIVE_FRACTION,
