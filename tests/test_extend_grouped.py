@@ -205,16 +205,21 @@ def test_tasks_without_questions_and_counts_that_do_not_divide_are_refused(bpe: 
 
 
 def _naive_deff_wilson(scores: list[float], clusters: list[int], z: float = 1.959963984540054):
-    """Kish's design effect from the between-cluster variance of the ratio mean, written out."""
+    """Kish's design effect from the between-cluster variance of the ratio mean, written out;
+    fewer than five clusters: the clusters' own Kish size ``n**2 / sum m_c**2`` (every question
+    of a context alike)."""
     n = len(scores)
     ids = sorted(set(clusters))
     k = len(ids)
     p = sum(scores) / n
     totals = [sum(s for s, c in zip(scores, clusters, strict=True) if c == i) for i in ids]
     sizes = [clusters.count(i) for i in ids]
-    var = k / (k - 1) * sum((t - p * m) ** 2 for t, m in zip(totals, sizes, strict=True)) / n**2
-    deff = min(n / k, max(1.0, var / (p * (1 - p) / n))) if 0 < p < 1 else n / k
-    m = n / deff
+    fewest = n * n / sum(m * m for m in sizes)
+    if k < 5 or not 0 < p < 1:
+        m = fewest
+    else:
+        var = k / (k - 1) * sum((t - p * m) ** 2 for t, m in zip(totals, sizes, strict=True)) / n**2
+        m = n if var == 0 else min(n, max(fewest, p * (1 - p) / var))
     centre = (p + z * z / (2 * m)) / (1 + z * z / m)
     half = z / (1 + z * z / m) * math.sqrt(p * (1 - p) / m + z * z / (4 * m * m))
     return max(0.0, centre - half), min(1.0, centre + half)
@@ -222,10 +227,12 @@ def _naive_deff_wilson(scores: list[float], clusters: list[int], z: float = 1.95
 
 @pytest.mark.parametrize(("scores", "clusters"), [
     ([1, 1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1]),  # perfectly correlated: n_eff = 2
-    ([1, 0, 1, 0, 1, 0, 1, 0], [0, 0, 1, 1, 2, 2, 3, 3]),  # no correlation: deff held at 1
-    ([1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]),
+    ([1, 0] * 5, [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]),  # no correlation: deff held at 1
+    ([1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 1], [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]),
     ([1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1]),  # all right: the 2 contexts' interval
-    ([0.5, 1, 0, 0.25, 1, 1, 0, 0], [0, 0, 1, 1, 2, 2, 3, 3]),
+    ([0.5, 1, 0, 0.25, 1, 1, 0, 0, 0.5, 0.75, 1, 0], [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]),
+    ([1, 0, 1, 0, 1, 0, 1, 0], [0, 0, 1, 1, 2, 2, 3, 3]),  # 4 contexts: too few, n_eff = 4
+    ([1, 1, 1, 0, 0, 1, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1, 2, 3, 4, 5]),  # unequal sizes
 ])  # fmt: skip
 def test_cluster_interval_against_a_naive_computation(scores, clusters) -> None:
     assert cluster_wilson_interval(scores, clusters) == pytest.approx(

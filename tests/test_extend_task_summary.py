@@ -51,12 +51,13 @@ def test_table_has_every_length_of_every_study_the_trained_one_bold() -> None:
                       "effective (rel.)"]  # fmt: skip
     # none: 75 % at 1k is below RULER's 85.6 %; the relative bar is 90 % of its own 75 %. Each
     # score's interval: Wilson's of k of 4 samples (two tasks of two, each weighing 1/4, every
-    # sample its own context), worked out from the formula: 3/4 [30-95], 1/4 [5-70], 0/4 [0-49]
-    assert body[0] == ["a.gguf (2k, bfloat16)", "none", "75.0 [30–95]", "**25.0** [5–70]",
+    # sample its own context), worked out from the formula, rounded outward: 3/4 [30-96], 1/4 [4-70],
+    # 0/4 [0-49]
+    assert body[0] == ["a.gguf (2k, bfloat16)", "none", "75.0 [30–96]", "**25.0** [4–70]",
                        "0.0 [0–49]", "< 1k", "1k"]  # fmt: skip
     # yarn: 100 and 75 % against the bar 67.5 %: it holds at 2k, and 4k is partial, so the
     # relative length is at least 2k; RULER's 85.6 % holds only at 1k
-    assert body[1] == ["a.gguf (2k, bfloat16)", "yarn", "100.0 [51–100]", "**75.0** [30–95]",
+    assert body[1] == ["a.gguf (2k, bfloat16)", "yarn", "100.0 [51–100]", "**75.0** [30–96]",
                        "1 of 2 cells", "1k", "≥ 2k"]  # fmt: skip
     assert body[2] == ["b.gguf (4k, bfloat16)", "none", "", "", "**50.0** [9–91]", "< 4k", "≥ 4k"]
 
@@ -104,7 +105,7 @@ def test_ties_at_the_shown_precision_name_every_method() -> None:
 
 def test_markdown_is_the_intro_the_table_then_a_line_per_study() -> None:
     text = summary_markdown([SMALL, LARGE], ["small", "large"])
-    assert ("| a.gguf (2k, bfloat16) | none | 75.0 [30–95] | **25.0** [5–70] | 0.0 [0–49] | < 1k "
+    assert ("| a.gguf (2k, bfloat16) | none | 75.0 [30–96] | **25.0** [4–70] | 0.0 [0–49] | < 1k "
             "| 1k |") in text  # fmt: skip
     last = text.splitlines()[-2:]
     assert last[0].startswith("- `small`: a.gguf") and last[1].startswith("- `large`: b.gguf")
@@ -153,7 +154,7 @@ def test_cli_writes_the_block_between_its_markers(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     text = page.read_text()
-    assert "| a.gguf (2k, bfloat16) | yarn | 100.0 [51–100] | **75.0** [30–95] |" in text
+    assert "| a.gguf (2k, bfloat16) | yarn | 100.0 [51–100] | **75.0** [30–96] |" in text
     assert "- `large`: b.gguf, trained at 4k" in text
     assert "\nold\n" not in text and text.endswith("<!-- /extend:ruler -->\n\nafter\n")
 

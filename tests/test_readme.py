@@ -175,7 +175,9 @@ def test_the_smollm2_block_is_the_committed_rows_table() -> None:
 
 @pytest.mark.parametrize("block, folder", [("smollm2-tasks", "smollm2-135m-bf16"),
                                            ("smollm2-window", "smollm2-135m-window"),
-                                           ("gemma3-tasks", "gemma3-270m-tasks")])  # fmt: skip
+                                           ("smollm2-n8", "smollm2-135m-n8"),
+                                           ("gemma3-tasks", "gemma3-270m-tasks"),
+                                           ("gemma3-n8", "gemma3-270m-n8")])  # fmt: skip
 def test_the_task_blocks_are_the_committed_rows_tables(block: str, folder: str) -> None:
     """The task studies run in pieces by length whose rows are committed: each block must hold
     the task tables ``posenc extend report`` makes of exactly those rows."""
@@ -191,23 +193,31 @@ def test_the_task_blocks_are_the_committed_rows_tables(block: str, folder: str) 
 
 def test_the_readme_summary_is_the_committed_task_rows() -> None:
     """README's "which method, up to which length" table, the short block ``posenc extend summary
-    --short`` writes from exactly the committed rows of both task studies, and the full block
-    (the paired tests, the bars, the costs) on the studies' page (the Chinese README carries the
-    same block: test_chinese_readme_carries_the_english_readmes_results)."""
+    --short`` writes from exactly the committed rows of the eight-sample task studies (the
+    lengths that decide each effective length), and the full block (the two-sample studies
+    beside them, the paired tests, the bars, the costs) on the studies' page (the Chinese README
+    carries the same block: test_chinese_readme_carries_the_english_readmes_results); each
+    study's own summary block on the page."""
     from posenc.extend.reports.summary import summary_markdown
     from posenc.extend.study.run import study_rows
 
     studies = ROOT / "benchmarks" / "studies"
-    names = ["smollm2-135m-bf16", "gemma3-270m-tasks"]
-    rows = [study_rows(studies / n) for n in names]
-    assert (
-        generated_blocks(READMES[0])["extend:ruler"] == summary_markdown(rows, names, True) + "\n"
+    eight = ["smollm2-135m-n8", "gemma3-270m-n8"]
+    every = [*eight, "smollm2-135m-bf16", "gemma3-270m-tasks"]
+    rows = {n: study_rows(studies / n) for n in every}
+    assert all(r["n"] >= 8 for n in eight for r in rows[n] if r["kind"] == "task")
+    assert generated_blocks(READMES[0])["extend:ruler"] == (
+        summary_markdown([rows[n] for n in eight], eight, True) + "\n"
     )
-    assert generated_blocks(REAL_MODEL)["extend:ruler"] == summary_markdown(rows, names) + "\n"
-    window = study_rows(studies / "smollm2-135m-window")
-    assert generated_blocks(REAL_MODEL)["extend:window-summary"] == (
-        summary_markdown([window], ["smollm2-135m-window"]) + "\n"
+    assert generated_blocks(REAL_MODEL)["extend:ruler"] == (
+        summary_markdown([rows[n] for n in every], every) + "\n"
     )
+    for block, folder in (("window-summary", "smollm2-135m-window"),
+                          ("smollm2-n8-summary", "smollm2-135m-n8"),
+                          ("gemma3-n8-summary", "gemma3-270m-n8")):  # fmt: skip
+        assert generated_blocks(REAL_MODEL)[f"extend:{block}"] == (
+            summary_markdown([study_rows(studies / folder)], [folder]) + "\n"
+        )
 
 
 @pytest.mark.parametrize("block, first, second", [

@@ -182,19 +182,23 @@ def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[floa
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+#: the fewest clusters a stratum needs for its variance to be estimated from them: with fewer
+#: (two haystacks of four questions, say) the estimate has one or two degrees of freedom and is 0
+#: whenever the clusters agree, so the stratum is taken at its worst case instead (every question
+#: of a context answered alike: the clusters' own Kish size)
+MIN_CLUSTERS = 5
+
+
 def cluster_wilson_interval(scores: Sequence[float], clusters: Sequence[object],
                             level: float = 0.95) -> tuple[float, float]:  # fmt: skip
     """The Wilson interval of the mean of ``scores`` (each in ``[0, 1]``) where samples of one
     cluster (``clusters[i]`` names sample ``i``'s: questions asked of one shared context) are
-    not independent: Wilson's formula at the *effective* sample size ``n / deff`` (Kish's design
-    effect; Kish 1965, *Survey Sampling*, 8.2). With ``p`` the mean, ``C`` clusters, cluster
-    ``c`` of ``m_c`` samples summing to ``S_c``, ``deff`` is the ratio of the cluster-robust
-    variance of ``p`` (the ratio estimator's, ``C / (C - 1) sum_c (S_c - p m_c)**2 / n**2``) to
-    the independent one ``p (1 - p) / n``, held to ``[1, mbar]`` (``mbar = n / C``; an
-    intra-cluster correlation in ``[0, 1]``: ``n_eff`` between ``C`` and ``n``). Where it cannot
-    be estimated (every score equal, or one cluster) the most cautious ``deff = mbar`` is taken:
-    the interval of ``C`` independent samples. Every cluster of one sample: exactly
-    :func:`wilson_interval`. The equal-weight case of :func:`weighted_cluster_wilson_interval`."""
+    not independent: Wilson's formula at the *effective* sample size (Kish's design effect;
+    Kish 1965, *Survey Sampling*, 8.2), the equal-weight, one-stratum case of
+    :func:`weighted_cluster_wilson_interval` (which says how). With ``C`` clusters of equal
+    size: ``n_eff`` between ``C`` and ``n``, ``C`` where the clusters are fewer than
+    :data:`MIN_CLUSTERS` or every score is 0 (or every one 1). Every cluster of one sample:
+    exactly :func:`wilson_interval`."""
     values = [float(v) for v in scores]
     if len(values) != len(clusters) or not values:
         raise ValueError(f"cluster_wilson_interval needs one cluster per score, got "
@@ -211,18 +215,20 @@ def weighted_cluster_wilson_interval(scores: Sequence[float], weights: Sequence[
     """The Wilson interval of the *weighted* mean ``p = sum_i w_i s_i`` (weights normalized to
     sum 1; each score in ``[0, 1]``) where samples of one cluster are not independent: RULER's
     score at a length, the mean over tasks of each task's mean, weighs a sample ``1 / (T n_t)``,
-    each task a stratum (its samples drawn apart from the other tasks'). Wilson's formula at the
-    effective size ``n_eff = p (1 - p) / V``, ``V`` the stratified cluster-robust (Taylor
-    linearized) variance of ``p``: with ``z_c = sum_{i in c} w_i (s_i - p)`` per cluster,
-    ``V = sum_h C_h / (C_h - 1) sum_{c in h} (z_c - mean_h z)**2`` over the ``C_h`` clusters of
-    stratum ``h`` (Cochran 1977, *Sampling Techniques*, 5A.12; the centring within a stratum
-    leaves the differences between tasks out; one stratum: ``C / (C - 1) sum_c z_c**2``).
-    ``n_eff`` is held to ``[min(C, n_kish), n_kish]``, ``n_kish = 1 / sum_i w_i**2`` (Kish's size
-    of a weighted sample of independent draws; ``n`` where the weights are equal): never wider
-    than the clusters alone, never narrower than independent draws. Every cluster of one
-    sample: ``n_kish``; every score equal, one cluster, or a stratum of one cluster (its
-    variance unknown): ``min(C, n_kish)``. Equal weights, one stratum: exactly
-    :func:`cluster_wilson_interval`."""
+    each task a stratum (its samples drawn apart from the other tasks', its weight fixed).
+
+    Wilson's formula at the effective size ``n_eff = p (1 - p) / V``. ``V`` sums each stratum's
+    variance: with ``p_h`` the stratum's own mean and ``z_c = sum_{i in c} w_i (s_i - p_h)``
+    per cluster (the separate estimator's linearization), ``C_h / (C_h - 1) sum_{c in h} z_c**2``
+    over its ``C_h`` clusters (for clusters of ``m`` samples: ``W_h**2 var(cluster means) /
+    C_h``, the textbook stratified cluster sample). A stratum of fewer than
+    :data:`MIN_CLUSTERS` clusters is taken at its worst case instead, ``p (1 - p) sum_{c in h}
+    W_c**2`` (``W_c`` a cluster's weight: every question of a context answered alike; a stratum
+    of single questions, the independent variance). ``n_eff`` is held to ``[n_clusters,
+    n_kish]``: ``n_kish = 1 / sum_i w_i**2`` (Kish's size of independent weighted draws; ``n``
+    where the weights are equal), ``n_clusters = min(n_kish, 1 / sum_c W_c**2)`` (the clusters'
+    Kish size: ``C`` for equal clusters of equal weight). Every cluster of one sample:
+    ``n_kish``; every score 0 (or every one 1), the clusters' size."""
     values, mass = [float(v) for v in scores], [float(w) for w in weights]
     layers = [None] * len(values) if strata is None else list(strata)
     if not values or not len(values) == len(mass) == len(clusters) == len(layers):
@@ -236,21 +242,32 @@ def weighted_cluster_wilson_interval(scores: Sequence[float], weights: Sequence[
     total = sum(mass)  # normalized last, so that equal weights give the unweighted p and n exactly
     p = min(1.0, max(0.0, sum(m * v for m, v in zip(mass, values, strict=True)) / total))
     n_kish = total * total / sum(m * m for m in mass)
-    z: dict[tuple[object, object], float] = {}
-    for m, v, c, h in zip(mass, values, clusters, layers, strict=True):
-        z[(h, c)] = z.get((h, c), 0.0) + m / total * (v - p)
-    k = len(z)
-    if k == len(values):
+    if len(set(zip(layers, clusters, strict=True))) == len(values):
         return _wilson(p, n_kish, level)
-    by_stratum: dict[object, list[float]] = {}
-    for (h, _), zc in z.items():
-        by_stratum.setdefault(h, []).append(zc)
-    fewest = min(float(k), n_kish)  # n_eff never below the clusters (nor above n_kish)
-    if p * (1.0 - p) == 0.0 or any(len(zs) < 2 for zs in by_stratum.values()):
-        return _wilson(p, fewest, level)
-    robust = sum(len(zs) / (len(zs) - 1) * sum((x - sum(zs) / len(zs)) ** 2 for x in zs)
-                 for zs in by_stratum.values())  # fmt: skip
-    n_eff = n_kish if robust == 0.0 else min(n_kish, max(fewest, p * (1.0 - p) / robust))
+    own: dict[object, list[float]] = {}  # stratum -> [weight, weighted sum]
+    for m, v, h in zip(mass, values, layers, strict=True):
+        own.setdefault(h, [0.0, 0.0])
+        own[h][0] += m
+        own[h][1] += m * v
+    z: dict[tuple[object, object], list[float]] = {}  # (stratum, cluster) -> [W_c, z_c]
+    for m, v, c, h in zip(mass, values, clusters, layers, strict=True):
+        z.setdefault((h, c), [0.0, 0.0])
+        z[(h, c)][0] += m / total
+        z[(h, c)][1] += m / total * (v - own[h][1] / own[h][0])
+    n_clusters = min(n_kish, 1.0 / sum(wc * wc for wc, _ in z.values()))
+    if p * (1.0 - p) == 0.0:
+        return _wilson(p, n_clusters, level)
+    by_stratum: dict[object, list[tuple[float, float]]] = {}
+    for (h, _), (wc, zc) in z.items():
+        by_stratum.setdefault(h, []).append((wc, zc))
+    variance = 0.0
+    for cells in by_stratum.values():
+        k = len(cells)
+        if k < MIN_CLUSTERS:  # too few to estimate from: the worst case
+            variance += p * (1.0 - p) * sum(wc * wc for wc, _ in cells)
+        else:
+            variance += k / (k - 1) * sum(zc * zc for _, zc in cells)
+    n_eff = n_kish if variance == 0.0 else min(n_kish, max(n_clusters, p * (1.0 - p) / variance))
     return _wilson(p, n_eff, level)
 
 

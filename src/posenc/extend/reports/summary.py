@@ -20,6 +20,7 @@ from .tables import cost_line
 from .tasks import (
     complete_rows,
     coverage,
+    interval_text,
     k_text,
     length_text,
     method_lengths,
@@ -62,7 +63,7 @@ def _score_cell(rows: Rows, cover: dict[tuple[str, int], tuple[int, int]], metho
     score = f"{100 * scores_by_length(mine)[n]:.1f}"
     low, high = intervals_by_length(mine)[n]
     score = f"**{score}**" if n == _trained(rows) else score
-    return f"{score} [{100 * low:.0f}–{100 * high:.0f}]"
+    return f"{score} {interval_text(low, high)}"
 
 
 def summary_table(
@@ -195,8 +196,10 @@ def summary_markdown(studies: Sequence[Rows], names: Sequence[str], short: bool 
         "RULER-style tasks answered by each model with each method (`posenc extend --tasks`): the "
         "score at a length is each task's mean over its samples, then the mean over the study's "
         "tasks, in %, then its 95 % interval (Wilson's at the effective sample size: each "
-        "sample weighing what it weighs in that mean, the questions asked of one prefilled "
-        "context one cluster); **bold**: the trained length; `k of N cells`: a length a method has "
+        "sample weighing what it weighs in that mean, each task a stratum, the questions asked "
+        "of one prefilled context one cluster, a task of fewer than five contexts taken as if "
+        "each context's questions were answered alike; rounded outward); **bold**: the trained "
+        "length; `k of N cells`: a length a method has "
         "answered only in part (no score yet). Effective length: the longest length up to which "
         "the score stays at or above RULER's 85.6 %, or the study's relative bar (90 % of the "
         "model's own score as trained at the study's shortest length); (again at ...): longer "

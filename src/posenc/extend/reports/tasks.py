@@ -10,6 +10,7 @@ the method's own where the study has no ``none``.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -82,6 +83,13 @@ def _score_text(scores: dict[int, float], cover: dict[tuple[str, int], tuple[int
         return ""
     done, total = cover[(method, n)]
     return f"{100 * scores[n]:.1f}" + (f" ({done}/{total} cells)" if done < total else "")
+
+
+def interval_text(low: float, high: float) -> str:
+    """A 95 % interval in whole percent, rounded outward (``[30–96]`` for 0.3006-0.9544) so that
+    the printed interval never claims more than the computed one (a hair of float error, 1e-9,
+    not rounded out: 0.07 prints 7)."""
+    return f"[{math.floor(100 * low + 1e-9):.0f}–{math.ceil(100 * high - 1e-9):.0f}]"
 
 
 def k_text(n: int) -> str:
@@ -160,8 +168,7 @@ def per_task_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list
                 shared = clusters[(task, method, n)]
                 s = (summarize(got, contexts=shared if len(set(shared)) < len(shared) else None)
                      if got else None)  # fmt: skip
-                cells.append(f"{100 * s.mean:.0f} [{100 * s.low:.0f}–{100 * s.high:.0f}]"
-                             if s else "")  # fmt: skip
+                cells.append(f"{100 * s.mean:.0f} {interval_text(s.low, s.high)}" if s else "")
             if any(cells):
                 body.append([task, method, *cells])
     return ["task", "method", *(str(n) for n in lengths)], body
@@ -260,7 +267,9 @@ def task_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
         "",
         *(f"- {line}" for line in effective_notes(tasks)),
         "",
-        "Per task, % with the Wilson 95 % interval over its samples:",
+        "Per task, % with the Wilson 95 % interval over its samples (rounded outward; the "
+        "questions of one prefilled context one cluster, a task of fewer than five contexts "
+        "taken as if each context's questions were answered alike):",
         "",
         markdown_table(*per_task_table(tasks)),
     ]
