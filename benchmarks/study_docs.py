@@ -41,6 +41,22 @@ WINDOW = (
     " --task-depths 0.1,0.5,0.9 --samples 8 --questions-per-context 4 --threads 1"
     f" --dtype bfloat16 --out {STUDIES}/smollm2-135m-window"
 )
+SMOLLM2_N8 = (
+    "posenc extend smollm2 --methods none,string,rerope,ntk,yarn,self_extend,dual_chunk,linear"
+    " --lengths 2k,4k,8k,16k,32k --documents 0 --tasks niah_multikey_1,vt,cwe,niah_single_2"
+    " --task-lengths 2k,4k --task-depths 0.5 --samples 8 --questions-per-context 4"
+    f" --dtype bfloat16 --threads 2 --out {STUDIES}/smollm2-135m-n8"
+)
+GEMMA_N8 = (
+    "posenc extend gemma3-270m --methods none,string,linear,rerope"
+    " --lengths 8k,16k,32k,64k --documents 0 --tasks niah_single_2,niah_multikey_1"
+    " --task-lengths 8k,16k,32k --task-depths 0.5 --samples 8 --questions-per-context 4"
+    f" --dtype bfloat16 --threads 2 --out {STUDIES}/gemma3-270m-n8"
+)
+#: the task studies of eight samples a cell at the lengths that decide each effective length
+#: (the README's table), then the two-sample ones over every length (the page's full table)
+EIGHT = ("smollm2-135m-n8", "gemma3-270m-n8")
+TWO = ("smollm2-135m-bf16", "gemma3-270m-tasks")
 GEMMA_PPL = (
     f"posenc extend gemma3-270m --methods {METHODS} --lengths 4k,8k,16k,32k,64k --documents 1"
     f" --passkey-lengths 32k,64k --passkey-depths 0.5 --threads 1 --out {STUDIES}/gemma3-270m"
@@ -59,12 +75,11 @@ def compare(first: str, second: str, block: str) -> tuple[str, list[str]]:
                    "--readme", PAGE, "--block", block]  # fmt: skip
 
 
-def summary(readme: str, *short: str) -> tuple[str, list[str]]:
-    """``posenc extend summary`` of both task studies into a page's ``ruler`` block (``--short``:
+def summary(readme: str, folders: tuple[str, ...], *short: str) -> tuple[str, list[str]]:
+    """``posenc extend summary`` of task studies into a page's ``ruler`` block (``--short``:
     the READMEs' table alone, which links the page's full block)."""
-    return "ruler", ["extend", "summary", f"{STUDIES}/smollm2-135m-bf16",
-                     f"{STUDIES}/gemma3-270m-tasks", "--readme", readme, "--block", "ruler",
-                     *short]  # fmt: skip
+    return "ruler", ["extend", "summary", *(f"{STUDIES}/{f}" for f in folders), "--readme",
+                     readme, "--block", "ruler", *short]  # fmt: skip
 
 
 def study_summary(folder: str, block: str) -> tuple[str, list[str]]:
@@ -89,6 +104,8 @@ COMMANDS: tuple[tuple[str, list[str]], ...] = (
     compare("smollm2-135m", "smollm2-135m-bf16", "smollm2-dtype"),
     report("smollm2-135m-window", "smollm2-window", "--command", WINDOW),
     study_summary("smollm2-135m-window", "window-summary"),
+    report("smollm2-135m-n8", "smollm2-n8", "--command", SMOLLM2_N8),
+    study_summary("smollm2-135m-n8", "smollm2-n8-summary"),
     report("gemma3-270m", "gemma3", "--command", GEMMA_PPL),
     report(
         "gemma3-270m-tasks",
@@ -101,9 +118,11 @@ COMMANDS: tuple[tuple[str, list[str]], ...] = (
         "docs/results/gemma3_tasks.png",
     ),
     compare("gemma3-270m-f32-tasks", "gemma3-270m-tasks", "gemma3-dtype"),
-    summary(PAGE),
-    summary("README.md", "--short"),
-    summary("README.zh-CN.md", "--short"),
+    report("gemma3-270m-n8", "gemma3-n8", "--command", GEMMA_N8),
+    study_summary("gemma3-270m-n8", "gemma3-n8-summary"),
+    summary(PAGE, EIGHT + TWO),
+    summary("README.md", EIGHT, "--short"),
+    summary("README.zh-CN.md", EIGHT, "--short"),
 )
 
 

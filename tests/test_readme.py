@@ -142,7 +142,9 @@ def test_generated_blocks_found() -> None:
     pages = {READMES[0]: {"lab:headline", "extend:ruler"},
              REAL_MODEL: {"extend:real", "extend:gemma3", "extend:smollm2-tasks", "extend:ruler",
                           "extend:smollm2-window", "extend:window-summary",
-                          "extend:smollm2-dtype", "extend:gemma3-tasks", "extend:gemma3-dtype"},
+                          "extend:smollm2-dtype", "extend:gemma3-tasks", "extend:gemma3-dtype",
+                          "extend:smollm2-n8", "extend:smollm2-n8-summary", "extend:gemma3-n8",
+                          "extend:gemma3-n8-summary"},
              LAB_RESULTS: {"lab:table", "lab:length", "lab:extend", "lab:passkey"}}  # fmt: skip
     for path, names in pages.items():
         blocks = generated_blocks(path)
