@@ -257,6 +257,15 @@ def weighted_cluster_wilson_interval(scores: Sequence[float], weights: Sequence[
     n_clusters = min(n_kish, 1.0 / sum(wc * wc for wc, _ in z.values()))
     if p * (1.0 - p) == 0.0:
         return _wilson(p, n_clusters, level)
+    variance = _stratified_variance(z, p)
+    n_eff = n_kish if variance == 0.0 else min(n_kish, max(n_clusters, p * (1.0 - p) / variance))
+    return _wilson(p, n_eff, level)
+
+
+def _stratified_variance(z: dict[tuple[object, object], list[float]], p: float) -> float:
+    """:func:`weighted_cluster_wilson_interval`'s ``V`` from ``(stratum, cluster) -> [W_c,
+    z_c]``: each stratum's ``C_h / (C_h - 1) sum z_c**2``, or its worst case ``p (1 - p) sum
+    W_c**2`` where it has fewer than :data:`MIN_CLUSTERS` clusters."""
     by_stratum: dict[object, list[tuple[float, float]]] = {}
     for (h, _), (wc, zc) in z.items():
         by_stratum.setdefault(h, []).append((wc, zc))
@@ -267,8 +276,7 @@ def weighted_cluster_wilson_interval(scores: Sequence[float], weights: Sequence[
             variance += p * (1.0 - p) * sum(wc * wc for wc, _ in cells)
         else:
             variance += k / (k - 1) * sum(zc * zc for _, zc in cells)
-    n_eff = n_kish if variance == 0.0 else min(n_kish, max(n_clusters, p * (1.0 - p) / variance))
-    return _wilson(p, n_eff, level)
+    return variance
 
 
 def _wilson(p: float, n: float, level: float) -> tuple[float, float]:
