@@ -1,9 +1,11 @@
 """What eight samples a cell cost against two, read from the committed study rows: for each
 (task, length) both folders answered with the same methods, the median over methods of a cell's
-CPU seconds (its forwards and its decoding, every depth of the task summed) and of a sample's.
+wall and CPU seconds (its forwards and its decoding, every depth of the task summed), and the
+CPU time per sample.
 
-CPU time, not wall time, because the two-sample studies ran on one thread and the eight-sample
-ones on two (a row's ``cpu_seconds`` is the process's CPU time over the cell). A task's "cell"
+Both, because the two-sample studies ran on one thread and the eight-sample ones on two: the
+wall time is what a user waits, the CPU time (a row's ``cpu_seconds``, the process's over the
+cell) what the cell used on every thread together. A task's "cell"
 here is every depth the study asks of it at that length: the two-sample studies ask
 ``niah_single_2`` at three depths (6 samples), the eight-sample ones at one (8 samples, two
 prefilled contexts of four questions).
